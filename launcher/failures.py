@@ -1,0 +1,67 @@
+"""Root cause of a failed job, from torchelastic's per-rank error files.
+
+``@record`` on the trainer's entry point makes each failing worker write
+``<log dir>/<run id>/attempt_<n>/<local rank>/error.json`` with its exception and a timestamp; the
+earliest one across nodes is the root cause (later failures are usually peers losing a connection).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.jobs import Failure, JobRecord
+
+
+@dataclass(frozen=True)
+class RankError:
+    node_rank: int
+    local_rank: int
+    timestamp: int
+    message: str
+
+
+def read_errors(record: JobRecord, nnodes: int) -> list[RankError]:
+    """Every worker error file of the job, earliest first."""
+    found = []
+    for node in range(nnodes):
+        for path in record.torchelastic_dir(node).glob("*/attempt_*/*/error.json"):
+            try:
+                data = json.loads(path.read_text())
+                msg = data["message"]
+                text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
+                ts = int(msg.get("extraInfo", {}).get("timestamp", 0)) if isinstance(msg, dict) else 0
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            found.append(RankError(node, int(path.parent.name), ts, text))
+    return sorted(found, key=lambda e: e.timestamp)
+
+
+def _global_rank(log: Path, local_rank: int) -> int | None:
+    """The global rank of ``local_rank`` on a node, from torchrun's failure summary in the node log
+    (``rank      : 3 (local_rank: 1)``)."""
+    if not log.is_file():
+        return None
+    pattern = re.compile(rf"rank\s*:\s*(\d+)\s*\(local_rank:\s*{local_rank}\)")
+    matches = pattern.findall(log.read_text(errors="replace"))
+    return int(matches[-1]) if matches else None
+
+
+def root_cause(record: JobRecord, nnodes: int, failed_node: int, exit_code: int | None) -> Failure:
+    """The first failure of the job; falls back to the first agent seen failing when no rank left an
+    error file (e.g. a worker killed by a signal, or an agent that could not start)."""
+    errors = read_errors(record, nnodes)
+    if errors:
+        first = errors[0]
+        return Failure(
+            node_rank=first.node_rank,
+            local_rank=first.local_rank,
+            rank=_global_rank(record.node_log(first.node_rank), first.local_rank),
+            exit_code=exit_code,
+            error=first.message,
+        )
+    return Failure(node_rank=failed_node, exit_code=exit_code,
+                   error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
+                         f"see {record.node_log(failed_node)}")

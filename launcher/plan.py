@@ -1,0 +1,65 @@
+"""Plan: the exact processes a job will start, rendered from a JobSpec without side effects.
+
+``--dry-run`` prints it, golden tests pin it, and a scheduler executes nothing that is not in it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pydantic import BaseModel, ConfigDict
+
+
+class NodePlan(BaseModel):
+    """What one node runs: argv (no shell), the environment it adds, and where."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_rank: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str  # file name inside the job dir
+
+    def shell_command(self) -> str:
+        """One shell line equivalent to running ``argv`` with ``env`` in ``cwd``: every value quoted,
+        so it can be pasted into a terminal or sent over ssh as is."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"cd {shlex.quote(self.cwd)} && env {env} {shlex.join(self.argv)}"
+
+
+class Plan(BaseModel):
+    """Every node's process, plus files the scheduler writes (sbatch script, compose file, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    scheduler: str
+    nnodes: int
+    nproc_per_node: int
+    rdzv_endpoint: str
+    run_dir: str
+    nodes: list[NodePlan]
+    files: dict[str, str] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+
+    def to_text(self) -> str:
+        """Readable form for ``--dry-run``."""
+        lines = [
+            f"job {self.job_id} on scheduler {self.scheduler}: {self.nnodes} node(s) × "
+            f"{self.nproc_per_node} process(es) = world_size {self.world_size}",
+            f"rendezvous endpoint {self.rdzv_endpoint}; run dir {self.run_dir}",
+        ]
+        for node in self.nodes:
+            lines += [f"", f"# node {node.node_rank} on {node.host} (log: {node.log})", node.shell_command()]
+        for name, content in sorted(self.files.items()):
+            lines += ["", f"# file {name}", content.rstrip("\n")]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""Finding and stopping every process of a job, orphans included.
+
+torchrun starts each worker in a new session, so signalling an agent's process group does not reach
+its workers, and a worker whose agent died is re-parented away from the launcher. Two safety nets:
+the launcher makes itself a child subreaper (orphans re-parent to it), and every process of a job
+carries ``GPTLAUNCH_JOB_ID`` in its environment, so a sweep finds them wherever they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+import psutil
+
+JOB_ENV = "GPTLAUNCH_JOB_ID"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Linux: adopt orphaned descendants, so none escapes ``psutil.Process().children()``."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the environment sweep still finds them
+        pass
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Live processes on this machine whose environment marks them as part of ``job_id``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(JOB_ENV) == job_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+def terminate(procs: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
+    """SIGTERM ``procs``, wait up to ``grace_s`` seconds for them to exit, SIGKILL the rest.
+    Returns the processes that had to be killed."""
+    signal_all(procs, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    signal_all(alive, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+    return alive
+
+
+def sweep(job_id: str, grace_s: float = 2.0) -> int:
+    """Stop every remaining process of ``job_id`` (SIGTERM, then SIGKILL). Returns how many there were."""
+    procs = job_processes(job_id)
+    terminate(procs, grace_s)
+    return len(procs)
+
+
+def wait_gone(job_id: str, timeout_s: float) -> bool:
+    """True once no process of ``job_id`` remains, False if some still do after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while job_processes(job_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -1,0 +1,21 @@
+"""Schedulers: where a job runs. Each is one module behind the protocol in ``base``.
+
+Names map to "module:class" so that listing them (e.g. for validation) imports nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from launcher.schedulers.base import Scheduler
+
+SCHEDULERS: dict[str, str] = {
+    "local": "launcher.schedulers.local:LocalScheduler",
+}
+
+
+def get_scheduler(name: str) -> Scheduler:
+    """The scheduler called ``name``. Raises KeyError for an unknown name."""
+    module, cls = SCHEDULERS[name].split(":")
+    scheduler: Scheduler = getattr(importlib.import_module(module), cls)()
+    return scheduler

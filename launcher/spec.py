@@ -1,0 +1,172 @@
+"""JobSpec: what to run and where, validated once at the edge.
+
+Every field is scheduler-neutral; a scheduler reads what applies to it. Unknown fields are rejected,
+and every string that could reach a shell or an environment is checked for control characters
+(newline, NUL, escape, ...), which no quoting can make safe in every consumer.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_text(value: str, what: str) -> str:
+    """Return ``value`` unchanged, or raise ValueError if it holds a control character."""
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} contains a control character (newline, tab, NUL, ...): remove it")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RendezvousSpec(_Strict):
+    """How the torchrun agents find each other (torchrun's --rdzv-* flags)."""
+
+    backend: Literal["c10d", "static"] = Field(
+        "c10d", description="c10d: agents meet at a TCP store on the endpoint; static: fixed node ranks"
+    )
+    endpoint: str | None = Field(
+        None, description="host of the rendezvous store (default: the first node; 127.0.0.1 when local)"
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="rendezvous port (default: a free port when local, else 29500)"
+    )
+    id: str | None = Field(None, description="rendezvous id (default: the job id, unique per job)")
+    join_timeout_s: int = Field(600, ge=1, description="seconds to wait for all nodes to join")
+    last_call_timeout_s: int = Field(30, ge=0, description="seconds to wait for late joiners")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group on failure")
+
+    @field_validator("endpoint", "id")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_text(v, "value")
+            if not v or any(c.isspace() for c in v):
+                raise ValueError("must be non-empty and contain no spaces")
+        return v
+
+
+class NetworkSpec(_Strict):
+    """Network settings for the collectives, passed to every node as environment variables."""
+
+    nccl_socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo")
+    gloo_socket_ifname: str | None = Field(None, description="GLOO_SOCKET_IFNAME, e.g. eth0")
+    nccl_ib_disable: bool | None = Field(None, description="NCCL_IB_DISABLE: true forces TCP sockets")
+    nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(None, description="NCCL_DEBUG")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+
+    @field_validator("nccl_socket_ifname", "gloo_socket_ifname")
+    @classmethod
+    def _ifname(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:@,^-]+", v):
+            raise ValueError("an interface name like eth0, a list like eth0,eth1 or an exclusion like ^lo")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            check_text(value, f"the value of {key}")
+        return v
+
+    def as_env(self) -> dict[str, str]:
+        """The environment variables these settings stand for, extra ``env`` last (it wins)."""
+        out: dict[str, str] = {}
+        if self.nccl_socket_ifname:
+            out["NCCL_SOCKET_IFNAME"] = self.nccl_socket_ifname
+        if self.gloo_socket_ifname:
+            out["GLOO_SOCKET_IFNAME"] = self.gloo_socket_ifname
+        if self.nccl_ib_disable is not None:
+            out["NCCL_IB_DISABLE"] = "1" if self.nccl_ib_disable else "0"
+        if self.nccl_debug:
+            out["NCCL_DEBUG"] = self.nccl_debug
+        return out | self.env
+
+
+class JobSpec(_Strict):
+    """One training job: how many nodes and processes, where, and the trainer's arguments."""
+
+    name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
+    scheduler: str = Field("local", description="where the job runs: local (emulated nodes on this machine)")
+    nnodes: int = Field(1, ge=1, le=4096, description="number of nodes (--nodes)")
+    nproc_per_node: int = Field(
+        1, ge=1, le=256, description="processes per node: one per GPU; on a machine without GPUs, CPU processes"
+    )
+    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
+    workdir: Path = Field(Path.cwd(), description="working directory of every node's processes")
+    job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
+    omp_num_threads: int | None = Field(
+        None, ge=1, description="OMP_NUM_THREADS per process (default: cores shared out evenly when local)"
+    )
+    grace_period_s: float = Field(
+        45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
+    )
+    trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        return check_text(v, "python")
+
+    @field_validator("workdir", "job_dir")
+    @classmethod
+    def _path(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            check_text(str(v), "path")
+        return v
+
+    @field_validator("trainer_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            check_text(arg, f"trainer argument {arg!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _scheduler(self) -> JobSpec:
+        from launcher.schedulers import SCHEDULERS
+
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(
+                f"scheduler {self.scheduler!r} is not available; choose one of: {', '.join(SCHEDULERS)}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted name, description, default) of every field, nested models flattened: for --help."""
+    rows: list[tuple[str, str, Any]] = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += describe_fields(ann, f"{prefix}{name}.")
+        else:
+            default = info.get_default(call_default_factory=True)
+            rows.append((prefix + name, info.description or "", default))
+    return rows

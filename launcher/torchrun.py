@@ -1,0 +1,52 @@
+"""The torchrun command line of one node, from a JobSpec (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.spec import JobSpec
+
+# Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
+LOG_LINE_PREFIX = "[rank${rank}]:"
+
+
+def torchrun_argv(
+    spec: JobSpec, *, node_rank: int, endpoint: str, rdzv_id: str, log_dir: str, trainer_args: list[str]
+) -> list[str]:
+    """``python -m torch.distributed.run ... -m trainer.cli train ARGS`` for node ``node_rank``.
+
+    ``endpoint`` is ``host:port`` of the rendezvous store. With the c10d backend the agents agree on
+    node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
+    it otherwise, with a warning).
+    """
+    rdzv = spec.rendezvous
+    argv = [
+        spec.python, "-m", "torch.distributed.run",
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        f"--rdzv-backend={rdzv.backend}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=join_timeout={rdzv.join_timeout_s},last_call_timeout={rdzv.last_call_timeout_s}",
+        f"--max-restarts={rdzv.max_restarts}",
+        f"--log-dir={log_dir}",
+        "--tee=3",
+    ]
+    if rdzv.backend == "static":
+        argv.append(f"--node-rank={node_rank}")
+    return [*argv, "-m", "trainer.cli", "train", *trainer_args]
+
+
+def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:
+    """The trainer arguments with ``--run-dir`` added when absent, and the run dir they name.
+
+    The last ``--run-dir X`` or ``--run-dir=X`` wins, as in argparse."""
+    run_dir: str | None = None
+    for i, arg in enumerate(trainer_args):
+        if arg == "--run-dir" and i + 1 < len(trainer_args):
+            run_dir = trainer_args[i + 1]
+        elif arg.startswith("--run-dir="):
+            run_dir = arg.split("=", 1)[1]
+    if run_dir is not None:
+        return list(trainer_args), run_dir
+    return [*trainer_args, "--run-dir", str(default)], str(default)

@@ -1,0 +1,99 @@
+"""Atomic checkpoints that resume a run exactly.
+
+A checkpoint is one ``ckpt-<step>.pt`` file written by global rank 0: it is written to a temporary
+name, fsynced, renamed into place and the directory fsynced, so a crash mid-save leaves the previous
+checkpoint whole and never a truncated one under a real name. Contents are tensors and plain
+containers only, loaded with ``torch.load(weights_only=True)``: loading never unpickles arbitrary
+objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used for this run; the message says why and what to do."""
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return run_dir / f"ckpt-{step:08d}.pt"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``run_dir``, oldest first (temporary files are never matched)."""
+    if not run_dir.is_dir():
+        return []
+    found = [p for p in run_dir.iterdir() if CKPT_RE.match(p.name)]
+    return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def save(state: dict[str, Any], run_dir: Path, step: int, keep: int) -> Path:
+    """Write ``state`` atomically as the checkpoint of ``step``, then delete all but the newest ``keep``.
+
+    Returns the checkpoint's path. Raises OSError if the disk write fails (the previous checkpoints are
+    untouched in that case).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(run_dir, step)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(run_dir)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename is durable only once the directory entry itself is on disk.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def find_resume(run_dir: Path, resume: str) -> Path | None:
+    """Which checkpoint to resume from: ``never`` -> None, ``auto`` -> the newest in ``run_dir`` (None
+    if there is none), anything else is a path that must exist (CheckpointError otherwise)."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not path.is_file():
+        raise CheckpointError(
+            f"--resume {resume}: no such checkpoint file; use auto, never or a ckpt-*.pt path"
+        )
+    return path
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU without unpickling code objects.
+
+    Raises CheckpointError when the file is not a readable checkpoint of this format.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a corrupt or foreign file
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint written by this trainer")
+    return state

@@ -1,0 +1,105 @@
+"""Metrics: ``metrics.jsonl`` + TensorBoard events on rank 0, MFU, and a progress display."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
+# torch.cuda.get_device_name(). Anything else is measured.
+KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "L4": 121e12, "A10G": 125e12, "V100": 125e12}
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 8) -> float:
+    """Achievable matmul FLOP/s of this process on ``device`` in ``dtype``: best of ``repeats`` timed
+    (n × n) @ (n × n) products, each 2·n³ FLOPs. On the CPU this is the practical peak that MFU is
+    measured against (it depends on the threads this process may use)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first product warms up caches and kernels
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def peak_flops(configured: float | None, device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of one device for MFU: the configured value, a datasheet value for a known GPU, or a
+    measurement."""
+    if configured:
+        return configured
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in KNOWN_PEAK_FLOPS.items():
+            if key in name:
+                return value
+    return measure_peak_flops(device, dtype)
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+    Only rank 0 makes one."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._jsonl.write(json.dumps(record) + "\n")
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float):
+                self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._jsonl.close()
+        self._tb.close()
+
+
+class Progress:
+    """A rich progress bar when stdout is a terminal, plain log lines otherwise (log files, CI)."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self._bar = None
+        self.enabled = enabled
+        if enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, info="")
+            self._bar.start()
+
+    def update(self, step: int, info: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, info=info)
+
+    def log(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

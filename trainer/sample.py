@@ -1,0 +1,49 @@
+"""``trainer sample``: generate text from a run's newest checkpoint with the run's own tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint
+from trainer.data import load_manifest, load_tokenizer
+from trainer.model import GPT, GPTConfig
+
+
+def sample_main(args: argparse.Namespace) -> int:
+    """Print ``args.max_new_tokens`` generated tokens after ``args.prompt``.
+
+    Raises CheckpointError when the run dir holds no checkpoint, ValueError on a bad flag value.
+    """
+    if args.max_new_tokens < 1 or args.top_k < 1 or args.temperature < 0:
+        raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
+    found = checkpoint.list_checkpoints(args.run_dir)
+    if not found:
+        raise checkpoint.CheckpointError(
+            f"no checkpoint in {args.run_dir}: train first, or pass the right --run-dir"
+        )
+    state = checkpoint.load(found[-1])
+    data_dir = Path(state["config"].get("data_dir") or Path(state["config"]["run_dir"]) / "data")
+    if not data_dir.is_absolute() and not data_dir.exists():
+        data_dir = args.run_dir / "data"
+    if load_manifest(data_dir).tokenizer_sha256 != state["tokenizer_sha256"]:
+        raise checkpoint.CheckpointError(
+            f"the tokenizer in {data_dir} is not the one this checkpoint was trained with"
+        )
+    tokenizer = load_tokenizer(data_dir)
+    device = torch.device(args.device)
+    model = GPT(GPTConfig(**state["model_shape"])).to(device)
+    model.load_state_dict(state["model"])
+    model.eval()
+    ids = tokenizer.encode(args.prompt).ids or [0]
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    out = model.generate(
+        torch.tensor([ids], device=device), args.max_new_tokens, args.temperature, args.top_k, gen
+    )
+    # The model's vocab is padded to a multiple of 64: pad ids are never trained as targets, so they
+    # are practically never sampled; drop any that are before decoding.
+    vocab = tokenizer.get_vocab_size()
+    print(tokenizer.decode([i for i in out[0].tolist() if i < vocab]))
+    return 0

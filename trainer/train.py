@@ -1,0 +1,338 @@
+"""The DDP training loop.
+
+One optimizer step: ``grad_accum_steps`` micro-steps per rank, gradients all-reduced by DDP only on
+the last (``no_sync`` covers forward *and* backward of the others, since DDP arms its reducer in
+forward), then clipping, AdamW and one small all-reduce that carries the step's mean loss over ranks
+and whether any rank was asked to stop, so every rank stops at the same step boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import checkpoint, distributed
+from trainer.batches import BatchPlan, TrainBatches, blocks_to_batch, eval_block_ids
+from trainer.config import TrainConfig
+from trainer.data import DataSource, Manifest, open_split, prepare_data
+from trainer.distributed import DistEnv
+from trainer.metrics import MetricsWriter, Progress, peak_flops
+from trainer.model import GPT
+from trainer.optim import lr_at, make_optimizer
+from trainer.signals import StopRequest
+
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
+FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": raise on that rank at that step (failure drills and tests)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (e.g. a non-finite loss); the message says what to change."""
+
+
+@dataclass
+class Run:
+    """What the loop works with, built once by ``setup``."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    device: torch.device
+    manifest: Manifest
+    model: GPT  # the plain module: state dicts, evaluation
+    step_model: nn.Module  # what the step calls: DDP and/or compiled wrapper of ``model``
+    ddp: DDP | None
+    optimizer: torch.optim.AdamW
+    scaler: torch.amp.GradScaler | None
+    autocast_dtype: torch.dtype | None
+    batches: TrainBatches
+    val_tokens: Any
+    start_step: int = 0
+
+
+def train(cfg: TrainConfig) -> int:
+    """Run training to ``cfg.max_steps``. Returns 0, or EXIT_CHECKPOINTED after a stop signal.
+
+    Raises DataError / CheckpointError / ValueError for bad input and TrainingError when training
+    diverges.
+    """
+    env = distributed.read_env()
+    device = distributed.pick_device(cfg.device, env)
+    # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
+    # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
+    source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
+    manifest = prepare_data(
+        cfg.data_dir_,
+        source,
+        vocab_size=cfg.vocab_size,
+        token_dtype=cfg.token_dtype,
+        log=print if env.is_main else (lambda _msg: None),
+    )
+    distributed.init(env, distributed.pick_backend(cfg.backend, device), cfg.dist_timeout_s)
+    try:
+        run = setup(cfg, env, device, manifest)
+        with StopRequest(cfg.stop_signals) as stop:
+            return loop(run, stop)
+    finally:
+        distributed.shutdown()
+
+
+def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None for fp32, whether a GradScaler is needed)."""
+    if cfg.precision == "fp32":
+        return None, False
+    if cfg.precision == "bf16" and (device.type != "cuda" or torch.cuda.is_bf16_supported()):
+        return torch.bfloat16, False
+    return torch.float16, True  # fp16 asked for, or a GPU without bf16: loss scaling keeps grads alive
+
+
+def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manifest) -> Run:
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = GPT(cfg.gpt_config(manifest.vocab_size)).to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    dtype, needs_scaler = _precision(cfg, device)
+    scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
+    plan = BatchPlan(cfg.micro_batch_size, cfg.grad_accum_steps(env.world_size), env.world_size)
+    batches = TrainBatches(open_split(cfg.data_dir_, "train"), cfg.block_size_, plan, cfg.seed)
+    val_tokens = open_split(cfg.data_dir_, "val")
+    if len(val_tokens) <= cfg.block_size_:
+        raise ValueError(
+            f"the validation split has {len(val_tokens)} tokens, fewer than one block of "
+            f"{cfg.block_size_}: use more text or a smaller --block-size"
+        )
+    run = Run(cfg, env, device, manifest, model, model, None, optimizer, scaler, dtype, batches, val_tokens)
+    _resume(run)
+    # Per-rank stream for dropout and sampling; after a resume the saved states replace it.
+    if run.start_step == 0:
+        torch.manual_seed(cfg.seed + 1 + env.rank)
+    if env.is_distributed:
+        run.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        run.step_model = run.ddp
+    if cfg.compile:
+        # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
+        run.step_model = torch.compile(run.step_model)  # type: ignore[assignment]
+    return run
+
+
+def _resume(run: Run) -> None:
+    path = checkpoint.find_resume(run.cfg.run_dir, run.cfg.resume)
+    if path is None:
+        return
+    state = checkpoint.load(path)
+    if state["model_shape"] != asdict(run.model.cfg):
+        raise checkpoint.CheckpointError(
+            f"{path} holds a model of shape {state['model_shape']}, this run builds "
+            f"{asdict(run.model.cfg)}: use the same model flags, a new --run-dir, or --resume never"
+        )
+    if state["tokenizer_sha256"] != run.manifest.tokenizer_sha256:
+        raise checkpoint.CheckpointError(
+            f"{path} was trained with a different tokenizer (the data changed): "
+            "use a new --run-dir, or --resume never"
+        )
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    if run.scaler is not None and state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    run.start_step = int(state["step"])
+    rng = state["rng"]
+    if len(rng) == run.env.world_size:  # same world size: continue every rank's own stream exactly
+        torch.set_rng_state(rng[run.env.rank])
+        if run.device.type == "cuda" and state.get("cuda_rng"):
+            torch.cuda.set_rng_state(state["cuda_rng"][run.env.rank], run.device)
+    else:
+        torch.manual_seed(run.cfg.seed + 1 + run.env.rank + run.start_step)
+    if run.env.is_main:
+        print(f"resumed from {path} at step {run.start_step}", flush=True)
+
+
+def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's RNG states, in rank order (collective: all ranks must call)."""
+
+    def gather(state: torch.Tensor) -> list[torch.Tensor]:
+        comm_device = run.device if run.device.type == "cuda" else torch.device("cpu")
+        return [s.cpu() for s in distributed.all_gather_tensors(state.to(comm_device))]
+
+    cuda = gather(torch.cuda.get_rng_state(run.device)) if run.device.type == "cuda" else []
+    return gather(torch.get_rng_state()), cuda
+
+
+def save_checkpoint(run: Run, next_step: int) -> None:
+    """Collective: every rank contributes its RNG state; global rank 0 writes."""
+    rng, cuda_rng = _gather_rng(run)
+    if run.env.is_main:
+        state = {
+            "format": 1,
+            "step": next_step,
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict() if run.scaler is not None else {},
+            "schedule": {
+                "lr": run.cfg.lr,
+                "warmup_steps": run.cfg.warmup_steps_,
+                "max_steps": run.cfg.max_steps,
+                "min_lr_ratio": run.cfg.min_lr_ratio,
+            },
+            "data": {
+                "epoch": run.batches.epoch_of(next_step),
+                "step_in_epoch": next_step % run.batches.steps_per_epoch,
+            },
+            "rng": rng,
+            "cuda_rng": cuda_rng,
+            "world_size": run.env.world_size,
+            "model_shape": asdict(run.model.cfg),
+            "config": run.cfg.model_dump(mode="json"),
+            "tokenizer_sha256": run.manifest.tokenizer_sha256,
+        }
+        checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+    distributed.barrier()  # nobody exits or moves on before the file is in place
+
+
+def _autocast(run: Run) -> contextlib.AbstractContextManager[Any]:
+    if run.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=run.device.type, dtype=run.autocast_dtype)
+
+
+def train_step(run: Run, step: int) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean micro-batch loss (a 0-d tensor, not synced)."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(step, run.cfg)
+    accum = run.batches.plan.grad_accum_steps
+    loss_sum = torch.zeros((), device=run.device)
+    for micro in range(accum):
+        x, y = (t.to(run.device, non_blocking=True) for t in run.batches.get(step, micro, run.env.rank))
+        # Only the last micro-step all-reduces gradients; the others accumulate locally.
+        last = micro == accum - 1
+        sync = contextlib.nullcontext() if run.ddp is None or last else run.ddp.no_sync()
+        with sync:
+            with _autocast(run):
+                _, loss = run.step_model(x, y)
+            loss_sum += loss.detach()
+            scaled = loss / accum
+            (run.scaler.scale(scaled) if run.scaler is not None else scaled).backward()
+    if run.scaler is not None:
+        run.scaler.unscale_(run.optimizer)
+    if run.cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+    if run.scaler is not None:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum / accum
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Mean validation loss in nats over all ranks' shards (each rank evaluates its own blocks)."""
+    run.model.eval()
+    totals = torch.zeros(2, device=run.device)
+    env, cfg = run.env, run.cfg
+    for ids in eval_block_ids(
+        len(run.val_tokens), cfg.block_size_, cfg.eval_iters, cfg.micro_batch_size, env.world_size, env.rank
+    ):
+        x, y = (t.to(run.device) for t in blocks_to_batch(run.val_tokens, ids, cfg.block_size_))
+        with _autocast(run):
+            _, loss = run.model(x, y)
+        assert loss is not None
+        totals += torch.stack([loss.float() * len(ids), torch.tensor(float(len(ids)), device=run.device)])
+    distributed.all_reduce_sum(totals)
+    run.model.train()
+    return (totals[0] / totals[1]).item()
+
+
+def _fault_injection(env: DistEnv) -> int | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    rank, step = (int(v) for v in spec.split(":"))
+    return step if rank == env.rank else None
+
+
+def loop(run: Run, stop: StopRequest) -> int:
+    cfg, env = run.cfg, run.env
+    tokens_per_step = run.batches.plan.global_blocks * cfg.block_size_
+    flops_per_token = run.model.flops_per_token()
+    peak = peak_flops(cfg.peak_flops, run.device, run.autocast_dtype or torch.float32) if env.is_main else 1.0
+    writer = MetricsWriter(cfg.run_dir) if env.is_main else None
+    progress = Progress(cfg.max_steps, run.start_step, enabled=env.is_main)
+    fail_at = _fault_injection(env)
+    progress.log(
+        f"training: world_size={env.world_size} device={run.device} precision={cfg.precision} "
+        f"params={run.model.num_params() / 1e6:.2f}M tokens/step={tokens_per_step} "
+        f"grad_accum={run.batches.plan.grad_accum_steps} steps {run.start_step}->{cfg.max_steps} "
+        f"data={run.manifest.source}"
+    )
+    train_seconds, steps_since = 0.0, 0  # step time only: evaluation and checkpoints are excluded
+    try:
+        for step in range(run.start_step, cfg.max_steps):
+            if step == fail_at:
+                raise RuntimeError(f"injected fault on rank {env.rank} at step {step} ({FAULT_ENV})")
+            t0 = time.perf_counter()
+            local_loss = train_step(run, step)
+            # One all-reduce per step: the loss summed over ranks, and how many ranks got a stop signal.
+            stats = distributed.all_reduce_sum(
+                torch.stack([local_loss.float(), torch.tensor(float(stop.requested), device=run.device)])
+            )
+            loss, stopping = stats[0].item() / env.world_size, stats[1].item() > 0
+            if not math.isfinite(loss):
+                raise TrainingError(
+                    f"loss is {loss} at step {step}: lower --lr, raise --warmup-steps, or try --precision fp32"
+                )
+            train_seconds += time.perf_counter() - t0
+            steps_since += 1
+            done = step + 1
+            record: dict[str, Any] = {}
+            if done % cfg.log_interval == 0 or done == cfg.max_steps or done == run.start_step + 1:
+                tps = tokens_per_step * steps_since / train_seconds
+                train_seconds, steps_since = 0.0, 0
+                record = {
+                    "step": done,
+                    "loss": loss,
+                    "lr": lr_at(step, cfg),
+                    "tokens_per_s": tps,
+                    "mfu": flops_per_token * tps / (peak * env.world_size),
+                    "world_size": env.world_size,
+                }
+            if done % cfg.eval_interval == 0 or done == cfg.max_steps:
+                val = evaluate(run)
+                record |= {"step": done, "loss": loss, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
+            if record and writer is not None:
+                writer.write(record)
+                progress.log(_format(record, cfg.max_steps))
+            progress.update(done, f"loss {loss:.3f}")
+            if stopping or done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
+                save_checkpoint(run, done)
+            if stopping:
+                progress.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
+                return EXIT_CHECKPOINTED
+    finally:
+        progress.close()
+        if writer is not None:
+            writer.close()
+    return 0
+
+
+def _format(record: dict[str, Any], total: int) -> str:
+    parts = [f"step {record['step']}/{total}"]
+    for key, fmt in (
+        ("loss", ".4f"),
+        ("val_loss", ".4f"),
+        ("val_ppl", ".2f"),
+        ("lr", ".2e"),
+        ("tokens_per_s", ",.0f"),
+        ("mfu", ".2%"),
+    ):
+        if key in record:
+            parts.append(f"{key} {record[key]:{fmt}}")
+    return " | ".join(parts)
