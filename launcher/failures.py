@@ -19,7 +19,8 @@ from launcher.jobs import Failure, JobRecord
 class RankError:
     node_rank: int
     local_rank: int
-    timestamp: int
+    timestamp: int  # seconds, from the error file
+    written_ns: int  # the file's mtime: breaks ties within a second
     message: str
 
 
@@ -35,8 +36,8 @@ def read_errors(record: JobRecord, nnodes: int) -> list[RankError]:
                 ts = int(msg.get("extraInfo", {}).get("timestamp", 0)) if isinstance(msg, dict) else 0
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            found.append(RankError(node, int(path.parent.name), ts, text))
-    return sorted(found, key=lambda e: e.timestamp)
+            found.append(RankError(node, int(path.parent.name), ts, path.stat().st_mtime_ns, text))
+    return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
 
 
 def _global_rank(log: Path, local_rank: int) -> int | None:

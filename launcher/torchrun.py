@@ -7,7 +7,7 @@ from pathlib import Path
 from launcher.spec import JobSpec
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
-LOG_LINE_PREFIX = "[rank${rank}]:"
+LOG_LINE_PREFIX = "[rank${rank}]: "
 
 
 def torchrun_argv(

@@ -92,7 +92,8 @@ class LocalScheduler:
             procs.terminate(_descendants(), FAIL_FAST_GRACE_S)
             procs.sweep(plan.job_id)
             follower.stop()
-        final = status.model_copy(update=final.model_dump(exclude_unset=True) | {"ended_at": time.time()})
+        outcome = {name: getattr(final, name) for name in final.model_fields_set}
+        final = status.model_copy(update=outcome | {"ended_at": time.time()})
         record.write_status(final)
         return final
 
