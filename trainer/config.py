@@ -58,7 +58,7 @@ class TrainConfig(BaseModel):
 
     # Runtime
     precision: Precision = "bf16"
-    compile: bool = False
+    compile: bool = True
     device: str = "auto"
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     dist_timeout_s: float = Field(600.0, gt=0.0)
