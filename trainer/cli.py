@@ -157,9 +157,12 @@ def _describe(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         field = ".".join(str(x) for x in err["loc"])
-        where = f"--{field.replace('_', '-')}" if field else "arguments"
-        got = f" (got {err['input']!r})" if field and "input" in err else ""
-        lines.append(f"{where}: {err['msg']}{got}")
+        msg = err["msg"].removeprefix("Value error, ")
+        if not field:  # a check across fields: its message names the flags
+            lines.append(msg)
+            continue
+        got = f" (got {err['input']!r})" if "input" in err else ""
+        lines.append(f"--{field.replace('_', '-')}: {msg}{got}")
     return "; ".join(lines)
 
 

@@ -93,7 +93,7 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _shape(self) -> TrainConfig:
         if self.d_model_ % self.n_head_:
-            raise ValueError(f"d_model ({self.d_model_}) must be divisible by n_head ({self.n_head_})")
+            raise ValueError(f"--d-model ({self.d_model_}) must be divisible by --n-head ({self.n_head_})")
         if self.dataset and self.text_files:
             raise ValueError("give either --dataset or --text-files, not both")
         return self

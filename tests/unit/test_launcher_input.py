@@ -1,0 +1,100 @@
+"""Bad input to `launcher submit`: a clear message naming the field, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+
+
+@pytest.fixture()
+def jobs_root(tmp_path: Path) -> Path:
+    return tmp_path / "jobs"
+
+
+def _submit(jobs_root: Path, *args: str) -> int:
+    return main(["--jobs-root", str(jobs_root), "submit", *args])
+
+
+def _assert_rejected(code: int, capsys, jobs_root: Path, *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for needle in needles:
+        assert needle in err, err
+    assert not jobs_root.exists(), "a rejected job must write nothing"
+
+
+def test_unknown_config_field(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("nnodes: 2\nrendezvous:\n  prot: 29500\n")
+    _assert_rejected(_submit(jobs_root, "--config", str(cfg)), capsys, jobs_root, "rendezvous.prot", "spelling")
+
+
+def test_config_file_that_is_missing_or_not_yaml(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, "--config", str(tmp_path / "none.yaml")), capsys, jobs_root, "--config")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nnodes: [1,\n")
+    _assert_rejected(_submit(jobs_root, "--config", str(bad)), capsys, jobs_root, "not valid YAML")
+
+
+def test_zero_nodes(jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, "--nodes", "0"), capsys, jobs_root, "nnodes (--nodes)", "greater than")
+
+
+def test_unknown_scheduler(jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, "--scheduler", "k8s"), capsys, jobs_root, "'k8s' is not available", "local")
+
+
+def test_negative_steps(jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, "--", "--max-steps", "-3"), capsys, jobs_root, "--max-steps")
+
+
+def test_missing_data_file(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    code = _submit(jobs_root, "--", "--text-files", str(tmp_path / "missing.txt"))
+    _assert_rejected(code, capsys, jobs_root, "missing.txt", "not found")
+
+
+def test_empty_text_file(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n\n")
+    _assert_rejected(_submit(jobs_root, "--", "--text-files", str(empty)), capsys, jobs_root, "empty")
+
+
+def test_vocab_that_does_not_fit_the_token_dtype(jobs_root: Path, capsys) -> None:
+    code = _submit(jobs_root, "--", "--vocab-size", "70000", "--token-dtype", "uint16")
+    _assert_rejected(code, capsys, jobs_root, "--vocab-size 70000", "uint16")
+
+
+def test_global_batch_that_does_not_split_over_the_world(jobs_root: Path, capsys) -> None:
+    code = _submit(jobs_root, "--nodes", "2", "--", "--global-batch-tokens", "1000")
+    _assert_rejected(code, capsys, jobs_root, "--global-batch-tokens", "multiple of")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--", "--run-dir", "runs/a\nb"], "control character"),
+    (["--env", "KEY=line1\nline2"], "control character"),
+    (["--env", "1BAD=x"], "not a valid environment variable name"),
+    (["--env", "NOEQUALS"], "KEY=VALUE"),
+    (["--workdir", "/tmp/a\x00b"], "control character"),
+    (["--nccl-socket-ifname", "eth0; rm -rf /"], "interface name"),
+])
+def test_control_characters_and_malformed_values_are_rejected(args, needle, jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, *args), capsys, jobs_root, needle)
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(jobs_root: Path, capsys) -> None:
+    import json
+
+    assert _submit(jobs_root, "--nodes", "2", "--dry-run", "--json", "--", "--max-steps", "5") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["nnodes"] == 2 and len(plan["nodes"]) == 2
+    assert plan["nodes"][0]["argv"][-4:] == ["--max-steps", "5", "--run-dir", plan["run_dir"]]
+    assert not jobs_root.exists()
+
+
+def test_render_is_the_same_as_dry_run(jobs_root: Path, capsys) -> None:
+    assert main(["--jobs-root", str(jobs_root), "render", "--nodes", "2", "--rdzv-port", "29511"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("python") >= 2 and "--rdzv-endpoint=127.0.0.1:29511" in out

@@ -1,0 +1,69 @@
+"""JobSpec -> Plan rendering: golden torchrun commands, quoting that survives a real shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.plan import NodePlan
+from launcher.schedulers.local import LocalScheduler
+from launcher.spec import JobSpec
+from launcher.torchrun import with_run_dir
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+
+
+def _golden_spec() -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "gold", "nnodes": 2, "nproc_per_node": 1, "python": "python3", "workdir": "/work/job",
+        "omp_num_threads": 1, "rendezvous": {"endpoint": "127.0.0.1", "port": 29555},
+        "network": {"gloo_socket_ifname": "lo", "nccl_ib_disable": True, "env": {"EXTRA": "x y"}},
+        "trainer_args": ["--max-steps", "30", "--text-files", "/data/a b.txt"],
+    })
+
+
+@pytest.mark.parametrize("form", ["txt", "json"])
+def test_local_plan_matches_golden_file(form: str) -> None:
+    plan = LocalScheduler().render(_golden_spec(), "gold-job", Path("/jobs/gold-job"))
+    text = plan.to_text() if form == "txt" else plan.to_json() + "\n"
+    golden = GOLDEN / f"local_2x1.{form}"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"rendering changed: UPDATE_GOLDEN=1 pytest {__file__} to accept"
+
+
+def test_every_node_gets_the_same_rendezvous_and_its_own_log() -> None:
+    plan = LocalScheduler().render(_golden_spec(), "gold-job", Path("/jobs/gold-job"))
+    assert [n.node_rank for n in plan.nodes] == [0, 1]
+    assert len({n.log for n in plan.nodes}) == 2
+    for node in plan.nodes:
+        assert "--rdzv-endpoint=127.0.0.1:29555" in node.argv
+        assert "--rdzv-id=gold-job" in node.argv
+        assert node.env["GLOO_SOCKET_IFNAME"] == "lo" and node.env["NCCL_IB_DISABLE"] == "1"
+    assert plan.run_dir == "/jobs/gold-job/run"
+
+
+def test_run_dir_is_added_only_when_absent() -> None:
+    assert with_run_dir(["--max-steps", "3"], Path("/j/run")) == (["--max-steps", "3", "--run-dir", "/j/run"], "/j/run")
+    assert with_run_dir(["--run-dir=/mine"], Path("/j/run")) == (["--run-dir=/mine"], "/mine")
+
+
+HOSTILE = ["a'; touch {m}", "$(touch {m})", "`touch {m}`", "two  spaces", 'a"=0"', "semi;colon", "*", "~"]
+
+
+def test_shell_command_passes_hostile_values_through_bash_verbatim(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    values = [h.format(m=marker) for h in HOSTILE]
+    cwd = tmp_path / "dir with 'quote' and $(touch x)"
+    cwd.mkdir()
+    probe = "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ['HOSTILE'], os.getcwd()]))"
+    node = NodePlan(node_rank=0, host="localhost", argv=[sys.executable, "-c", probe, *values],
+                    env={"HOSTILE": values[1]}, cwd=str(cwd), log="node-0.log")
+    out = subprocess.run(["bash", "-c", node.shell_command()], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [values, values[1], str(cwd)]
+    assert not marker.exists()
