@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,7 +75,11 @@ def train(cfg: TrainConfig) -> int:
         token_dtype=cfg.token_dtype,
         log=print if env.is_main else (lambda _msg: None),
     )
-    distributed.init(env, distributed.pick_backend(cfg.backend, device), cfg.dist_timeout_s)
+    backend = distributed.pick_backend(cfg.backend, device)
+    distributed.init(env, backend, cfg.dist_timeout_s)
+    # One line per rank: which host and device each rank landed on is the first thing to check.
+    print(f"rank {env.rank}/{env.world_size} (local_rank {env.local_rank}) on {socket.gethostname()}: "
+          f"device {device}, backend {backend if env.is_distributed else 'none'}", flush=True)
     try:
         run = setup(cfg, env, device, manifest)
         with StopRequest(cfg.stop_signals) as stop:

@@ -1,0 +1,73 @@
+"""Helpers for integration tests: real `launcher`/`trainer`/torchrun processes on real text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# Fast, deterministic trainer settings shared by the tests (compile is exercised by the benchmark).
+FAST = ["--no-compile", "--eval-iters", "2", "--log-interval", "1"]
+
+
+@pytest.fixture(scope="session")
+def prepared_data(wikitext_valid: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Trainer arguments pointing at WikiText-2 valid, prepared once for the session (vocab 8192)."""
+    data_dir = tmp_path_factory.mktemp("data")
+    args = ["--text-files", str(wikitext_valid), "--data-dir", str(data_dir)]
+    run([sys.executable, "-m", "trainer.cli", "prepare", *args], check=True)
+    return args
+
+
+def run(argv: list[str], *, env: dict[str, str] | None = None, check: bool = False,
+        timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, env=os.environ | (env or {}), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def launcher(jobs_root: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs_root), *args], **kw)
+
+
+def torchrun(nproc: int, *trainer_args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "trainer.cli", "train", *trainer_args]
+    return run(argv, env={"OMP_NUM_THREADS": "1"} | kw.pop("env", {}), **kw)
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in metrics(run_dir) if "tokens_per_s" in m}
+
+
+def only_job_id(jobs_root: Path) -> str:
+    (job,) = [p.name for p in jobs_root.iterdir()]
+    return job
+
+
+def processes_of(job_id: str) -> list[psutil.Process]:
+    """Every live process that belongs to the job: by its environment marker or its command line."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid():
+                continue
+            if proc.environ().get("GPTLAUNCH_JOB_ID") == job_id or any(job_id in a for a in proc.cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
