@@ -126,8 +126,7 @@ class LocalScheduler:
         if launcher is not None:
             # The launcher owns the job: it relays SIGTERM, waits for checkpoints, records the end.
             launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=grace_s + 3 * FAIL_FAST_GRACE_S)
-            status = record.status() or status
+            status = _wait_final(record, timeout_s=grace_s + 3 * FAIL_FAST_GRACE_S) or status
         if status.state not in FINAL_STATES:  # the launcher is gone: stop what is left ourselves
             procs.sweep(record.job_id, grace_s)
             status = status.model_copy(update={"state": "cancelled", "exit_code": EXIT_INTERRUPTED,
@@ -141,6 +140,18 @@ def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         # A new session per node: Ctrl-C reaches only the launcher, which stops the job in order.
         return subprocess.Popen(node.argv, env=os.environ | node.env, cwd=node.cwd, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_final(record: JobRecord, timeout_s: float) -> JobStatus | None:
+    """The job's status once the launcher has recorded its end (None if it has not in ``timeout_s``).
+    The status file, not the pid, tells: the launcher may linger as a zombie of its own parent."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = record.status()
+        if status is not None and status.state in FINAL_STATES:
+            return status
+        time.sleep(0.2)
+    return None
 
 
 def _descendants() -> list[psutil.Process]:
