@@ -33,14 +33,26 @@ EXIT_CODES = (
 
 # Flag -> dotted JobSpec field. Only flags given on the command line override the config file.
 FLAG_FIELDS = {
-    "name": "name", "scheduler": "scheduler", "nodes": "nnodes", "gpus_per_node": "nproc_per_node",
-    "job_dir": "job_dir", "workdir": "workdir", "python": "python", "omp_num_threads": "omp_num_threads",
-    "grace_period_s": "grace_period_s", "rdzv_backend": "rendezvous.backend",
-    "rdzv_endpoint": "rendezvous.endpoint", "rdzv_port": "rendezvous.port", "rdzv_id": "rendezvous.id",
+    "name": "name",
+    "scheduler": "scheduler",
+    "nodes": "nnodes",
+    "gpus_per_node": "nproc_per_node",
+    "job_dir": "job_dir",
+    "workdir": "workdir",
+    "python": "python",
+    "omp_num_threads": "omp_num_threads",
+    "grace_period_s": "grace_period_s",
+    "rdzv_backend": "rendezvous.backend",
+    "rdzv_endpoint": "rendezvous.endpoint",
+    "rdzv_port": "rendezvous.port",
+    "rdzv_id": "rendezvous.id",
     "rdzv_join_timeout_s": "rendezvous.join_timeout_s",
-    "rdzv_last_call_timeout_s": "rendezvous.last_call_timeout_s", "max_restarts": "rendezvous.max_restarts",
-    "nccl_socket_ifname": "network.nccl_socket_ifname", "gloo_socket_ifname": "network.gloo_socket_ifname",
-    "nccl_ib_disable": "network.nccl_ib_disable", "nccl_debug": "network.nccl_debug",
+    "rdzv_last_call_timeout_s": "rendezvous.last_call_timeout_s",
+    "max_restarts": "rendezvous.max_restarts",
+    "nccl_socket_ifname": "network.nccl_socket_ifname",
+    "gloo_socket_ifname": "network.gloo_socket_ifname",
+    "nccl_ib_disable": "network.nccl_ib_disable",
+    "nccl_debug": "network.nccl_debug",
 }
 FIELD_FLAGS = {field: "--" + flag.replace("_", "-") for flag, field in FLAG_FIELDS.items()}
 
@@ -54,17 +66,31 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="job config file (YAML; fields below); flags override it")
     p.add_argument("--scheduler", default=S, help=f"where to run: {', '.join(SCHEDULERS)} (default: local)")
     p.add_argument("--nodes", type=int, default=S, help="number of nodes, nnodes (default: 1)")
-    p.add_argument("--gpus-per-node", "--nproc-per-node", dest="gpus_per_node", type=int, default=S,
-                   help="processes per node, nproc_per_node: one per GPU; on a machine without GPUs, the "
-                        "number of CPU processes per node (default: 1)")
+    p.add_argument(
+        "--gpus-per-node",
+        "--nproc-per-node",
+        dest="gpus_per_node",
+        type=int,
+        default=S,
+        help="processes per node, nproc_per_node: one per GPU; on a machine without GPUs, the "
+        "number of CPU processes per node (default: 1)",
+    )
     p.add_argument("--name", default=S, help="job name, prefix of the job id (default: gpt)")
     p.add_argument("--job-dir", type=Path, default=S, help="job record directory (default: JOBS_ROOT/JOB_ID)")
     p.add_argument("--workdir", type=Path, default=S, help="working directory of the processes (default: .)")
     p.add_argument("--python", default=S, help="Python interpreter on the nodes (default: this one)")
-    p.add_argument("--omp-num-threads", type=int, default=S,
-                   help="OMP_NUM_THREADS per process (default local: cores / world_size)")
-    p.add_argument("--grace-period-s", type=float, default=S,
-                   help="seconds from SIGTERM (ranks checkpoint) to SIGKILL on cancel (default: 45)")
+    p.add_argument(
+        "--omp-num-threads",
+        type=int,
+        default=S,
+        help="OMP_NUM_THREADS per process (default local: cores / world_size)",
+    )
+    p.add_argument(
+        "--grace-period-s",
+        type=float,
+        default=S,
+        help="seconds from SIGTERM (ranks checkpoint) to SIGKILL on cancel (default: 45)",
+    )
     r = p.add_argument_group("rendezvous")
     r.add_argument("--rdzv-backend", choices=["c10d", "static"], default=S, help="(default: c10d)")
     r.add_argument("--rdzv-endpoint", default=S, help="rendezvous host (default: the first node)")
@@ -76,11 +102,20 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     n = p.add_argument_group("network (environment of every node)")
     n.add_argument("--nccl-socket-ifname", default=S, help="NCCL_SOCKET_IFNAME, e.g. eth0 or ^lo,docker")
     n.add_argument("--gloo-socket-ifname", default=S, help="GLOO_SOCKET_IFNAME, e.g. eth0")
-    n.add_argument("--nccl-ib-disable", action=argparse.BooleanOptionalAction, default=S,
-                   help="NCCL_IB_DISABLE=1/0 (TCP sockets instead of InfiniBand)")
+    n.add_argument(
+        "--nccl-ib-disable",
+        action=argparse.BooleanOptionalAction,
+        default=S,
+        help="NCCL_IB_DISABLE=1/0 (TCP sockets instead of InfiniBand)",
+    )
     n.add_argument("--nccl-debug", choices=["VERSION", "WARN", "INFO", "TRACE"], default=S, help="NCCL_DEBUG")
-    n.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment variable for every process (repeatable)")
+    n.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment variable for every process (repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the Plan (every node's command) and exit")
     p.add_argument("--json", action="store_true", help="with --dry-run: the Plan as JSON")
 
@@ -92,23 +127,38 @@ def _fields_help() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="launcher", description="Launch PyTorch distributed GPT training jobs.",
-                                epilog=EXIT_CODES)
+    p = argparse.ArgumentParser(
+        prog="launcher", description="Launch PyTorch distributed GPT training jobs.", epilog=EXIT_CODES
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_argument("--jobs-root", type=Path, default=Path(os.environ.get("GPTLAUNCH_JOBS_ROOT", "jobs")),
-                   help="where job records live (default: $GPTLAUNCH_JOBS_ROOT or ./jobs)")
+    p.add_argument(
+        "--jobs-root",
+        type=Path,
+        default=Path(os.environ.get("GPTLAUNCH_JOBS_ROOT", "jobs")),
+        help="where job records live (default: $GPTLAUNCH_JOBS_ROOT or ./jobs)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{submit,render,list,status,logs,cancel}")
     usage = "launcher %(cmd)s [options] [-- TRAINER_ARGS...]"
-    for cmd, text in (("submit", "run a training job and follow it to the end"),
-                      ("render", "print what submit would run (same as submit --dry-run)")):
-        s = sub.add_parser(cmd, help=text, description=f"{text}. Arguments after -- go to `trainer train` "
-                           "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
-                           usage=usage % {"cmd": cmd}, epilog=f"{_fields_help()}\n\n{EXIT_CODES}",
-                           formatter_class=fmt)
+    for cmd, text in (
+        ("submit", "run a training job and follow it to the end"),
+        ("render", "print what submit would run (same as submit --dry-run)"),
+    ):
+        s = sub.add_parser(
+            cmd,
+            help=text,
+            description=f"{text}. Arguments after -- go to `trainer train` "
+            "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
+            usage=usage % {"cmd": cmd},
+            epilog=f"{_fields_help()}\n\n{EXIT_CODES}",
+            formatter_class=fmt,
+        )
         _job_flags(s)
     sub.add_parser("list", help="list jobs")
-    for cmd, text in (("status", "show a job's state"), ("logs", "print a job's node logs"),
-                      ("cancel", "stop a job: ranks checkpoint, then exit")):
+    for cmd, text in (
+        ("status", "show a job's state"),
+        ("logs", "print a job's node logs"),
+        ("cancel", "stop a job: ranks checkpoint, then exit"),
+    ):
         s = sub.add_parser(cmd, help=text)
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
@@ -167,7 +217,11 @@ def _describe(e: ValidationError, config: Path | None) -> str:
         field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
         flag = FIELD_FLAGS.get(field)
         where = f"{field} ({flag})" if flag else field or "job spec"
-        got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
+        got = (
+            f" (got {err['input']!r})"
+            if err["type"] != "missing" and not isinstance(err["input"], dict)
+            else ""
+        )
         hint = "; remove it or check the spelling" if err["type"] == "extra_forbidden" else ""
         lines.append(f"  {where}: {err['msg']}{got}{hint}")
     if config:
@@ -185,8 +239,11 @@ def check_trainer_args(spec: JobSpec) -> None:
     try:
         cfg = parse_train_args(spec.trainer_args)
         cfg.grad_accum_steps(spec.world_size)
-        check_source(DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files)),
-                     vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
+        check_source(
+            DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files)),
+            vocab_size=cfg.vocab_size,
+            token_dtype=cfg.token_dtype,
+        )
     except (TrainerUsage, DataError, ValueError) as e:
         raise UsageError(f"trainer arguments: {e}") from None
     except SystemExit as e:  # argparse already printed which flag it did not know
@@ -212,12 +269,17 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         record = JobRecord.create(job_dir, spec, plan)
     except FileExistsError as e:
         raise UsageError(str(e)) from None
-    print(f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
-          f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}", flush=True)
+    print(
+        f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
+        f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}",
+        flush=True,
+    )
     status = get_scheduler(spec.scheduler).launch(plan, record)
     took = (status.ended_at or time.time()) - status.started_at
     text = status.message or status.state
-    print(f"launcher: job {plan.job_id} {status.state} after {took:.1f} s: {text}", file=sys.stderr, flush=True)
+    print(
+        f"launcher: job {plan.job_id} {status.state} after {took:.1f} s: {text}", file=sys.stderr, flush=True
+    )
     return status.exit_code if status.exit_code is not None else EXIT_FAILED
 
 
@@ -227,8 +289,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         plan, st = rec.plan(), rec.status()
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.started_at)) if st else "-"
         secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st else "-"
-        print(f"{plan.job_id:40} {(st.state if st else 'created'):13} {plan.nnodes:>5} "
-              f"{plan.nproc_per_node:>5} {started:20} {secs:>8}")
+        print(
+            f"{plan.job_id:40} {(st.state if st else 'created'):13} {plan.nnodes:>5} "
+            f"{plan.nproc_per_node:>5} {started:20} {secs:>8}"
+        )
     return EXIT_OK
 
 
@@ -280,7 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("submit", "render"):
             return cmd_submit(args, trainer_args)
-        return {"list": cmd_list, "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel}[args.command](args)
+        return {"list": cmd_list, "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel}[args.command](
+            args
+        )
     except (UsageError, JobNotFound) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -63,6 +63,9 @@ def root_cause(record: JobRecord, nnodes: int, failed_node: int, exit_code: int 
             exit_code=exit_code,
             error=first.message,
         )
-    return Failure(node_rank=failed_node, exit_code=exit_code,
-                   error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
-                         f"see {record.node_log(failed_node)}")
+    return Failure(
+        node_rank=failed_node,
+        exit_code=exit_code,
+        error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
+        f"see {record.node_log(failed_node)}",
+    )

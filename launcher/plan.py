@@ -59,7 +59,7 @@ class Plan(BaseModel):
             f"rendezvous endpoint {self.rdzv_endpoint}; run dir {self.run_dir}",
         ]
         for node in self.nodes:
-            lines += [f"", f"# node {node.node_rank} on {node.host} (log: {node.log})", node.shell_command()]
+            lines += ["", f"# node {node.node_rank} on {node.host} (log: {node.log})", node.shell_command()]
         for name, content in sorted(self.files.items()):
             lines += ["", f"# file {name}", content.rstrip("\n")]
         return "\n".join(lines) + "\n"

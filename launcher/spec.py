@@ -103,10 +103,13 @@ class JobSpec(_Strict):
     scheduler: str = Field("local", description="where the job runs: local (emulated nodes on this machine)")
     nnodes: int = Field(1, ge=1, le=4096, description="number of nodes (--nodes)")
     nproc_per_node: int = Field(
-        1, ge=1, le=256, description="processes per node: one per GPU; on a machine without GPUs, CPU processes"
+        1,
+        ge=1,
+        le=256,
+        description="processes per node: one per GPU; on a machine without GPUs, CPU processes",
     )
-    rendezvous: RendezvousSpec = Field(default_factory=RendezvousSpec)
-    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    rendezvous: RendezvousSpec = RendezvousSpec()  # frozen: safe to share as a default
+    network: NetworkSpec = NetworkSpec()
     python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
     workdir: Path = Field(Path.cwd(), description="working directory of every node's processes")
     job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")

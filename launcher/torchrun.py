@@ -21,7 +21,9 @@ def torchrun_argv(
     """
     rdzv = spec.rendezvous
     argv = [
-        spec.python, "-m", "torch.distributed.run",
+        spec.python,
+        "-m",
+        "torch.distributed.run",
         f"--nnodes={spec.nnodes}",
         f"--nproc-per-node={spec.nproc_per_node}",
         f"--rdzv-backend={rdzv.backend}",

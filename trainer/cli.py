@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ class UsageError(ValueError):
     """A bad flag value; str() names the flag and the fix."""
 
 
-def _add(p: argparse.ArgumentParser, flag: str, help: str, **kw: Any) -> None:
+def _add(p: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, help: str, **kw: Any) -> None:
     field = flag.lstrip("-").replace("-", "_")
     info = TrainConfig.model_fields[field]
     if info.default not in (None, ()) and "default: " not in help:
@@ -197,13 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = _parser().parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = record(_run)
     try:
-        code = run(args)
+        code = record(_run)(args)
     except _user_errors() as e:
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    return code
+    return EXIT_OK if code is None else code
 
 
 if __name__ == "__main__":

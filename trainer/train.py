@@ -78,8 +78,11 @@ def train(cfg: TrainConfig) -> int:
     backend = distributed.pick_backend(cfg.backend, device)
     distributed.init(env, backend, cfg.dist_timeout_s)
     # One line per rank: which host and device each rank landed on is the first thing to check.
-    print(f"rank {env.rank}/{env.world_size} (local_rank {env.local_rank}) on {socket.gethostname()}: "
-          f"device {device}, backend {backend if env.is_distributed else 'none'}", flush=True)
+    print(
+        f"rank {env.rank}/{env.world_size} (local_rank {env.local_rank}) on {socket.gethostname()}: "
+        f"device {device}, backend {backend if env.is_distributed else 'none'}",
+        flush=True,
+    )
     try:
         run = setup(cfg, env, device, manifest)
         with StopRequest(cfg.stop_signals) as stop:
@@ -292,7 +295,7 @@ def loop(run: Run, stop: StopRequest) -> int:
             loss, stopping = stats[0].item() / env.world_size, stats[1].item() > 0
             if not math.isfinite(loss):
                 raise TrainingError(
-                    f"loss is {loss} at step {step}: lower --lr, raise --warmup-steps, or try --precision fp32"
+                    f"loss is {loss} at step {step}: lower --lr, raise --warmup-steps or use --precision fp32"
                 )
             train_seconds += time.perf_counter() - t0
             steps_since += 1

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -45,7 +46,7 @@ class LocalScheduler:
 
     def resolve(self, spec: JobSpec) -> JobSpec:
         rdzv = spec.rendezvous
-        updates = {}
+        updates: dict[str, Any] = {}
         if rdzv.endpoint is None or rdzv.port is None:
             endpoint = rdzv.endpoint or "127.0.0.1"
             updates["rendezvous"] = rdzv.model_copy(
@@ -65,14 +66,33 @@ class LocalScheduler:
         nodes = []
         for k in range(spec.nnodes):
             argv = torchrun_argv(
-                spec, node_rank=k, endpoint=endpoint, rdzv_id=rdzv.id or job_id,
-                log_dir=str(job_dir / "torchelastic" / f"node-{k}"), trainer_args=args,
+                spec,
+                node_rank=k,
+                endpoint=endpoint,
+                rdzv_id=rdzv.id or job_id,
+                log_dir=str(job_dir / "torchelastic" / f"node-{k}"),
+                trainer_args=args,
             )
             node_env = env | {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX}
-            nodes.append(NodePlan(node_rank=k, host="localhost", argv=argv, env=node_env,
-                                  cwd=str(spec.workdir), log=f"node-{k}.log"))
-        return Plan(job_id=job_id, scheduler=self.name, nnodes=spec.nnodes, nproc_per_node=spec.nproc_per_node,
-                    rdzv_endpoint=endpoint, run_dir=str(run_dir), nodes=nodes)
+            nodes.append(
+                NodePlan(
+                    node_rank=k,
+                    host="localhost",
+                    argv=argv,
+                    env=node_env,
+                    cwd=str(spec.workdir),
+                    log=f"node-{k}.log",
+                )
+            )
+        return Plan(
+            job_id=job_id,
+            scheduler=self.name,
+            nnodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            rdzv_endpoint=endpoint,
+            run_dir=str(run_dir),
+            nodes=nodes,
+        )
 
     def launch(self, plan: Plan, record: JobRecord) -> JobStatus:
         procs.become_subreaper()
@@ -80,8 +100,12 @@ class LocalScheduler:
         stop = _StopOnSignal()
         before = {p.name for p in list_checkpoints(Path(plan.run_dir))}
         agents = [_start(node, record) for node in plan.nodes]
-        status = JobStatus(launcher_pid=os.getpid(), launcher_started=psutil.Process().create_time(),
-                           node_pids=[a.pid for a in agents], started_at=time.time())
+        status = JobStatus(
+            launcher_pid=os.getpid(),
+            launcher_started=psutil.Process().create_time(),
+            node_pids=[a.pid for a in agents],
+            started_at=time.time(),
+        )
         record.write_status(status)
         follower = LogFollower([(f"node{n.node_rank}", record.dir / n.log) for n in plan.nodes], sys.stdout)
         follower.start()
@@ -97,8 +121,15 @@ class LocalScheduler:
         record.write_status(final)
         return final
 
-    def _supervise(self, agents: list[subprocess.Popen[bytes]], stop: _StopOnSignal, grace: float,
-                   plan: Plan, record: JobRecord, before: set[str]) -> JobStatus:
+    def _supervise(
+        self,
+        agents: list[subprocess.Popen[bytes]],
+        stop: _StopOnSignal,
+        grace: float,
+        plan: Plan,
+        record: JobRecord,
+        before: set[str],
+    ) -> JobStatus:
         stop_at: float | None = None
         while True:
             codes = [a.poll() for a in agents]
@@ -129,8 +160,14 @@ class LocalScheduler:
             status = _wait_final(record, timeout_s=grace_s + 3 * FAIL_FAST_GRACE_S) or status
         if status.state not in FINAL_STATES:  # the launcher is gone: stop what is left ourselves
             procs.sweep(record.job_id, grace_s)
-            status = status.model_copy(update={"state": "cancelled", "exit_code": EXIT_INTERRUPTED,
-                                               "ended_at": time.time(), "message": "cancelled"})
+            status = status.model_copy(
+                update={
+                    "state": "cancelled",
+                    "exit_code": EXIT_INTERRUPTED,
+                    "ended_at": time.time(),
+                    "message": "cancelled",
+                }
+            )
             record.write_status(status)
         return status
 
@@ -138,8 +175,15 @@ class LocalScheduler:
 def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
     with open(record.dir / node.log, "ab") as log:
         # A new session per node: Ctrl-C reaches only the launcher, which stops the job in order.
-        return subprocess.Popen(node.argv, env=os.environ | node.env, cwd=node.cwd, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            node.argv,
+            env=os.environ | node.env,
+            cwd=node.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_final(record: JobRecord, timeout_s: float) -> JobStatus | None:
@@ -171,10 +215,15 @@ def _alive(pid: int | None, started: float | None) -> psutil.Process | None:
 def _stopped(plan: Plan, before: set[str]) -> JobStatus:
     new = [p for p in list_checkpoints(Path(plan.run_dir)) if p.name not in before]
     if new:
-        return JobStatus(state="checkpointed", exit_code=EXIT_CHECKPOINTED,
-                         message=f"stopped on request; checkpoint {new[-1]} saved: submit again with the same "
-                                 f"--run-dir to resume")
-    return JobStatus(state="cancelled", exit_code=EXIT_INTERRUPTED, message="stopped on request, no checkpoint saved")
+        return JobStatus(
+            state="checkpointed",
+            exit_code=EXIT_CHECKPOINTED,
+            message=f"stopped on request; checkpoint {new[-1]} saved: submit again with the same "
+            f"--run-dir to resume",
+        )
+    return JobStatus(
+        state="cancelled", exit_code=EXIT_INTERRUPTED, message="stopped on request, no checkpoint saved"
+    )
 
 
 class _StopOnSignal:
@@ -188,8 +237,11 @@ class _StopOnSignal:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop waiting; the finally block kills everything
         self.requested = True
-        print(f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit)",
-              file=sys.stderr, flush=True)
+        print(
+            f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

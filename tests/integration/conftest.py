@@ -27,10 +27,17 @@ def prepared_data(wikitext_valid: Path, tmp_path_factory: pytest.TempPathFactory
     return args
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None, check: bool = False,
-        timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, env=os.environ | (env or {}), cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+def run(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    timeout: float = 600,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        argv, env=os.environ | (env or {}), cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -41,8 +48,17 @@ def launcher(jobs_root: Path, *args: str, **kw: Any) -> subprocess.CompletedProc
 
 
 def torchrun(nproc: int, *trainer_args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "trainer.cli", "train", *trainer_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "trainer.cli",
+        "train",
+        *trainer_args,
+    ]
     return run(argv, env={"OMP_NUM_THREADS": "1"} | kw.pop("env", {}), **kw)
 
 

@@ -14,7 +14,9 @@ from trainer.checkpoint import load
 
 def _train(world_size: int, *args: str, env: dict[str, str] | None = None):
     if world_size == 1:
-        return run([sys.executable, "-m", "trainer.cli", "train", *args], env={"OMP_NUM_THREADS": "1"} | (env or {}))
+        return run(
+            [sys.executable, "-m", "trainer.cli", "train", *args], env={"OMP_NUM_THREADS": "1"} | (env or {})
+        )
     return torchrun(world_size, *args, env=env or {})
 
 
@@ -23,8 +25,18 @@ def test_two_ranks_with_accumulation_take_the_same_step_as_one_process_on_the_gl
 ) -> None:
     # Global batch 8 blocks of 128: 2 ranks × micro-batch 2 × 2 accumulation steps, vs 1 process ×
     # micro-batch 4 × 2 accumulation steps over the same blocks.
-    common = [*prepared_data, *FAST, "--precision", "fp32", "--max-steps", "1", "--warmup-steps", "0",
-              "--global-batch-tokens", str(8 * 128)]
+    common = [
+        *prepared_data,
+        *FAST,
+        "--precision",
+        "fp32",
+        "--max-steps",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--global-batch-tokens",
+        str(8 * 128),
+    ]
     ddp = _train(2, *common, "--micro-batch-size", "2", "--run-dir", str(tmp_path / "ddp"))
     one = _train(1, *common, "--micro-batch-size", "4", "--run-dir", str(tmp_path / "one"))
     assert ddp.returncode == 0 and one.returncode == 0, ddp.stderr[-2000:] + one.stderr[-2000:]
@@ -39,8 +51,19 @@ def test_two_ranks_with_accumulation_take_the_same_step_as_one_process_on_the_gl
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_resume_after_a_crash_continues_the_loss_curve_bitwise(world_size: int, prepared_data, tmp_path: Path) -> None:
-    common = [*prepared_data, *FAST, "--max-steps", "20", "--checkpoint-interval", "10", "--eval-interval", "100"]
+def test_resume_after_a_crash_continues_the_loss_curve_bitwise(
+    world_size: int, prepared_data, tmp_path: Path
+) -> None:
+    common = [
+        *prepared_data,
+        *FAST,
+        "--max-steps",
+        "20",
+        "--checkpoint-interval",
+        "10",
+        "--eval-interval",
+        "100",
+    ]
     straight = _train(world_size, *common, "--run-dir", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr[-3000:]
 

@@ -19,8 +19,9 @@ TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
 def test_a_failing_rank_stops_the_whole_job_fast_and_is_named(prepared_data, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     t0 = time.monotonic()
-    proc = launcher(jobs, *TWO_NODES, "--", *prepared_data, *FAST, "--max-steps", "200",
-                    env={"GPTLAUNCH_FAULT": "1:3"})
+    proc = launcher(
+        jobs, *TWO_NODES, "--", *prepared_data, *FAST, "--max-steps", "200", env={"GPTLAUNCH_FAULT": "1:3"}
+    )
     took = time.monotonic() - t0
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert took < 30 + 10, f"took {took:.1f} s"  # + process start-up and data loading
@@ -42,11 +43,26 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "launcher cancel"])
-def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(how: str, prepared_data, tmp_path: Path) -> None:
+def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(
+    how: str, prepared_data, tmp_path: Path
+) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = [*TWO_NODES, "--", *prepared_data, *FAST, "--run-dir", str(run_dir), "--checkpoint-interval", "1000"]
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args,
-                             "--max-steps", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [
+        *TWO_NODES,
+        "--",
+        *prepared_data,
+        *FAST,
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-interval",
+        "1000",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args, "--max-steps", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_step(run_dir, 3, proc)
         job_id = only_job_id(jobs)
@@ -54,7 +70,7 @@ def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(how: str, pr
             proc.send_signal(signal.SIGINT)
         else:
             launcher(jobs, "cancel", job_id, check=True)
-        out, err = proc.communicate(timeout=90)
+        _, err = proc.communicate(timeout=90)
     finally:
         proc.kill()
     assert proc.returncode == 75, err[-3000:]
@@ -71,12 +87,25 @@ def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(how: str, pr
     assert sorted(losses(run_dir)) == list(range(1, stopped_at + 3))
 
 
-def test_hostile_strings_in_paths_env_and_arguments_are_passed_verbatim(prepared_data, tmp_path: Path) -> None:
+def test_hostile_strings_in_paths_env_and_arguments_are_passed_verbatim(
+    prepared_data, tmp_path: Path
+) -> None:
     marker = tmp_path / "pwned"
     run_dir = tmp_path / f"run a'; touch {marker}; $(touch {marker}) `touch {marker}`"
     jobs = tmp_path / "jobs"
-    proc = launcher(jobs, *TWO_NODES, "--env", f"HOSTILE=$(touch {marker})", "--", *prepared_data, *FAST,
-                    "--max-steps", "2", "--run-dir", str(run_dir))
+    proc = launcher(
+        jobs,
+        *TWO_NODES,
+        "--env",
+        f"HOSTILE=$(touch {marker})",
+        "--",
+        *prepared_data,
+        *FAST,
+        "--max-steps",
+        "2",
+        "--run-dir",
+        str(run_dir),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run_dir / "ckpt-00000002.pt").is_file()  # the literal directory name was used
     assert not marker.exists()

@@ -13,7 +13,9 @@ TOKENS = np.arange(10_000, dtype=np.uint16)
 
 def _blocks(batches: TrainBatches, step: int) -> list[list[int]]:
     p = batches.plan
-    return [batches.block_ids(step, m, r).tolist() for m in range(p.grad_accum_steps) for r in range(p.world_size)]
+    return [
+        batches.block_ids(step, m, r).tolist() for m in range(p.grad_accum_steps) for r in range(p.world_size)
+    ]
 
 
 def test_ranks_read_distinct_blocks_whose_union_is_the_single_process_global_batch() -> None:

@@ -29,22 +29,30 @@ def _assert_rejected(code: int, capsys, jobs_root: Path, *needles: str) -> None:
 def test_unknown_config_field(tmp_path: Path, jobs_root: Path, capsys) -> None:
     cfg = tmp_path / "job.yaml"
     cfg.write_text("nnodes: 2\nrendezvous:\n  prot: 29500\n")
-    _assert_rejected(_submit(jobs_root, "--config", str(cfg)), capsys, jobs_root, "rendezvous.prot", "spelling")
+    _assert_rejected(
+        _submit(jobs_root, "--config", str(cfg)), capsys, jobs_root, "rendezvous.prot", "spelling"
+    )
 
 
 def test_config_file_that_is_missing_or_not_yaml(tmp_path: Path, jobs_root: Path, capsys) -> None:
-    _assert_rejected(_submit(jobs_root, "--config", str(tmp_path / "none.yaml")), capsys, jobs_root, "--config")
+    _assert_rejected(
+        _submit(jobs_root, "--config", str(tmp_path / "none.yaml")), capsys, jobs_root, "--config"
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("nnodes: [1,\n")
     _assert_rejected(_submit(jobs_root, "--config", str(bad)), capsys, jobs_root, "not valid YAML")
 
 
 def test_zero_nodes(jobs_root: Path, capsys) -> None:
-    _assert_rejected(_submit(jobs_root, "--nodes", "0"), capsys, jobs_root, "nnodes (--nodes)", "greater than")
+    _assert_rejected(
+        _submit(jobs_root, "--nodes", "0"), capsys, jobs_root, "nnodes (--nodes)", "greater than"
+    )
 
 
 def test_unknown_scheduler(jobs_root: Path, capsys) -> None:
-    _assert_rejected(_submit(jobs_root, "--scheduler", "k8s"), capsys, jobs_root, "'k8s' is not available", "local")
+    _assert_rejected(
+        _submit(jobs_root, "--scheduler", "k8s"), capsys, jobs_root, "'k8s' is not available", "local"
+    )
 
 
 def test_negative_steps(jobs_root: Path, capsys) -> None:
@@ -72,14 +80,17 @@ def test_global_batch_that_does_not_split_over_the_world(jobs_root: Path, capsys
     _assert_rejected(code, capsys, jobs_root, "--global-batch-tokens", "multiple of")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--", "--run-dir", "runs/a\nb"], "control character"),
-    (["--env", "KEY=line1\nline2"], "control character"),
-    (["--env", "1BAD=x"], "not a valid environment variable name"),
-    (["--env", "NOEQUALS"], "KEY=VALUE"),
-    (["--workdir", "/tmp/a\x00b"], "control character"),
-    (["--nccl-socket-ifname", "eth0; rm -rf /"], "interface name"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--", "--run-dir", "runs/a\nb"], "control character"),
+        (["--env", "KEY=line1\nline2"], "control character"),
+        (["--env", "1BAD=x"], "not a valid environment variable name"),
+        (["--env", "NOEQUALS"], "KEY=VALUE"),
+        (["--workdir", "/tmp/a\x00b"], "control character"),
+        (["--nccl-socket-ifname", "eth0; rm -rf /"], "interface name"),
+    ],
+)
 def test_control_characters_and_malformed_values_are_rejected(args, needle, jobs_root: Path, capsys) -> None:
     _assert_rejected(_submit(jobs_root, *args), capsys, jobs_root, needle)
 

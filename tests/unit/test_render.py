@@ -19,12 +19,19 @@ GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 
 def _golden_spec() -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "gold", "nnodes": 2, "nproc_per_node": 1, "python": "python3", "workdir": "/work/job",
-        "omp_num_threads": 1, "rendezvous": {"endpoint": "127.0.0.1", "port": 29555},
-        "network": {"gloo_socket_ifname": "lo", "nccl_ib_disable": True, "env": {"EXTRA": "x y"}},
-        "trainer_args": ["--max-steps", "30", "--text-files", "/data/a b.txt"],
-    })
+    return JobSpec.model_validate(
+        {
+            "name": "gold",
+            "nnodes": 2,
+            "nproc_per_node": 1,
+            "python": "python3",
+            "workdir": "/work/job",
+            "omp_num_threads": 1,
+            "rendezvous": {"endpoint": "127.0.0.1", "port": 29555},
+            "network": {"gloo_socket_ifname": "lo", "nccl_ib_disable": True, "env": {"EXTRA": "x y"}},
+            "trainer_args": ["--max-steps", "30", "--text-files", "/data/a b.txt"],
+        }
+    )
 
 
 @pytest.mark.parametrize("form", ["txt", "json"])
@@ -49,7 +56,10 @@ def test_every_node_gets_the_same_rendezvous_and_its_own_log() -> None:
 
 
 def test_run_dir_is_added_only_when_absent() -> None:
-    assert with_run_dir(["--max-steps", "3"], Path("/j/run")) == (["--max-steps", "3", "--run-dir", "/j/run"], "/j/run")
+    assert with_run_dir(["--max-steps", "3"], Path("/j/run")) == (
+        ["--max-steps", "3", "--run-dir", "/j/run"],
+        "/j/run",
+    )
     assert with_run_dir(["--run-dir=/mine"], Path("/j/run")) == (["--run-dir=/mine"], "/mine")
 
 
@@ -62,8 +72,14 @@ def test_shell_command_passes_hostile_values_through_bash_verbatim(tmp_path: Pat
     cwd = tmp_path / "dir with 'quote' and $(touch x)"
     cwd.mkdir()
     probe = "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ['HOSTILE'], os.getcwd()]))"
-    node = NodePlan(node_rank=0, host="localhost", argv=[sys.executable, "-c", probe, *values],
-                    env={"HOSTILE": values[1]}, cwd=str(cwd), log="node-0.log")
+    node = NodePlan(
+        node_rank=0,
+        host="localhost",
+        argv=[sys.executable, "-c", probe, *values],
+        env={"HOSTILE": values[1]},
+        cwd=str(cwd),
+        log="node-0.log",
+    )
     out = subprocess.run(["bash", "-c", node.shell_command()], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [values, values[1], str(cwd)]
     assert not marker.exists()

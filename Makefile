@@ -1,0 +1,41 @@
+# The README's commands. `make run` and `make test` work on a fresh machine: they create .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Arguments for `make run`, e.g. make run ARGS="-- --max-steps 50"
+ARGS ?=
+
+.PHONY: setup run test unit integration lint bench clean
+
+setup: $(STAMP)
+
+# torch is installed first on its own, pinned: here that takes the CPU build from the machine's wheel
+# cache, and nothing else can pull a multi-GB CUDA build in its place.
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+	touch $@
+
+run: setup
+	$(VENV)/bin/launcher submit --nodes 2 --gpus-per-node 1 $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+unit: setup
+	$(VENV)/bin/pytest -q tests/unit
+
+integration: setup
+	$(VENV)/bin/pytest -q tests/integration
+
+bench: setup
+	$(PY) benchmarks/bench_trainer.py
+
+clean:
+	rm -rf $(VENV) jobs runs .pytest_cache .mypy_cache .ruff_cache
