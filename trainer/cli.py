@@ -196,12 +196,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # failing rank and the root cause.
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from trainer.train import TrainingError
+
     args = _parser().parse_args(argv)
     try:
         code = record(_run)(args)
     except _user_errors() as e:
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except TrainingError as e:  # already in torchrun's error file (via @record); no traceback needed
+        print(f"trainer: training failed: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     return EXIT_OK if code is None else code
 
 

@@ -109,3 +109,16 @@ def test_render_is_the_same_as_dry_run(jobs_root: Path, capsys) -> None:
     assert main(["--jobs-root", str(jobs_root), "render", "--nodes", "2", "--rdzv-port", "29511"]) == 0
     out = capsys.readouterr().out
     assert out.count("python") >= 2 and "--rdzv-endpoint=127.0.0.1:29511" in out
+
+
+def test_the_example_job_config_renders(jobs_root: Path, capsys, monkeypatch) -> None:
+    import json
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # its text-file path is relative to the repository
+    if not Path("../shared/data/wikitext-2/valid.txt").is_file():
+        pytest.skip("the example config trains on ../shared/data/wikitext-2/valid.txt, which is absent")
+    code = main(["--jobs-root", str(jobs_root), "render", "--config", "deploy/examples/job.yaml", "--json"])
+    assert code == 0, capsys.readouterr().err
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["nnodes"] == 2 and plan["nodes"][1]["env"]["NCCL_IB_DISABLE"] == "1"

@@ -1,0 +1,73 @@
+"""The trainer on its own: a stop signal checkpoints and exits 75; divergence is a clear error."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import FAST, losses, run
+
+
+def test_sigusr2_checkpoints_at_a_step_boundary_and_exits_75(prepared_data, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "train",
+            *prepared_data,
+            *FAST,
+            "--max-steps",
+            "1000",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run_dir / "metrics.jsonl").is_file() and losses(run_dir)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR2)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    (ckpt,) = run_dir.glob("ckpt-*.pt")
+    assert int(ckpt.stem.split("-")[1]) == max(losses(run_dir))
+    assert "stop signal: checkpoint saved" in out
+
+
+def test_a_diverging_run_stops_with_a_clear_error(prepared_data, tmp_path: Path) -> None:
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            "train",
+            *prepared_data,
+            *FAST,
+            "--precision",
+            "fp32",
+            "--lr",
+            "1e4",
+            "--grad-clip",
+            "0",
+            "--warmup-steps",
+            "0",
+            "--max-steps",
+            "50",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    assert proc.returncode == 1
+    assert "training failed: loss is nan" in proc.stderr or "training failed: loss is inf" in proc.stderr
+    assert "Traceback" not in proc.stderr
