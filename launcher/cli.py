@@ -8,6 +8,7 @@ request with no checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -19,10 +20,10 @@ import yaml
 from pydantic import ValidationError
 
 from launcher import __version__
-from launcher.jobs import FINAL_STATES, JobNotFound, JobRecord, list_jobs, new_job_id
+from launcher.jobs import JobNotFound, JobRecord, list_jobs, new_job_id, shown_state
 from launcher.plan import Plan
 from launcher.schedulers import SCHEDULERS, get_scheduler
-from launcher.spec import JobSpec, describe_fields
+from launcher.spec import JobSpec, SpecError, check_text, describe_fields
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = (
@@ -128,7 +129,10 @@ def _fields_help() -> str:
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="launcher", description="Launch PyTorch distributed GPT training jobs.", epilog=EXIT_CODES
+        prog="launcher",
+        description="Launch PyTorch distributed GPT training jobs.",
+        epilog=EXIT_CODES,
+        allow_abbrev=False,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument(
@@ -151,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
             usage=usage % {"cmd": cmd},
             epilog=f"{_fields_help()}\n\n{EXIT_CODES}",
             formatter_class=fmt,
+            allow_abbrev=False,
         )
         _job_flags(s)
     sub.add_parser("list", help="list jobs")
@@ -159,15 +164,13 @@ def _parser() -> argparse.ArgumentParser:
         ("logs", "print a job's node logs"),
         ("cancel", "stop a job: ranks checkpoint, then exit"),
     ):
-        s = sub.add_parser(cmd, help=text)
+        s = sub.add_parser(cmd, help=text, allow_abbrev=False)
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
             s.add_argument("--json", action="store_true", help="machine-readable status")
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-        if cmd == "cancel":
-            s.add_argument("--grace-period-s", type=float, help="seconds before SIGKILL (default: the job's)")
     return p
 
 
@@ -175,6 +178,8 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
         tree = tree.setdefault(key, {})
+        if not isinstance(tree, dict):
+            raise UsageError(f"{key} in --config must be a mapping of fields (see `launcher submit --help`)")
     tree[leaf] = value
 
 
@@ -183,6 +188,8 @@ def _load_config(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise UsageError(f"--config {path}: {e.strerror}; check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path} is not UTF-8 text: save it as UTF-8") from None
     except yaml.YAMLError as e:
         raise UsageError(f"--config {path} is not valid YAML: {e}") from None
     if data is None:
@@ -204,7 +211,10 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
             raise UsageError(f"--env {item!r}: use KEY=VALUE")
         _set(tree, f"network.env.{key}", value)
     if trainer_args:
-        tree["trainer_args"] = [*tree.get("trainer_args", []), *trainer_args]
+        from_file = tree.get("trainer_args", [])
+        if not isinstance(from_file, list):
+            raise UsageError("trainer_args in --config must be a list of strings, e.g. [--max-steps, '100']")
+        tree["trainer_args"] = [*from_file, *trainer_args]
     try:
         return JobSpec.model_validate(tree)
     except ValidationError as e:
@@ -233,28 +243,41 @@ def check_trainer_args(spec: JobSpec) -> None:
     """Validate the trainer's arguments before anything is written or started: flags, values, data
     files, and that the global batch splits over this job's world_size. Raises UsageError."""
     from trainer.cli import UsageError as TrainerUsage
-    from trainer.cli import parse_train_args
-    from trainer.data import DataError, DataSource, check_source
+    from trainer.data import DataError
 
     try:
-        cfg = parse_train_args(spec.trainer_args)
-        cfg.grad_accum_steps(spec.world_size)
-        check_source(
-            DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files)),
-            vocab_size=cfg.vocab_size,
-            token_dtype=cfg.token_dtype,
-        )
+        # Relative paths among them are the trainer's, resolved in its working directory.
+        with contextlib.chdir(spec.workdir):
+            _check_trainer_args(spec)
     except (TrainerUsage, DataError, ValueError) as e:
         raise UsageError(f"trainer arguments: {e}") from None
-    except SystemExit as e:  # argparse already printed which flag it did not know
+    except SystemExit as e:
+        if e.code == 0:  # `-- --help` printed the trainer's help
+            raise
+        # argparse already printed which flag it did not know
         raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
 
 
+def _check_trainer_args(spec: JobSpec) -> None:
+    from trainer.cli import parse_train_args
+    from trainer.data import DataSource, check_source
+
+    cfg = parse_train_args(spec.trainer_args)
+    cfg.grad_accum_steps(spec.world_size)
+    cfg.check_resume_path()
+    source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
+    check_source(source, vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
+
+
 def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Plan, Path]:
+    try:
+        check_text(str(args.jobs_root), "--jobs-root")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     spec = build_spec(args, trainer_args)
-    check_trainer_args(spec)
     scheduler = get_scheduler(spec.scheduler)
     spec = scheduler.resolve(spec)
+    check_trainer_args(spec)
     job_id = new_job_id(spec.name)
     job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
     return spec, scheduler.render(spec, job_id, job_dir), job_dir
@@ -290,7 +313,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.started_at)) if st else "-"
         secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st else "-"
         print(
-            f"{plan.job_id:40} {(st.state if st else 'created'):13} {plan.nnodes:>5} "
+            f"{plan.job_id:40} {shown_state(st):13} {plan.nnodes:>5} "
             f"{plan.nproc_per_node:>5} {started:20} {secs:>8}"
         )
     return EXIT_OK
@@ -302,7 +325,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(st.model_dump_json(indent=2) if st else "{}")
         return EXIT_OK
-    print(f"job {plan.job_id}: {st.state if st else 'created'}")
+    print(f"job {plan.job_id}: {shown_state(st)}")
     print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {rec.dir}")
     print(f"  run dir {plan.run_dir}")
     if st and st.exit_code is not None:
@@ -319,7 +342,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise UsageError(f"--node {args.node}: the job has nodes 0..{rec.plan().nnodes - 1}")
     follower = LogFollower([(f"node{n.node_rank}", rec.dir / n.log) for n in nodes], sys.stdout)
     follower.start()
-    while args.follow and (st := rec.status()) is not None and st.state not in FINAL_STATES:
+    while args.follow and shown_state(rec.status()) == "running":
         time.sleep(0.5)
     follower.stop()
     return EXIT_OK
@@ -328,7 +351,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     rec = JobRecord.open(args.job, args.jobs_root)
     spec = rec.spec()
-    status = get_scheduler(spec.scheduler).cancel(rec, args.grace_period_s or spec.grace_period_s)
+    status = get_scheduler(spec.scheduler).cancel(rec)
     print(f"job {rec.job_id}: {status.state}" + (f" ({status.message})" if status.message else ""))
     return EXIT_OK
 
@@ -347,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"list": cmd_list, "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel}[args.command](
             args
         )
-    except (UsageError, JobNotFound) as e:
+    except (UsageError, JobNotFound, SpecError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

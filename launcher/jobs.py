@@ -125,6 +125,18 @@ class JobRecord:
         return self.dir / "torchelastic" / f"node-{node_rank}"
 
 
+def shown_state(status: JobStatus | None) -> str:
+    """The state to show: "lost" for a job recorded as running whose launcher is gone (killed, or
+    its machine rebooted); `launcher cancel` stops what is left of it."""
+    from launcher.procs import launcher_process
+
+    if status is None:
+        return "created"
+    if status.state == "running" and launcher_process(status.launcher_pid, status.launcher_started) is None:
+        return "lost"
+    return status.state
+
+
 def list_jobs(jobs_root: Path) -> list[JobRecord]:
     """Complete job records under ``jobs_root``, oldest first."""
     if not jobs_root.is_dir():

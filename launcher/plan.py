@@ -26,8 +26,9 @@ class NodePlan(BaseModel):
     def shell_command(self) -> str:
         """One shell line equivalent to running ``argv`` with ``env`` in ``cwd``: every value quoted,
         so it can be pasted into a terminal or sent over ssh as is."""
+        # Prefix assignments (not `env K=V`, which would take an argv[0] containing "=" for one more).
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"cd {shlex.quote(self.cwd)} && env {env} {shlex.join(self.argv)}"
+        return f"cd -- {shlex.quote(self.cwd)} && {env} {shlex.join(self.argv)}"
 
 
 class Plan(BaseModel):

@@ -74,3 +74,16 @@ def wait_gone(job_id: str, timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def launcher_process(pid: int | None, started: float | None) -> psutil.Process | None:
+    """The launcher process ``pid`` if it is still alive; a reused pid (another create time) or a
+    zombie does not count."""
+    if pid is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        same = started is None or abs(proc.create_time() - started) < 1e-3
+        return proc if same and proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.NoSuchProcess:
+        return None

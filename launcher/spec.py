@@ -9,20 +9,34 @@ from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Control (Cc), format (Cf: bidi overrides, zero-width) and line/paragraph separators (Zl, Zp): they
+# split lines or disguise what a printed command does.
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
+# Set by the launcher or torchrun on every process; a user value would break rendezvous or tracking.
+RESERVED_ENV = re.compile(
+    r"^(GPTLAUNCH_.*|TORCHELASTIC_.*|RANK|LOCAL_RANK|GROUP_RANK|ROLE_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE"
+    r"|MASTER_ADDR|MASTER_PORT)$"
+)
+
+
+class SpecError(ValueError):
+    """A job that cannot run as specified; the message names the field and the fix."""
 
 
 def check_text(value: str, what: str) -> str:
-    """Return ``value`` unchanged, or raise ValueError if it holds a control character."""
-    if _CONTROL.search(value):
-        raise ValueError(f"{what} contains a control character (newline, tab, NUL, ...): remove it")
+    """Return ``value`` unchanged, or raise ValueError if it holds a control or format character
+    (newline, tab, NUL, escape, bidi override, ...), which no quoting makes safe everywhere."""
+    for ch in value:
+        if unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            raise ValueError(f"{what} contains the control character {ch!r}: remove it")
     return value
 
 
@@ -79,6 +93,8 @@ class NetworkSpec(_Strict):
         for key, value in v.items():
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if RESERVED_ENV.match(key):
+                raise ValueError(f"{key} is set by the launcher or torchrun on every process: remove it")
             check_text(value, f"the value of {key}")
         return v
 
@@ -113,6 +129,11 @@ class JobSpec(_Strict):
     python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
     workdir: Path = Field(Path.cwd(), description="working directory of every node's processes")
     job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
+    local_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="local scheduler: GPUs to share out between emulated nodes (default: detected)",
+    )
     omp_num_threads: int | None = Field(
         None, ge=1, description="OMP_NUM_THREADS per process (default: cores shared out evenly when local)"
     )

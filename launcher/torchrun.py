@@ -8,6 +8,7 @@ from launcher.spec import JobSpec
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
 
 def torchrun_argv(
@@ -31,6 +32,10 @@ def torchrun_argv(
         f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=join_timeout={rdzv.join_timeout_s},last_call_timeout={rdzv.last_call_timeout_s}",
         f"--max-restarts={rdzv.max_restarts}",
+        # SIGUSR2 is SLURM's usual pre-timeout warning: the agent must forward it, not die of it.
+        f"--signals-to-handle={FORWARDED_SIGNALS}",
+        # Seconds the agent lets workers checkpoint after forwarding a signal, before SIGKILL.
+        f"--shutdown-timeout={int(spec.grace_period_s)}",
         f"--log-dir={log_dir}",
         "--tee=3",
     ]

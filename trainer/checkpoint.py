@@ -9,15 +9,20 @@ objects.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
+# Written by rank 0 after the checkpoint of a stop signal: tells a launcher or scheduler that the run
+# stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75 as a plain failure).
+STOP_MARKER = "stopped.json"
 
 
 class CheckpointError(RuntimeError):
@@ -67,6 +72,26 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path) -> None:
+    """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``."""
+    tmp = run_dir / f".{STOP_MARKER}.tmp"
+    tmp.write_text(json.dumps({"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}))
+    os.replace(tmp, run_dir / STOP_MARKER)
+
+
+def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:
+    """The stop record of a run that stopped on a signal at or after ``since`` (epoch seconds)."""
+    try:
+        record = json.loads((run_dir / STOP_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("time", 0) >= since else None
+
+
+def clear_stop_marker(run_dir: Path) -> None:
+    (run_dir / STOP_MARKER).unlink(missing_ok=True)
 
 
 def find_resume(run_dir: Path, resume: str) -> Path | None:

@@ -120,13 +120,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="{train,prepare,sample}")
-    t = sub.add_parser("train", help="train (prepares data first when needed)", epilog=EPILOG)
+    t = sub.add_parser(
+        "train", help="train (prepares data first when needed)", epilog=EPILOG, allow_abbrev=False
+    )
     _train_flags(t)
     _optim_flags(t)
-    pr = sub.add_parser("prepare", help="train the tokenizer and write token files, then exit")
+    pr = sub.add_parser(
+        "prepare", help="train the tokenizer and write token files, then exit", allow_abbrev=False
+    )
     _train_flags(pr)
     _add(pr, "--run-dir", "run directory (its data/ subdirectory is the default --data-dir)", type=Path)
-    s = sub.add_parser("sample", help="generate text from the newest checkpoint")
+    s = sub.add_parser("sample", help="generate text from the newest checkpoint", allow_abbrev=False)
     s.add_argument("--run-dir", type=Path, required=True, help="run directory holding ckpt-*.pt")
     s.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     s.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (default: 100)")

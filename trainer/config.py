@@ -19,6 +19,8 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 Precision = Literal["bf16", "fp16", "fp32"]
+# Signals a handler cannot catch, or that arrive for other reasons (a child exiting).
+UNCATCHABLE_SIGNALS = ("SIGKILL", "SIGSTOP", "SIGCHLD")
 
 
 class TrainConfig(BaseModel):
@@ -86,8 +88,8 @@ class TrainConfig(BaseModel):
         import signal
 
         for name in v:
-            if not name.startswith("SIG") or not hasattr(signal, name):
-                raise ValueError(f"unknown signal {name!r}: use names like SIGTERM, SIGUSR2")
+            if name not in signal.Signals.__members__ or name in UNCATCHABLE_SIGNALS:
+                raise ValueError(f"{name!r} cannot be a stop signal: use names like SIGTERM, SIGUSR2")
         return v
 
     @model_validator(mode="after")
@@ -135,6 +137,11 @@ class TrainConfig(BaseModel):
             d_model=self.d_model_,
             dropout=self.dropout,
         )
+
+    def check_resume_path(self) -> None:
+        """Raise ValueError when ``resume`` names a checkpoint file that does not exist."""
+        if self.resume not in ("auto", "never") and not Path(self.resume).is_file():
+            raise ValueError(f"--resume {self.resume}: no such checkpoint file; use auto, never or a path")
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step so that one step sees ``global_batch_tokens`` tokens.

@@ -133,16 +133,47 @@ def prepare_data(
     _check_val_fraction(val_fraction)
     if data_dir.exists() and not data_dir.is_dir():
         raise DataError(f"data dir {data_dir} exists and is not a directory; fix: pass another --data-dir")
-    corpus = load_corpus(source, val_fraction=val_fraction, log=log)
-    key = _reuse_key(corpus, vocab_size, dtype, val_fraction)
+    if source.text_files or source.dataset:
+        corpus = load_corpus(source, val_fraction=val_fraction, log=log)  # errors before any write
+        with _prepare_lock(data_dir, log):
+            return _reuse_or_prepare(data_dir, corpus, vocab_size, dtype, val_fraction, log)
+    # No source named: the data already prepared in data_dir is what is meant. Deciding under the lock
+    # makes every rank agree, and only the first one probes the Hub for the automatic choice.
     with _prepare_lock(data_dir, log):
-        problem = _reuse_problem(data_dir, key, corpus, vocab_size, dtype, val_fraction)
-        if problem is None:
-            manifest = load_manifest(data_dir)
-            log(f"data: reusing prepared data in {data_dir} ({_summary(manifest)})")
+        manifest = _intact_manifest(data_dir)
+        if manifest is not None and (manifest.requested_vocab_size, manifest.dtype) == (vocab_size, dtype):
+            log(f"data: using the prepared data in {data_dir} ({_summary(manifest)})")
             return manifest
-        log(f"data: preparing {data_dir} from {corpus.description}: {problem}")
-        return _prepare(data_dir, corpus, key, vocab_size, dtype, val_fraction, log)
+        corpus = load_corpus(source, val_fraction=val_fraction, log=log)
+        return _reuse_or_prepare(data_dir, corpus, vocab_size, dtype, val_fraction, log)
+
+
+def _reuse_or_prepare(
+    data_dir: Path,
+    corpus: Corpus,
+    vocab_size: int,
+    dtype: str,
+    val_fraction: float,
+    log: Callable[[str], None],
+) -> Manifest:
+    """With the prepare lock held: the manifest of reusable data, else of freshly prepared data."""
+    key = _reuse_key(corpus, vocab_size, dtype, val_fraction)
+    problem = _reuse_problem(data_dir, key, corpus, vocab_size, dtype, val_fraction)
+    if problem is None:
+        manifest = load_manifest(data_dir)
+        log(f"data: reusing prepared data in {data_dir} ({_summary(manifest)})")
+        return manifest
+    log(f"data: preparing {data_dir} from {corpus.description}: {problem}")
+    return _prepare(data_dir, corpus, key, vocab_size, dtype, val_fraction, log)
+
+
+def _intact_manifest(data_dir: Path) -> Manifest | None:
+    """The manifest of data_dir when it and every file it names are intact, else None."""
+    try:
+        manifest = load_manifest(data_dir)
+    except DataError:
+        return None
+    return None if _files_problem(data_dir, manifest) else manifest
 
 
 def load_manifest(data_dir: Path) -> Manifest:
@@ -321,6 +352,11 @@ def _reuse_problem(
         return f"existing manifest unusable ({e})"
     if manifest.key != key:
         return _what_changed(manifest, corpus, vocab_size, dtype, val_fraction)
+    return _files_problem(data_dir, manifest)
+
+
+def _files_problem(data_dir: Path, manifest: Manifest) -> str | None:
+    """What is wrong with the files ``manifest`` names, or None when they are intact."""
     for name, size in manifest.file_sizes().items():
         problem = _file_problem(data_dir / name, size)
         if problem is not None:

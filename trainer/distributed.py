@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -94,6 +95,15 @@ def all_gather_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` (picklable) on every rank; identity for one process."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier() -> None:

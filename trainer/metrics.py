@@ -12,7 +12,7 @@ import torch
 
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
 # torch.cuda.get_device_name(). Anything else is measured.
-KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "L4": 121e12, "A10G": 125e12, "V100": 125e12}
+KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "V100": 125e12}
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 8) -> float:

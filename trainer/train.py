@@ -13,10 +13,13 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,6 +68,36 @@ def train(cfg: TrainConfig) -> int:
     """
     env = distributed.read_env()
     device = distributed.pick_device(cfg.device, env)
+    cfg.grad_accum_steps(env.world_size)  # bad input fails here, before anything is written
+    cfg.check_resume_path()
+    with _run_dir_lock(cfg.run_dir, enabled=env.is_main):
+        return _train(cfg, env, device)
+
+
+@contextlib.contextmanager
+def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
+    """Rank 0 holds ``run_dir/.run.lock`` for the whole run: two jobs writing checkpoints and metrics
+    into one run dir would corrupt both. Raises ValueError when another run holds it."""
+    if not enabled:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(run_dir / ".run.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ValueError(
+            f"--run-dir {run_dir} is in use by another run: wait for it, cancel it, or pass another --run-dir"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
+    if env.is_main:
+        checkpoint.clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
     source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
@@ -95,7 +128,8 @@ def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | No
     """(autocast dtype or None for fp32, whether a GradScaler is needed)."""
     if cfg.precision == "fp32":
         return None, False
-    if cfg.precision == "bf16" and (device.type != "cuda" or torch.cuda.is_bf16_supported()):
+    # including_emulation=False: a GPU that only emulates bf16 (V100, T4) is slow at it; use fp16.
+    if cfg.precision == "bf16" and (device.type != "cuda" or torch.cuda.is_bf16_supported(False)):
         return torch.bfloat16, False
     return torch.float16, True  # fp16 asked for, or a GPU without bf16: loss scaling keeps grads alive
 
@@ -132,7 +166,9 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
 
 
 def _resume(run: Run) -> None:
-    path = checkpoint.find_resume(run.cfg.run_dir, run.cfg.resume)
+    # Rank 0 decides and tells the others: ranks that saw different files would run different steps.
+    found = checkpoint.find_resume(run.cfg.run_dir, run.cfg.resume) if run.env.is_main else None
+    path = distributed.broadcast_object(found)
     if path is None:
         return
     state = checkpoint.load(path)
@@ -173,8 +209,8 @@ def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return gather(torch.get_rng_state()), cuda
 
 
-def save_checkpoint(run: Run, next_step: int) -> None:
-    """Collective: every rank contributes its RNG state; global rank 0 writes."""
+def save_checkpoint(run: Run, next_step: int) -> Path | None:
+    """Collective: every rank contributes its RNG state; global rank 0 writes (and gets the path)."""
     rng, cuda_rng = _gather_rng(run)
     if run.env.is_main:
         state = {
@@ -200,8 +236,11 @@ def save_checkpoint(run: Run, next_step: int) -> None:
             "config": run.cfg.model_dump(mode="json"),
             "tokenizer_sha256": run.manifest.tokenizer_sha256,
         }
-        checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+        path: Path | None = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+    else:
+        path = None
     distributed.barrier()  # nobody exits or moves on before the file is in place
+    return path
 
 
 def _autocast(run: Run) -> contextlib.AbstractContextManager[Any]:
@@ -320,7 +359,9 @@ def loop(run: Run, stop: StopRequest) -> int:
                 progress.log(_format(record, cfg.max_steps))
             progress.update(done, f"loss {loss:.3f}")
             if stopping or done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
-                save_checkpoint(run, done)
+                saved = save_checkpoint(run, done)
+                if stopping and saved is not None:
+                    checkpoint.write_stop_marker(cfg.run_dir, done, saved)
             if stopping:
                 progress.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED

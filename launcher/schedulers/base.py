@@ -26,6 +26,6 @@ class Scheduler(Protocol):
         """Start the Plan's processes and follow the job to its end; returns the final status."""
         ...
 
-    def cancel(self, record: JobRecord, grace_s: float) -> JobStatus:
-        """Stop a running job: SIGTERM (the trainer checkpoints), SIGKILL after ``grace_s`` seconds."""
+    def cancel(self, record: JobRecord) -> JobStatus:
+        """Stop a running job: SIGTERM (the ranks checkpoint), SIGKILL after the job's grace period."""
         ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "launcher cancel"])
+@pytest.mark.parametrize("how", ["ctrl-c", "launcher cancel", "SIGTERM to one node's agent"])
 def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(
     how: str, prepared_data, tmp_path: Path
 ) -> None:
@@ -68,8 +69,11 @@ def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(
         job_id = only_job_id(jobs)
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)
-        else:
+        elif how == "launcher cancel":
             launcher(jobs, "cancel", job_id, check=True)
+        else:  # e.g. a machine shutting down: one node's torchrun agent gets SIGTERM, not the launcher
+            node_pids = json.loads((jobs / job_id / "status.json").read_text())["node_pids"]
+            os.kill(node_pids[1], signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
     finally:
         proc.kill()

@@ -89,6 +89,14 @@ def test_global_batch_that_does_not_split_over_the_world(jobs_root: Path, capsys
         (["--env", "NOEQUALS"], "KEY=VALUE"),
         (["--workdir", "/tmp/a\x00b"], "control character"),
         (["--nccl-socket-ifname", "eth0; rm -rf /"], "interface name"),
+        (["--env", "RANK=3"], "set by the launcher or torchrun"),
+        (["--env", "GPTLAUNCH_JOB_ID=other"], "set by the launcher or torchrun"),
+        (["--", "--run-dir", "runs/\u202etxt.exe"], "control character"),
+        (["--", "--run", "runs/x"], ""),  # no abbreviations: --run-dir could be silently overridden
+        (["--python", "/no/such/python"], "--python"),
+        (["--workdir", "/no/such/dir"], "--workdir"),
+        (["--rdzv-endpoint", "192.0.2.1"], "not an address of this machine"),
+        (["--", "--stop-signals", "SIGKILL"], "cannot be a stop signal"),
     ],
 )
 def test_control_characters_and_malformed_values_are_rejected(args, needle, jobs_root: Path, capsys) -> None:
@@ -122,3 +130,14 @@ def test_the_example_job_config_renders(jobs_root: Path, capsys, monkeypatch) ->
     assert code == 0, capsys.readouterr().err
     plan = json.loads(capsys.readouterr().out)
     assert plan["nnodes"] == 2 and plan["nodes"][1]["env"]["NCCL_IB_DISABLE"] == "1"
+
+
+def test_relative_trainer_paths_are_checked_in_the_workdir(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    import json
+
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    args = ["--workdir", str(tmp_path), "--dry-run", "--json", "--", "--text-files", "corpus.txt"]
+    assert _submit(jobs_root, *args) == 0, capsys.readouterr().err
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["run_dir"].startswith(str(jobs_root.absolute()))  # absolute, whatever the cwd
+    assert _submit(jobs_root, "--dry-run", "--", "--text-files", "corpus.txt") == 2  # not in this cwd

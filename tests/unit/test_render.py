@@ -12,7 +12,7 @@ import pytest
 
 from launcher.plan import NodePlan
 from launcher.schedulers.local import LocalScheduler
-from launcher.spec import JobSpec
+from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import with_run_dir
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -83,3 +83,15 @@ def test_shell_command_passes_hostile_values_through_bash_verbatim(tmp_path: Pat
     out = subprocess.run(["bash", "-c", node.shell_command()], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [values, values[1], str(cwd)]
     assert not marker.exists()
+
+
+def test_emulated_nodes_on_a_gpu_machine_get_disjoint_devices() -> None:
+    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": 4})
+    plan = LocalScheduler().render(spec, "gpu-job", Path("/jobs/gpu-job"))
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["0,1", "2,3"]
+
+
+def test_more_processes_than_gpus_is_refused() -> None:
+    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": 3, "python": sys.executable})
+    with pytest.raises(SpecError, match="need 4 GPUs"):
+        LocalScheduler().resolve(spec.model_copy(update={"workdir": Path.cwd()}))
