@@ -6,9 +6,7 @@ a half-written record.
 
 from __future__ import annotations
 
-import os
 import secrets
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal
@@ -17,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.plan import Plan
 from launcher.spec import JobSpec
+from trainer.fsutil import atomic_write_text
 
 JobState = Literal["running", "succeeded", "failed", "cancelled", "checkpointed"]
 FINAL_STATES = ("succeeded", "failed", "cancelled", "checkpointed")
@@ -56,19 +55,6 @@ class JobStatus(BaseModel):
     ended_at: float | None = None
     failure: Failure | None = None
     message: str = ""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def new_job_id(name: str) -> str:

@@ -10,14 +10,14 @@ objects.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.fsutil import atomic_write, atomic_write_text
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
 # Written by rank 0 after the checkpoint of a stop signal: tells a launcher or scheduler that the run
@@ -49,36 +49,17 @@ def save(state: dict[str, Any], run_dir: Path, step: int, keep: int) -> Path:
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(run_dir, step)
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=run_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(run_dir)
+    with atomic_write(final) as f:
+        torch.save(state, f)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
-    # The rename is durable only once the directory entry itself is on disk.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path) -> None:
     """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``."""
-    tmp = run_dir / f".{STOP_MARKER}.tmp"
-    tmp.write_text(json.dumps({"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}))
-    os.replace(tmp, run_dir / STOP_MARKER)
+    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}
+    atomic_write_text(run_dir / STOP_MARKER, json.dumps(record))
 
 
 def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:

@@ -16,11 +16,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import pydantic
@@ -28,6 +26,7 @@ from filelock import FileLock, Timeout
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trainer.corpus import Corpus, DataError, DataSource, expand_text_files, load_corpus
+from trainer.fsutil import atomic_write
 
 __all__ = [
     "EOT_TOKEN",
@@ -253,12 +252,12 @@ def _prepare(
 ) -> Manifest:
     # Drop the old manifest first: if we crash below, no manifest describes a mix of old/new files.
     (data_dir / MANIFEST_FILE).unlink(missing_ok=True)
-    for stale in data_dir.glob(".*.tmp-*"):  # left by a crashed preparer; we hold the lock
+    for stale in data_dir.glob(".*.tmp"):  # left by a crashed preparer (atomic_write); we hold the lock
         stale.unlink(missing_ok=True)
     log(f"data: training byte-level BPE tokenizer (vocab {vocab_size}) on {len(corpus.train):,} documents")
     tokenizer = train_tokenizer(corpus.train, vocab_size)
     tokenizer_bytes = tokenizer.to_str().encode()
-    with _atomic_file(data_dir / TOKENIZER_FILE) as f:
+    with atomic_write(data_dir / TOKENIZER_FILE) as f:
         f.write(tokenizer_bytes)
     eot_id = tokenizer.token_to_id(EOT_TOKEN)
     if eot_id is None:  # cannot happen: the trainer always adds its special tokens
@@ -281,10 +280,8 @@ def _prepare(
         tokenizer_sha256=hashlib.sha256(tokenizer_bytes).hexdigest(),
         val_fraction=val_fraction,
     )
-    _fsync_dir(data_dir)  # the token files' renames are durable before the manifest names them
-    with _atomic_file(data_dir / MANIFEST_FILE) as f:
+    with atomic_write(data_dir / MANIFEST_FILE) as f:
         f.write(json.dumps(asdict(manifest), indent=2, sort_keys=True).encode() + b"\n")
-    _fsync_dir(data_dir)
     log(f"data: wrote {data_dir} ({_summary(manifest)})")
     return manifest
 
@@ -310,7 +307,7 @@ def train_tokenizer(docs: Sequence[str], vocab_size: int) -> Tokenizer:
 def _encode_split(tokenizer: Tokenizer, docs: Sequence[str], eot_id: int, dtype: str, path: Path) -> int:
     """Write every document's ids followed by ``eot_id`` to ``path``; return the number of tokens."""
     count = 0
-    with _atomic_file(path) as f:
+    with atomic_write(path) as f:
         for start in range(0, len(docs), ENCODE_BATCH_DOCS):
             batch = tokenizer.encode_batch(
                 list(docs[start : start + ENCODE_BATCH_DOCS]), add_special_tokens=False
@@ -419,31 +416,6 @@ def _prepare_lock(data_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         lock.release()
-
-
-@contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """Write to a temp file beside ``path``, fsync, then rename over ``path`` (removed on error)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; the renames are still atomic
-    finally:
-        os.close(fd)
 
 
 def _sha256_file(path: Path) -> str:
