@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trainer.config import ConfigError
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -42,7 +44,7 @@ class TrainBatches:
         self.num_blocks = (len(tokens) - 1) // block_size
         self.steps_per_epoch = self.num_blocks // plan.global_blocks
         if self.steps_per_epoch < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"the training split has {self.num_blocks} blocks of {block_size} tokens but one step needs "
                 f"{plan.global_blocks}: use more text, or a smaller --micro-batch-size/--global-batch-tokens"
             )

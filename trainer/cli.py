@@ -95,6 +95,12 @@ def _optim_flags(p: argparse.ArgumentParser) -> None:
         choices=["bf16", "fp16", "fp32"],
     )
     _add(r, "--compile", "torch.compile the model after the DDP wrap", action=argparse.BooleanOptionalAction)
+    _add(
+        r,
+        "--compile-mode",
+        "torch.compile mode; auto: max-autotune-no-cudagraphs on CPU, default on GPU",
+        choices=["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    )
     _add(r, "--device", "auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK when CUDA is available)")
     _add(
         r,
@@ -190,9 +196,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from trainer.checkpoint import CheckpointError
+    from trainer.config import ConfigError
     from trainer.data import DataError
 
-    return (UsageError, DataError, CheckpointError, ValueError)
+    return (UsageError, DataError, CheckpointError, ConfigError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

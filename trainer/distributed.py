@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -44,13 +46,13 @@ def read_env() -> DistEnv:
 def pick_device(spec: str, env: DistEnv) -> torch.device:
     """``auto`` -> this rank's GPU (``cuda:LOCAL_RANK``) when CUDA is available, else the CPU.
 
-    Raises ValueError when CUDA is requested but not available.
+    Raises ConfigError when CUDA is requested but not available.
     """
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda requested but CUDA is not available: use --device cpu")
+            raise ConfigError("--device cuda requested but CUDA is not available: use --device cpu")
         device = torch.device(spec if ":" in spec else f"cuda:{env.local_rank}")
         torch.cuda.set_device(device)
         return device

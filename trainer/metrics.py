@@ -15,7 +15,7 @@ import torch
 KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "V100": 125e12}
 
 
-def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 1024, repeats: int = 8) -> float:
+def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
     """Achievable matmul FLOP/s of this process on ``device`` in ``dtype``: best of ``repeats`` timed
     (n × n) @ (n × n) products, each 2·n³ FLOPs. On the CPU this is the practical peak that MFU is
     measured against (it depends on the threads this process may use)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint
+from trainer.config import ConfigError
 from trainer.data import load_manifest, load_tokenizer
 from trainer.model import GPT, GPTConfig
 
@@ -15,10 +16,10 @@ from trainer.model import GPT, GPTConfig
 def sample_main(args: argparse.Namespace) -> int:
     """Print ``args.max_new_tokens`` generated tokens after ``args.prompt``.
 
-    Raises CheckpointError when the run dir holds no checkpoint, ValueError on a bad flag value.
+    Raises CheckpointError when the run dir holds no checkpoint, ConfigError on a bad flag value.
     """
     if args.max_new_tokens < 1 or args.top_k < 1 or args.temperature < 0:
-        raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
+        raise ConfigError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
     found = checkpoint.list_checkpoints(args.run_dir)
     if not found:
         raise checkpoint.CheckpointError(

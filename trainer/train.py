@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint, distributed
 from trainer.batches import BatchPlan, TrainBatches, blocks_to_batch, eval_block_ids
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.data import DataSource, Manifest, open_split, prepare_data
 from trainer.distributed import DistEnv
 from trainer.metrics import MetricsWriter, Progress, peak_flops
@@ -63,7 +64,7 @@ class Run:
 def train(cfg: TrainConfig) -> int:
     """Run training to ``cfg.max_steps``. Returns 0, or EXIT_CHECKPOINTED after a stop signal.
 
-    Raises DataError / CheckpointError / ValueError for bad input and TrainingError when training
+    Raises DataError / CheckpointError / ConfigError for bad input and TrainingError when training
     diverges.
     """
     env = distributed.read_env()
@@ -77,7 +78,7 @@ def train(cfg: TrainConfig) -> int:
 @contextlib.contextmanager
 def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
     """Rank 0 holds ``run_dir/.run.lock`` for the whole run: two jobs writing checkpoints and metrics
-    into one run dir would corrupt both. Raises ValueError when another run holds it."""
+    into one run dir would corrupt both. Raises ConfigError when another run holds it."""
     if not enabled:
         yield
         return
@@ -86,7 +87,7 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise ValueError(
+        raise ConfigError(
             f"--run-dir {run_dir} is in use by another run: wait for it, cancel it, or pass another --run-dir"
         ) from None
     try:
@@ -147,7 +148,7 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     batches = TrainBatches(open_split(cfg.data_dir_, "train"), cfg.block_size_, plan, cfg.seed)
     val_tokens = open_split(cfg.data_dir_, "val")
     if len(val_tokens) <= cfg.block_size_:
-        raise ValueError(
+        raise ConfigError(
             f"the validation split has {len(val_tokens)} tokens, fewer than one block of "
             f"{cfg.block_size_}: use more text or a smaller --block-size"
         )
@@ -157,11 +158,16 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     if run.start_step == 0:
         torch.manual_seed(cfg.seed + 1 + env.rank)
     if env.is_distributed:
-        run.ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        run.ddp = DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=False,  # every parameter gets a gradient: no graph walk per step
+            gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy in or out
+        )
         run.step_model = run.ddp
     if cfg.compile:
         # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
-        run.step_model = torch.compile(run.step_model)  # type: ignore[assignment]
+        run.step_model = torch.compile(run.step_model, mode=cfg.compile_mode_(device))  # type: ignore[assignment]
     return run
 
 
@@ -243,10 +249,16 @@ def save_checkpoint(run: Run, next_step: int) -> Path | None:
     return path
 
 
-def _autocast(run: Run) -> contextlib.AbstractContextManager[Any]:
-    if run.autocast_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=run.device.type, dtype=run.autocast_dtype)
+def _compute(run: Run) -> contextlib.ExitStack:
+    """Autocast to the run's precision and, for compiled CPU runs, attention through the math SDPA
+    backend: inductor fuses its matmuls and softmax into kernels that beat the CPU flash-attention
+    kernel at these context lengths (its bf16 backward is ~3x slower than fp32; see benchmarks/)."""
+    stack = contextlib.ExitStack()
+    if run.autocast_dtype is not None:
+        stack.enter_context(torch.autocast(device_type=run.device.type, dtype=run.autocast_dtype))
+    if run.cfg.compile and run.device.type == "cpu":
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
 
 
 def train_step(run: Run, step: int) -> torch.Tensor:
@@ -261,7 +273,7 @@ def train_step(run: Run, step: int) -> torch.Tensor:
         last = micro == accum - 1
         sync = contextlib.nullcontext() if run.ddp is None or last else run.ddp.no_sync()
         with sync:
-            with _autocast(run):
+            with _compute(run):
                 _, loss = run.step_model(x, y)
             loss_sum += loss.detach()
             scaled = loss / accum
@@ -289,7 +301,7 @@ def evaluate(run: Run) -> float:
         len(run.val_tokens), cfg.block_size_, cfg.eval_iters, cfg.micro_batch_size, env.world_size, env.rank
     ):
         x, y = (t.to(run.device) for t in blocks_to_batch(run.val_tokens, ids, cfg.block_size_))
-        with _autocast(run):
+        with _compute(run):
             _, loss = run.model(x, y)
         assert loss is not None
         totals += torch.stack([loss.float() * len(ids), torch.tensor(float(len(ids)), device=run.device)])

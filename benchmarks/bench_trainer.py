@@ -1,0 +1,570 @@
+"""Side-by-side CPU throughput benchmark of ``trainer train`` (preset tiny: context 128, micro-batch 16,
+vocab 8192).
+
+Two comparisons, each measured in the same run so that machine drift cancels out:
+
+1. (a) plain fp32 eager (``--precision fp32 --no-compile``) vs (b) the default configuration (bf16
+   autocast + torch.compile), both one process using every core; reports b/a (target >= 1.8).
+2. (c) the default configuration under torchrun with world_size 1 vs (d) world_size 2, one thread per
+   rank; reports the weak-scaling efficiency d / (2 c) (target >= 85%).
+
+Configurations are interleaved round by round (a, b, c, d, then d, c, b, a, ...), every value is the
+median over rounds, ratios are computed from the medians, and the min/max of the per-round ratios show
+the noise. Throughput is the trainer's own ``tokens_per_s`` from ``metrics.jsonl`` (global tokens per
+second of step time, evaluation and checkpoints excluded): per run, the median of the records after
+``--warmup-steps`` (which absorb torch.compile). Data is prepared once up front, so tokenizer training
+is never timed. Before each run the benchmark waits a little for other processes to go quiet
+(``--quiet-wait``) and records how much CPU they took during the run.
+
+Usage: ``python benchmarks/bench_trainer.py [--steps N] [--repeats R] [--json]``. Progress goes to
+stderr, the Markdown table (or JSON with ``--json``) to stdout. Exit code 1 when a run fails (its
+output tail is shown), 2 for bad arguments or missing input text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
+VOCAB_SIZE = 8192
+TAIL_LINES = 40
+# torchrun / launcher variables that must not leak into the runs from the caller's environment.
+DROPPED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GPTLAUNCH_FAULT",
+)
+
+
+class BenchError(RuntimeError):
+    """A run failed or produced unusable metrics; the message says which and shows its output tail."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One trainer configuration to measure."""
+
+    key: str
+    label: str
+    world_size: int
+    threads_per_rank: int
+    flags: tuple[str, ...] = ()  # extra ``trainer train`` flags
+    torchrun: bool = False  # launch with ``python -m torch.distributed.run``
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``numerator / (scale × denominator)`` over configuration keys, with a target value."""
+
+    name: str
+    numerator: str
+    denominator: str
+    scale: float
+    target: float
+    percent: bool  # print as a percentage (efficiency) instead of a factor
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run of one configuration."""
+
+    tokens_per_s: float  # global tokens/s: median over the measured metrics records
+    mfu: float  # model FLOPs utilization as the trainer logs it (fraction of peak), same record
+    wall_s: float  # seconds from process start to exit (startup, compile, eval, checkpoint included)
+    other_load: float  # CPU used by processes outside the benchmark during the run, fraction of all cores
+
+
+@dataclass
+class Series:
+    """All rounds of one configuration."""
+
+    config: Config
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Median global tokens/s over rounds."""
+        return statistics.median(r.tokens_per_s for r in self.runs)
+
+    @property
+    def mfu(self) -> float:
+        """Median MFU (fraction) over rounds."""
+        return statistics.median(r.mfu for r in self.runs)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every run shares."""
+
+    text_files: tuple[Path, ...]
+    data_dir: Path
+    work_dir: Path
+    warmup_steps: int
+    steps: int  # measured steps after the warm-up
+    log_interval: int
+    timeout_s: float  # per run, seconds
+    quiet_wait_s: float  # before each run, wait up to this many seconds for other processes to calm down
+    quiet_load: float  # ... until they use at most this fraction of the CPUs
+
+    @property
+    def max_steps(self) -> int:
+        return self.warmup_steps + self.steps
+
+
+def configurations(threads: int) -> list[Config]:
+    """The four measured configurations, in round order."""
+    return [
+        Config(
+            "fp32_eager",
+            "(a) fp32 eager: `--precision fp32 --no-compile`",
+            1,
+            threads,
+            ("--precision", "fp32", "--no-compile"),
+        ),
+        Config("default", "(b) default: bf16 autocast + torch.compile", 1, threads),
+        Config("torchrun_ws1", "(c) default, torchrun, 1 rank", 1, 1, torchrun=True),
+        Config("torchrun_ws2", "(d) default, torchrun, 2 ranks", 2, 1, torchrun=True),
+    ]
+
+
+COMPARISONS = (
+    Comparison("b/a speed-up", "default", "fp32_eager", 1.0, 1.8, percent=False),
+    Comparison("scaling efficiency d/(2c)", "torchrun_ws2", "torchrun_ws1", 2.0, 0.85, percent=True),
+)
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr."""
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (or the platform's best guess)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The caller's environment with ``threads`` OpenMP threads per process and this checkout first
+    on the import path."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no output)"
+    return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds at one instant: busy on the whole machine, and used by this process's children."""
+
+    busy_s: float
+    children_s: float
+    t: float  # time.perf_counter(), seconds
+
+    @classmethod
+    def now(cls) -> CpuSample:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return cls(machine_busy_seconds(), ru.ru_utime + ru.ru_stime, time.perf_counter())
+
+    def other_load(self, start: CpuSample) -> float:
+        """Fraction of all cores used since ``start`` by processes that are not our (waited-for)
+        children, hypervisor steal included: 0 on a quiet machine. Approximate; 0 without /proc."""
+        wall = self.t - start.t
+        other = (self.busy_s - start.busy_s) - (self.children_s - start.children_s)
+        return max(0.0, other / (wall * available_cores())) if wall > 0 and self.busy_s else 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat: everything but idle and iowait, steal
+    included); 0.0 where /proc/stat does not exist."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def run_process(cmd: Sequence[str], env: dict[str, str], log_path: Path, timeout_s: float) -> CpuSample:
+    """Run ``cmd`` with stdout+stderr to ``log_path``; returns the CPU sample taken before it started.
+
+    Raises BenchError (with the output tail) on a non-zero exit or after ``timeout_s`` seconds; the
+    process group is killed then, so torchrun's ranks go too.
+    """
+    start = CpuSample.now()
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_path.parent,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except BaseException as e:  # timeout or Ctrl-C: do not leave ranks behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if isinstance(e, subprocess.TimeoutExpired):
+                msg = f"timed out after {timeout_s:.0f} s: {shlex.join(cmd)}\n--- output tail ---\n"
+                raise BenchError(msg + tail(log_path)) from None
+            raise
+    if code != 0:
+        raise BenchError(f"exit code {code}: {shlex.join(cmd)}\n--- output tail ---\n{tail(log_path)}")
+    return start
+
+
+def prepare(settings: Settings) -> None:
+    """Tokenize the text once into ``settings.data_dir`` (never timed)."""
+    cmd = [sys.executable, "-m", "trainer.cli", "prepare", *data_flags(settings)]
+    start = run_process(cmd, child_env(available_cores()), settings.work_dir / "prepare.log", 3600)
+    log(f"prepared data in {time.perf_counter() - start.t:.1f} s: {settings.data_dir}")
+
+
+def data_flags(settings: Settings) -> list[str]:
+    """Data flags of every run; the same inputs make ``trainer`` reuse the prepared data dir."""
+    files = [str(p) for p in settings.text_files]
+    return ["--text-files", *files, "--data-dir", str(settings.data_dir), "--vocab-size", str(VOCAB_SIZE)]
+
+
+def train_command(config: Config, settings: Settings, run_dir: Path) -> list[str]:
+    """The full command line of one run."""
+    if config.torchrun:
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={config.world_size}"]
+    else:
+        launch = []
+    never = str(10 * settings.max_steps)  # no evaluation or checkpoint before the last step
+    options = {
+        "--preset": "tiny",
+        "--device": "cpu",
+        "--micro-batch-size": "16",
+        "--run-dir": str(run_dir),
+        "--max-steps": str(settings.max_steps),
+        "--log-interval": str(settings.log_interval),
+        "--eval-interval": never,
+        "--checkpoint-interval": never,
+        "--eval-iters": "1",  # the final evaluation is not measured: keep it short
+        "--resume": "never",
+    }
+    flags = [item for pair in options.items() for item in pair]
+    program = [sys.executable, *launch, "-m", "trainer.cli", "train"]
+    return [*program, *flags, *data_flags(settings), *config.flags]
+
+
+def read_metrics(path: Path, settings: Settings, world_size: int) -> tuple[float, float]:
+    """(global tokens/s, MFU) of one ``metrics.jsonl``: the median over the records after the warm-up
+    steps, each covering ``log_interval`` steps. On a quiet machine this is the run's steady throughput;
+    the median keeps a burst of foreign load in a few records from moving it.
+
+    Raises BenchError when the records are missing or do not cover exactly the measured steps.
+    """
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise BenchError(f"cannot read {path}: {e}") from None
+    measured = [r for r in records if "tokens_per_s" in r and r["step"] > settings.warmup_steps]
+    covered = measured[-1]["step"] - settings.warmup_steps if measured else 0
+    if covered != settings.steps:
+        raise BenchError(f"{path}: records cover {covered} measured steps, expected {settings.steps}")
+    sizes = {r.get("world_size") for r in measured}
+    if sizes != {world_size}:
+        raise BenchError(
+            f"{path}: world_size {sorted(map(str, sizes))} in the records, expected {world_size}"
+        )
+    # The middle record (the two middle ones, averaged, for an even count), MFU from the same records.
+    ranked = sorted(measured, key=lambda r: r["tokens_per_s"])
+    mid = ranked[(len(ranked) - 1) // 2 : len(ranked) // 2 + 1]
+    return statistics.fmean(r["tokens_per_s"] for r in mid), statistics.fmean(r["mfu"] for r in mid)
+
+
+def wait_for_quiet(settings: Settings) -> None:
+    """Before a run, wait (up to ``quiet_wait_s`` seconds) until processes outside the benchmark use at
+    most ``quiet_load`` of the CPUs over one second, so a run starts in a calm moment when there is one."""
+    t0 = time.perf_counter()
+    while True:
+        before = CpuSample.now()
+        time.sleep(1.0)
+        load = CpuSample.now().other_load(before)
+        waited = time.perf_counter() - t0
+        if load <= settings.quiet_load or waited >= settings.quiet_wait_s:
+            break
+    if waited > 1.5:
+        log(f"waited {waited:.0f} s for other processes to calm down (now {load:.0%} of the CPUs)")
+
+
+def run_config(config: Config, settings: Settings, round_no: int) -> RunResult:
+    """Run one configuration once and read its throughput."""
+    run_dir = settings.work_dir / f"{config.key}-r{round_no}"
+    run_dir.mkdir()
+    cmd = train_command(config, settings, run_dir)
+    if settings.quiet_wait_s > 0:
+        wait_for_quiet(settings)
+    start = run_process(cmd, child_env(config.threads_per_rank), run_dir / "output.log", settings.timeout_s)
+    end = CpuSample.now()
+    try:
+        tps, mfu = read_metrics(run_dir / "metrics.jsonl", settings, config.world_size)
+    except BenchError as e:
+        raise BenchError(f"{e}\n--- output tail ---\n{tail(run_dir / 'output.log')}") from None
+    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints are large; the numbers are all we keep
+    return RunResult(tps, mfu, end.t - start.t, end.other_load(start))
+
+
+def run_rounds(configs: list[Config], settings: Settings, repeats: int) -> dict[str, Series]:
+    """Interleave the configurations for ``repeats`` rounds, reversing the order every other round (so
+    compared configurations stay adjacent and neither always runs first)."""
+    series = {c.key: Series(c) for c in configs}
+    for r in range(repeats):
+        order = configs if r % 2 == 0 else configs[::-1]
+        for config in order:
+            res = run_config(config, settings, r)
+            series[config.key].runs.append(res)
+            log(
+                f"round {r + 1}/{repeats} {config.label.split(':')[0]} world_size={config.world_size} "
+                f"threads/rank={config.threads_per_rank}: {res.tokens_per_s:,.0f} tokens/s, "
+                f"MFU {res.mfu:.1%} ({res.wall_s:.1f} s; other processes {res.other_load:.0%} of the CPUs)"
+            )
+    return series
+
+
+def comparison_values(comp: Comparison, series: dict[str, Series]) -> dict[str, Any]:
+    """The comparison from the medians, plus the per-round values and their min/max."""
+    num, den = series[comp.numerator], series[comp.denominator]
+    per_round = [
+        a.tokens_per_s / (comp.scale * b.tokens_per_s) for a, b in zip(num.runs, den.runs, strict=True)
+    ]
+    value = num.tokens_per_s / (comp.scale * den.tokens_per_s)
+    return {
+        "name": comp.name,
+        "value": value,
+        "min": min(per_round),
+        "max": max(per_round),
+        "per_round": per_round,
+        "target": comp.target,
+        "met": value >= comp.target,
+    }
+
+
+def fmt_ratio(value: float, percent: bool) -> str:
+    return f"{value:.1%}" if percent else f"{value:.2f}×"
+
+
+def ratio_cell(key: str, comparisons: list[dict[str, Any]]) -> str:
+    """The ratio column of one configuration's row."""
+    for comp, vals in zip(COMPARISONS, comparisons, strict=True):
+        if key == comp.denominator:
+            return "baseline"
+        if key == comp.numerator:
+            f = comp.percent
+            return (
+                f"{comp.name} = **{fmt_ratio(vals['value'], f)}** (rounds {fmt_ratio(vals['min'], f)}–"
+                f"{fmt_ratio(vals['max'], f)}; target ≥ {fmt_ratio(comp.target, f)}: "
+                f"{'met' if vals['met'] else 'NOT met'})"
+            )
+    return ""
+
+
+def markdown(series: dict[str, Series], comparisons: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The result table and its context lines, as Markdown."""
+    lines = [
+        "| configuration | world_size | threads/rank | tokens/s | MFU | ratio |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for key, s in series.items():
+        c = s.config
+        lines.append(
+            f"| {c.label} | {c.world_size} | {c.threads_per_rank} | {s.tokens_per_s:,.0f} | {s.mfu:.1%} | "
+            f"{ratio_cell(key, comparisons)} |"
+        )
+    lines += [
+        "",
+        f"Medians over {meta['repeats']} interleaved rounds of {meta['steps']} measured steps each "
+        f"(after {meta['warmup_steps']} warm-up steps; per run, the median of its "
+        f"{meta['log_interval']}-step metrics records); tokens/s is global (all ranks) step throughput. "
+        f"Other processes used {meta['other_load_mean']:.0%} of the CPUs on average during the runs "
+        f"(worst run {meta['other_load_max']:.0%}). "
+        "MFU is the trainer's: model FLOP/s ÷ (matmul peak measured by rank 0 in the run's compute "
+        "dtype × world_size), so fp32 and bf16 rows use different peaks.",
+        "",
+        f"{meta['date']} · torch {meta['torch']} · {meta['cpu']} ({meta['cores']} cores) · "
+        f"total {meta['wall_time_s']:.0f} s · `{meta['command']}`",
+    ]
+    return "\n".join(lines)
+
+
+def as_json(series: dict[str, Series], comparisons: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The same results as one JSON object."""
+    configs = [
+        {
+            "key": key,
+            "label": s.config.label,
+            "world_size": s.config.world_size,
+            "threads_per_rank": s.config.threads_per_rank,
+            "flags": list(s.config.flags),
+            "torchrun": s.config.torchrun,
+            "tokens_per_s": s.tokens_per_s,
+            "mfu": s.mfu,
+            "rounds": [vars(r) for r in s.runs],
+        }
+        for key, s in series.items()
+    ]
+    return json.dumps({**meta, "configurations": configs, "comparisons": comparisons}, indent=2)
+
+
+def usage_error(msg: str) -> NoReturn:
+    """Print ``msg`` and exit 2."""
+    print(f"bench: error: {msg}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def find_text_files(given: Sequence[str] | None) -> tuple[Path, ...]:
+    """``--text-files`` when given, else WikiText-2 valid.txt next to the repository. Exits 2 when
+    neither exists."""
+    if given:
+        paths = tuple(Path(p).resolve() for p in given)
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            usage_error(f"--text-files not found: {', '.join(missing)}")
+        return paths
+    if DEFAULT_TEXT.is_file():
+        return (DEFAULT_TEXT,)
+    usage_error(
+        f"no input text: {DEFAULT_TEXT} does not exist (the shared WikiText-2 files "
+        "live in ../shared/data/wikitext-2/ next to the repository); pass --text-files FILE..."
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument(
+        "--steps", type=int, default=40, help="measured steps per run, after warm-up (default: 40)"
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=10,
+        help="steps excluded from the measurement, a multiple of --log-interval (default: 10)",
+    )
+    p.add_argument("--log-interval", type=int, default=5, help="steps per metrics record (default: 5)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=available_cores(),
+        help="threads of (a) and (b) (default: all cores, %(default)s)",
+    )
+    p.add_argument("--text-files", nargs="+", help=f"input text (default: {DEFAULT_TEXT})")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        help="before each run, wait up to this many seconds for other processes to use at most "
+        "--quiet-load of the CPUs; 0 disables (default: 20)",
+    )
+    p.add_argument(
+        "--quiet-load", type=float, default=0.2, help="see --quiet-wait, fraction of all CPUs (default: 0.2)"
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of the Markdown table")
+    args = p.parse_args(argv)
+    if min(args.steps, args.warmup_steps, args.log_interval, args.repeats, args.threads) < 1:
+        p.error("--steps, --warmup-steps, --log-interval, --repeats and --threads must be >= 1")
+    if args.warmup_steps % args.log_interval:
+        p.error("--warmup-steps must be a multiple of --log-interval (records must not straddle it)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    text_files = find_text_files(args.text_files)
+    start = time.perf_counter()
+    configs = configurations(args.threads)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_trainer-") as tmp:
+            work = Path(tmp)
+            settings = Settings(
+                text_files,
+                work / "data",
+                work,
+                args.warmup_steps,
+                args.steps,
+                args.log_interval,
+                args.timeout,
+                args.quiet_wait,
+                args.quiet_load,
+            )
+            prepare(settings)
+            series = run_rounds(configs, settings, args.repeats)
+    except BenchError as e:
+        print(f"bench: error: run failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    comparisons = [comparison_values(c, series) for c in COMPARISONS]
+    loads = [r.other_load for s in series.values() for r in s.runs]
+    meta = {
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "torch": metadata.version("torch"),
+        "cpu": cpu_model(),
+        "cores": available_cores(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "repeats": args.repeats,
+        "log_interval": args.log_interval,
+        "other_load_mean": statistics.fmean(loads),
+        "other_load_max": max(loads),
+        "wall_time_s": time.perf_counter() - start,
+    }
+    print(as_json(series, comparisons, meta) if args.json else markdown(series, comparisons, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
