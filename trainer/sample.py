@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainer import checkpoint
 from trainer.config import ConfigError
-from trainer.data import load_manifest, load_tokenizer
+from trainer.data import DataError, load_manifest, load_tokenizer
 from trainer.model import GPT, GPTConfig
 
 
@@ -26,13 +27,7 @@ def sample_main(args: argparse.Namespace) -> int:
             f"no checkpoint in {args.run_dir}: train first, or pass the right --run-dir"
         )
     state = checkpoint.load(found[-1])
-    data_dir = Path(state["config"].get("data_dir") or Path(state["config"]["run_dir"]) / "data")
-    if not data_dir.is_absolute() and not data_dir.exists():
-        data_dir = args.run_dir / "data"
-    if load_manifest(data_dir).tokenizer_sha256 != state["tokenizer_sha256"]:
-        raise checkpoint.CheckpointError(
-            f"the tokenizer in {data_dir} is not the one this checkpoint was trained with"
-        )
+    data_dir = _tokenizer_dir(state, args.run_dir)
     tokenizer = load_tokenizer(data_dir)
     device = torch.device(args.device)
     model = GPT(GPTConfig(**state["model_shape"])).to(device)
@@ -48,3 +43,19 @@ def sample_main(args: argparse.Namespace) -> int:
     vocab = tokenizer.get_vocab_size()
     print(tokenizer.decode([i for i in out[0].tolist() if i < vocab]))
     return 0
+
+
+def _tokenizer_dir(state: dict[str, Any], run_dir: Path) -> Path:
+    """The prepared-data directory holding the tokenizer the checkpoint was trained with: the run's
+    --data-dir, else RUN_DIR/data. Raises CheckpointError when neither has it."""
+    configured = state["config"].get("data_dir")
+    candidates = [Path(configured)] if configured else []
+    candidates.append(run_dir / "data")
+    for data_dir in candidates:
+        try:
+            if load_manifest(data_dir).tokenizer_sha256 == state["tokenizer_sha256"]:
+                return data_dir
+        except DataError:
+            continue
+    where = " or ".join(str(d) for d in candidates)
+    raise checkpoint.CheckpointError(f"the tokenizer this checkpoint was trained with is not in {where}")

@@ -9,7 +9,9 @@ from pathlib import Path
 from tests.integration.conftest import losses, metrics, torchrun
 
 
-def test_compiled_bf16_ddp_trains_and_matches_eager_loss_at_the_first_step(prepared_data, tmp_path: Path) -> None:
+def test_compiled_bf16_ddp_trains_and_matches_eager_loss_at_the_first_step(
+    prepared_data, tmp_path: Path
+) -> None:
     common = [*prepared_data, "--max-steps", "4", "--log-interval", "1", "--eval-iters", "1"]
     compiled = torchrun(2, *common, "--run-dir", str(tmp_path / "compiled"))
     assert compiled.returncode == 0, compiled.stderr[-3000:]
