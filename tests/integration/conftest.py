@@ -12,7 +12,14 @@ from typing import Any
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test in this folder `integration` (`pytest -m "not integration"` skips them)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
 
 # Fast, deterministic trainer settings shared by the tests (compile is exercised by the benchmark).
 FAST = ["--no-compile", "--eval-iters", "2", "--log-interval", "1"]
