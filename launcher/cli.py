@@ -299,10 +299,9 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     )
     status = get_scheduler(spec.scheduler).launch(plan, record)
     took = (status.ended_at or time.time()) - status.started_at
-    text = status.message or status.state
-    print(
-        f"launcher: job {plan.job_id} {status.state} after {took:.1f} s: {text}", file=sys.stderr, flush=True
-    )
+    detail = f": {status.message}" if status.message else ""
+    summary = f"launcher: job {plan.job_id} {status.state} after {took:.1f} s{detail}"
+    print(summary, file=sys.stderr, flush=True)
     return status.exit_code if status.exit_code is not None else EXIT_FAILED
 
 

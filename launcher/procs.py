@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import time
 from collections.abc import Iterable
 
 import psutil
@@ -64,16 +63,6 @@ def sweep(job_id: str, grace_s: float = 2.0) -> int:
     procs = job_processes(job_id)
     terminate(procs, grace_s)
     return len(procs)
-
-
-def wait_gone(job_id: str, timeout_s: float) -> bool:
-    """True once no process of ``job_id`` remains, False if some still do after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while job_processes(job_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def launcher_process(pid: int | None, started: float | None) -> psutil.Process | None:
