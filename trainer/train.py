@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import checkpoint, distributed
 from trainer.batches import BatchPlan, TrainBatches, blocks_to_batch, eval_block_ids
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import DataSource, Manifest, open_split, prepare_data
+from trainer.data import DataSource, Manifest, check_source, open_split, prepare_data
 from trainer.distributed import DistEnv
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.model import GPT
@@ -69,10 +69,13 @@ def train(cfg: TrainConfig) -> int:
     """
     env = distributed.read_env()
     device = distributed.pick_device(cfg.device, env)
-    cfg.grad_accum_steps(env.world_size)  # bad input fails here, before anything is written
+    # Bad input fails here, before anything is written.
+    cfg.grad_accum_steps(env.world_size)
     cfg.check_resume_path()
+    source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
+    check_source(source, vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
     with _run_dir_lock(cfg.run_dir, enabled=env.is_main):
-        return _train(cfg, env, device)
+        return _train(cfg, env, device, source)
 
 
 @contextlib.contextmanager
@@ -96,12 +99,11 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
         lock.release()
 
 
-def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, source: DataSource) -> int:
     if env.is_main:
         checkpoint.clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
-    source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
     manifest = prepare_data(
         cfg.data_dir_,
         source,

@@ -41,3 +41,10 @@ def test_lr_warms_up_linearly_then_decays_to_the_floor() -> None:
     assert lr_at(9, cfg) == pytest.approx(1e-3)
     assert lr_at(60, cfg) == pytest.approx(0.55e-3)
     assert lr_at(110, cfg) == pytest.approx(1e-4)
+
+
+def test_trainer_rejects_a_missing_text_file_without_writing_anything(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    code = main(["train", "--text-files", str(tmp_path / "missing.txt"), "--run-dir", str(run_dir)])
+    assert code == 2 and "missing.txt" in capsys.readouterr().err
+    assert not run_dir.exists()
