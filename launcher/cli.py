@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -301,7 +302,8 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     took = (status.ended_at or time.time()) - status.started_at
     detail = f": {status.message}" if status.message else ""
     summary = f"launcher: job {plan.job_id} {status.state} after {took:.1f} s{detail}"
-    print(summary, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP); the record has it all
+        print(summary, file=sys.stderr, flush=True)
     return status.exit_code if status.exit_code is not None else EXIT_FAILED
 
 
@@ -322,7 +324,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     rec = JobRecord.open(args.job, args.jobs_root)
     st, plan = rec.status(), rec.plan()
     if args.json:
-        print(st.model_dump_json(indent=2) if st else "{}")
+        print(
+            json.dumps(
+                {**(st.model_dump(mode="json") if st else {}), "shown_state": shown_state(st)}, indent=2
+            )
+        )
         return EXIT_OK
     print(f"job {plan.job_id}: {shown_state(st)}")
     print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {rec.dir}")

@@ -17,8 +17,8 @@ from launcher.plan import Plan
 from launcher.spec import JobSpec
 from trainer.fsutil import atomic_write_text
 
-JobState = Literal["running", "succeeded", "failed", "cancelled", "checkpointed"]
-FINAL_STATES = ("succeeded", "failed", "cancelled", "checkpointed")
+JobState = Literal["running", "succeeded", "failed", "cancelled", "checkpointed", "unknown"]
+FINAL_STATES = ("succeeded", "failed", "cancelled", "checkpointed", "unknown")
 
 
 class JobNotFound(LookupError):

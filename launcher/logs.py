@@ -14,7 +14,7 @@ class LogFollower(threading.Thread):
     def __init__(self, files: list[tuple[str, Path]], out: TextIO, from_start: bool = True) -> None:
         super().__init__(daemon=True)
         self._files = files
-        self._out = out
+        self._out: TextIO | None = out
         self._from_start = from_start
         self._stopping = threading.Event()
         self._handles: dict[Path, TextIO] = {}
@@ -42,10 +42,17 @@ class LogFollower(threading.Thread):
             *lines, rest = text.split("\n")
             if rest:
                 self._partial[path] = rest
-            for line in lines:
-                self._out.write(f"{label} | {line}\n")
-            self._out.flush()
+            self._write("".join(f"{label} | {line}\n" for line in lines))
         return moved
+
+    def _write(self, text: str) -> None:
+        if self._out is None:
+            return
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except OSError:  # the terminal went away (SIGHUP): the node logs still have everything
+            self._out = None
 
     def run(self) -> None:
         while not self._stopping.is_set():
@@ -54,6 +61,6 @@ class LogFollower(threading.Thread):
         self._pump()
         for path, rest in self._partial.items():
             label = next(lbl for lbl, p in self._files if p == path)
-            self._out.write(f"{label} | {rest}\n")
+            self._write(f"{label} | {rest}\n")
         for handle in self._handles.values():
             handle.close()

@@ -129,10 +129,10 @@ class JobSpec(_Strict):
     python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
     workdir: Path = Field(Path.cwd(), description="working directory of every node's processes")
     job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
-    local_gpus: int | None = Field(
+    local_gpus: list[str] | None = Field(
         None,
-        ge=0,
-        description="local scheduler: GPUs to share out between emulated nodes (default: detected)",
+        description="local scheduler: ids of the GPUs shared out between emulated nodes, [] for none "
+        "(default: those in CUDA_VISIBLE_DEVICES, else all detected)",
     )
     omp_num_threads: int | None = Field(
         None, ge=1, description="OMP_NUM_THREADS per process (default: cores shared out evenly when local)"
@@ -159,6 +159,14 @@ class JobSpec(_Strict):
     def _path(cls, v: Path | None) -> Path | None:
         if v is not None:
             check_text(str(v), "path")
+        return v
+
+    @field_validator("local_gpus")
+    @classmethod
+    def _gpu_ids(cls, v: list[str] | None) -> list[str] | None:
+        for gpu in v or []:
+            if not re.fullmatch(r"[A-Za-z0-9-]+", gpu):
+                raise ValueError(f"{gpu!r} is not a GPU id (an index like 0 or a UUID like GPU-8f3c...)")
         return v
 
     @field_validator("trainer_args")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from launcher.spec import JobSpec
@@ -35,7 +36,7 @@ def torchrun_argv(
         # SIGUSR2 is SLURM's usual pre-timeout warning: the agent must forward it, not die of it.
         f"--signals-to-handle={FORWARDED_SIGNALS}",
         # Seconds the agent lets workers checkpoint after forwarding a signal, before SIGKILL.
-        f"--shutdown-timeout={int(spec.grace_period_s)}",
+        f"--shutdown-timeout={max(1, math.ceil(spec.grace_period_s))}",
         f"--log-dir={log_dir}",
         "--tee=3",
     ]

@@ -75,6 +75,12 @@ def clear_stop_marker(run_dir: Path) -> None:
     (run_dir / STOP_MARKER).unlink(missing_ok=True)
 
 
+def remove_partial_saves(run_dir: Path) -> None:
+    """Delete temporary files of saves that were killed midway (they are never read)."""
+    for partial in run_dir.glob(".ckpt-*.tmp"):
+        partial.unlink(missing_ok=True)
+
+
 def find_resume(run_dir: Path, resume: str) -> Path | None:
     """Which checkpoint to resume from: ``never`` -> None, ``auto`` -> the newest in ``run_dir`` (None
     if there is none), anything else is a path that must exist (CheckpointError otherwise)."""

@@ -17,6 +17,7 @@ def atomic_write(path: Path) -> Iterator[BinaryIO]:
     is left as it was. Raises what the writes raise (e.g. OSError for a full disk)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; others may need to read these files
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -26,6 +27,12 @@ def atomic_write(path: Path) -> Iterator[BinaryIO]:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from trainer.fsutil import atomic_write_text
+
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
 # torch.cuda.get_device_name(). Anything else is measured.
 KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "V100": 125e12}
@@ -19,8 +21,10 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, 
     """Achievable matmul FLOP/s of this process on ``device`` in ``dtype``: best of ``repeats`` timed
     (n × n) @ (n × n) products, each 2·n³ FLOPs. On the CPU this is the practical peak that MFU is
     measured against (it depends on the threads this process may use)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    # A generator of its own: the global RNG streams (dropout) must not depend on this measurement.
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     best = float("inf")
     for _ in range(repeats + 1):  # the first product warms up caches and kernels
         if device.type == "cuda":
@@ -50,12 +54,16 @@ class MetricsWriter:
     """Appends one JSON object per logged step to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
     Only rank 0 makes one."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, start_step: int) -> None:
+        """Metrics of a run resumed at ``start_step`` continue its files; records of later steps (from
+        an attempt that crashed after its last checkpoint) are dropped, as they are about to be redone."""
         from torch.utils.tensorboard import SummaryWriter
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed in close()
-        self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        path = run_dir / "metrics.jsonl"
+        _truncate_after(path, start_step)
+        self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
         self._jsonl.write(json.dumps(record) + "\n")
@@ -67,6 +75,23 @@ class MetricsWriter:
     def close(self) -> None:
         self._jsonl.close()
         self._tb.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _step_of(line) <= step]
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(kept))
+
+
+def _step_of(line: str) -> float:
+    """The step of a metrics line; infinity for a line a crash cut short (so it is dropped)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 class Progress:

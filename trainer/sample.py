@@ -19,6 +19,8 @@ def sample_main(args: argparse.Namespace) -> int:
 
     Raises CheckpointError when the run dir holds no checkpoint, ConfigError on a bad flag value.
     """
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise ConfigError(f"--device {args.device!r}: use cpu, cuda or cuda:N")
     if args.max_new_tokens < 1 or args.top_k < 1 or args.temperature < 0:
         raise ConfigError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
     found = checkpoint.list_checkpoints(args.run_dir)

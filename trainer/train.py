@@ -85,7 +85,12 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"--run-dir {run_dir}: cannot create it ({e.strerror}); pass a writable directory"
+        ) from None
     lock = FileLock(str(run_dir / ".run.lock"))
     try:
         lock.acquire(timeout=0)
@@ -100,8 +105,9 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
 
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, source: DataSource) -> int:
-    if env.is_main:
+    if env.is_main:  # under the run-dir lock: no other run is writing here
         checkpoint.clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
+        checkpoint.remove_partial_saves(cfg.run_dir)
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
     manifest = prepare_data(
@@ -217,8 +223,9 @@ def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return gather(torch.get_rng_state()), cuda
 
 
-def save_checkpoint(run: Run, next_step: int) -> Path | None:
-    """Collective: every rank contributes its RNG state; global rank 0 writes (and gets the path)."""
+def save_checkpoint(run: Run, next_step: int, stopping: bool = False) -> None:
+    """Collective: every rank contributes its RNG state; global rank 0 writes. ``stopping``: also
+    record the stop marker, before the barrier, so it exists once any rank has exited 75."""
     rng, cuda_rng = _gather_rng(run)
     if run.env.is_main:
         state = {
@@ -244,11 +251,10 @@ def save_checkpoint(run: Run, next_step: int) -> Path | None:
             "config": run.cfg.model_dump(mode="json"),
             "tokenizer_sha256": run.manifest.tokenizer_sha256,
         }
-        path: Path | None = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
-    else:
-        path = None
-    distributed.barrier()  # nobody exits or moves on before the file is in place
-    return path
+        path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+        if stopping:
+            checkpoint.write_stop_marker(run.cfg.run_dir, next_step, path)
+    distributed.barrier()  # nobody exits or moves on before the files are in place
 
 
 def _compute(run: Run) -> contextlib.ExitStack:
@@ -325,7 +331,7 @@ def loop(run: Run, stop: StopRequest) -> int:
     tokens_per_step = run.batches.plan.global_blocks * cfg.block_size_
     flops_per_token = run.model.flops_per_token()
     peak = peak_flops(cfg.peak_flops, run.device, run.autocast_dtype or torch.float32) if env.is_main else 1.0
-    writer = MetricsWriter(cfg.run_dir) if env.is_main else None
+    writer = MetricsWriter(cfg.run_dir, run.start_step) if env.is_main else None
     progress = Progress(cfg.max_steps, run.start_step, enabled=env.is_main)
     fail_at = _fault_injection(env)
     progress.log(
@@ -373,9 +379,7 @@ def loop(run: Run, stop: StopRequest) -> int:
                 progress.log(_format(record, cfg.max_steps))
             progress.update(done, f"loss {loss:.3f}")
             if stopping or done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
-                saved = save_checkpoint(run, done)
-                if stopping and saved is not None:
-                    checkpoint.write_stop_marker(cfg.run_dir, done, saved)
+                save_checkpoint(run, done, stopping)
             if stopping:
                 progress.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED

@@ -9,6 +9,7 @@ once (fail fast); Ctrl-C, SIGTERM, SIGHUP or ``launcher cancel`` ask every rank 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -51,10 +52,13 @@ def free_port(host: str) -> int:
         ) from None
 
 
-def cuda_device_count() -> int:
+def visible_gpus() -> list[str]:
+    """Ids of the GPUs this process may use: CUDA_VISIBLE_DEVICES's list, else 0..count-1."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:count] if listed else [str(i) for i in range(count)]
 
 
 class LocalScheduler:
@@ -79,11 +83,11 @@ class LocalScheduler:
         }
         if spec.omp_num_threads is None:
             updates["omp_num_threads"] = max(1, len(os.sched_getaffinity(0)) // spec.world_size)
-        gpus = cuda_device_count() if spec.local_gpus is None else spec.local_gpus
-        if gpus and spec.world_size > gpus:
+        gpus = visible_gpus() if spec.local_gpus is None else spec.local_gpus
+        if gpus and spec.world_size > len(gpus):
             raise SpecError(
                 f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) need {spec.world_size} GPUs, "
-                f"this machine has {gpus}: lower --nodes/--gpus-per-node, or set local_gpus: 0 (CPU only)"
+                f"{len(gpus)} are available: lower --nodes/--gpus-per-node, or set local_gpus: [] (CPU only)"
             )
         updates["local_gpus"] = gpus
         return spec.model_copy(update=updates)
@@ -109,7 +113,7 @@ class LocalScheduler:
             if spec.local_gpus:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device
                 first = k * spec.nproc_per_node
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(
-                    str(first + i) for i in range(spec.nproc_per_node)
+                    spec.local_gpus[first : first + spec.nproc_per_node]
                 )
             nodes.append(
                 NodePlan(
@@ -148,6 +152,8 @@ class LocalScheduler:
             final = _Supervisor(agents, stop, record.spec().grace_period_s, plan, record).run()
         except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for checkpoints
             final = JobStatus(state="cancelled", exit_code=EXIT_INTERRUPTED, message="interrupted")
+        except Exception as e:  # the launcher itself broke: record it, never leave "running" behind
+            final = JobStatus(state="failed", exit_code=1, message=f"launcher error: {e!r}")
         finally:
             stop.ignore()  # cleanup must not be cut short by another Ctrl-C
             procs.terminate(_descendants(), FAIL_FAST_GRACE_S)
@@ -171,8 +177,11 @@ class LocalScheduler:
             status = _wait_final(record, timeout_s=grace + 3 * FAIL_FAST_GRACE_S) or status
         if status.state not in FINAL_STATES:  # the launcher is gone: stop what is left ourselves
             asked = time.time()
-            procs.sweep(record.job_id, record.spec().grace_period_s)
-            final = _stop_outcome(record.plan(), since=asked)
+            if procs.sweep(record.job_id, record.spec().grace_period_s):
+                final = _stop_outcome(record.plan(), since=asked)
+            else:  # it ended on its own while no launcher watched
+                message = "the job ended while its launcher was gone: see its node logs and run dir"
+                final = JobStatus(state="unknown", message=message)
             status = status.model_copy(
                 update={
                     "state": final.state,
@@ -284,20 +293,23 @@ class _StopOnSignal:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        # A signal ignored by whoever started us (nohup, `&` in a script) stays ignored.
+        watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in watched}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop waiting; cleanup kills everything
         self.requested = True
-        print(
-            f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit)",
-            file=sys.stderr,
-            flush=True,
-        )
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            print(
+                f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def ignore(self) -> None:
-        for sig in STOP_SIGNALS:
+        for sig in self._previous:
             signal.signal(sig, signal.SIG_IGN)
 
     def restore(self) -> None:

@@ -71,3 +71,14 @@ def test_a_diverging_run_stops_with_a_clear_error(prepared_data, tmp_path: Path)
     assert proc.returncode == 1
     assert "training failed: loss is nan" in proc.stderr or "training failed: loss is inf" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_second_run_on_the_same_run_dir_is_refused(prepared_data, tmp_path: Path) -> None:
+    from filelock import FileLock
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with FileLock(str(run_dir / ".run.lock")):  # as a running job's rank 0 holds it
+        proc = run([sys.executable, "-m", "trainer.cli", "train", *prepared_data, "--run-dir", str(run_dir)])
+    assert proc.returncode == 2 and "in use by another run" in proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [".run.lock"]

@@ -55,3 +55,12 @@ def test_loading_refuses_arbitrary_pickled_objects(tmp_path: Path) -> None:
 def test_resume_path_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(checkpoint.CheckpointError, match="no such checkpoint"):
         checkpoint.find_resume(tmp_path, str(tmp_path / "nope.pt"))
+
+
+def test_saved_files_are_readable_by_others_as_the_umask_allows(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = checkpoint.save(_state(1), tmp_path, 1, keep=1)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -214,7 +214,7 @@ def test_reprepares_damaged_data(wikitext_valid: Path, tmp_path: Path) -> None:
     logs.clear()
     assert prepare_data(data_dir, source, vocab_size=300, log=logs.append) == manifest
     assert any("existing manifest unusable" in line for line in logs)
-    assert [p.name for p in data_dir.iterdir() if ".tmp-" in p.name] == []
+    assert [p.name for p in data_dir.iterdir() if p.name.endswith(".tmp")] == []
 
 
 # ----------------------------------------------------------------------------- validation errors

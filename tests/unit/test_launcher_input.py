@@ -114,9 +114,19 @@ def test_dry_run_prints_the_plan_and_writes_nothing(jobs_root: Path, capsys) -> 
 
 
 def test_render_is_the_same_as_dry_run(jobs_root: Path, capsys) -> None:
-    assert main(["--jobs-root", str(jobs_root), "render", "--nodes", "2", "--rdzv-port", "29511"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("python") >= 2 and "--rdzv-endpoint=127.0.0.1:29511" in out
+    import re
+
+    args = ["--nodes", "2", "--rdzv-port", "29511", "--omp-num-threads", "1", "--", "--max-steps", "3"]
+    assert main(["--jobs-root", str(jobs_root), "render", *args]) == 0
+    rendered = capsys.readouterr().out
+    assert main(["--jobs-root", str(jobs_root), "submit", "--dry-run", *args]) == 0
+    dry_run = capsys.readouterr().out
+
+    def same_job_id(text: str) -> str:
+        return re.sub(r"gpt-\d{8}-\d{6}-[0-9a-f]{6}", "JOB", text)
+
+    assert same_job_id(rendered) == same_job_id(dry_run)
+    assert rendered.count("torch.distributed.run") == 2 and "--rdzv-endpoint=127.0.0.1:29511" in rendered
 
 
 def test_the_example_job_config_renders(jobs_root: Path, capsys, monkeypatch) -> None:

@@ -86,12 +86,30 @@ def test_shell_command_passes_hostile_values_through_bash_verbatim(tmp_path: Pat
 
 
 def test_emulated_nodes_on_a_gpu_machine_get_disjoint_devices() -> None:
-    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": 4})
+    # The user's own CUDA_VISIBLE_DEVICES selection (here 4-7) is what gets shared out.
+    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": ["4", "5", "6", "7"]})
     plan = LocalScheduler().render(spec, "gpu-job", Path("/jobs/gpu-job"))
-    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["0,1", "2,3"]
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["4,5", "6,7"]
 
 
 def test_more_processes_than_gpus_is_refused() -> None:
-    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": 3, "python": sys.executable})
+    spec = _golden_spec().model_copy(
+        update={"nproc_per_node": 2, "local_gpus": ["0", "1", "2"], "python": sys.executable}
+    )
     with pytest.raises(SpecError, match="need 4 GPUs"):
         LocalScheduler().resolve(spec.model_copy(update={"workdir": Path.cwd()}))
+
+
+def test_signals_ignored_by_the_caller_stay_ignored() -> None:
+    import signal
+
+    from launcher.schedulers.local import _StopOnSignal
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        stop = _StopOnSignal()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # still watched
+        stop.restore()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
