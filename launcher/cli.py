@@ -287,7 +287,7 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, P
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     spec, plan, job_dir = _plan(args, trainer_args)
     if args.dry_run or args.command == "render":
-        print(plan.to_json() if args.json else plan.to_text(), end="" if not args.json else "\n")
+        print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
         return EXIT_OK
     try:
         record = JobRecord.create(job_dir, spec, plan)

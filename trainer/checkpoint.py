@@ -23,6 +23,7 @@ CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
 # Written by rank 0 after the checkpoint of a stop signal: tells a launcher or scheduler that the run
 # stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75 as a plain failure).
 STOP_MARKER = "stopped.json"
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
 
 
 class CheckpointError(RuntimeError):

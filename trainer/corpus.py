@@ -231,16 +231,20 @@ def text_files_corpus(patterns: Iterable[str], val_fraction: float) -> Corpus:
         data = _read_bytes(path)
         file_docs = documents_from_lines(_decode_utf8(path, data).split("\n"))
         if not file_docs:
-            raise DataError(
-                f"text file {path} is empty (or only whitespace); fix: remove it from --text-files "
-                "or put text in it (one document per line)"
-            )
+            raise empty_file_error(path)
         docs.extend(file_docs)
         digests.append(hashlib.sha256(data).hexdigest())
     label = _describe_files(paths)
     train, val = carve_validation(docs, val_fraction, label)
     input_sha256 = hashlib.sha256("".join(d + "\n" for d in digests).encode()).hexdigest()
     return Corpus(label, "text-files", "text-files", train, val, input_sha256)
+
+
+def empty_file_error(path: Path) -> DataError:
+    return DataError(
+        f"text file {path} is empty (or only whitespace); fix: remove it from --text-files "
+        "or put text in it (one document per line)"
+    )
 
 
 def expand_text_files(patterns: Iterable[str]) -> list[Path]:

@@ -25,7 +25,7 @@ import pydantic
 from filelock import FileLock, Timeout
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trainer.corpus import Corpus, DataError, DataSource, expand_text_files, load_corpus
+from trainer.corpus import Corpus, DataError, DataSource, empty_file_error, expand_text_files, load_corpus
 from trainer.fsutil import atomic_write
 
 __all__ = [
@@ -435,7 +435,4 @@ def check_source(source: DataSource, *, vocab_size: int = 8192, token_dtype: str
                 if chunk.strip():
                     break
             else:
-                raise DataError(
-                    f"text file {path} is empty (or only whitespace); fix: remove it from --text-files "
-                    "or put text in it (one document per line)"
-                )
+                raise empty_file_error(path)

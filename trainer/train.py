@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint, distributed
 from trainer.batches import BatchPlan, TrainBatches, blocks_to_batch, eval_block_ids
+from trainer.checkpoint import EXIT_CHECKPOINTED
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import DataSource, Manifest, check_source, open_split, prepare_data
 from trainer.distributed import DistEnv
@@ -34,7 +35,6 @@ from trainer.model import GPT
 from trainer.optim import lr_at, make_optimizer
 from trainer.signals import StopRequest
 
-EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
 FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": raise on that rank at that step (failure drills and tests)
 
 
@@ -322,7 +322,10 @@ def _fault_injection(env: DistEnv) -> int | None:
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return None
-    rank, step = (int(v) for v in spec.split(":"))
+    try:
+        rank, step = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise ConfigError(f"{FAULT_ENV}={spec!r}: use RANK:STEP, e.g. 1:3") from None
     return step if rank == env.rank else None
 
 

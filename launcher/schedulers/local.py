@@ -30,9 +30,8 @@ from launcher.logs import LogFollower
 from launcher.plan import NodePlan, Plan
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import LOG_LINE_PREFIX, torchrun_argv, with_run_dir
-from trainer.checkpoint import read_stop_marker
+from trainer.checkpoint import EXIT_CHECKPOINTED, read_stop_marker
 
-EXIT_CHECKPOINTED = 75  # the trainer's "stopped by a signal after saving a checkpoint"
 EXIT_INTERRUPTED = 130
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -160,10 +159,7 @@ class LocalScheduler:
             procs.sweep(plan.job_id)
             follower.stop()
             stop.restore()
-        outcome = {name: getattr(final, name) for name in final.model_fields_set}
-        final = status.model_copy(update=outcome | {"ended_at": time.time()})
-        record.write_status(final)
-        return final
+        return _finish(record, status, final)
 
     def cancel(self, record: JobRecord) -> JobStatus:
         status = record.status() or JobStatus()
@@ -182,15 +178,7 @@ class LocalScheduler:
             else:  # it ended on its own while no launcher watched
                 message = "the job ended while its launcher was gone: see its node logs and run dir"
                 final = JobStatus(state="unknown", message=message)
-            status = status.model_copy(
-                update={
-                    "state": final.state,
-                    "exit_code": final.exit_code,
-                    "message": final.message,
-                    "ended_at": time.time(),
-                }
-            )
-            record.write_status(status)
+            status = _finish(record, status, final)
         return status
 
 
@@ -241,6 +229,14 @@ class _Supervisor:
         procs.terminate(_descendants(), FAIL_FAST_GRACE_S)
         failure = root_cause(self.record, self.plan.nnodes, node, code)
         return JobStatus(state="failed", exit_code=1, failure=failure, message=failure.summary())
+
+
+def _finish(record: JobRecord, status: JobStatus, outcome: JobStatus) -> JobStatus:
+    """``status`` with the fields ``outcome`` sets and the end time, written to the record."""
+    update = {name: getattr(outcome, name) for name in outcome.model_fields_set}
+    final = status.model_copy(update=update | {"ended_at": time.time()})
+    record.write_status(final)
+    return final
 
 
 def _stop_outcome(plan: Plan, since: float) -> JobStatus:
