@@ -1,4 +1,14 @@
-"""Job records: one directory per job holding the spec, the Plan, per-node logs and the status.
+"""Job records: one directory per job holding the spec, the Plan, the scheduler's handle, per-node logs
+and the status, for every scheduler.
+
+Layout of ``<jobs root>/<job id>/``::
+
+    spec.json      what the user asked for (JobSpec), never rewritten
+    plan.json      what runs: every node's command, and the facts resolved at submit (written last of
+                   the two: its presence marks a complete record)
+    status.json    the job's state (JobStatus), rewritten as the job moves on
+    handle.json    how the scheduler finds the job again (typed by the scheduler: pids, a job id, ...)
+    node-<k>.log   node k's output; torchelastic/node-<k>/ its workers' error files
 
 Every file is written atomically (temporary file, fsync, rename), so a reader or a crash never sees
 a half-written record.
@@ -8,17 +18,42 @@ from __future__ import annotations
 
 import secrets
 import time
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from launcher.plan import Plan
 from launcher.spec import JobSpec
-from trainer.fsutil import atomic_write_text
+from trainer.contract import EXIT_FAILED, atomic_write_text
 
-JobState = Literal["running", "succeeded", "failed", "cancelled", "checkpointed", "unknown"]
-FINAL_STATES = ("succeeded", "failed", "cancelled", "checkpointed", "unknown")
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class JobState(StrEnum):
+    """One set of states for every scheduler (listed in `launcher --help` and the README)."""
+
+    CREATED = "created"  # the record is written; the job is not submitted yet
+    PENDING = "pending"  # accepted by the scheduler, waiting for resources (a SLURM queue)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # every rank finished (exit 0)
+    FAILED = "failed"  # a rank or a node failed; the job was stopped (exit 1)
+    CHECKPOINTED = "checkpointed"  # stopped on request after the ranks saved a checkpoint (exit 75)
+    CANCELLED = "cancelled"  # stopped on request before any checkpoint (exit 130)
+    LOST = "lost"  # whatever followed the job died without recording its end; nothing of it runs
+    UNKNOWN = "unknown"  # the job ended while nothing followed it: see its logs and run dir
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.CREATED, JobState.PENDING, JobState.RUNNING)
+
+
+STATE_HELP = (
+    "job states: created, pending (queued), running; terminal: succeeded, failed, checkpointed "
+    "(stopped after a checkpoint: resubmit to resume), cancelled (stopped, no checkpoint), lost (what "
+    "followed the job died before recording its end), unknown (it ended unobserved)"
+)
 
 
 class JobNotFound(LookupError):
@@ -44,22 +79,55 @@ class Failure(BaseModel):
         return f"{who} failed: {self.error}"
 
 
+class ProcessRef(BaseModel):
+    """A process on the submitting machine; its create time (epoch seconds) tells a reused pid apart."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pid: int
+    started: float
+
+
+class Outcome(BaseModel):
+    """How a job ended: what ``JobRecord.finish`` records."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state: JobState
+    exit_code: int
+    message: str = ""
+    failure: Failure | None = None
+
+
 class JobStatus(BaseModel):
+    """Where a job is. Times are epoch seconds."""
+
     model_config = ConfigDict(extra="forbid")
-    state: JobState = "running"
-    exit_code: int | None = None
-    launcher_pid: int | None = None
-    launcher_started: float | None = None  # process create time: tells a reused pid apart
-    node_pids: list[int] = []
-    started_at: float = 0.0
+    state: JobState = JobState.CREATED
+    exit_code: int | None = None  # set with a terminal state
+    created_at: float
+    started_at: float | None = None
     ended_at: float | None = None
+    submitter: ProcessRef | None = None  # the `launcher submit` that wrote the record
     failure: Failure | None = None
     message: str = ""
+
+    @property
+    def job_exit_code(self) -> int:
+        """The exit code `launcher submit` and `launcher wait` return for this (terminal) status."""
+        return self.exit_code if self.exit_code is not None else EXIT_FAILED
 
 
 def new_job_id(name: str) -> str:
     """``<name>-<UTC yyyymmdd-hhmmss>-<6 hex>``: sortable by time and unique."""
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def node_log_name(node_rank: int) -> str:
+    return f"node-{node_rank}.log"
+
+
+def torchelastic_dir(job_dir: Path, node_rank: int) -> Path:
+    """Where node ``node_rank``'s torchrun agent writes its workers' error files."""
+    return job_dir / "torchelastic" / f"node-{node_rank}"
 
 
 class JobRecord:
@@ -73,13 +141,14 @@ class JobRecord:
         return self.plan().job_id
 
     @classmethod
-    def create(cls, path: Path, spec: JobSpec, plan: Plan) -> JobRecord:
+    def create(cls, path: Path, spec: JobSpec, plan: Plan, status: JobStatus) -> JobRecord:
         """Make the record of a new job. Raises FileExistsError if ``path`` already holds a job."""
         path.mkdir(parents=True, exist_ok=True)
         if (path / "plan.json").exists():
             raise FileExistsError(f"{path} already holds a job record: choose another --job-dir")
         rec = cls(path)
-        atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2))
+        atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2, exclude_unset=True))
+        rec.write_status(status)
         atomic_write_text(path / "plan.json", plan.to_json())  # written last: it marks a complete record
         return rec
 
@@ -97,30 +166,31 @@ class JobRecord:
     def plan(self) -> Plan:
         return Plan.model_validate_json((self.dir / "plan.json").read_text())
 
-    def status(self) -> JobStatus | None:
-        path = self.dir / "status.json"
-        return JobStatus.model_validate_json(path.read_text()) if path.is_file() else None
+    def status(self) -> JobStatus:
+        return JobStatus.model_validate_json((self.dir / "status.json").read_text())
 
     def write_status(self, status: JobStatus) -> None:
         atomic_write_text(self.dir / "status.json", status.model_dump_json(indent=2))
 
+    def finish(self, outcome: Outcome) -> JobStatus:
+        """Record how the job ended: the current status with ``outcome`` and the end time."""
+        final = self.status().model_copy(update=dict(outcome) | {"ended_at": time.time()})
+        self.write_status(final)
+        return final
+
+    def handle(self, model: type[ModelT]) -> ModelT | None:
+        """The scheduler's handle (None before the job was submitted)."""
+        path = self.dir / "handle.json"
+        return model.model_validate_json(path.read_text()) if path.is_file() else None
+
+    def write_handle(self, handle: BaseModel) -> None:
+        atomic_write_text(self.dir / "handle.json", handle.model_dump_json(indent=2))
+
     def node_log(self, node_rank: int) -> Path:
-        return self.dir / f"node-{node_rank}.log"
+        return self.dir / node_log_name(node_rank)
 
     def torchelastic_dir(self, node_rank: int) -> Path:
-        return self.dir / "torchelastic" / f"node-{node_rank}"
-
-
-def shown_state(status: JobStatus | None) -> str:
-    """The state to show: "lost" for a job recorded as running whose launcher is gone (killed, or
-    its machine rebooted); `launcher cancel` stops what is left of it."""
-    from launcher.procs import launcher_process
-
-    if status is None:
-        return "created"
-    if status.state == "running" and launcher_process(status.launcher_pid, status.launcher_started) is None:
-        return "lost"
-    return status.state
+        return torchelastic_dir(self.dir, node_rank)
 
 
 def list_jobs(jobs_root: Path) -> list[JobRecord]:

@@ -1,66 +1,53 @@
-"""Following per-node log files: the terminal view of a job and ``launcher logs --follow``."""
+"""Reading per-node log files as one stream of ``node<k> | line`` lines: the terminal view of a job,
+``launcher logs`` and ``launcher logs --follow``."""
 
 from __future__ import annotations
 
-import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+POLL_S = 0.1  # how often followed files are read again when nothing new came
 
-class LogFollower(threading.Thread):
-    """Copies new lines of each ``(label, file)`` to ``out`` as ``label | line`` until ``stop()``,
-    then drains what is left. Files that do not exist yet are picked up when they appear."""
 
-    def __init__(self, files: list[tuple[str, Path]], out: TextIO, from_start: bool = True) -> None:
-        super().__init__(daemon=True)
-        self._files = files
-        self._out: TextIO | None = out
-        self._from_start = from_start
-        self._stopping = threading.Event()
-        self._handles: dict[Path, TextIO] = {}
-        self._partial: dict[Path, str] = {}
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join()
-
-    def _pump(self) -> bool:
-        moved = False
-        for label, path in self._files:
-            handle = self._handles.get(path)
-            if handle is None:
-                if not path.exists():
-                    continue
-                handle = self._handles[path] = open(path, errors="replace")  # noqa: SIM115
-                if not self._from_start:
-                    handle.seek(0, 2)
-            chunk = handle.read()
-            if not chunk:
-                continue
-            moved = True
-            text = self._partial.pop(path, "") + chunk
-            *lines, rest = text.split("\n")
-            if rest:
-                self._partial[path] = rest
-            self._write("".join(f"{label} | {line}\n" for line in lines))
-        return moved
-
-    def _write(self, text: str) -> None:
-        if self._out is None:
-            return
-        try:
-            self._out.write(text)
-            self._out.flush()
-        except OSError:  # the terminal went away (SIGHUP): the node logs still have everything
-            self._out = None
-
-    def run(self) -> None:
-        while not self._stopping.is_set():
-            if not self._pump():
-                self._stopping.wait(0.2)
-        self._pump()
-        for path, rest in self._partial.items():
-            label = next(lbl for lbl, p in self._files if p == path)
-            self._write(f"{label} | {rest}\n")
-        for handle in self._handles.values():
+def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda: False) -> Iterator[str]:
+    """Yield every line of each ``(label, file)`` as ``label | line`` (with its newline), then, while
+    ``keep_going()`` is true, the lines added later. Files that do not exist yet are read once they
+    appear. After ``keep_going()`` turns false, what was written meanwhile is still yielded, and a
+    last line without its newline too."""
+    handles: dict[Path, TextIO] = {}
+    partial: dict[Path, str] = {}
+    try:
+        while True:
+            going = keep_going()  # asked before reading: nothing written before it turned false is lost
+            moved = False
+            for label, path in files:
+                for line in _new_lines(path, handles, partial):
+                    moved = True
+                    yield f"{label} | {line}\n"
+            if not going:
+                break
+            if not moved:
+                time.sleep(POLL_S)
+        for label, path in files:
+            if partial.get(path):
+                yield f"{label} | {partial[path]}\n"
+    finally:
+        for handle in handles.values():
             handle.close()
+
+
+def _new_lines(path: Path, handles: dict[Path, TextIO], partial: dict[Path, str]) -> list[str]:
+    handle = handles.get(path)
+    if handle is None:
+        if not path.exists():
+            return []
+        handle = handles[path] = open(path, errors="replace")  # noqa: SIM115
+    chunk = handle.read()
+    if not chunk:
+        return []
+    *lines, rest = (partial.pop(path, "") + chunk).split("\n")
+    if rest:
+        partial[path] = rest
+    return lines

@@ -1,12 +1,15 @@
 """Plan: the exact processes a job will start, rendered from a JobSpec without side effects.
 
 ``--dry-run`` prints it, golden tests pin it, and a scheduler executes nothing that is not in it.
+Every value in it is a literal, except the documented ``{{placeholders}}`` of ``launcher.placeholders``
+(values only a node knows at run time), which ``python -m launcher.node`` fills in on the node.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +47,9 @@ class Plan(BaseModel):
     run_dir: str
     nodes: list[NodePlan]
     files: dict[str, str] = {}
+    # What the scheduler's resolve step found at submit (free port, workdir, GPU slices, hosts):
+    # recorded here, apart from the user's spec.
+    facts: dict[str, Any] = {}
 
     @property
     def world_size(self) -> int:
@@ -59,6 +65,10 @@ class Plan(BaseModel):
             f"{self.nproc_per_node} process(es) = world_size {self.world_size}",
             f"rendezvous endpoint {self.rdzv_endpoint}; run dir {self.run_dir}",
         ]
+        if self.facts:
+            lines.append(
+                "resolved at submit: " + ", ".join(f"{k}={v}" for k, v in sorted(self.facts.items()))
+            )
         for node in self.nodes:
             lines += ["", f"# node {node.node_rank} on {node.host} (log: {node.log})", node.shell_command()]
         for name, content in sorted(self.files.items()):

@@ -3,7 +3,9 @@
 torchrun starts each worker in a new session, so signalling an agent's process group does not reach
 its workers, and a worker whose agent died is re-parented away from the launcher. Two safety nets:
 the launcher makes itself a child subreaper (orphans re-parent to it), and every process of a job
-carries ``GPTLAUNCH_JOB_ID`` in its environment, so a sweep finds them wherever they are.
+carries ``GPTLAUNCH_JOB_ID`` in its environment, so a sweep finds them wherever they are. And so that
+a SIGKILLed supervisor leaves no orphan, its agents ask the kernel for SIGTERM when it dies
+(``PR_SET_PDEATHSIG``): they forward it to their workers, which checkpoint and exit.
 """
 
 from __future__ import annotations
@@ -15,17 +17,39 @@ from collections.abc import Iterable
 
 import psutil
 
-JOB_ENV = "GPTLAUNCH_JOB_ID"
+from launcher.jobs import ProcessRef
+from trainer.contract import JOB_ID_ENV
+
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the environment sweep is the only net
+        pass
 
 
 def become_subreaper() -> None:
     """Linux: adopt orphaned descendants, so none escapes ``psutil.Process().children()``."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the environment sweep still finds them
-        pass
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Linux: have the kernel send ``sig`` to this process when the thread that created it exits, even
+    by SIGKILL. Call it in the child (e.g. as a Popen ``preexec_fn``) from a parent's main thread."""
+    parent = os.getppid()
+    _prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+
+
+def process_ref(pid: int | None = None) -> ProcessRef:
+    """A reference to process ``pid`` (default: this one) that a reused pid cannot impersonate."""
+    proc = psutil.Process(pid)
+    return ProcessRef(pid=proc.pid, started=proc.create_time())
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:
@@ -33,7 +57,7 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and proc.environ().get(JOB_ENV) == job_id:
+            if proc.pid != os.getpid() and proc.environ().get(JOB_ID_ENV) == job_id:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -65,14 +89,14 @@ def sweep(job_id: str, grace_s: float = 2.0) -> int:
     return len(procs)
 
 
-def launcher_process(pid: int | None, started: float | None) -> psutil.Process | None:
-    """The launcher process ``pid`` if it is still alive; a reused pid (another create time) or a
-    zombie does not count."""
-    if pid is None:
+def alive(ref: ProcessRef | None) -> psutil.Process | None:
+    """The process ``ref`` if it is still alive; a reused pid (another create time) or a zombie does
+    not count."""
+    if ref is None:
         return None
     try:
-        proc = psutil.Process(pid)
-        same = started is None or abs(proc.create_time() - started) < 1e-3
+        proc = psutil.Process(ref.pid)
+        same = abs(proc.create_time() - ref.started) < 1e-3
         return proc if same and proc.status() != psutil.STATUS_ZOMBIE else None
     except psutil.NoSuchProcess:
         return None

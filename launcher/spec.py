@@ -1,8 +1,10 @@
 """JobSpec: what to run and where, validated once at the edge.
 
-Every field is scheduler-neutral; a scheduler reads what applies to it. Unknown fields are rejected,
-and every string that could reach a shell or an environment is checked for control characters
-(newline, NUL, escape, ...), which no quoting can make safe in every consumer.
+Every field is scheduler-neutral except ``scheduler``, which holds the chosen scheduler's own options
+(``launcher.options``). It stays what the user asked for: what a scheduler finds at submit (a free
+port, hosts, GPU slices) is recorded in the Plan, not here. Unknown fields are rejected, and every
+string that could reach a shell or an environment is checked for control characters (newline, NUL,
+escape, ...), which no quoting can make safe in every consumer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from launcher.options import LocalOptions, SchedulerOptions, scheduler_kinds
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -76,7 +80,9 @@ class NetworkSpec(_Strict):
 
     nccl_socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo")
     gloo_socket_ifname: str | None = Field(None, description="GLOO_SOCKET_IFNAME, e.g. eth0")
-    nccl_ib_disable: bool | None = Field(None, description="NCCL_IB_DISABLE: true forces TCP sockets")
+    nccl_ib_disable: bool | None = Field(
+        None, description="NCCL_IB_DISABLE: true forces TCP sockets (it also disables RoCE)"
+    )
     nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(None, description="NCCL_DEBUG")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
 
@@ -116,8 +122,10 @@ class JobSpec(_Strict):
     """One training job: how many nodes and processes, where, and the trainer's arguments."""
 
     name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
-    scheduler: str = Field("local", description="where the job runs: local (emulated nodes on this machine)")
-    nnodes: int = Field(1, ge=1, le=4096, description="number of nodes (--nodes)")
+    scheduler: SchedulerOptions = Field(
+        LocalOptions(), description="where the job runs, and that scheduler's options (kind: local)"
+    )
+    nnodes: int = Field(1, ge=1, le=4096, description="number of nodes, nnodes")
     nproc_per_node: int = Field(
         1,
         ge=1,
@@ -127,15 +135,15 @@ class JobSpec(_Strict):
     rendezvous: RendezvousSpec = RendezvousSpec()  # frozen: safe to share as a default
     network: NetworkSpec = NetworkSpec()
     python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
-    workdir: Path = Field(Path.cwd(), description="working directory of every node's processes")
-    job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
-    local_gpus: list[str] | None = Field(
-        None,
-        description="local scheduler: ids of the GPUs shared out between emulated nodes, [] for none "
-        "(default: those in CUDA_VISIBLE_DEVICES, else all detected)",
+    workdir: Path | None = Field(
+        None, description="working directory of every node's processes (default: the current directory)"
     )
+    job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
     omp_num_threads: int | None = Field(
-        None, ge=1, description="OMP_NUM_THREADS per process (default: cores shared out evenly when local)"
+        None,
+        ge=1,
+        description="OMP_NUM_THREADS per process (default: OMP_NUM_THREADS from env, else cores "
+        "shared out evenly when local)",
     )
     grace_period_s: float = Field(
         45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
@@ -161,14 +169,6 @@ class JobSpec(_Strict):
             check_text(str(v), "path")
         return v
 
-    @field_validator("local_gpus")
-    @classmethod
-    def _gpu_ids(cls, v: list[str] | None) -> list[str] | None:
-        for gpu in v or []:
-            if not re.fullmatch(r"[A-Za-z0-9-]+", gpu):
-                raise ValueError(f"{gpu!r} is not a GPU id (an index like 0 or a UUID like GPU-8f3c...)")
-        return v
-
     @field_validator("trainer_args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
@@ -176,29 +176,28 @@ class JobSpec(_Strict):
             check_text(arg, f"trainer argument {arg!r}")
         return v
 
-    @model_validator(mode="after")
-    def _scheduler(self) -> JobSpec:
-        from launcher.schedulers import SCHEDULERS
-
-        if self.scheduler not in SCHEDULERS:
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_kind(cls, v: Any) -> Any:
+        kind = v if isinstance(v, str) else v.get("kind", "local") if isinstance(v, dict) else None
+        if kind is not None and kind not in scheduler_kinds():
             raise ValueError(
-                f"scheduler {self.scheduler!r} is not available; choose one of: {', '.join(SCHEDULERS)}"
+                f"scheduler {kind!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
+            )
+        return {"kind": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _one_source_per_setting(self) -> JobSpec:
+        if self.omp_num_threads is not None and "OMP_NUM_THREADS" in self.network.env:
+            raise ValueError(
+                "OMP_NUM_THREADS is set twice (omp_num_threads / --omp-num-threads and env / --env): keep one"
+            )
+        if getattr(self.scheduler, "gpus", None) is not None and "CUDA_VISIBLE_DEVICES" in self.network.env:
+            raise ValueError(
+                "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
             )
         return self
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
-
-
-def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted name, description, default) of every field, nested models flattened: for --help."""
-    rows: list[tuple[str, str, Any]] = []
-    for name, info in model.model_fields.items():
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows += describe_fields(ann, f"{prefix}{name}.")
-        else:
-            default = info.get_default(call_default_factory=True)
-            rows.append((prefix + name, info.description or "", default))
-    return rows

@@ -1,13 +1,16 @@
 """Schedulers: where a job runs. Each is one module behind the protocol in ``base``.
 
-Names map to "module:class" so that listing them (e.g. for validation) imports nothing.
+Names map to "module:class" so that listing them imports nothing; their option models live in
+``launcher.options`` (the same names).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from launcher.schedulers.base import Scheduler
+if TYPE_CHECKING:
+    from launcher.schedulers.base import Scheduler
 
 SCHEDULERS: dict[str, str] = {
     "local": "launcher.schedulers.local:LocalScheduler",

@@ -1,9 +1,19 @@
-"""The scheduler protocol: resolve (may probe the environment), render (pure), launch, cancel."""
+"""The scheduler protocol: where a job runs.
+
+Each scheduler is one module behind this protocol (TorchX's split of ``submit_dryrun`` and
+``schedule``, submitit's ``Job`` rebuilt from disk): ``resolve`` finds the facts of this submit,
+``render`` turns spec + facts into a Plan without side effects, ``submit`` starts (or queues) the Plan
+and returns a typed handle that is saved in the job record, and ``state``/``logs``/``cancel`` find the
+job again from its record alone, from any shell, long after ``submit`` returned.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from pydantic import BaseModel
 
 from launcher.jobs import JobRecord, JobStatus
 from launcher.plan import Plan
@@ -12,20 +22,37 @@ from launcher.spec import JobSpec
 
 class Scheduler(Protocol):
     name: str
+    # Whether the nodes see this machine's files at the same paths (local: yes; SLURM, SSH: not
+    # necessarily). Checks of data paths and checkpoints run at submit only when they do.
+    files_here: bool
 
-    def resolve(self, spec: JobSpec) -> JobSpec:
-        """Fill in what depends on the environment (free ports, allocation hosts). May probe; never
-        starts anything."""
+    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+        """The facts this submit depends on (free ports, allocation hosts, GPU slices, absolute
+        workdir), recorded in the Plan. May probe the machine; starts nothing. Raises SpecError for
+        what cannot run here."""
         ...
 
-    def render(self, spec: JobSpec, job_id: str, job_dir: Path) -> Plan:
-        """The Plan for a resolved spec. Pure: same inputs, same Plan."""
+    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+        """The Plan for ``spec`` with ``facts``. Pure: same inputs, same Plan."""
         ...
 
-    def launch(self, plan: Plan, record: JobRecord) -> JobStatus:
-        """Start the Plan's processes and follow the job to its end; returns the final status."""
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> BaseModel:
+        """Start the Plan (or hand it to a queue) and return once it is started (or accepted), with the
+        handle that finds it again, also saved in ``record``. ``detach``: the job must outlive this
+        process; otherwise it stops (ranks checkpointing) if this process dies."""
         ...
 
-    def cancel(self, record: JobRecord) -> JobStatus:
-        """Stop a running job: SIGTERM (the ranks checkpoint), SIGKILL after the job's grace period."""
+    def state(self, record: JobRecord) -> JobStatus:
+        """The job's status now; a terminal status never changes again."""
+        ...
+
+    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
+        """Node-prefixed lines of the job's output (node ``node`` only, or all); with ``follow``, until
+        the job reaches a terminal state."""
+        ...
+
+    def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
+        """Ask the job to stop: the ranks checkpoint and exit; killed after the job's grace period.
+        ``wait``: return once it is over; else at once (asking again while a stop is under way stops
+        the job at once, without waiting for checkpoints)."""
         ...

@@ -92,7 +92,7 @@ def test_global_batch_that_does_not_split_over_the_world(jobs_root: Path, capsys
         (["--env", "RANK=3"], "set by the launcher or torchrun"),
         (["--env", "GPTLAUNCH_JOB_ID=other"], "set by the launcher or torchrun"),
         (["--", "--run-dir", "runs/\u202etxt.exe"], "control character"),
-        (["--", "--run", "runs/x"], ""),  # no abbreviations: --run-dir could be silently overridden
+        (["--", "--run", "runs/x"], "unrecognized arguments: --run"),  # no abbreviations of --run-dir
         (["--python", "/no/such/python"], "--python"),
         (["--workdir", "/no/such/dir"], "--workdir"),
         (["--rdzv-endpoint", "192.0.2.1"], "not an address of this machine"),
@@ -126,6 +126,7 @@ def test_render_is_the_same_as_dry_run(jobs_root: Path, capsys) -> None:
         return re.sub(r"gpt-\d{8}-\d{6}-[0-9a-f]{6}", "JOB", text)
 
     assert same_job_id(rendered) == same_job_id(dry_run)
+    assert not jobs_root.exists(), "neither may create a job record"
     assert rendered.count("torch.distributed.run") == 2 and "--rdzv-endpoint=127.0.0.1:29511" in rendered
 
 
@@ -151,3 +152,33 @@ def test_relative_trainer_paths_are_checked_in_the_workdir(tmp_path: Path, jobs_
     plan = json.loads(capsys.readouterr().out)
     assert plan["run_dir"].startswith(str(jobs_root.absolute()))  # absolute, whatever the cwd
     assert _submit(jobs_root, "--dry-run", "--", "--text-files", "corpus.txt") == 2  # not in this cwd
+
+
+def test_a_setting_given_twice_is_refused_not_silently_overridden(jobs_root: Path, capsys) -> None:
+    code = _submit(jobs_root, "--omp-num-threads", "2", "--env", "OMP_NUM_THREADS=3")
+    _assert_rejected(code, capsys, jobs_root, "OMP_NUM_THREADS is set twice")
+
+
+def test_a_bug_in_the_trainer_check_is_not_reported_as_invalid_input(jobs_root: Path, monkeypatch) -> None:
+    import trainer.precheck
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not a user mistake")
+
+    monkeypatch.setattr(trainer.precheck, "check_train_args", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        _submit(jobs_root, "--dry-run")
+
+
+def test_data_paths_are_checked_only_where_the_nodes_see_this_machines_files(tmp_path: Path) -> None:
+    from launcher.commands import check_trainer_args
+    from launcher.flags import UsageError
+    from launcher.spec import JobSpec
+
+    spec = JobSpec(trainer_args=["--text-files", "/only/on/the/cluster.txt"])
+    check_trainer_args(spec, tmp_path, files_here=False)  # a SLURM or SSH job: not refused here
+    with pytest.raises(UsageError, match="cluster.txt"):
+        check_trainer_args(spec, tmp_path, files_here=True)
+    with pytest.raises(UsageError, match="--global-batch-tokens"):  # the other checks still run
+        bad = JobSpec(nnodes=2, trainer_args=["--global-batch-tokens", "1000"])
+        check_trainer_args(bad, tmp_path, files_here=False)

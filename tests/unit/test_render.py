@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import NodePlan
+from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local import LocalScheduler
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import with_run_dir
@@ -25,18 +25,29 @@ def _golden_spec() -> JobSpec:
             "nnodes": 2,
             "nproc_per_node": 1,
             "python": "python3",
-            "workdir": "/work/job",
-            "omp_num_threads": 1,
-            "rendezvous": {"endpoint": "127.0.0.1", "port": 29555},
             "network": {"gloo_socket_ifname": "lo", "nccl_ib_disable": True, "env": {"EXTRA": "x y"}},
             "trainer_args": ["--max-steps", "30", "--text-files", "/data/a b.txt"],
         }
     )
 
 
+# What LocalScheduler.resolve finds on a machine, fixed here so the rendering is pure.
+FACTS = {
+    "workdir": "/work/job",
+    "rdzv_host": "127.0.0.1",
+    "rdzv_port": 29555,
+    "omp_num_threads": 1,
+    "gpus": [],
+}
+
+
+def _render(spec: JobSpec, **facts: object) -> Plan:
+    return LocalScheduler().render(spec, FACTS | facts, "gold-job", Path("/jobs/gold-job"))
+
+
 @pytest.mark.parametrize("form", ["txt", "json"])
 def test_local_plan_matches_golden_file(form: str) -> None:
-    plan = LocalScheduler().render(_golden_spec(), "gold-job", Path("/jobs/gold-job"))
+    plan = _render(_golden_spec())
     text = plan.to_text() if form == "txt" else plan.to_json() + "\n"
     golden = GOLDEN / f"local_2x1.{form}"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -45,7 +56,7 @@ def test_local_plan_matches_golden_file(form: str) -> None:
 
 
 def test_every_node_gets_the_same_rendezvous_and_its_own_log() -> None:
-    plan = LocalScheduler().render(_golden_spec(), "gold-job", Path("/jobs/gold-job"))
+    plan = _render(_golden_spec())
     assert [n.node_rank for n in plan.nodes] == [0, 1]
     assert len({n.log for n in plan.nodes}) == 2
     for node in plan.nodes:
@@ -87,29 +98,39 @@ def test_shell_command_passes_hostile_values_through_bash_verbatim(tmp_path: Pat
 
 def test_emulated_nodes_on_a_gpu_machine_get_disjoint_devices() -> None:
     # The user's own CUDA_VISIBLE_DEVICES selection (here 4-7) is what gets shared out.
-    spec = _golden_spec().model_copy(update={"nproc_per_node": 2, "local_gpus": ["4", "5", "6", "7"]})
-    plan = LocalScheduler().render(spec, "gpu-job", Path("/jobs/gpu-job"))
+    spec = JobSpec.model_validate(
+        {"nnodes": 2, "nproc_per_node": 2, "network": {"env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}}
+    )
+    plan = _render(spec, gpus=LocalScheduler().resolve(spec)["gpus"])
     assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["4,5", "6,7"]
 
 
 def test_more_processes_than_gpus_is_refused() -> None:
-    spec = _golden_spec().model_copy(
-        update={"nproc_per_node": 2, "local_gpus": ["0", "1", "2"], "python": sys.executable}
+    spec = JobSpec.model_validate(
+        {"nnodes": 2, "nproc_per_node": 2, "scheduler": {"kind": "local", "gpus": ["0", "1", "2"]}}
     )
     with pytest.raises(SpecError, match="need 4 GPUs"):
-        LocalScheduler().resolve(spec.model_copy(update={"workdir": Path.cwd()}))
+        LocalScheduler().resolve(spec)
 
 
-def test_signals_ignored_by_the_caller_stay_ignored() -> None:
-    import signal
+def test_omp_num_threads_from_env_is_honoured_not_overridden() -> None:
+    spec = JobSpec.model_validate({"nnodes": 2, "network": {"env": {"OMP_NUM_THREADS": "3"}}})
+    plan = _render(spec, omp_num_threads=LocalScheduler().resolve(spec)["omp_num_threads"])
+    assert {n.env["OMP_NUM_THREADS"] for n in plan.nodes} == {"3"}
 
-    from launcher.schedulers.local import _StopOnSignal
 
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
-    try:
-        stop = _StopOnSignal()
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) == stop._handle  # the others are still watched
-        stop.restore()
-    finally:
-        signal.signal(signal.SIGHUP, previous)
+def test_resolved_facts_go_to_the_plan_and_the_spec_stays_as_asked() -> None:
+    spec = JobSpec.model_validate({"nnodes": 2})
+    facts = LocalScheduler().resolve(spec)
+    plan = LocalScheduler().render(spec, facts, "j", Path("/jobs/j"))
+    assert plan.facts["rdzv_port"] == facts["rdzv_port"] > 0 and plan.rdzv_endpoint.endswith(
+        f":{facts['rdzv_port']}"
+    )
+    assert spec.rendezvous.port is None and spec.workdir is None
+
+
+def test_the_default_workdir_is_the_current_directory_at_submit_not_at_import(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert LocalScheduler().resolve(JobSpec())["workdir"] == str(tmp_path)

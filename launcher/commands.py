@@ -1,0 +1,202 @@
+"""The ``launcher`` commands. Each takes the parsed arguments and returns the exit code; user mistakes
+raise UsageError (exit 2, nothing written).
+
+Only ``submit`` and ``render`` read the trainer's arguments; ``list``, ``status``, ``logs``, ``cancel``
+and ``wait`` read the job record and ask its scheduler, importing no torch: they answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from launcher.flags import UsageError, build_spec
+from launcher.jobs import JobRecord, JobStatus, list_jobs, new_job_id
+from launcher.plan import Plan
+from launcher.schedulers import get_scheduler
+from launcher.schedulers.base import Scheduler
+from launcher.spec import JobSpec, check_text
+from trainer.contract import EXIT_OK
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
+    """Validate the trainer's arguments before anything is written or started: flags, values, that the
+    global batch splits over this job's world_size and, when the nodes see this machine's files
+    (``files_here``), the data files and resume checkpoint. Raises UsageError."""
+    from trainer.precheck import InvalidTrainerArgs, check_train_args
+
+    try:
+        # Relative paths among them are the trainer's, resolved in its working directory.
+        with contextlib.chdir(workdir):
+            check_train_args(spec.trainer_args, world_size=spec.world_size, files_here=files_here)
+    except InvalidTrainerArgs as e:
+        raise UsageError(f"trainer arguments: {e}") from None
+    except SystemExit as e:
+        if e.code == 0:  # `-- --help` printed the trainer's help
+            raise
+        # argparse already printed which flag it did not know
+        raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
+
+
+def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler, Plan, Path]:
+    try:
+        check_text(str(args.jobs_root), "--jobs-root")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = build_spec(args, trainer_args)
+    scheduler = get_scheduler(spec.scheduler.kind)
+    facts = scheduler.resolve(spec)
+    check_trainer_args(spec, Path(facts.get("workdir", ".")), scheduler.files_here)
+    job_id = new_job_id(spec.name)
+    job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
+    return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir
+
+
+def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    _, _, plan, _ = _plan(args, trainer_args)
+    print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    if args.dry_run:
+        return cmd_render(args, trainer_args)
+    from launcher import procs
+
+    spec, scheduler, plan, job_dir = _plan(args, trainer_args)
+    status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
+    try:
+        record = JobRecord.create(job_dir, spec, plan, status)
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    scheduler.submit(plan, record, detach=args.detach)
+    if args.detach:
+        print(plan.job_id)
+        _say(
+            f"launcher: job {plan.job_id} submitted to {plan.scheduler}; follow it with `launcher logs -f "
+            f"{plan.job_id}`, wait for it with `launcher wait {plan.job_id}`"
+        )
+        return EXIT_OK
+    _say(
+        f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
+        f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
+    )
+    with _cancel_on_signal(scheduler, record):
+        final = follow(scheduler, record, sys.stdout)
+    _say(_summary(plan.job_id, final))
+    return final.job_exit_code
+
+
+def follow(scheduler: Scheduler, record: JobRecord, out: TextIO | None, node: int | None = None) -> JobStatus:
+    """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
+    output to ``out`` (None: discard it) until the job reaches a terminal state; return that status."""
+    for line in scheduler.logs(record, node, follow=True):
+        if out is not None:
+            try:
+                out.write(line)
+                out.flush()
+            except OSError:  # the terminal went away (SIGHUP): the node logs still have everything
+                out = None
+    return scheduler.state(record)
+
+
+@contextlib.contextmanager
+def _cancel_on_signal(scheduler: Scheduler, record: JobRecord) -> Iterator[None]:
+    """While attached: Ctrl-C, SIGTERM or SIGHUP (terminal closed) ask the job to stop (the ranks
+    checkpoint); a second one stops it at once. A signal ignored by whoever started us (nohup) stays
+    ignored."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        _say(
+            f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit; "
+            "again to stop at once)"
+        )
+        scheduler.cancel(record, wait=False)
+
+    watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, handle) for sig in watched}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP); the record has it all
+        print(text, file=sys.stderr, flush=True)
+
+
+def _summary(job_id: str, status: JobStatus) -> str:
+    took = (status.ended_at or time.time()) - (status.started_at or status.created_at)
+    detail = f": {status.message}" if status.message else ""
+    return f"launcher: job {job_id} {status.state} after {took:.1f} s{detail}"
+
+
+def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler]:
+    record = JobRecord.open(args.job, args.jobs_root)
+    return record, get_scheduler(record.plan().scheduler)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    print(f"{'JOB ID':40} {'STATE':13} {'NODES':>5} {'PROCS':>5} {'CREATED (UTC)':20} {'SECONDS':>8}")
+    for record in list_jobs(args.jobs_root):
+        plan = record.plan()
+        st = get_scheduler(plan.scheduler).state(record)
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.created_at))
+        secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st.started_at else "-"
+        print(
+            f"{plan.job_id:40} {st.state:13} {plan.nnodes:>5} {plan.nproc_per_node:>5} {created:20} {secs:>8}"
+        )
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    st, plan = scheduler.state(record), record.plan()
+    if args.json:
+        print(json.dumps(st.model_dump(mode="json"), indent=2))
+        return EXIT_OK
+    print(f"job {plan.job_id}: {st.state}")
+    print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {record.dir}")
+    print(f"  run dir {plan.run_dir}")
+    if st.state.is_terminal:
+        print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
+    elif st.message:
+        print(f"  {st.message}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    if args.node is not None and not 0 <= args.node < record.plan().nnodes:
+        raise UsageError(f"--node {args.node}: the job has nodes 0..{record.plan().nnodes - 1}")
+    if args.follow:
+        follow(scheduler, record, sys.stdout, args.node)
+    else:
+        sys.stdout.writelines(scheduler.logs(record, args.node, follow=False))
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    final = follow(scheduler, record, None)
+    _say(_summary(record.job_id, final))
+    return final.job_exit_code
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    status = scheduler.cancel(record)
+    print(f"job {record.job_id}: {status.state}" + (f" ({status.message})" if status.message else ""))
+    return EXIT_OK

@@ -1,0 +1,89 @@
+"""Late-bound values: what only a node knows at run time, written as ``{{name}}`` in a Plan.
+
+A SLURM allocation's first host, a node's index within the job, the network interface that reaches
+the rendezvous host: none is known where the Plan is rendered. The Plan holds the placeholder instead
+of a guess, so every value in it stays a literal that golden tests pin and shell quoting covers; the
+node-side entry point (``python -m launcher.node -- ARGV...``) replaces them just before it execs ARGV.
+
+Placeholders (the table is also what `launcher render` documents):
+
+- ``{{node_rank}}``: this node's index, 0-based: ``SLURM_NODEID``, else ``GPTLAUNCH_NODE_RANK``.
+- ``{{first_host}}``: the allocation's first host: the first name of ``SLURM_JOB_NODELIST`` (expanded
+  by ``scontrol show hostnames``), else ``GPTLAUNCH_FIRST_HOST``.
+- ``{{ifname}}``: the interface this node routes ``{{first_host}}`` through (``ip route get``), for
+  NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Callable, Mapping
+
+PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
+NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"
+FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"
+
+
+class PlaceholderError(RuntimeError):
+    """A placeholder that this node cannot fill in; the message says which variable is missing."""
+
+
+def _first_env(env: Mapping[str, str], *names: str) -> str:
+    for name in names:
+        if env.get(name):
+            return env[name]
+    raise PlaceholderError(f"none of {', '.join(names)} is set on this node")
+
+
+def _node_rank(env: Mapping[str, str]) -> str:
+    return _first_env(env, "SLURM_NODEID", NODE_RANK_ENV)
+
+
+def _first_host(env: Mapping[str, str]) -> str:
+    if env.get("SLURM_JOB_NODELIST"):
+        out = _run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]])
+        return out.split()[0]
+    return _first_env(env, FIRST_HOST_ENV)
+
+
+def _ifname(env: Mapping[str, str]) -> str:
+    address = socket.gethostbyname(_first_host(env))
+    fields = _run(["ip", "-o", "route", "get", address]).split()
+    if "dev" not in fields:
+        raise PlaceholderError(f"`ip route get {address}` names no interface")
+    return fields[fields.index("dev") + 1]
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise PlaceholderError(f"`{' '.join(argv)}` failed: {e}") from None
+
+
+RESOLVERS: dict[str, Callable[[Mapping[str, str]], str]] = {
+    "node_rank": _node_rank,
+    "first_host": _first_host,
+    "ifname": _ifname,
+}
+
+
+def names_in(text: str) -> set[str]:
+    """The placeholder names ``text`` uses."""
+    return set(PATTERN.findall(text))
+
+
+def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
+    """``text`` with every ``{{name}}`` replaced by its value on this node (each looked up once).
+
+    Raises PlaceholderError for an unknown name or a value this node cannot find."""
+    env = os.environ if env is None else env
+    values: dict[str, str] = {}
+    for name in names_in(text):
+        if name not in RESOLVERS:
+            raise PlaceholderError(f"unknown placeholder {{{{{name}}}}}: known are {', '.join(RESOLVERS)}")
+        values[name] = RESOLVERS[name](env)
+    return PATTERN.sub(lambda m: values[m.group(1)], text)

@@ -1,0 +1,199 @@
+"""The supervisor of a local job: a process forked by ``launcher submit`` that starts one torchrun agent
+per node, follows them to the job's end and records it.
+
+Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
+FAIL_FAST_GRACE_S) and the root cause is read from torchelastic's error files. A stop request
+(SIGTERM from ``launcher cancel``, or from the kernel when an attached ``launcher submit`` dies) is
+relayed to every agent, whose ranks checkpoint and exit; a second one stops everything at once. No
+process of the job outlives it: it is a child subreaper, every agent gets SIGTERM from the kernel if
+the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+import psutil
+
+from launcher import procs
+from launcher.failures import root_cause
+from launcher.jobs import JobRecord, JobState, Outcome
+from launcher.plan import NodePlan, Plan
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+
+FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
+POLL_S = 0.1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _StopAtOnce(Exception):
+    """A second stop request: stop waiting for checkpoints."""
+
+
+def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: bool) -> NoReturn:
+    """Run the job to its end in this (freshly forked) process, record the outcome and exit with the
+    job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
+    code = EXIT_FAILED
+    try:
+        os.setsid()
+        if die_with_parent:
+            procs.die_with_parent()
+        _redirect_output(record.dir / "supervisor.log")
+        code = _run(plan, record, ready_fd)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never unwind into the forking caller's stack
+
+
+def _redirect_output(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, source in ((0, null), (1, fd), (2, fd)):
+        os.dup2(source, target)
+    os.close(fd)
+    os.close(null)
+
+
+def _run(plan: Plan, record: JobRecord, ready_fd: int) -> int:
+    from launcher.schedulers.local import LocalHandle
+
+    procs.become_subreaper()
+    stop = _StopOnSignal()
+    handle = LocalHandle(supervisor=procs.process_ref())
+    record.write_handle(handle)
+    started = time.time()
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        for node in plan.nodes:
+            agents.append(_start(node, record))
+        record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in agents]}))
+        record.write_status(
+            record.status().model_copy(update={"state": JobState.RUNNING, "started_at": started})
+        )
+        os.close(ready_fd)
+        ready_fd = -1
+        outcome = _Watch(agents, stop, record.spec().grace_period_s, plan, record, started).run()
+    except _StopAtOnce:
+        message = "stopped at once on a second request, without waiting for checkpoints"
+        outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    except OSError as e:  # an agent could not start (bad cwd, interpreter gone, out of resources)
+        message = f"node {len(agents)} could not start: {e}"
+        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    except Exception as e:  # the supervisor itself broke: record it, never leave "running" behind
+        traceback.print_exc()
+        message = f"launcher error: {e!r}"
+        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    finally:
+        stop.ignore()  # cleanup must not be cut short by another signal
+        procs.terminate(psutil.Process().children(recursive=True), FAIL_FAST_GRACE_S)
+        procs.sweep(plan.job_id)
+    final = record.finish(outcome)
+    if ready_fd >= 0:
+        os.close(ready_fd)
+    return final.job_exit_code
+
+
+class _Watch:
+    """Follows the agents to the job's end: success, fail-fast on the first failure, or a stop."""
+
+    def __init__(
+        self,
+        agents: list[subprocess.Popen[bytes]],
+        stop: _StopOnSignal,
+        grace: float,
+        plan: Plan,
+        record: JobRecord,
+        started: float,
+    ) -> None:
+        self.agents, self.stop, self.grace, self.plan, self.record = agents, stop, grace, plan, record
+        self.started = started
+        self.stop_at: float | None = None
+        self.stop_asked = 0.0  # wall-clock time of the stop request
+
+    def run(self) -> Outcome:
+        while True:
+            codes = [a.poll() for a in self.agents]
+            if all(c == 0 for c in codes):
+                return Outcome(state=JobState.SUCCEEDED, exit_code=0)
+            if self.stop.requested and self.stop_at is None:
+                self._begin_stop()
+            failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
+            if self.stop_at is not None:
+                if all(c is not None for c in codes) or time.monotonic() - self.stop_at > self.grace:
+                    return stop_outcome(self.plan, since=self.stop_asked)
+            elif failed:
+                return self._failed(failed[0], codes[failed[0]])
+            time.sleep(POLL_S)
+
+    def _begin_stop(self) -> None:
+        self.stop_at, self.stop_asked = time.monotonic(), time.time()
+        procs.signal_all([psutil.Process(a.pid) for a in self.agents if a.poll() is None], signal.SIGTERM)
+
+    def _failed(self, node: int, code: int | None) -> Outcome:
+        if read_stop_marker(Path(self.plan.run_dir), since=self.started) is not None:
+            # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
+            # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
+            psutil.wait_procs([psutil.Process(a.pid) for a in self.agents if a.poll() is None], self.grace)
+            return stop_outcome(self.plan, since=self.started)
+        procs.terminate(psutil.Process().children(recursive=True), FAIL_FAST_GRACE_S)
+        failure = root_cause(self.record, self.plan.nnodes, node, code)
+        return Outcome(
+            state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
+        )
+
+
+def stop_outcome(plan: Plan, since: float) -> Outcome:
+    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
+    "cancelled" (exit 130)."""
+    marker = read_stop_marker(Path(plan.run_dir), since)
+    if marker is None:
+        message = "stopped on request, no checkpoint saved"
+        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    message = (
+        f"checkpoint {marker.get('checkpoint')} saved at step {marker.get('step')}; resume by "
+        f"submitting again with -- --run-dir {plan.run_dir}"
+    )
+    return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)
+
+
+def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+    with open(record.dir / node.log, "ab") as log:
+        # A new session per node: signals to the supervisor's group do not hit the agents twice. The
+        # kernel sends the agent SIGTERM if the supervisor dies, so no agent trains on orphaned.
+        return subprocess.Popen(
+            node.argv,
+            env=os.environ | node.env,
+            cwd=node.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=procs.die_with_parent,
+        )
+
+
+class _StopOnSignal:
+    """SIGTERM, SIGINT and SIGHUP ask the job to stop; a second request while stopping: at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise _StopAtOnce
+        self.requested = True
+        print(f"supervisor: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
+
+    def ignore(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)

@@ -1,0 +1,100 @@
+"""Job records and states, read without any process of the job: what `status`, `list` and `cancel` see."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import procs
+from launcher.jobs import JobRecord, JobState, JobStatus, ProcessRef
+from launcher.schedulers.local import LocalHandle, LocalScheduler
+from launcher.spec import JobSpec
+
+FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
+
+
+def _record(tmp_path: Path, status: JobStatus, spec: JobSpec | None = None) -> JobRecord:
+    spec = spec or JobSpec(nnodes=2)
+    plan = LocalScheduler().render(spec, FACTS, "job-1", tmp_path / "job-1")
+    return JobRecord.create(tmp_path / "job-1", spec, plan, status)
+
+
+def _dead_process() -> ProcessRef:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    ref = procs.process_ref(proc.pid)
+    proc.wait()
+    return ref
+
+
+def test_only_pending_created_and_running_are_not_terminal() -> None:
+    assert {s for s in JobState if not s.is_terminal} == {
+        JobState.CREATED,
+        JobState.PENDING,
+        JobState.RUNNING,
+    }
+    for state in ("succeeded", "failed", "checkpointed", "cancelled", "lost", "unknown"):
+        assert JobState(state).is_terminal
+
+
+def test_spec_json_holds_what_the_user_asked_for(tmp_path: Path) -> None:
+    _record(tmp_path, JobStatus(created_at=time.time()), JobSpec(nnodes=2, trainer_args=["--max-steps", "3"]))
+    assert json.loads((tmp_path / "job-1" / "spec.json").read_text()) == {
+        "nnodes": 2,
+        "trainer_args": ["--max-steps", "3"],
+    }
+    assert json.loads((tmp_path / "job-1" / "plan.json").read_text())["facts"]["rdzv_port"] == 29555
+
+
+def test_a_created_job_whose_submitter_died_is_lost(tmp_path: Path) -> None:
+    rec = _record(tmp_path, JobStatus(created_at=time.time(), submitter=_dead_process()))
+    status = LocalScheduler().state(rec)
+    assert status.state == JobState.LOST and status.job_exit_code == 1
+    assert rec.status().state == JobState.LOST, "a derived end is recorded, so it never changes again"
+
+
+def test_a_created_job_whose_submitter_lives_stays_created(tmp_path: Path) -> None:
+    rec = _record(tmp_path, JobStatus(created_at=time.time(), submitter=procs.process_ref()))
+    assert LocalScheduler().state(rec).state == JobState.CREATED
+
+
+def test_a_running_job_whose_supervisor_died_after_a_stop_checkpoint_is_checkpointed(tmp_path: Path) -> None:
+    from trainer.contract import write_stop_marker
+
+    started = time.time()
+    rec = _record(tmp_path, JobStatus(state=JobState.RUNNING, created_at=started, started_at=started))
+    rec.write_handle(LocalHandle(supervisor=_dead_process(), node_pids=[]))
+    run_dir = Path(rec.plan().run_dir)
+    run_dir.mkdir(parents=True)
+    write_stop_marker(run_dir, 7, run_dir / "ckpt-00000007.pt")
+    status = LocalScheduler().state(rec)
+    assert status.state == JobState.CHECKPOINTED and status.job_exit_code == 75 and "step 7" in status.message
+
+
+def test_cancelling_a_job_that_never_started_records_no_start_time(tmp_path: Path) -> None:
+    created = time.time()
+    rec = _record(tmp_path, JobStatus(created_at=created, submitter=_dead_process()))
+    status = LocalScheduler().cancel(rec)
+    assert status.state.is_terminal and status.started_at is None
+    assert status.created_at == pytest.approx(created) and status.ended_at is not None
+    assert status.ended_at >= created
+
+
+def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Path) -> None:
+    now = time.time()
+    rec = _record(tmp_path, JobStatus(state=JobState.SUCCEEDED, exit_code=0, created_at=now, started_at=now))
+    (rec.dir / "node-0.log").write_text("hello\n")
+    probe = (
+        "import sys; from launcher.cli import main\n"
+        f"for cmd in (['list'], ['status', 'job-1'], ['logs', '-f', 'job-1'], ['wait', 'job-1'], ['cancel', 'job-1']):\n"
+        f"    assert main(['--jobs-root', {str(tmp_path)!r}, *cmd]) == 0, cmd\n"
+        "heavy = [m for m in ('torch', 'numpy', 'tokenizers', 'datasets') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "node0 | hello" in out.stdout and "succeeded" in out.stdout

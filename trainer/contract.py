@@ -1,0 +1,92 @@
+"""The contract between the trainer and whatever launches it (our launcher, bare torchrun, a scheduler).
+
+Exit codes, the stop-marker file, the ``GPTLAUNCH_*`` environment variables and atomic file writes.
+It imports no torch (nor numpy): the launcher's read-only commands (``status``, ``cancel``, ...) use it
+and must answer in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+# Exit codes of `trainer` and `launcher` (the launcher adds EXIT_INTERRUPTED).
+EXIT_OK = 0
+EXIT_FAILED = 1  # training (or the job) failed
+EXIT_USAGE = 2  # invalid input; the message names the flag or field and the fix
+EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
+EXIT_INTERRUPTED = 130  # stopped on request before any checkpoint could be saved (128 + SIGINT)
+
+# Environment variables.
+JOB_ID_ENV = "GPTLAUNCH_JOB_ID"  # set by the launcher on every process of a job: finds orphans
+JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (default ./jobs)
+FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
+
+# Written by rank 0 after the checkpoint of a stop signal, in the run dir: tells a launcher or
+# scheduler that the run stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75
+# as a plain failure).
+STOP_MARKER = "stopped.json"
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path) -> Iterator[BinaryIO]:
+    """Yield a binary file to write ``path``'s new content into. On success the temporary file is
+    fsynced, renamed over ``path`` and the directory fsynced; on any error it is removed and ``path``
+    is left as it was. The new file's mode is 0666 less the umask, like any file the process makes.
+    Raises what the writes raise (e.g. OSError for a full disk)."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # os.open applies the umask itself: no need to read it (reading it means setting it, which races
+    # with other threads creating files).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text.encode())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames in ``directory`` durable (a rename is on disk only once its directory entry is)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path) -> None:
+    """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``:
+    ``{"step": int, "checkpoint": file name, "time": epoch seconds}``."""
+    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}
+    atomic_write_text(run_dir / STOP_MARKER, json.dumps(record))
+
+
+def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:
+    """The stop record of a run that stopped on a signal at or after ``since`` (epoch seconds)."""
+    try:
+        record = json.loads((run_dir / STOP_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("time", 0) >= since else None
+
+
+def clear_stop_marker(run_dir: Path) -> None:
+    (run_dir / STOP_MARKER).unlink(missing_ok=True)
