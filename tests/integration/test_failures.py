@@ -72,7 +72,7 @@ def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(
         elif how == "launcher cancel":
             launcher(jobs, "cancel", job_id, check=True)
         else:  # e.g. a machine shutting down: one node's torchrun agent gets SIGTERM, not the launcher
-            node_pids = json.loads((jobs / job_id / "status.json").read_text())["node_pids"]
+            node_pids = json.loads((jobs / job_id / "handle.json").read_text())["node_pids"]
             os.kill(node_pids[1], signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
     finally:

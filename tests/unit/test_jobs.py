@@ -90,7 +90,9 @@ def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Pa
     (rec.dir / "node-0.log").write_text("hello\n")
     probe = (
         "import sys; from launcher.cli import main\n"
-        f"for cmd in (['list'], ['status', 'job-1'], ['logs', '-f', 'job-1'], ['wait', 'job-1'], ['cancel', 'job-1']):\n"
+        "cmds = [['list'], ['status', 'job-1'], ['logs', '-f', 'job-1'], ['wait', 'job-1'],\n"
+        "        ['cancel', 'job-1']]\n"
+        "for cmd in cmds:\n"
         f"    assert main(['--jobs-root', {str(tmp_path)!r}, *cmd]) == 0, cmd\n"
         "heavy = [m for m in ('torch', 'numpy', 'tokenizers', 'datasets') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -177,7 +177,7 @@ def test_data_paths_are_checked_only_where_the_nodes_see_this_machines_files(tmp
 
     spec = JobSpec(trainer_args=["--text-files", "/only/on/the/cluster.txt"])
     check_trainer_args(spec, tmp_path, files_here=False)  # a SLURM or SSH job: not refused here
-    with pytest.raises(UsageError, match="cluster.txt"):
+    with pytest.raises(UsageError, match=r"cluster\.txt"):
         check_trainer_args(spec, tmp_path, files_here=True)
     with pytest.raises(UsageError, match="--global-batch-tokens"):  # the other checks still run
         bad = JobSpec(nnodes=2, trainer_args=["--global-batch-tokens", "1000"])

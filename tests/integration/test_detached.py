@@ -1,0 +1,161 @@
+"""Jobs that outlive the terminal: detached jobs followed from other processes, and no process of a job
+left behind when whatever supervises it is SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import FAST, launcher, losses, processes_of
+
+TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
+NO_ORPHANS_WITHIN_S = 60.0
+
+
+def _launcher_cmd(jobs: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args]
+
+
+def _detach(jobs: Path, run_dir: Path, prepared_data: list[str], steps: int) -> str:
+    args = [*TWO_NODES, "--detach", "--", *prepared_data, *FAST, "--run-dir", str(run_dir)]
+    proc = launcher(jobs, *args, "--max-steps", str(steps), "--checkpoint-interval", "1000", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    assert (jobs / job_id / "plan.json").is_file(), proc.stdout
+    return job_id
+
+
+def _wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= step:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def _state(jobs: Path, job_id: str) -> str:
+    out = launcher(jobs, "status", "--json", job_id, check=True)
+    return str(json.loads(out.stdout)["state"])
+
+
+def _no_process_left(job_id: str, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while processes_of(job_id):
+        assert time.monotonic() < deadline, [p.cmdline() for p in processes_of(job_id)]
+        time.sleep(0.5)
+
+
+def test_logs_follow_started_right_after_a_detached_submit_streams_to_the_end(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    job_id = _detach(jobs, run_dir, prepared_data, steps=3)
+    follow = launcher(jobs, "logs", "--follow", job_id, timeout=300)
+    # It returned because the job ended, not at once: the end was recorded before it returned.
+    assert json.loads((jobs / job_id / "status.json").read_text())["state"] == "succeeded"
+    assert follow.returncode == 0 and "step 3/3" in follow.stdout
+    assert {line.split(" | ")[0] for line in follow.stdout.splitlines()} == {"node0", "node1"}
+    waited = launcher(jobs, "wait", job_id, timeout=60)
+    assert waited.returncode == 0 and "succeeded" in waited.stderr
+
+
+def test_a_detached_job_is_watched_waited_for_and_cancelled_from_other_processes(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    job_id = _detach(jobs, run_dir, prepared_data, steps=1000)
+    follow = subprocess.Popen(_launcher_cmd(jobs, "logs", "-f", job_id), stdout=subprocess.PIPE, text=True)
+    waiter = subprocess.Popen(_launcher_cmd(jobs, "wait", job_id), stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(run_dir, 2)
+        assert _state(jobs, job_id) == "running"
+        assert follow.poll() is None and waiter.poll() is None
+        cancelled = launcher(jobs, "cancel", job_id, timeout=120)
+        assert cancelled.returncode == 0 and "checkpointed" in cancelled.stdout, cancelled.stdout
+        _, wait_err = waiter.communicate(timeout=60)
+        follow_out, _ = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        waiter.kill()
+    assert waiter.returncode == 75, wait_err
+    assert follow.returncode == 0 and "stop signal: checkpoint saved" in follow_out
+    assert _state(jobs, job_id) == "checkpointed"
+    assert list(run_dir.glob("ckpt-*.pt")) and processes_of(job_id) == []
+
+
+def test_sigkill_of_the_supervisor_stops_every_process_and_the_ranks_checkpoint(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    job_id = _detach(jobs, run_dir, prepared_data, steps=1000)
+    _wait_for_step(run_dir, 2)
+    supervisor = json.loads((jobs / job_id / "handle.json").read_text())["supervisor"]["pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    _no_process_left(job_id, NO_ORPHANS_WITHIN_S)
+    assert _state(jobs, job_id) == "checkpointed"
+    assert list(run_dir.glob("ckpt-*.pt"))
+    waited = launcher(jobs, "wait", job_id, timeout=60)
+    assert waited.returncode == 75
+
+
+def test_sigkill_of_an_attached_submit_stops_every_process_and_the_ranks_checkpoint(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*TWO_NODES, "--", *prepared_data, *FAST, "--run-dir", str(run_dir), "--max-steps", "1000"]
+    submit = subprocess.Popen(
+        _launcher_cmd(jobs, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for_step(run_dir, 2)
+        (job_id,) = [p.name for p in jobs.iterdir()]
+        submit.kill()
+        submit.wait(timeout=30)
+        _no_process_left(job_id, NO_ORPHANS_WITHIN_S)
+    finally:
+        submit.kill()
+    assert _state(jobs, job_id) == "checkpointed"
+
+
+STARTS_NODE_0_THEN_FAILS_NODE_1 = """
+import sys, time
+from pathlib import Path
+from launcher.jobs import JobRecord, JobStatus
+from launcher.plan import NodePlan, Plan
+from launcher.schedulers.local import LocalScheduler
+from launcher.spec import JobSpec
+
+job_dir, job_id = Path(sys.argv[1]), sys.argv[2]
+env = {"GPTLAUNCH_JOB_ID": job_id}
+sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+nodes = [
+    NodePlan(node_rank=0, host="localhost", argv=sleeper, env=env, cwd="/", log="node-0.log"),
+    NodePlan(node_rank=1, host="localhost", argv=sleeper, env=env, cwd="/no/such/dir", log="node-1.log"),
+]
+plan = Plan(job_id=job_id, scheduler="local", nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:1",
+            run_dir=str(job_dir / "run"), nodes=nodes)
+record = JobRecord.create(job_dir, JobSpec(nnodes=2), plan, JobStatus(created_at=time.time()))
+handle = LocalScheduler().submit(plan, record, detach=False)
+print(handle.model_dump_json())
+"""
+
+
+def test_a_node_that_cannot_start_stops_the_nodes_already_started(tmp_path: Path) -> None:
+    job_id = f"startfail-{os.getpid()}"
+    out = subprocess.run(
+        [sys.executable, "-c", STARTS_NODE_0_THEN_FAILS_NODE_1, str(tmp_path / job_id), job_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    status = json.loads((tmp_path / job_id / "status.json").read_text())
+    assert status["state"] == "failed" and "node 1 could not start" in status["message"]
+    assert status["ended_at"] is not None
+    assert processes_of(job_id) == []
