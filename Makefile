@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # Arguments for `make run`, e.g. make run ARGS="-- --max-steps 50"
 ARGS ?=
 
-.PHONY: setup run test unit integration lint bench clean
+.PHONY: setup run test unit integration lint bench bench-launcher clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,9 @@ integration: setup
 
 bench: setup
 	$(PY) benchmarks/bench_trainer.py
+
+bench-launcher: setup
+	$(PY) benchmarks/bench_launcher.py
 
 clean:
 	rm -rf $(VENV) jobs runs .pytest_cache .mypy_cache .ruff_cache

@@ -13,7 +13,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
@@ -79,8 +78,8 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         record = JobRecord.create(job_dir, spec, plan, status)
     except FileExistsError as e:
         raise UsageError(str(e)) from None
-    scheduler.submit(plan, record, detach=args.detach)
     if args.detach:
+        scheduler.submit(plan, record, detach=True)
         print(plan.job_id)
         _say(
             f"launcher: job {plan.job_id} submitted to {plan.scheduler}; follow it with `launcher logs -f "
@@ -91,7 +90,9 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
         f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
     )
-    with _cancel_on_signal(scheduler, record):
+    with _CancelOnSignal(scheduler, record) as stopper:
+        scheduler.submit(plan, record, detach=False)
+        stopper.job_started()
         final = follow(scheduler, record, sys.stdout)
     _say(_summary(plan.job_id, final))
     return final.job_exit_code
@@ -110,26 +111,38 @@ def follow(scheduler: Scheduler, record: JobRecord, out: TextIO | None, node: in
     return scheduler.state(record)
 
 
-@contextlib.contextmanager
-def _cancel_on_signal(scheduler: Scheduler, record: JobRecord) -> Iterator[None]:
+class _CancelOnSignal:
     """While attached: Ctrl-C, SIGTERM or SIGHUP (terminal closed) ask the job to stop (the ranks
-    checkpoint); a second one stops it at once. A signal ignored by whoever started us (nohup) stays
-    ignored."""
+    checkpoint); a second one stops it at once. A signal that arrives while the job is being started
+    is acted on once it has started. A signal ignored by whoever started us (nohup) stays ignored."""
 
-    def handle(signum: int, frame: FrameType | None) -> None:
+    def __init__(self, scheduler: Scheduler, record: JobRecord) -> None:
+        self.scheduler, self.record = scheduler, record
+        self.started, self.pending = False, 0
+
+    def __enter__(self) -> _CancelOnSignal:
+        watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in watched}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         _say(
             f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit; "
             "again to stop at once)"
         )
-        scheduler.cancel(record, wait=False)
+        if self.started:
+            self.scheduler.cancel(self.record, wait=False)
+        else:
+            self.pending += 1
 
-    watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
-    previous = {sig: signal.signal(sig, handle) for sig in watched}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    def job_started(self) -> None:
+        self.started = True
+        for _ in range(self.pending):
+            self.scheduler.cancel(self.record, wait=False)
 
 
 def _say(text: str) -> None:

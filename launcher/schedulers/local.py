@@ -19,25 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from launcher import procs
 from launcher.jobs import JobRecord, JobState, JobStatus, Outcome, ProcessRef, node_log_name, torchelastic_dir
 from launcher.logs import tail
 from launcher.plan import NodePlan, Plan
-from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, stop_outcome, supervise
+from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, stop_outcome, supervise
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import LOG_LINE_PREFIX, torchrun_argv, with_run_dir
 from trainer.contract import EXIT_FAILED, JOB_ID_ENV, read_stop_marker
-
-
-class LocalHandle(BaseModel):
-    """How a local job is found again: its supervisor and the node agents' pids."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: str = "local"
-    supervisor: ProcessRef
-    node_pids: list[int] = []
 
 
 def free_port(host: str) -> int:

@@ -22,16 +22,26 @@ from types import FrameType
 from typing import NoReturn
 
 import psutil
+from pydantic import BaseModel, ConfigDict
 
 from launcher import procs
 from launcher.failures import root_cause
-from launcher.jobs import JobRecord, JobState, Outcome
+from launcher.jobs import JobRecord, JobState, Outcome, ProcessRef
 from launcher.plan import NodePlan, Plan
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class LocalHandle(BaseModel):
+    """How a local job is found again (saved as handle.json): its supervisor and the agents' pids."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: str = "local"
+    supervisor: ProcessRef
+    node_pids: list[int] = []
 
 
 class _StopAtOnce(Exception):
@@ -43,11 +53,12 @@ def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: 
     job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
     code = EXIT_FAILED
     try:
+        stop = _StopOnSignal()  # first: replaces the handlers inherited from the forking process
         os.setsid()
         if die_with_parent:
             procs.die_with_parent()
         _redirect_output(record.dir / "supervisor.log")
-        code = _run(plan, record, ready_fd)
+        code = _run(plan, record, ready_fd, stop)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -63,11 +74,8 @@ def _redirect_output(path: Path) -> None:
     os.close(null)
 
 
-def _run(plan: Plan, record: JobRecord, ready_fd: int) -> int:
-    from launcher.schedulers.local import LocalHandle
-
+def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> int:
     procs.become_subreaper()
-    stop = _StopOnSignal()
     handle = LocalHandle(supervisor=procs.process_ref())
     record.write_handle(handle)
     started = time.time()
