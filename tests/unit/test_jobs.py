@@ -100,3 +100,23 @@ def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Pa
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "node0 | hello" in out.stdout and "succeeded" in out.stdout
+
+
+def test_the_spec_imports_no_scheduler_and_every_scheduler_has_an_options_model() -> None:
+    probe = "import sys, launcher.spec; print(sorted(m for m in sys.modules if m.startswith('launcher.')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "launcher.schedulers" not in out.stdout, out.stdout
+    from launcher.options import scheduler_kinds
+    from launcher.schedulers import SCHEDULERS
+
+    assert sorted(SCHEDULERS) == sorted(scheduler_kinds())
+
+
+def test_options_of_a_scheduler_are_checked_by_that_schedulers_model() -> None:
+    from pydantic import ValidationError
+
+    assert JobSpec.model_validate({"scheduler": "local"}).scheduler.kind == "local"
+    with pytest.raises(ValidationError, match="partition"):
+        JobSpec.model_validate({"scheduler": {"kind": "local", "partition": "gpu"}})
+    with pytest.raises(ValidationError, match="'k8s' is not available"):
+        JobSpec.model_validate({"scheduler": {"kind": "k8s"}})
