@@ -52,6 +52,16 @@ def visible_gpus(env: dict[str, str]) -> list[str]:
     return [str(i) for i in range(len(list(driver.iterdir())))] if driver.is_dir() else []
 
 
+def _positive_int(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise SpecError(
+            f"{name}={value!r} (from --env or this shell) is not a positive integer: fix or unset it"
+        )
+    return int(value)
+
+
 class LocalScheduler:
     name = "local"
     files_here = True
@@ -68,7 +78,7 @@ class LocalScheduler:
             raise SpecError(f"workdir (--workdir) {workdir} is not a directory")
         host = spec.rendezvous.endpoint or "127.0.0.1"
         user_env = os.environ | spec.network.env  # --env wins over the shell
-        threads = spec.omp_num_threads or user_env.get("OMP_NUM_THREADS")
+        threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
         gpus = spec.scheduler.gpus if spec.scheduler.gpus is not None else visible_gpus(user_env)
         if gpus and spec.world_size > len(gpus):
             raise SpecError(

@@ -134,3 +134,9 @@ def test_the_default_workdir_is_the_current_directory_at_submit_not_at_import(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert LocalScheduler().resolve(JobSpec())["workdir"] == str(tmp_path)
+
+
+def test_a_malformed_thread_count_from_the_environment_is_a_clear_error() -> None:
+    spec = JobSpec.model_validate({"network": {"env": {"OMP_NUM_THREADS": "many"}}})
+    with pytest.raises(SpecError, match="OMP_NUM_THREADS='many'"):
+        LocalScheduler().resolve(spec)
