@@ -9,21 +9,31 @@ objects.
 
 from __future__ import annotations
 
-import json
 import re
-import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.fsutil import atomic_write, atomic_write_text
+from trainer.config import TrainConfig
+from trainer.contract import atomic_write
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
-# Written by rank 0 after the checkpoint of a stop signal: tells a launcher or scheduler that the run
-# stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75 as a plain failure).
-STOP_MARKER = "stopped.json"
-EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
+FORMAT_VERSION = 1  # of a checkpoint's contents (its "format" key); bump when a key's meaning changes
+# What a checkpoint must hold to resume a run; nested keys for the dicts among them.
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "step": (),
+    "model": (),
+    "optimizer": (),
+    "rng": (),
+    "world_size": (),
+    "model_shape": (),
+    "tokenizer_sha256": (),
+    "schedule": ("lr", "warmup_steps", "max_steps", "min_lr_ratio"),
+    "data": ("epoch", "step_in_epoch"),
+}
+_START_AFRESH = "or start afresh with --resume never or a new --run-dir"
 
 
 class CheckpointError(RuntimeError):
@@ -55,25 +65,6 @@ def save(state: dict[str, Any], run_dir: Path, step: int, keep: int) -> Path:
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final
-
-
-def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path) -> None:
-    """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``."""
-    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}
-    atomic_write_text(run_dir / STOP_MARKER, json.dumps(record))
-
-
-def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:
-    """The stop record of a run that stopped on a signal at or after ``since`` (epoch seconds)."""
-    try:
-        record = json.loads((run_dir / STOP_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("time", 0) >= since else None
-
-
-def clear_stop_marker(run_dir: Path) -> None:
-    (run_dir / STOP_MARKER).unlink(missing_ok=True)
 
 
 def remove_partial_saves(run_dir: Path) -> None:
@@ -109,4 +100,124 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from e
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"{path} is not a checkpoint written by this trainer")
+    _check_format(state, path)
     return state
+
+
+def schedule_of(cfg: TrainConfig) -> dict[str, float | int]:
+    """The learning-rate schedule of a run, as a checkpoint records it ("schedule")."""
+    return {
+        "lr": cfg.lr,
+        "warmup_steps": cfg.warmup_steps,
+        "max_steps": cfg.max_steps,
+        "min_lr_ratio": cfg.min_lr_ratio,
+    }
+
+
+def data_position(step: int, steps_per_epoch: int) -> dict[str, int]:
+    """Where the data order stands before optimizer step ``step`` ("data" in a checkpoint): the epoch,
+    how many of its steps are done, and ``steps_per_epoch`` itself, which changes with the blocks per
+    step (another micro-batch size or global batch changes the data order even within epoch 0)."""
+    return {
+        "epoch": step // steps_per_epoch,
+        "step_in_epoch": step % steps_per_epoch,
+        "steps_per_epoch": steps_per_epoch,
+    }
+
+
+def check_resumable(
+    state: Mapping[str, Any],
+    path: Path,
+    *,
+    cfg: TrainConfig,
+    world_size: int,
+    steps_per_epoch: int,
+    model_shape: Mapping[str, Any],
+    tokenizer_sha256: str,
+) -> list[str]:
+    """Check that the loaded checkpoint ``state`` (from ``path``) can continue this run.
+
+    This run is ``cfg`` on ``world_size`` ranks, whose batch plan has ``steps_per_epoch`` steps per
+    epoch, building a model of ``model_shape`` for the tokenizer of ``tokenizer_sha256``.
+    Returns notes for the user (a different --max-steps or world size: allowed, not exact).
+    Raises CheckpointError, naming the flag and the fix, for an unknown format, a missing key, another
+    model shape or tokenizer, another --lr, --min-lr-ratio or --warmup-steps, or (at the same world
+    size) a data position that this run's batch plan does not reproduce.
+    """
+    _check_format(state, path)
+    _check_keys(state, path)
+    if dict(state["model_shape"]) != dict(model_shape):
+        raise CheckpointError(
+            f"{path} holds a model of shape {dict(state['model_shape'])}, this run builds "
+            f"{dict(model_shape)}: use the same model flags, {_START_AFRESH}"
+        )
+    if state["tokenizer_sha256"] != tokenizer_sha256:
+        raise CheckpointError(
+            f"{path} was trained with a different tokenizer (the data changed): {_START_AFRESH}"
+        )
+    notes = _check_schedule(state["schedule"], schedule_of(cfg), path)
+    saved_world_size = int(state["world_size"])
+    if saved_world_size != world_size:
+        notes.append(
+            f"{path} was written by {saved_world_size} ranks, this run has {world_size}: resuming, but "
+            "not exactly as an uninterrupted run (random streams are re-seeded per rank and the data "
+            "order follows this run's batch plan)"
+        )
+    else:
+        _check_data_position(state, path, steps_per_epoch)
+    return notes
+
+
+def _check_format(state: Mapping[str, Any], path: Path) -> None:
+    version = state.get("format")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {version!r}, this trainer reads format {FORMAT_VERSION}: "
+            f"resume it with the trainer version that wrote it, {_START_AFRESH}"
+        )
+
+
+def _check_keys(state: Mapping[str, Any], path: Path) -> None:
+    for key, subkeys in REQUIRED_KEYS.items():
+        missing = [key] if key not in state else [f"{key}.{sub}" for sub in subkeys if sub not in state[key]]
+        if missing:
+            raise CheckpointError(f"{path} lacks {missing[0]!r} (a damaged or foreign file): {_START_AFRESH}")
+
+
+_SCHEDULE_FLAGS = {"lr": "--lr", "min_lr_ratio": "--min-lr-ratio", "warmup_steps": "--warmup-steps"}
+
+
+def _check_schedule(saved: Mapping[str, Any], mine: Mapping[str, float | int], path: Path) -> list[str]:
+    """A different --max-steps extends (or shortens) the run: a note. It re-lays the cosine decay,
+    and the default --warmup-steps follows --max-steps, so a different warmup comes with it. Any
+    other change of the schedule would make the resumed run differ from the one started: an error."""
+    extended = saved["max_steps"] != mine["max_steps"]
+    for key, flag in _SCHEDULE_FLAGS.items():
+        if saved[key] != mine[key] and not (key == "warmup_steps" and extended):
+            raise CheckpointError(
+                f"{path} was trained with {flag} {saved[key]}, this run has {flag} {mine[key]}: "
+                f"resume with the same {flag} {saved[key]}, {_START_AFRESH}"
+            )
+    if not extended:
+        return []
+    note = (
+        f"{path} was trained towards --max-steps {saved['max_steps']}, this run goes to "
+        f"{mine['max_steps']}: the learning-rate schedule is re-laid to the new end"
+    )
+    if saved["warmup_steps"] != mine["warmup_steps"]:
+        note += f" (warmup {saved['warmup_steps']} -> {mine['warmup_steps']} steps)"
+    return [note]
+
+
+def _check_data_position(state: Mapping[str, Any], path: Path, steps_per_epoch: int) -> None:
+    step = int(state["step"])
+    # Checkpoints written before steps_per_epoch was recorded are compared on what they hold.
+    expected = {k: v for k, v in data_position(step, steps_per_epoch).items() if k in state["data"]}
+    saved = {key: int(state["data"][key]) for key in expected}
+    if saved != expected:
+        raise CheckpointError(
+            f"{path} stopped at step {step} at data position {saved}, but this run's batch plan puts "
+            f"step {step} at {expected}: the data order changed (another "
+            "--micro-batch-size, --global-batch-tokens or --block-size); resume with the flags the run "
+            f"was started with, {_START_AFRESH}"
+        )

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 
 from trainer import __version__
 from trainer.config import PRESETS, TrainConfig
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EPILOG = (
-    "exit codes: 0 success, 1 training failed, 2 invalid input, "
-    "75 stopped by a signal after saving a checkpoint (resume with --resume auto)"
+    f"exit codes: {EXIT_OK} success, {EXIT_FAILED} training failed, {EXIT_USAGE} invalid input, "
+    f"{EXIT_CHECKPOINTED} stopped by a signal after saving a checkpoint (resume with --resume auto)"
 )
 
 
@@ -31,10 +31,16 @@ class UsageError(ValueError):
 def _add(p: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, help: str, **kw: Any) -> None:
     field = flag.lstrip("-").replace("-", "_")
     info = TrainConfig.model_fields[field]
-    if info.default not in (None, ()) and "default: " not in help:
+    # Required fields are the ones TrainConfig derives from others: their help says how.
+    if not info.is_required() and info.default not in (None, ()) and "default: " not in help:
         default = info.default.value if hasattr(info.default, "value") else info.default
         help = f"{help} (default: {default})"
     p.add_argument(flag, dest=field, default=argparse.SUPPRESS, help=help, **kw)
+
+
+def _preset_default(field: str) -> str:
+    by_preset = ", ".join(f"{name} {shape[field]}" for name, shape in PRESETS.items())
+    return f"(default: the preset's: {by_preset})"
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
@@ -45,10 +51,10 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
         f"model shape preset: {', '.join(f'{k} {v}' for k, v in PRESETS.items())}",
         choices=list(PRESETS),
     )
-    _add(m, "--n-layer", "transformer blocks (overrides the preset)", type=int)
-    _add(m, "--n-head", "attention heads (overrides the preset)", type=int)
-    _add(m, "--d-model", "model width (overrides the preset)", type=int)
-    _add(m, "--block-size", "context length in tokens (overrides the preset)", type=int)
+    _add(m, "--n-layer", f"transformer blocks {_preset_default('n_layer')}", type=int)
+    _add(m, "--n-head", f"attention heads {_preset_default('n_head')}", type=int)
+    _add(m, "--d-model", f"model width {_preset_default('d_model')}", type=int)
+    _add(m, "--block-size", f"context length in tokens {_preset_default('block_size')}", type=int)
     _add(m, "--dropout", "dropout probability", type=float)
     d = p.add_argument_group("data")
     _add(
@@ -156,8 +162,8 @@ def config_from_args(values: dict[str, Any]) -> TrainConfig:
 
 
 def parse_train_args(argv: Sequence[str]) -> TrainConfig:
-    """Parse and validate ``trainer train`` arguments (used by the launcher to check a job up front).
-    Raises UsageError (bad value) or SystemExit(2) from argparse (unknown flag)."""
+    """Parse and validate ``trainer train`` arguments (``trainer.precheck`` checks a job up front with
+    it). Raises UsageError (bad value) or SystemExit(2) from argparse (unknown flag)."""
     ns = _parser().parse_args(["train", *argv])
     values = {k: v for k, v in vars(ns).items() if k != "command"}
     return config_from_args(values)
@@ -184,10 +190,9 @@ def _run(args: argparse.Namespace) -> int:
         return sample_main(args)
     cfg = config_from_args(values)
     if args.command == "prepare":
-        from trainer.data import DataSource, prepare_data
+        from trainer.prepare import prepare_data
 
-        source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
-        prepare_data(cfg.data_dir_, source, vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
+        prepare_data(cfg.data_dir, cfg.data_source(), vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
         return EXIT_OK
     from trainer.train import train
 
@@ -197,7 +202,7 @@ def _run(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from trainer.checkpoint import CheckpointError
     from trainer.config import ConfigError
-    from trainer.data import DataError
+    from trainer.corpus import DataError
 
     return (UsageError, DataError, CheckpointError, ConfigError)
 

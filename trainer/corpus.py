@@ -1,13 +1,12 @@
 """Text sources for data preparation: a Hugging Face dataset, local text files, or an embedded corpus.
 
 Every source becomes a :class:`Corpus`: train and validation documents (one string each, without its
-line terminator) plus a path-independent identity and a sha256 of the input, which ``trainer.data``
+line terminator) plus a path-independent identity and a sha256 of the input, which ``trainer.prepare``
 folds into the key that decides whether prepared token files can be reused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import hashlib
 import os
@@ -15,7 +14,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,8 @@ DEFAULT_DATASET = "wikitext"
 DEFAULT_WIKITEXT_CONFIG = "wikitext-2-raw-v1"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0
+# The HF libraries' documented offline switches. They read them once, when first imported.
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-# The libraries read these variables once, at import; patching the module attributes is what makes
-# offline mode take effect for a single call after they are imported.
-_OFFLINE_ATTRS = (
-    ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
-    ("datasets.config", "HF_HUB_OFFLINE"),
-    ("datasets.config", "HF_DATASETS_OFFLINE"),
-)
 _TRUE_VALUES = {"1", "true", "yes", "on"}
 _FIX_OWN_TEXT = "--text-files PATH... (one document per line)"
 
@@ -118,28 +111,16 @@ def _http_answers(url: str, timeout_s: float) -> bool:
         return False  # refused, DNS failure, timeout, malformed HF_ENDPOINT: all mean "not usable"
 
 
-@contextlib.contextmanager
-def _hf_offline_mode(enabled: bool) -> Iterator[None]:
-    """Force the HF libraries (already imported) offline for the duration, then restore them."""
-    if not enabled:
-        yield
-        return
-    saved_env = {var: os.environ.get(var) for var in _OFFLINE_VARS}
-    modules = [(sys.modules.get(name), attr) for name, attr in _OFFLINE_ATTRS]
-    saved_attrs = [(mod, attr, getattr(mod, attr)) for mod, attr in modules if hasattr(mod, attr)]
+def go_offline() -> None:
+    """Put the Hugging Face libraries in offline mode for the rest of this process, through their
+    documented variables (``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``) in ``os.environ``.
+
+    They read these once, at import, so call this before ``datasets`` is first imported. If it was
+    imported already (by a program that imports this module), the variables come too late: loads
+    then run as that import configured them, and an unreachable Hub costs its retries. This process
+    never imports ``datasets`` before deciding (see ``_load_hf_dataset``).
+    """
     os.environ.update(dict.fromkeys(_OFFLINE_VARS, "1"))
-    for mod, attr, _ in saved_attrs:
-        setattr(mod, attr, True)
-    try:
-        yield
-    finally:
-        for mod, attr, value in saved_attrs:
-            setattr(mod, attr, value)
-        for var, old in saved_env.items():
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
 
 
 # ----------------------------------------------------------------------------------- HF datasets
@@ -149,7 +130,8 @@ def hf_corpus(name: str, config: str | None, val_fraction: float, *, reachable: 
     """Load ``name``/``config`` with ``datasets.load_dataset``; its train and validation splits.
 
     Without a validation split the last ``val_fraction`` of train documents become validation.
-    When the Hub is unreachable the load runs in HF offline mode, so a local HF cache still works.
+    When the Hub is unreachable the process switches to HF offline mode (``go_offline``) before
+    importing ``datasets``, so a local HF cache or dataset directory still loads, without retries.
     Raises DataError when the dataset cannot be loaded or has no usable text.
     """
     if config is None and name == DEFAULT_DATASET:
@@ -169,11 +151,12 @@ def hf_corpus(name: str, config: str | None, val_fraction: float, *, reachable: 
 
 
 def _load_hf_dataset(name: str, config: str | None, label: str, *, online: bool) -> Any:
+    if not online:
+        go_offline()  # before the import below: datasets reads the variables when imported
     import datasets  # slow import (~1 s): only when a Hugging Face dataset is actually used
 
     try:
-        with _hf_offline_mode(not online):
-            return datasets.load_dataset(name, config)
+        return datasets.load_dataset(name, config)
     except Exception as e:  # datasets raises many unrelated types for "could not load"
         raise DataError(_hf_failure_message(label, online, e)) from e
 

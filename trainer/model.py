@@ -10,24 +10,12 @@ grow with depth.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Model shape. ``d_model`` must be divisible by ``n_head``."""
-
-    vocab_size: int
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    dropout: float = 0.0
-    bias: bool = True
+from trainer.config import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):

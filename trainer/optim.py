@@ -26,7 +26,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup over ``warmup_steps`` to
     ``lr``, then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``."""
-    warmup = cfg.warmup_steps_
+    warmup = cfg.warmup_steps
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
     span = max(1, cfg.max_steps - warmup)

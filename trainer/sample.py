@@ -9,9 +9,12 @@ from typing import Any
 import torch
 
 from trainer import checkpoint
-from trainer.config import ConfigError
-from trainer.data import DataError, load_manifest, load_tokenizer
-from trainer.model import GPT, GPTConfig
+from trainer.config import ConfigError, GPTConfig
+from trainer.contract import EXIT_OK
+from trainer.corpus import DataError
+from trainer.data import load_tokenizer
+from trainer.manifest import load_manifest
+from trainer.model import GPT
 
 
 def sample_main(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def sample_main(args: argparse.Namespace) -> int:
     # are practically never sampled; drop any that are before decoding.
     vocab = tokenizer.get_vocab_size()
     print(tokenizer.decode([i for i in out[0].tolist() if i < vocab]))
-    return 0
+    return EXIT_OK
 
 
 def _tokenizer_dir(state: dict[str, Any], run_dir: Path) -> Path:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from filelock import FileLock, Timeout
 from torch import nn
@@ -26,25 +27,26 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import checkpoint, distributed
 from trainer.batches import BatchPlan, TrainBatches, blocks_to_batch, eval_block_ids
-from trainer.checkpoint import EXIT_CHECKPOINTED
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import DataSource, Manifest, check_source, open_split, prepare_data
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_OK, FAULT_ENV, clear_stop_marker, write_stop_marker
+from trainer.data import open_split
 from trainer.distributed import DistEnv
+from trainer.manifest import Manifest
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.model import GPT
 from trainer.optim import lr_at, make_optimizer
+from trainer.precheck import check_config
+from trainer.prepare import prepare_data
 from trainer.signals import StopRequest
-
-FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": raise on that rank at that step (failure drills and tests)
 
 
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. a non-finite loss); the message says what to change."""
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Run:
-    """What the loop works with, built once by ``setup``."""
+    """What the loop works with, built once by ``setup`` (after any resume and the DDP wrap)."""
 
     cfg: TrainConfig
     env: DistEnv
@@ -52,30 +54,26 @@ class Run:
     manifest: Manifest
     model: GPT  # the plain module: state dicts, evaluation
     step_model: nn.Module  # what the step calls: DDP and/or compiled wrapper of ``model``
-    ddp: DDP | None
+    ddp: DDP | None  # ``model`` wrapped for gradient all-reduce; None in a single process
     optimizer: torch.optim.AdamW
-    scaler: torch.amp.GradScaler | None
-    autocast_dtype: torch.dtype | None
+    scaler: torch.amp.GradScaler | None  # fp16 loss scaling; None for bf16 and fp32
+    autocast_dtype: torch.dtype | None  # None: fp32, no autocast
     batches: TrainBatches
-    val_tokens: Any
-    start_step: int = 0
+    val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
+    start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
 
 
 def train(cfg: TrainConfig) -> int:
-    """Run training to ``cfg.max_steps``. Returns 0, or EXIT_CHECKPOINTED after a stop signal.
+    """Run training to ``cfg.max_steps``. Returns EXIT_OK, or EXIT_CHECKPOINTED after a stop signal.
 
     Raises DataError / CheckpointError / ConfigError for bad input and TrainingError when training
     diverges.
     """
     env = distributed.read_env()
     device = distributed.pick_device(cfg.device, env)
-    # Bad input fails here, before anything is written.
-    cfg.grad_accum_steps(env.world_size)
-    cfg.check_resume_path()
-    source = DataSource(cfg.dataset, cfg.dataset_config, tuple(cfg.text_files))
-    check_source(source, vocab_size=cfg.vocab_size, token_dtype=cfg.token_dtype)
+    check_config(cfg, world_size=env.world_size)  # bad input fails here, before anything is written
     with _run_dir_lock(cfg.run_dir, enabled=env.is_main):
-        return _train(cfg, env, device, source)
+        return _train(cfg, env, device)
 
 
 @contextlib.contextmanager
@@ -104,15 +102,15 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
         lock.release()
 
 
-def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, source: DataSource) -> int:
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     if env.is_main:  # under the run-dir lock: no other run is writing here
-        checkpoint.clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
+        clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
         checkpoint.remove_partial_saves(cfg.run_dir)
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
     manifest = prepare_data(
-        cfg.data_dir_,
-        source,
+        cfg.data_dir,
+        cfg.data_source(),
         vocab_size=cfg.vocab_size,
         token_dtype=cfg.token_dtype,
         log=print if env.is_main else (lambda _msg: None),
@@ -144,72 +142,116 @@ def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | No
 
 
 def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manifest) -> Run:
+    """Build the model, optimizer and data, resume from a checkpoint if there is one, then wrap the
+    model (DDP, compile). Collective. Raises CheckpointError / ConfigError for unusable input."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = GPT(cfg.gpt_config(manifest.vocab_size)).to(device)
     optimizer = make_optimizer(model, cfg, device)
-    dtype, needs_scaler = _precision(cfg, device)
+    autocast_dtype, needs_scaler = _precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
-    plan = BatchPlan(cfg.micro_batch_size, cfg.grad_accum_steps(env.world_size), env.world_size)
-    batches = TrainBatches(open_split(cfg.data_dir_, "train"), cfg.block_size_, plan, cfg.seed)
-    val_tokens = open_split(cfg.data_dir_, "val")
-    if len(val_tokens) <= cfg.block_size_:
-        raise ConfigError(
-            f"the validation split has {len(val_tokens)} tokens, fewer than one block of "
-            f"{cfg.block_size_}: use more text or a smaller --block-size"
-        )
-    run = Run(cfg, env, device, manifest, model, model, None, optimizer, scaler, dtype, batches, val_tokens)
-    _resume(run)
-    # Per-rank stream for dropout and sampling; after a resume the saved states replace it.
-    if run.start_step == 0:
-        torch.manual_seed(cfg.seed + 1 + env.rank)
-    if env.is_distributed:
-        run.ddp = DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=False,  # every parameter gets a gradient: no graph walk per step
-            gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy in or out
-        )
-        run.step_model = run.ddp
+    batches, val_tokens = _open_data(cfg, env)
+    state = _checkpoint_to_resume(cfg, env, manifest, batches, model)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+    start_step = 0 if state is None else int(state["step"])
+    _seed_rank_stream(cfg, env, device, state)
+    ddp = _wrap_ddp(model, env, device)
+    step_model: nn.Module = model if ddp is None else ddp
     if cfg.compile:
         # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
-        run.step_model = torch.compile(run.step_model, mode=cfg.compile_mode_(device))  # type: ignore[assignment]
-    return run
+        step_model = torch.compile(step_model, mode=cfg.resolved_compile_mode(device.type))  # type: ignore[assignment]
+    return Run(
+        cfg=cfg,
+        env=env,
+        device=device,
+        manifest=manifest,
+        model=model,
+        step_model=step_model,
+        ddp=ddp,
+        optimizer=optimizer,
+        scaler=scaler,
+        autocast_dtype=autocast_dtype,
+        batches=batches,
+        val_tokens=val_tokens,
+        start_step=start_step,
+    )
 
 
-def _resume(run: Run) -> None:
+def _open_data(cfg: TrainConfig, env: DistEnv) -> tuple[TrainBatches, np.memmap]:
+    """This rank's training batches and the validation split. Raises ConfigError when a split is
+    too small for one step (train) or one block (validation)."""
+    plan = BatchPlan(cfg.micro_batch_size, cfg.grad_accum_steps(env.world_size), env.world_size)
+    batches = TrainBatches(open_split(cfg.data_dir, "train"), cfg.block_size, plan, cfg.seed)
+    val_tokens = open_split(cfg.data_dir, "val")
+    if len(val_tokens) <= cfg.block_size:
+        raise ConfigError(
+            f"the validation split has {len(val_tokens)} tokens, fewer than one block of "
+            f"{cfg.block_size}: use more text or a smaller --block-size"
+        )
+    return batches, val_tokens
+
+
+def _checkpoint_to_resume(
+    cfg: TrainConfig, env: DistEnv, manifest: Manifest, batches: TrainBatches, model: GPT
+) -> dict[str, Any] | None:
+    """The checkpoint this run continues (loaded, checked against this run), or None. Collective.
+
+    Raises CheckpointError when it cannot continue this run (see ``checkpoint.check_resumable``).
+    """
     # Rank 0 decides and tells the others: ranks that saw different files would run different steps.
-    found = checkpoint.find_resume(run.cfg.run_dir, run.cfg.resume) if run.env.is_main else None
+    found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
     path = distributed.broadcast_object(found)
     if path is None:
-        return
+        return None
     state = checkpoint.load(path)
-    if state["model_shape"] != asdict(run.model.cfg):
-        raise checkpoint.CheckpointError(
-            f"{path} holds a model of shape {state['model_shape']}, this run builds "
-            f"{asdict(run.model.cfg)}: use the same model flags, a new --run-dir, or --resume never"
-        )
-    if state["tokenizer_sha256"] != run.manifest.tokenizer_sha256:
-        raise checkpoint.CheckpointError(
-            f"{path} was trained with a different tokenizer (the data changed): "
-            "use a new --run-dir, or --resume never"
-        )
-    run.model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    if run.scaler is not None and state.get("scaler"):
-        run.scaler.load_state_dict(state["scaler"])
-    run.start_step = int(state["step"])
+    notes = checkpoint.check_resumable(
+        state,
+        path,
+        cfg=cfg,
+        world_size=env.world_size,
+        steps_per_epoch=batches.steps_per_epoch,
+        model_shape=asdict(model.cfg),
+        tokenizer_sha256=manifest.tokenizer_sha256,
+    )
+    if env.is_main:
+        for note in notes:
+            print(f"note: {note}", flush=True)
+        print(f"resumed from {path} at step {state['step']}", flush=True)
+    return state
+
+
+def _seed_rank_stream(
+    cfg: TrainConfig, env: DistEnv, device: torch.device, state: dict[str, Any] | None
+) -> None:
+    """Each rank's random stream (dropout): fresh, or the saved one when resuming at the same world
+    size, which continues every rank's stream exactly; at another world size, re-seeded by step."""
+    if state is None:
+        torch.manual_seed(cfg.seed + 1 + env.rank)
+        return
     rng = state["rng"]
-    if len(rng) == run.env.world_size:  # same world size: continue every rank's own stream exactly
-        torch.set_rng_state(rng[run.env.rank])
-        if run.device.type == "cuda" and state.get("cuda_rng"):
-            torch.cuda.set_rng_state(state["cuda_rng"][run.env.rank], run.device)
-    else:
-        torch.manual_seed(run.cfg.seed + 1 + run.env.rank + run.start_step)
-    if run.env.is_main:
-        print(f"resumed from {path} at step {run.start_step}", flush=True)
+    if len(rng) != env.world_size:
+        torch.manual_seed(cfg.seed + 1 + env.rank + int(state["step"]))
+        return
+    torch.set_rng_state(rng[env.rank])
+    if device.type == "cuda" and state.get("cuda_rng"):
+        torch.cuda.set_rng_state(state["cuda_rng"][env.rank], device)
+
+
+def _wrap_ddp(model: GPT, env: DistEnv, device: torch.device) -> DDP | None:
+    if not env.is_distributed:
+        return None
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=False,  # every parameter gets a gradient: no graph walk per step
+        gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy in or out
+    )
 
 
 def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -229,21 +271,13 @@ def save_checkpoint(run: Run, next_step: int, stopping: bool = False) -> None:
     rng, cuda_rng = _gather_rng(run)
     if run.env.is_main:
         state = {
-            "format": 1,
+            "format": checkpoint.FORMAT_VERSION,
             "step": next_step,
             "model": run.model.state_dict(),
             "optimizer": run.optimizer.state_dict(),
             "scaler": run.scaler.state_dict() if run.scaler is not None else {},
-            "schedule": {
-                "lr": run.cfg.lr,
-                "warmup_steps": run.cfg.warmup_steps_,
-                "max_steps": run.cfg.max_steps,
-                "min_lr_ratio": run.cfg.min_lr_ratio,
-            },
-            "data": {
-                "epoch": run.batches.epoch_of(next_step),
-                "step_in_epoch": next_step % run.batches.steps_per_epoch,
-            },
+            "schedule": checkpoint.schedule_of(run.cfg),
+            "data": checkpoint.data_position(next_step, run.batches.steps_per_epoch),
             "rng": rng,
             "cuda_rng": cuda_rng,
             "world_size": run.env.world_size,
@@ -253,7 +287,7 @@ def save_checkpoint(run: Run, next_step: int, stopping: bool = False) -> None:
         }
         path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
         if stopping:
-            checkpoint.write_stop_marker(run.cfg.run_dir, next_step, path)
+            write_stop_marker(run.cfg.run_dir, next_step, path)
     distributed.barrier()  # nobody exits or moves on before the files are in place
 
 
@@ -306,9 +340,9 @@ def evaluate(run: Run) -> float:
     totals = torch.zeros(2, device=run.device)
     env, cfg = run.env, run.cfg
     for ids in eval_block_ids(
-        len(run.val_tokens), cfg.block_size_, cfg.eval_iters, cfg.micro_batch_size, env.world_size, env.rank
+        len(run.val_tokens), cfg.block_size, cfg.eval_iters, cfg.micro_batch_size, env.world_size, env.rank
     ):
-        x, y = (t.to(run.device) for t in blocks_to_batch(run.val_tokens, ids, cfg.block_size_))
+        x, y = (t.to(run.device) for t in blocks_to_batch(run.val_tokens, ids, cfg.block_size))
         with _compute(run):
             _, loss = run.model(x, y)
         assert loss is not None
@@ -331,7 +365,7 @@ def _fault_injection(env: DistEnv) -> int | None:
 
 def loop(run: Run, stop: StopRequest) -> int:
     cfg, env = run.cfg, run.env
-    tokens_per_step = run.batches.plan.global_blocks * cfg.block_size_
+    tokens_per_step = run.batches.plan.global_blocks * cfg.block_size
     flops_per_token = run.model.flops_per_token()
     peak = peak_flops(cfg.peak_flops, run.device, run.autocast_dtype or torch.float32) if env.is_main else 1.0
     writer = MetricsWriter(cfg.run_dir, run.start_step) if env.is_main else None
@@ -390,7 +424,7 @@ def loop(run: Run, stop: StopRequest) -> int:
         progress.close()
         if writer is not None:
             writer.close()
-    return 0
+    return EXIT_OK
 
 
 def _format(record: dict[str, Any], total: int) -> str:

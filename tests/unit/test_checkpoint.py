@@ -1,4 +1,4 @@
-"""Checkpoints: atomic, pruned, and never unpickling arbitrary objects."""
+"""Checkpoints: atomic, pruned, never unpickling arbitrary objects, and checked before a resume."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from trainer import checkpoint
+from trainer.checkpoint import CheckpointError
+from trainer.config import TrainConfig
 
 
 def _state(step: int) -> dict:
-    return {"step": step, "model": {"w": torch.full((4,), float(step))}}
+    return {"format": checkpoint.FORMAT_VERSION, "step": step, "model": {"w": torch.full((4,), float(step))}}
 
 
 def test_keeps_only_the_newest_k(tmp_path: Path) -> None:
@@ -64,3 +66,128 @@ def test_saved_files_are_readable_by_others_as_the_umask_allows(tmp_path: Path) 
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_loading_refuses_another_checkpoint_format(tmp_path: Path) -> None:
+    path = checkpoint.save(_state(1) | {"format": 2}, tmp_path, 1, keep=1)
+    with pytest.raises(CheckpointError, match="format 2, this trainer reads format 1"):
+        checkpoint.load(path)
+
+
+# ------------------------------------------------------------------------------ resume checks
+
+CKPT = Path("run/ckpt-00000010.pt")
+SHAPE = {"vocab_size": 512, "n_layer": 2}
+RUN = TrainConfig(lr=1e-3, warmup_steps=2, max_steps=20, min_lr_ratio=0.1)
+
+
+def _saved(cfg: TrainConfig = RUN, *, step: int = 10, world_size: int = 2, steps_per_epoch: int = 4) -> dict:
+    """What save_checkpoint records for a run of ``cfg`` (tensors left out: the check reads none)."""
+    return {
+        "format": checkpoint.FORMAT_VERSION,
+        "step": step,
+        "model": {},
+        "optimizer": {},
+        "rng": [],
+        "world_size": world_size,
+        "model_shape": SHAPE,
+        "tokenizer_sha256": "abc",
+        "schedule": checkpoint.schedule_of(cfg),
+        "data": checkpoint.data_position(step, steps_per_epoch),
+    }
+
+
+def _check(
+    state: dict, cfg: TrainConfig = RUN, *, world_size: int = 2, steps_per_epoch: int = 4
+) -> list[str]:
+    return checkpoint.check_resumable(
+        state,
+        CKPT,
+        cfg=cfg,
+        world_size=world_size,
+        steps_per_epoch=steps_per_epoch,
+        model_shape=SHAPE,
+        tokenizer_sha256="abc",
+    )
+
+
+def test_a_checkpoint_of_the_same_run_resumes_without_notes() -> None:
+    assert _check(_saved()) == []
+
+
+@pytest.mark.parametrize("version", [None, 0, 2, "1"])
+def test_resume_refuses_a_missing_or_unknown_format(version: object) -> None:
+    state = _saved() | {"format": version}
+    if version is None:
+        del state["format"]
+    with pytest.raises(CheckpointError, match=f"checkpoint format {version!r}"):
+        _check(state)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        *[k for k in checkpoint.REQUIRED_KEYS],
+        *[f"{k}.{sub}" for k, subs in checkpoint.REQUIRED_KEYS.items() for sub in subs],
+    ],
+)
+def test_resume_names_a_missing_key(key: str) -> None:
+    state = _saved()
+    outer, _, inner = key.partition(".")
+    if inner:
+        state[outer] = {k: v for k, v in state[outer].items() if k != inner}
+    else:
+        del state[outer]
+    with pytest.raises(CheckpointError, match=f"lacks '{key}'"):
+        _check(state)
+
+
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [
+        ({"lr": 2e-3}, "--lr"),
+        ({"min_lr_ratio": 0.0}, "--min-lr-ratio"),
+        ({"warmup_steps": 5}, "--warmup-steps"),
+    ],
+)
+def test_resume_refuses_another_schedule(change: dict, flag: str) -> None:
+    saved = _saved()
+    with pytest.raises(CheckpointError) as excinfo:
+        _check(saved, RUN.model_copy(update=change))
+    message = str(excinfo.value)
+    assert f"resume with the same {flag} {saved['schedule'][change.popitem()[0]]}" in message
+    assert "--resume never" in message and "--run-dir" in message
+
+
+def test_resume_with_another_max_steps_extends_the_run_with_a_note() -> None:
+    (note,) = _check(_saved(), RUN.model_copy(update={"max_steps": 40}))
+    assert "--max-steps 20" in note and "40" in note and "warmup" not in note
+    # The default warmup follows --max-steps: extending a run with the defaults changes both.
+    defaults = TrainConfig(max_steps=1000)
+    (note,) = _check(_saved(defaults), TrainConfig(max_steps=30))
+    assert "warmup 100 -> 3 steps" in note
+
+
+def test_resume_at_another_world_size_is_allowed_with_a_note() -> None:
+    # The batch plan differs too (other steps per epoch): not checked across world sizes.
+    (note,) = _check(_saved(world_size=4), world_size=2, steps_per_epoch=7)
+    assert "4 ranks" in note and "this run has 2" in note and "not exactly" in note
+
+
+def test_resume_at_the_same_world_size_refuses_another_data_order() -> None:
+    with pytest.raises(CheckpointError, match="data order changed") as excinfo:
+        _check(_saved(steps_per_epoch=4), steps_per_epoch=3)  # e.g. another --micro-batch-size
+    with pytest.raises(checkpoint.CheckpointError, match="data order changed"):
+        # Within the first epoch too: step 2 is epoch 0 + 2 steps either way, but the blocks differ.
+        _check(_saved(step=2, steps_per_epoch=40), steps_per_epoch=30)
+    assert "'epoch': 2, 'step_in_epoch': 2" in str(excinfo.value) and "'epoch': 3" in str(excinfo.value)
+    with pytest.raises(CheckpointError, match="data order changed"):
+        # Within the first epoch too: step 2 is epoch 0 + 2 steps either way, but other blocks.
+        _check(_saved(step=2, steps_per_epoch=40), steps_per_epoch=30)
+
+
+def test_resume_refuses_another_model_shape_or_tokenizer() -> None:
+    with pytest.raises(CheckpointError, match="model of shape"):
+        _check(_saved() | {"model_shape": SHAPE | {"n_layer": 3}})
+    with pytest.raises(CheckpointError, match="different tokenizer"):
+        _check(_saved() | {"tokenizer_sha256": "def"})

@@ -8,29 +8,35 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from trainer.corpus import hub_reachable
-from trainer.data import (
-    EOT_TOKEN,
-    DataError,
-    DataSource,
-    Manifest,
-    load_manifest,
-    load_tokenizer,
-    open_split,
-    prepare_data,
-    select_token_dtype,
-)
+from trainer.corpus import DataError, DataSource, hub_reachable
+from trainer.data import load_tokenizer, open_split
+from trainer.manifest import EOT_TOKEN, Manifest, load_manifest, select_token_dtype
+from trainer.prepare import prepare_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE_HUB = "http://127.0.0.1:9"  # discard port on loopback: refused at once, no network needed
+MANIFEST_KEYS = [
+    "format_version",
+    "key",
+    "source",
+    "source_kind",
+    "source_identity",
+    "vocab_size",
+    "requested_vocab_size",
+    "dtype",
+    "eot_id",
+    "splits",
+    "documents",
+    "input_sha256",
+    "tokenizer_sha256",
+    "val_fraction",
+]
 
 
 def wikitext_docs(path: Path) -> list[str]:
@@ -50,20 +56,6 @@ def copy_head(src: Path, dst: Path, lines: int) -> Path:
         "".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[:lines]), encoding="utf-8"
     )
     return dst
-
-
-@pytest.fixture
-def hub_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """Hub probe refused at once, offline variables unset, and an empty HF datasets cache."""
-    import datasets
-
-    monkeypatch.setenv("HF_ENDPOINT", UNREACHABLE_HUB)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)  # read at import: patch it too
-    yield
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +119,9 @@ def test_manifest_describes_the_files(wikitext_valid: Path, wikitext_prepared: t
     assert len(manifest.input_sha256) == len(manifest.key) == 64
     for split, n_tokens in manifest.splits.items():
         assert (data_dir / f"{split}.bin").stat().st_size == 2 * n_tokens
-    assert json.loads((data_dir / "manifest.json").read_text()) == asdict(manifest)
+    on_disk = json.loads((data_dir / "manifest.json").read_text())
+    assert on_disk == manifest.model_dump()
+    assert sorted(on_disk) == sorted(MANIFEST_KEYS)  # the file's form: older data dirs stay readable
 
 
 def test_train_tokens_decode_to_the_start_of_the_text(
@@ -271,17 +265,66 @@ def test_bad_input_raises_and_writes_nothing(case: str, tmp_path: Path, wikitext
 # ---------------------------------------------------------------------------- hub and fallback
 
 
-def test_unreachable_hub_fails_fast_with_the_fix(hub_unreachable: None, tmp_path: Path) -> None:
+# Loads of a Hugging Face dataset run in a fresh interpreter: offline mode is decided before
+# `datasets` is imported (it reads HF_HUB_OFFLINE / HF_DATASETS_OFFLINE once, at import), so the test
+# process, where another test may have imported it, cannot show it.
+_HF_WORKER = """
+import json, os, sys, time
+from pathlib import Path
+
+assert "datasets" not in sys.modules
+from trainer.corpus import DataError, DataSource
+from trainer.prepare import prepare_data
+
+data_dir, dataset = Path(sys.argv[1]), sys.argv[2]
+start = time.monotonic()
+try:
+    manifest = prepare_data(data_dir, DataSource(dataset=dataset), vocab_size=400, log=lambda _: None)
+    result = {"manifest": manifest.model_dump()}
+except DataError as e:
+    result = {"error": str(e)}
+result["seconds"] = time.monotonic() - start
+import datasets, huggingface_hub.constants
+
+# What the libraries read from the environment when they were imported, inside prepare_data.
+result["offline_at_import"] = [
+    datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+]
+result["env"] = [os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE")]
+print("RESULT " + json.dumps(result))
+"""
+
+
+def load_with_hub_unreachable(dataset: str, data_dir: Path, tmp_path: Path) -> dict[str, Any]:
+    """prepare_data of ``dataset`` in a fresh interpreter whose Hub probe is refused at once, with the
+    offline variables unset and empty HF caches. Returns what _HF_WORKER reports."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env |= {
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_ENDPOINT": UNREACHABLE_HUB,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _HF_WORKER, str(data_dir), dataset],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_unreachable_hub_fails_fast_with_the_fix(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    start = time.monotonic()
-    with pytest.raises(DataError) as excinfo:
-        prepare_data(data_dir, DataSource(dataset="wikitext"), vocab_size=512, log=lambda _: None)
-    elapsed = time.monotonic() - start
-    message = str(excinfo.value)
-    assert elapsed < 5.0, f"took {elapsed:.1f} s"
+    result = load_with_hub_unreachable("wikitext", data_dir, tmp_path)
+    message = result["error"]
+    assert result["seconds"] < 5.0, f"took {result['seconds']:.1f} s"  # no retries against the Hub
     assert "unreachable" in message and "--text-files" in message and "HF_DATASETS_CACHE" in message
     assert not data_dir.exists()
-    assert "HF_HUB_OFFLINE" not in os.environ  # offline mode was only set for the one call
+    assert result["offline_at_import"] == [True, True] and result["env"] == ["1", "1"]
 
 
 def test_hub_probe_honours_offline_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,8 +336,8 @@ def test_hub_probe_honours_offline_variables(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize("with_validation_file", [True, False])
-def test_local_hf_dataset_loads_while_hub_unreachable(
-    with_validation_file: bool, hub_unreachable: None, wikitext_valid: Path, tmp_path: Path
+def test_local_hf_dataset_loads_offline_while_hub_unreachable(
+    with_validation_file: bool, wikitext_valid: Path, tmp_path: Path
 ) -> None:
     dataset_dir = tmp_path / "my_dataset"
     dataset_dir.mkdir()
@@ -302,10 +345,11 @@ def test_local_hf_dataset_loads_while_hub_unreachable(
     if with_validation_file:
         (dataset_dir / "validation.txt").write_text(" = Held out = \n A held out paragraph .\n")
     data_dir = tmp_path / "data"
-    manifest = prepare_data(
-        data_dir, DataSource(dataset=str(dataset_dir)), vocab_size=400, log=lambda _: None
-    )
-    assert manifest.source_kind == "hf"
+    result = load_with_hub_unreachable(str(dataset_dir), data_dir, tmp_path)
+    # Offline mode was in the environment before `datasets` was imported, so the libraries took it.
+    assert result["offline_at_import"] == [True, True] and result["env"] == ["1", "1"]
+    manifest = Manifest.model_validate(result["manifest"])
+    assert manifest.source_kind == "hf" and manifest == load_manifest(data_dir)
     val = decode_docs(data_dir, "val")
     if with_validation_file:
         assert val == [" = Held out = ", " A held out paragraph ."]
@@ -332,15 +376,15 @@ def test_auto_source_offline_uses_embedded_corpus(monkeypatch: pytest.MonkeyPatc
 
 _WORKER = """
 import json, sys, time
-from dataclasses import asdict
 from pathlib import Path
-from trainer.data import DataSource, prepare_data
+from trainer.corpus import DataSource
+from trainer.prepare import prepare_data
 
 data_dir, text, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 while not go.exists():  # start line: every worker reaches prepare_data at the same moment
     time.sleep(0.01)
 manifest = prepare_data(data_dir, DataSource(text_files=(text,)), vocab_size=512)
-print("MANIFEST " + json.dumps(asdict(manifest), sort_keys=True))
+print("MANIFEST " + json.dumps(manifest.model_dump(), sort_keys=True))
 """
 
 
@@ -364,4 +408,4 @@ def test_concurrent_processes_prepare_once(wikitext_valid: Path, tmp_path: Path)
     assert stdout.count("reusing prepared data in") == 2
     manifests = [line for line in stdout.splitlines() if line.startswith("MANIFEST ")]
     assert len(manifests) == 3 and len(set(manifests)) == 1
-    assert json.loads(manifests[0].removeprefix("MANIFEST ")) == asdict(load_manifest(data_dir))
+    assert json.loads(manifests[0].removeprefix("MANIFEST ")) == load_manifest(data_dir).model_dump()

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from trainer.model import GPT, GPTConfig
+from trainer.config import GPTConfig
+from trainer.model import GPT
 
 CFG = GPTConfig(vocab_size=320, block_size=16, n_layer=3, n_head=2, d_model=32)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from trainer.cli import UsageError, main, parse_train_args
+from trainer.cli import UsageError, config_from_args, main, parse_train_args
 from trainer.config import TrainConfig
+from trainer.corpus import DataSource
 from trainer.optim import lr_at
 
 
@@ -14,6 +17,47 @@ def test_preset_fields_can_be_overridden_one_by_one() -> None:
     shape = cfg.gpt_config(vocab_size=50_000)
     assert (shape.n_layer, shape.n_head, shape.d_model, shape.block_size) == (2, 12, 768, 1024)
     assert shape.vocab_size == 50_048  # padded to a multiple of 64
+
+
+def test_presets_and_defaults_are_resolved_into_plain_fields() -> None:
+    cfg = TrainConfig(run_dir=Path("r"), max_steps=50)
+    assert (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.block_size) == (4, 4, 256, 128)
+    assert cfg.data_dir == Path("r/data") and cfg.warmup_steps == 5
+    assert TrainConfig(max_steps=5000).warmup_steps == 100  # capped
+    explicit = TrainConfig(preset="gpt2", block_size=64, data_dir=Path("d"), warmup_steps=0)
+    assert (explicit.n_layer, explicit.block_size, explicit.data_dir, explicit.warmup_steps) == (
+        12,
+        64,
+        Path("d"),
+        0,
+    )
+    # A dump holds the resolved values: it validates back to the same config.
+    assert TrainConfig(**cfg.model_dump()) == cfg
+
+
+def test_a_bad_value_is_one_error_naming_its_flag() -> None:
+    # Values the derived defaults depend on (argparse's choices and types stop these on the command
+    # line; a config built from other input meets them here).
+    for values, flag in (({"preset": "huge"}, "--preset"), ({"max_steps": "many"}, "--max-steps")):
+        with pytest.raises(UsageError) as excinfo:
+            config_from_args(values)
+        assert str(excinfo.value).startswith(f"{flag}:") and ";" not in str(excinfo.value)
+
+
+def test_help_shows_the_defaults_derived_from_the_preset(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "transformer blocks (default: the preset's: tiny 4, gpt2 12)" in help_text
+    assert "(default: RUN_DIR/data)" in help_text and "(default: min(100, max_steps/10))" in help_text
+
+
+def test_data_source_and_compile_mode_come_from_the_config() -> None:
+    cfg = parse_train_args(["--text-files", "a.txt", "b.txt"])
+    assert cfg.data_source() == DataSource(None, None, ("a.txt", "b.txt"))
+    assert TrainConfig().resolved_compile_mode("cpu") == "max-autotune-no-cudagraphs"
+    assert TrainConfig().resolved_compile_mode("cuda") == "default"
+    assert TrainConfig(compile_mode="default").resolved_compile_mode("cpu") == "default"
 
 
 def test_grad_accum_is_derived_from_global_batch_tokens() -> None:
