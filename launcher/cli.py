@@ -10,7 +10,8 @@ from pathlib import Path
 
 from launcher import __version__, commands
 from launcher.flags import UsageError, add_job_flags, fields_help
-from launcher.jobs import STATE_HELP, JobNotFound
+from launcher.jobs import STATE_HELP, JobError, JobNotFound
+from launcher.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.spec import SpecError
 from trainer.contract import EXIT_USAGE, JOBS_ROOT_ENV
 
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
             description=f"{text}. Arguments after -- go to `trainer train` "
             "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
             usage=f"launcher {cmd} [options] [-- TRAINER_ARGS...]",
-            epilog=f"{fields_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            epilog=f"{fields_help()}\n\n{PLACEHOLDER_HELP}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
             formatter_class=fmt,
             allow_abbrev=False,
         )
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "wait": commands.cmd_wait,
             "cancel": commands.cmd_cancel,
         }[args.command](args)
-    except (UsageError, JobNotFound, SpecError) as e:
+    except (UsageError, JobNotFound, JobError, SpecError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -10,22 +10,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from launcher import procs
 from launcher.flags import UsageError, build_spec
-from launcher.jobs import JobRecord, JobStatus, list_jobs, new_job_id
+from launcher.jobs import JobError, JobRecord, JobStatus, list_jobs, new_job_id
 from launcher.plan import Plan
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
 from launcher.spec import JobSpec, check_text
 from trainer.contract import EXIT_OK
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
@@ -70,8 +71,6 @@ def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.dry_run:
         return cmd_render(args, trainer_args)
-    from launcher import procs
-
     spec, scheduler, plan, job_dir = _plan(args, trainer_args)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
     try:
@@ -80,6 +79,10 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         raise UsageError(str(e)) from None
     if args.detach:
         scheduler.submit(plan, record, detach=True)
+        status = scheduler.state(record)
+        if status.state.is_terminal:  # it could not start
+            _say(_summary(plan.job_id, status))
+            return status.job_exit_code
         print(plan.job_id)
         _say(
             f"launcher: job {plan.job_id} submitted to {plan.scheduler}; follow it with `launcher logs -f "
@@ -93,22 +96,47 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     with _CancelOnSignal(scheduler, record) as stopper:
         scheduler.submit(plan, record, detach=False)
         stopper.job_started()
-        final = follow(scheduler, record, sys.stdout)
+        final = follow(scheduler, record, sys.stdout, attached=True)
     _say(_summary(plan.job_id, final))
     return final.job_exit_code
 
 
-def follow(scheduler: Scheduler, record: JobRecord, out: TextIO | None, node: int | None = None) -> JobStatus:
+def follow(
+    scheduler: Scheduler,
+    record: JobRecord,
+    out: TextIO | None,
+    node: int | None = None,
+    attached: bool = False,
+) -> JobStatus:
     """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
-    output to ``out`` (None: discard it) until the job reaches a terminal state; return that status."""
-    for line in scheduler.logs(record, node, follow=True):
-        if out is not None:
-            try:
-                out.write(line)
-                out.flush()
-            except OSError:  # the terminal went away (SIGHUP): the node logs still have everything
-                out = None
+    output to ``out`` (None: discard it) until the job reaches a terminal state; return that status.
+    If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
+    owns the job), anything else stops following and returns the status then."""
+    _copy(scheduler.logs(record, node, follow=True), out, attached)
     return scheduler.state(record)
+
+
+def _copy(lines: Iterator[str], out: TextIO | None, keep_reading: bool = False) -> None:
+    """Write ``lines`` to ``out``; when ``out`` breaks, stop (or, ``keep_reading``, drain quietly)."""
+    for line in lines:
+        if out is None:
+            continue
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            out = None
+            _silence_stdout()
+            if not keep_reading:
+                return
+
+
+def _silence_stdout() -> None:
+    """After stdout broke, point it at /dev/null so that Python's exit-time flush stays quiet."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 class _CancelOnSignal:
@@ -121,7 +149,7 @@ class _CancelOnSignal:
         self.started, self.pending = False, 0
 
     def __enter__(self) -> _CancelOnSignal:
-        watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+        watched = [sig for sig in procs.STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
         self.previous = {sig: signal.signal(sig, self._handle) for sig in watched}
         return self
 
@@ -158,14 +186,28 @@ def _summary(job_id: str, status: JobStatus) -> str:
 
 def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler]:
     record = JobRecord.open(args.job, args.jobs_root)
-    return record, get_scheduler(record.plan().scheduler)
+    return record, _scheduler_of(record)
+
+
+def _scheduler_of(record: JobRecord) -> Scheduler:
+    name = record.plan().scheduler
+    try:
+        return get_scheduler(name)
+    except KeyError:
+        raise JobError(
+            f"{record.dir} was submitted to scheduler {name!r}, which this launcher lacks"
+        ) from None
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'JOB ID':40} {'STATE':13} {'NODES':>5} {'PROCS':>5} {'CREATED (UTC)':20} {'SECONDS':>8}")
     for record in list_jobs(args.jobs_root):
-        plan = record.plan()
-        st = get_scheduler(plan.scheduler).state(record)
+        try:
+            plan = record.plan()
+            st = _scheduler_of(record).state(record)
+        except (OSError, ValueError, JobError) as e:  # ValidationError is a ValueError
+            _say(f"launcher: skipping {record.dir}: unreadable job record ({type(e).__name__}): {e}")
+            continue
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.created_at))
         secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st.started_at else "-"
         print(
@@ -197,7 +239,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.follow:
         follow(scheduler, record, sys.stdout, args.node)
     else:
-        sys.stdout.writelines(scheduler.logs(record, args.node, follow=False))
+        _copy(scheduler.logs(record, args.node, follow=False), sys.stdout)
     return EXIT_OK
 
 

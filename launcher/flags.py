@@ -22,7 +22,7 @@ from launcher.spec import JobSpec
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
     (("--nodes",), "nnodes", "job"),
-    (("--gpus-per-node", "--nproc-per-node"), "nproc_per_node", "job"),
+    (("--nproc-per-node", "--gpus-per-node"), "nproc_per_node", "job"),
     (("--name",), "name", "job"),
     (("--job-dir",), "job_dir", "job"),
     (("--workdir",), "workdir", "job"),
@@ -87,10 +87,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         kw: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": _help(info)}
         if kind is not bool and get_origin(kind) is not Literal:
             kw["metavar"] = dotted.rsplit(".", 1)[-1].upper()
-        if dotted == "scheduler.kind":
-            from launcher.options import scheduler_kinds
-
-            kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: local)"
+        if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
+            kw["metavar"] = "NAME"
         elif kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif get_origin(kind) is Literal:

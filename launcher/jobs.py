@@ -16,13 +16,15 @@ a half-written record.
 
 from __future__ import annotations
 
+import fcntl
 import secrets
+import socket
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from launcher.plan import Plan
 from launcher.spec import JobSpec
@@ -60,6 +62,10 @@ class JobNotFound(LookupError):
     """No job record by that id or path."""
 
 
+class JobError(RuntimeError):
+    """A request about a job that cannot be carried out from here; the message says why and where."""
+
+
 class Failure(BaseModel):
     """The root cause of a failed job: the first rank that failed and its error."""
 
@@ -80,11 +86,12 @@ class Failure(BaseModel):
 
 
 class ProcessRef(BaseModel):
-    """A process on the submitting machine; its create time (epoch seconds) tells a reused pid apart."""
+    """A process on host ``host``; its create time (epoch seconds) tells a reused pid apart."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     pid: int
     started: float
+    host: str = Field(default_factory=socket.gethostname)
 
 
 class Outcome(BaseModel):
@@ -161,22 +168,36 @@ class JobRecord:
         raise JobNotFound(f"no job {ref!r} in {jobs_root} (see `launcher list`, or pass the job directory)")
 
     def spec(self) -> JobSpec:
+        """Raises OSError if unreadable, ValidationError if malformed (as do plan() and handle())."""
         return JobSpec.model_validate_json((self.dir / "spec.json").read_text())
 
     def plan(self) -> Plan:
         return Plan.model_validate_json((self.dir / "plan.json").read_text())
 
     def status(self) -> JobStatus:
+        """The recorded status. Raises OSError if unreadable, ValidationError if malformed."""
         return JobStatus.model_validate_json((self.dir / "status.json").read_text())
 
     def write_status(self, status: JobStatus) -> None:
         atomic_write_text(self.dir / "status.json", status.model_dump_json(indent=2))
 
+    def update_status(self, **changes: Any) -> JobStatus:
+        """Apply ``changes`` to the recorded status and return it, unless it is terminal already: a
+        terminal status is never replaced (then it is returned unchanged). Writers on this machine
+        (supervisor, ``cancel``, readers recording a derived end) take turns on a lock file."""
+        with open(self.dir / ".status.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.status()
+            if current.state.is_terminal:
+                return current
+            updated = current.model_copy(update=changes)
+            self.write_status(updated)
+            return updated
+
     def finish(self, outcome: Outcome) -> JobStatus:
-        """Record how the job ended: the current status with ``outcome`` and the end time."""
-        final = self.status().model_copy(update=dict(outcome) | {"ended_at": time.time()})
-        self.write_status(final)
-        return final
+        """Record how the job ended (``outcome`` and the end time), unless an end is recorded already;
+        returns the recorded status."""
+        return self.update_status(**dict(outcome), ended_at=time.time())
 
     def handle(self, model: type[ModelT]) -> ModelT | None:
         """The scheduler's handle (None before the job was submitted)."""

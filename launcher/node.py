@@ -1,8 +1,9 @@
-"""Node-side entry point: ``python -m launcher.node -- ARGV...``.
+"""Node-side entry point: ``python -m launcher.node [--fill-env NAME]... -- ARGV...``.
 
-Fills in the ``{{placeholders}}`` of ``launcher.placeholders`` in ARGV and in the values of its
-environment, then replaces itself with ARGV (exec: same pid, signals reach the real program). Only
-Plans that hold placeholders use it; it imports nothing heavy, so it costs a few milliseconds.
+Fills in the ``{{placeholders}}`` of ``launcher.placeholders`` in ARGV and in the environment
+variables named by ``--fill-env`` (only those: an unrelated variable may hold braces), then replaces
+itself with ARGV (exec: same pid, signals reach the real program). Only Plans that hold placeholders
+use it; it imports no torch and no pydantic.
 """
 
 from __future__ import annotations
@@ -10,18 +11,24 @@ from __future__ import annotations
 import os
 import sys
 
-from launcher.placeholders import PlaceholderError, names_in, substitute
+from launcher.placeholders import PlaceholderError, substitute
 from trainer.contract import EXIT_USAGE
 
 
 def main(argv: list[str]) -> int:
+    fill: list[str] = []
+    while argv[:1] == ["--fill-env"] and len(argv) > 1:
+        fill.append(argv[1])
+        argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m launcher.node -- PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python -m launcher.node [--fill-env NAME]... -- PROGRAM [ARGS...]", file=sys.stderr)
         return EXIT_USAGE
     try:
-        env = {k: substitute(v) if names_in(v) else v for k, v in os.environ.items()}
+        env = dict(os.environ)
+        for name in fill:
+            env[name] = substitute(env.get(name, ""))
         args = [substitute(a) for a in argv]
     except PlaceholderError as e:
         print(f"launcher.node: error: {e}", file=sys.stderr)

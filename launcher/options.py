@@ -18,7 +18,9 @@ class LocalOptions(BaseModel):
     """The local scheduler: ``nnodes`` emulated nodes on this machine."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["local"] = Field("local", description="local: emulated nodes on this machine")
+    kind: Literal["local"] = Field(
+        "local", description="where the job runs (local: emulated nodes on this machine)"
+    )
     gpus: list[str] | None = Field(
         None,
         description="ids of the GPUs shared out between emulated nodes, [] for none (default: those "

@@ -5,7 +5,7 @@ the rendezvous host: none is known where the Plan is rendered. The Plan holds th
 of a guess, so every value in it stays a literal that golden tests pin and shell quoting covers; the
 node-side entry point (``python -m launcher.node -- ARGV...``) replaces them just before it execs ARGV.
 
-Placeholders (the table is also what `launcher render` documents):
+Placeholders (``HELP`` below is what `launcher render --help` shows):
 
 - ``{{node_rank}}``: this node's index, 0-based: ``SLURM_NODEID``, else ``GPTLAUNCH_NODE_RANK``.
 - ``{{first_host}}``: the allocation's first host: the first name of ``SLURM_JOB_NODELIST`` (expanded
@@ -22,9 +22,9 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping
 
+from trainer.contract import FIRST_HOST_ENV, NODE_RANK_ENV
+
 PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
-NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"
-FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"
 
 
 class PlaceholderError(RuntimeError):
@@ -50,7 +50,11 @@ def _first_host(env: Mapping[str, str]) -> str:
 
 
 def _ifname(env: Mapping[str, str]) -> str:
-    address = socket.gethostbyname(_first_host(env))
+    host = _first_host(env)
+    try:
+        address = socket.gethostbyname(host)
+    except OSError as e:
+        raise PlaceholderError(f"the first host {host!r} does not resolve on this node: {e}") from None
     fields = _run(["ip", "-o", "route", "get", address]).split()
     if "dev" not in fields:
         raise PlaceholderError(f"`ip route get {address}` names no interface")
@@ -87,3 +91,11 @@ def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
             raise PlaceholderError(f"unknown placeholder {{{{{name}}}}}: known are {', '.join(RESOLVERS)}")
         values[name] = RESOLVERS[name](env)
     return PATTERN.sub(lambda m: values[m.group(1)], text)
+
+
+HELP = (
+    "placeholders (values only a node knows, filled in on the node by `python -m launcher.node`): "
+    "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (the first host of "
+    "SLURM_JOB_NODELIST, else GPTLAUNCH_FIRST_HOST), {{ifname}} (the interface that routes to "
+    "{{first_host}})"
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 from collections.abc import Iterable
 
 import psutil
@@ -20,6 +21,8 @@ import psutil
 from launcher.jobs import ProcessRef
 from trainer.contract import JOB_ID_ENV
 
+# Stop requests: Ctrl-C, `launcher cancel` (SIGTERM), the terminal closing (SIGHUP).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -64,6 +67,17 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
+def processes(pids: Iterable[int]) -> list[psutil.Process]:
+    """The live processes among ``pids``."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
     for proc in procs:
         try:
@@ -89,14 +103,22 @@ def sweep(job_id: str, grace_s: float = 2.0) -> int:
     return len(procs)
 
 
-def alive(ref: ProcessRef | None) -> psutil.Process | None:
-    """The process ``ref`` if it is still alive; a reused pid (another create time) or a zombie does
-    not count."""
+def alive(ref: ProcessRef | None) -> bool:
+    """Whether the process ``ref`` may still be running: True for a process of another host (its
+    jobs root is shared: that host's launcher tells), False for a reused pid (another create time) or
+    a zombie, which is reaped when it is our own child (the attached supervisor)."""
     if ref is None:
-        return None
+        return False
+    if ref.host != socket.gethostname():
+        return True
     try:
         proc = psutil.Process(ref.pid)
-        same = abs(proc.create_time() - ref.started) < 1e-3
-        return proc if same and proc.status() != psutil.STATUS_ZOMBIE else None
+        if abs(proc.create_time() - ref.started) >= 1e-3:
+            return False
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.ppid() == os.getpid():
+                os.waitpid(ref.pid, os.WNOHANG)
+            return False
+        return True
     except psutil.NoSuchProcess:
-        return None
+        return False

@@ -1,8 +1,16 @@
 """DDP GPT trainer: reads the standard torchrun environment, knows nothing about the launcher."""
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-try:
-    __version__ = version("gptlaunch")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0+unknown"
+
+def __getattr__(name: str) -> Any:
+    # ``__version__`` is looked up on first use: importlib.metadata costs tens of milliseconds, which
+    # every quick command (``launcher status``, the node entry point) would otherwise pay.
+    if name != "__version__":
+        raise AttributeError(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gptlaunch")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "0.0.0+unknown"

@@ -27,6 +27,8 @@ EXIT_INTERRUPTED = 130  # stopped on request before any checkpoint could be save
 JOB_ID_ENV = "GPTLAUNCH_JOB_ID"  # set by the launcher on every process of a job: finds orphans
 JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (default ./jobs)
 FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
+NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"  # a node's index where no scheduler says it (SLURM_NODEID does)
+FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no scheduler says it
 
 # Written by rank 0 after the checkpoint of a stop signal, in the run dir: tells a launcher or
 # scheduler that the run stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75

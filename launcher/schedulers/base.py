@@ -52,7 +52,8 @@ class Scheduler(Protocol):
         ...
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
-        """Ask the job to stop: the ranks checkpoint and exit; killed after the job's grace period.
-        ``wait``: return once it is over; else at once (asking again while a stop is under way stops
-        the job at once, without waiting for checkpoints)."""
+        """Ask the job to stop: the ranks checkpoint and exit, and what has not exited after the job's
+        grace period (seconds) is killed. ``wait``: return once it is over (bounded by about twice the
+        grace period); else at once (asking again while a stop is under way stops the job at once,
+        without waiting for checkpoints). Raises JobError when the job cannot be stopped from here."""
         ...

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher import procs
-from launcher.jobs import JobRecord, JobState, JobStatus, Outcome, ProcessRef, node_log_name, torchelastic_dir
+from launcher.jobs import (
+    JobError,
+    JobRecord,
+    JobState,
+    JobStatus,
+    Outcome,
+    ProcessRef,
+    node_log_name,
+    torchelastic_dir,
+)
 from launcher.logs import tail
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, stop_outcome, supervise
@@ -143,21 +152,29 @@ class LocalScheduler:
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> LocalHandle:
         """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
-        once it has started every agent. Attached (not ``detach``), the supervisor gets SIGTERM from the
-        kernel if this process dies, even by SIGKILL, and stops the job with a checkpoint."""
+        once it has started every agent (or failed to, which the status records). Attached (not
+        ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by
+        SIGKILL, and stops the job with a checkpoint; detached, it is a grandchild re-parented to init,
+        so it outlives us and is never our zombie."""
+        _ensure_std_fds()  # so the pipe's fds are >= 3 and stay clear of the supervisor's stdio
         read_fd, write_fd = os.pipe()
-        sys.stdout.flush()  # a fork copies unflushed buffers: they would be printed twice
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
+            if stream is not None:
+                stream.flush()
         pid = os.fork()
-        if pid == 0:  # the supervisor; never returns into the caller's code
+        if pid == 0:  # never returns into the caller's code
             os.close(read_fd)
+            if detach and os.fork() != 0:
+                os._exit(0)
             supervise(plan, record, ready_fd=write_fd, die_with_parent=not detach)
         os.close(write_fd)
+        if detach:
+            os.waitpid(pid, 0)
         with os.fdopen(read_fd, "rb") as ready:
-            ready.read()  # EOF once every agent started (or starting failed, which the status records)
+            ready.read()  # EOF once every agent started, or the supervisor ended
         handle = record.handle(LocalHandle)
         if handle is None:  # the supervisor died before it wrote anything
-            record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="supervisor died"))
+            record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="the supervisor died"))
             return LocalHandle(supervisor=ProcessRef(pid=pid, started=0.0))
         return handle
 
@@ -166,7 +183,7 @@ class LocalScheduler:
         if status.state.is_terminal:
             return status
         handle = record.handle(LocalHandle)
-        if procs.alive(handle.supervisor if handle else status.submitter) is not None:
+        if procs.alive(handle.supervisor if handle else status.submitter):
             return status
         status = record.status()  # it may have recorded the end just before exiting
         if status.state.is_terminal:
@@ -177,13 +194,15 @@ class LocalScheduler:
             return status.model_copy(update={"message": message})
         since = status.started_at or status.created_at
         if read_stop_marker(Path(record.plan().run_dir), since) is not None:
-            return record.finish(stop_outcome(record.plan(), since))
+            return _record_end(record, status, stop_outcome(record.plan(), since))
         message = "the process following the job died before recording its end; nothing of it runs"
-        return record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message=message))
+        return _record_end(
+            record, status, Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message=message)
+        )
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
         nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
-        files = [(f"node{n.node_rank}", record.dir / n.log) for n in nodes]
+        files = [(f"node{n.node_rank}", record.node_log(n.node_rank)) for n in nodes]
         return tail(files, lambda: follow and not self.state(record).state.is_terminal)
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
@@ -191,23 +210,42 @@ class LocalScheduler:
         if status.state.is_terminal:
             return status
         handle = record.handle(LocalHandle)
-        supervisor = procs.alive(handle.supervisor) if handle else None
-        if supervisor is not None:
+        if handle is not None and procs.alive(handle.supervisor):
+            if handle.supervisor.host != socket.gethostname():
+                raise JobError(f"job {record.job_id} runs on host {handle.supervisor.host}: cancel it there")
             # The supervisor owns the job: it relays SIGTERM, waits for checkpoints, records the end.
-            supervisor.send_signal(signal.SIGTERM)
+            procs.signal_all(procs.processes([handle.supervisor.pid]), signal.SIGTERM)
             if not wait:
                 return status
             grace = record.spec().grace_period_s
             final = _wait_terminal(self, record, timeout_s=grace + 3 * FAIL_FAST_GRACE_S)
             if final is not None:
                 return final
+        elif not wait:  # nothing to ask: the sweep below would block
+            return status
         # Nothing follows the job (or its supervisor hangs): stop what is left ourselves.
         asked = time.time()
         procs.sweep(record.job_id, record.spec().grace_period_s)
-        if supervisor is not None:
-            procs.terminate([supervisor], FAIL_FAST_GRACE_S)
-        status = record.status()
-        return status if status.state.is_terminal else record.finish(stop_outcome(record.plan(), asked))
+        if handle is not None and procs.alive(handle.supervisor):
+            procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
+        return record.finish(stop_outcome(record.plan(), asked))
+
+
+def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:
+    """Record an end that a reader found out; on a read-only job dir, just report it."""
+    try:
+        return record.finish(outcome)
+    except OSError:
+        return status.model_copy(update=dict(outcome))
+
+
+def _ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0-2 that is closed (e.g. `launcher submit --detach <&-`)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
 
 
 def _wait_terminal(scheduler: LocalScheduler, record: JobRecord, timeout_s: float) -> JobStatus | None:

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import psutil
 from pydantic import BaseModel, ConfigDict
@@ -32,20 +32,23 @@ from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, r
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class LocalHandle(BaseModel):
     """How a local job is found again (saved as handle.json): its supervisor and the agents' pids."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: str = "local"
+    scheduler: Literal["local"] = "local"
     supervisor: ProcessRef
     node_pids: list[int] = []
 
 
 class _StopAtOnce(Exception):
     """A second stop request: stop waiting for checkpoints."""
+
+
+class _StartFailed(Exception):
+    """An agent could not be started; the message names the node."""
 
 
 def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: bool) -> NoReturn:
@@ -57,7 +60,8 @@ def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: 
         os.setsid()
         if die_with_parent:
             procs.die_with_parent()
-        _redirect_output(record.dir / "supervisor.log")
+        record = JobRecord(record.dir.absolute())
+        _detach_from_caller(record.dir / "supervisor.log", keep_fd=ready_fd)
         code = _run(plan, record, ready_fd, stop)
     except BaseException:
         traceback.print_exc()
@@ -65,13 +69,18 @@ def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: 
         os._exit(code)  # never unwind into the forking caller's stack
 
 
-def _redirect_output(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+def _detach_from_caller(log: Path, keep_fd: int) -> None:
+    """Output to ``log``, no input, no other inherited fd (a caller's pipe must see EOF when the caller
+    exits, not when the job does), and no hold on the caller's working directory. ``keep_fd`` >= 3."""
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     null = os.open(os.devnull, os.O_RDONLY)
     for target, source in ((0, null), (1, fd), (2, fd)):
         os.dup2(source, target)
     os.close(fd)
     os.close(null)
+    os.chdir("/")
 
 
 def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> int:
@@ -81,21 +90,22 @@ def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> i
     started = time.time()
     agents: list[subprocess.Popen[bytes]] = []
     try:
-        for node in plan.nodes:
-            agents.append(_start(node, record))
+        try:
+            for node in plan.nodes:
+                agents.append(_start(node, record))
+        except OSError as e:  # bad cwd, interpreter gone, out of resources
+            raise _StartFailed(f"node {len(agents)} could not start: {e}") from e
         record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in agents]}))
-        record.write_status(
-            record.status().model_copy(update={"state": JobState.RUNNING, "started_at": started})
-        )
+        if record.update_status(state=JobState.RUNNING, started_at=started).state.is_terminal:
+            stop.requested = True  # cancelled while starting: stop what was started
         os.close(ready_fd)
         ready_fd = -1
         outcome = _Watch(agents, stop, record.spec().grace_period_s, plan, record, started).run()
     except _StopAtOnce:
         message = "stopped at once on a second request, without waiting for checkpoints"
         outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    except OSError as e:  # an agent could not start (bad cwd, interpreter gone, out of resources)
-        message = f"node {len(agents)} could not start: {e}"
-        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    except _StartFailed as e:
+        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=str(e))
     except Exception as e:  # the supervisor itself broke: record it, never leave "running" behind
         traceback.print_exc()
         message = f"launcher error: {e!r}"
@@ -194,7 +204,7 @@ class _StopOnSignal:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:

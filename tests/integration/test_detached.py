@@ -23,7 +23,11 @@ def _launcher_cmd(jobs: Path, *args: str) -> list[str]:
 
 def _detach(jobs: Path, run_dir: Path, prepared_data: list[str], steps: int) -> str:
     args = [*TWO_NODES, "--detach", "--", *prepared_data, *FAST, "--run-dir", str(run_dir)]
-    proc = launcher(jobs, *args, "--max-steps", str(steps), "--checkpoint-interval", "1000", timeout=60)
+    argv = _launcher_cmd(jobs, *args, "--max-steps", str(steps), "--checkpoint-interval", "1000")
+    # With stdin closed, as from a cron job or `<&-`: the supervisor must not take fd 0 for a pipe.
+    proc = subprocess.run(
+        ["bash", "-c", 'exec "$@" <&-', "-", *argv], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     assert (jobs / job_id / "plan.json").is_file(), proc.stdout
@@ -76,8 +80,16 @@ def test_a_detached_job_is_watched_waited_for_and_cancelled_from_other_processes
         _wait_for_step(run_dir, 2)
         assert _state(jobs, job_id) == "running"
         assert follow.poll() is None and waiter.poll() is None
-        cancelled = launcher(jobs, "cancel", job_id, timeout=120)
-        assert cancelled.returncode == 0 and "checkpointed" in cancelled.stdout, cancelled.stdout
+        # From another process, importing no torch (the supervisor does the work).
+        cancel = (
+            "import sys; from launcher.cli import main; "
+            f"code = main(['--jobs-root', {str(jobs)!r}, 'cancel', {job_id!r}]); "
+            "assert 'torch' not in sys.modules; sys.exit(code)"
+        )
+        cancelled = subprocess.run(
+            [sys.executable, "-c", cancel], capture_output=True, text=True, timeout=120
+        )
+        assert cancelled.returncode == 0 and "checkpointed" in cancelled.stdout, cancelled.stderr
         _, wait_err = waiter.communicate(timeout=60)
         follow_out, _ = follow.communicate(timeout=60)
     finally:
@@ -134,8 +146,11 @@ from launcher.spec import JobSpec
 job_dir, job_id = Path(sys.argv[1]), sys.argv[2]
 env = {"GPTLAUNCH_JOB_ID": job_id}
 sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+# Node 0 ignores SIGTERM (and so the parent-death signal): only the supervisor's cleanup can stop it.
+ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+stubborn = [sys.executable, "-c", ignore_term]
 nodes = [
-    NodePlan(node_rank=0, host="localhost", argv=sleeper, env=env, cwd="/", log="node-0.log"),
+    NodePlan(node_rank=0, host="localhost", argv=stubborn, env=env, cwd="/", log="node-0.log"),
     NodePlan(node_rank=1, host="localhost", argv=sleeper, env=env, cwd="/no/such/dir", log="node-1.log"),
 ]
 plan = Plan(job_id=job_id, scheduler="local", nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:1",
@@ -158,4 +173,4 @@ def test_a_node_that_cannot_start_stops_the_nodes_already_started(tmp_path: Path
     status = json.loads((tmp_path / job_id / "status.json").read_text())
     assert status["state"] == "failed" and "node 1 could not start" in status["message"]
     assert status["ended_at"] is not None
-    assert processes_of(job_id) == []
+    assert processes_of(job_id) == [], "the cleanup must have killed node 0 before recording the end"

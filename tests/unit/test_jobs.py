@@ -77,9 +77,10 @@ def test_a_running_job_whose_supervisor_died_after_a_stop_checkpoint_is_checkpoi
 
 def test_cancelling_a_job_that_never_started_records_no_start_time(tmp_path: Path) -> None:
     created = time.time()
-    rec = _record(tmp_path, JobStatus(created_at=created, submitter=_dead_process()))
+    # A live submitter that has not started the job yet: cancel itself records the end.
+    rec = _record(tmp_path, JobStatus(created_at=created, submitter=procs.process_ref()))
     status = LocalScheduler().cancel(rec)
-    assert status.state.is_terminal and status.started_at is None
+    assert status.state == JobState.CANCELLED and status.started_at is None
     assert status.created_at == pytest.approx(created) and status.ended_at is not None
     assert status.ended_at >= created
 
@@ -120,3 +121,14 @@ def test_options_of_a_scheduler_are_checked_by_that_schedulers_model() -> None:
         JobSpec.model_validate({"scheduler": {"kind": "local", "partition": "gpu"}})
     with pytest.raises(ValidationError, match="'k8s' is not available"):
         JobSpec.model_validate({"scheduler": {"kind": "k8s"}})
+
+
+def test_a_recorded_end_is_never_replaced(tmp_path: Path) -> None:
+    from launcher.jobs import Outcome
+
+    rec = _record(tmp_path, JobStatus(created_at=time.time()))
+    rec.finish(Outcome(state=JobState.CANCELLED, exit_code=130))
+    # e.g. a supervisor that started the nodes just after `launcher cancel` recorded the end
+    assert rec.update_status(state=JobState.RUNNING, started_at=time.time()).state == JobState.CANCELLED
+    assert rec.finish(Outcome(state=JobState.SUCCEEDED, exit_code=0)).state == JobState.CANCELLED
+    assert rec.status().state == JobState.CANCELLED and rec.status().started_at is None

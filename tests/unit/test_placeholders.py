@@ -30,33 +30,34 @@ def test_an_unknown_or_unresolvable_placeholder_names_the_problem() -> None:
         substitute("{{nodes}}", {})
     with pytest.raises(PlaceholderError, match="SLURM_NODEID"):
         substitute("{{node_rank}}", {})
+    with pytest.raises(PlaceholderError, match="does not resolve"):
+        substitute("{{ifname}}", {"GPTLAUNCH_FIRST_HOST": "no-such-host.invalid"})
 
 
 def test_the_node_entry_point_fills_in_argv_and_env_then_execs(tmp_path) -> None:
-    probe = "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ['WHERE'], os.getpid()]))"
+    probe = (
+        "import json, os, sys; "
+        "print(json.dumps([sys.argv[1:], os.environ['WHERE'], os.environ['UNRELATED'], os.getpid()]))"
+    )
+    entry = [sys.executable, "-m", "launcher.node", "--fill-env", "WHERE", "--"]
     node = NodePlan(
         node_rank=0,
         host="n1",
-        argv=[
-            sys.executable,
-            "-m",
-            "launcher.node",
-            "--",
-            sys.executable,
-            "-c",
-            probe,
-            "--rank={{node_rank}}",
-            "$(x)",
-        ],
-        env={"WHERE": "{{first_host}}", "SLURM_NODEID": "1", "GPTLAUNCH_FIRST_HOST": "n1"},
+        argv=[*entry, sys.executable, "-c", probe, "--rank={{node_rank}}", "$(x)"],
+        env={
+            "WHERE": "{{first_host}}",
+            "UNRELATED": "{{not_ours}}",  # not named by --fill-env: left as it is
+            "SLURM_NODEID": "1",
+            "GPTLAUNCH_FIRST_HOST": "n1",
+        },
         cwd=str(tmp_path),
         log="node-0.log",
     )
     # The Plan's shell line keeps the placeholder literal and quoted; the node fills it in.
     assert "'--rank={{node_rank}}'" in node.shell_command()
     out = subprocess.run(["bash", "-c", node.shell_command()], capture_output=True, text=True, timeout=60)
-    args, where, _ = json.loads(out.stdout)
-    assert args == ["--rank=1", "$(x)"] and where == "n1"
+    args, where, unrelated, _ = json.loads(out.stdout)
+    assert args == ["--rank=1", "$(x)"] and where == "n1" and unrelated == "{{not_ours}}"
     direct = subprocess.Popen(node.argv, env=node.env, stdout=subprocess.PIPE, text=True)
-    _, _, pid = json.loads(direct.communicate(timeout=60)[0])
+    *_, pid = json.loads(direct.communicate(timeout=60)[0])
     assert pid == direct.pid, "exec: signals sent to the node's process reach the program itself"
