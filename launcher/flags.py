@@ -12,7 +12,6 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -138,6 +137,8 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 def load_config(path: Path) -> dict[str, Any]:
     """The mapping in a YAML job config. Raises UsageError for a missing, non-UTF-8 or non-YAML file."""
+    import yaml  # here, not at the top: the quick commands (status, cancel, ...) never need it
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
