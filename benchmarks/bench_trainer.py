@@ -25,14 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,27 +38,21 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
-VOCAB_SIZE = 8192
-TAIL_LINES = 40
-# torchrun / launcher variables that must not leak into the runs from the caller's environment.
-DROPPED_ENV = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "GPTLAUNCH_FAULT",
+from procs import (
+    REPO_ROOT,
+    BenchError,
+    CpuSample,
+    available_cores,
+    child_env,
+    cpu_model,
+    log,
+    run_process,
+    tail,
+    wait_for_quiet,
 )
 
-
-class BenchError(RuntimeError):
-    """A run failed or produced unusable metrics; the message says which and shows its output tail."""
+DEFAULT_TEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
+VOCAB_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -159,110 +148,6 @@ COMPARISONS = (
 )
 
 
-def log(msg: str) -> None:
-    """A progress line on stderr."""
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or the platform's best guess)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def child_env(threads: int) -> dict[str, str]:
-    """The caller's environment with ``threads`` OpenMP threads per process and this checkout first
-    on the import path."""
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no output)"
-    return "\n".join(text.splitlines()[-lines:]) or "(no output)"
-
-
-@dataclass(frozen=True)
-class CpuSample:
-    """CPU seconds at one instant: busy on the whole machine, and used by this process's children."""
-
-    busy_s: float
-    children_s: float
-    t: float  # time.perf_counter(), seconds
-
-    @classmethod
-    def now(cls) -> CpuSample:
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return cls(machine_busy_seconds(), ru.ru_utime + ru.ru_stime, time.perf_counter())
-
-    def other_load(self, start: CpuSample) -> float:
-        """Fraction of all cores used since ``start`` by processes that are not our (waited-for)
-        children, hypervisor steal included: 0 on a quiet machine. Approximate; 0 without /proc."""
-        wall = self.t - start.t
-        other = (self.busy_s - start.busy_s) - (self.children_s - start.children_s)
-        return max(0.0, other / (wall * available_cores())) if wall > 0 and self.busy_s else 0.0
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores spent busy since boot (/proc/stat: everything but idle and iowait, steal
-    included); 0.0 where /proc/stat does not exist."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields)
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def run_process(cmd: Sequence[str], env: dict[str, str], log_path: Path, timeout_s: float) -> CpuSample:
-    """Run ``cmd`` with stdout+stderr to ``log_path``; returns the CPU sample taken before it started.
-
-    Raises BenchError (with the output tail) on a non-zero exit or after ``timeout_s`` seconds; the
-    process group is killed then, so torchrun's ranks go too.
-    """
-    start = CpuSample.now()
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_path.parent,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except BaseException as e:  # timeout or Ctrl-C: do not leave ranks behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            if isinstance(e, subprocess.TimeoutExpired):
-                msg = f"timed out after {timeout_s:.0f} s: {shlex.join(cmd)}\n--- output tail ---\n"
-                raise BenchError(msg + tail(log_path)) from None
-            raise
-    if code != 0:
-        raise BenchError(f"exit code {code}: {shlex.join(cmd)}\n--- output tail ---\n{tail(log_path)}")
-    return start
-
-
 def prepare(settings: Settings) -> None:
     """Tokenize the text once into ``settings.data_dir`` (never timed)."""
     cmd = [sys.executable, "-m", "trainer.cli", "prepare", *data_flags(settings)]
@@ -326,28 +211,13 @@ def read_metrics(path: Path, settings: Settings, world_size: int) -> tuple[float
     return statistics.fmean(r["tokens_per_s"] for r in mid), statistics.fmean(r["mfu"] for r in mid)
 
 
-def wait_for_quiet(settings: Settings) -> None:
-    """Before a run, wait (up to ``quiet_wait_s`` seconds) until processes outside the benchmark use at
-    most ``quiet_load`` of the CPUs over one second, so a run starts in a calm moment when there is one."""
-    t0 = time.perf_counter()
-    while True:
-        before = CpuSample.now()
-        time.sleep(1.0)
-        load = CpuSample.now().other_load(before)
-        waited = time.perf_counter() - t0
-        if load <= settings.quiet_load or waited >= settings.quiet_wait_s:
-            break
-    if waited > 1.5:
-        log(f"waited {waited:.0f} s for other processes to calm down (now {load:.0%} of the CPUs)")
-
-
 def run_config(config: Config, settings: Settings, round_no: int) -> RunResult:
     """Run one configuration once and read its throughput."""
     run_dir = settings.work_dir / f"{config.key}-r{round_no}"
     run_dir.mkdir()
     cmd = train_command(config, settings, run_dir)
     if settings.quiet_wait_s > 0:
-        wait_for_quiet(settings)
+        wait_for_quiet(settings.quiet_wait_s, settings.quiet_load)
     start = run_process(cmd, child_env(config.threads_per_rank), run_dir / "output.log", settings.timeout_s)
     end = CpuSample.now()
     try:
