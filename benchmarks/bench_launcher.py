@@ -36,8 +36,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from common import add_run_flags, text_files
 from procs import (
-    REPO_ROOT,
     BenchError,
     CpuSample,
     available_cores,
@@ -52,7 +52,6 @@ from procs import (
     wait_for_quiet,
 )
 
-DEFAULT_TEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
 NODES = 2
 MAX_STEPS = 2
 CHECKPOINT = f"ckpt-{MAX_STEPS:08d}.pt"  # the trainer's final checkpoint: proof the job really trained
@@ -272,32 +271,11 @@ def markdown(rounds: list[Round], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def text_files(given: Sequence[str] | None, parser: argparse.ArgumentParser) -> tuple[Path, ...]:
-    """``--text-files`` when given, else WikiText-2 valid.txt next to the repository; exits 2 when
-    a file does not exist."""
-    paths = tuple(Path(p).resolve() for p in given) if given else (DEFAULT_TEXT,)
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        parser.error(f"input text not found: {', '.join(missing)} (pass --text-files FILE...)")
-    return paths
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--pairs", type=int, default=5, help="alternating pairs per round (default: 5)")
     p.add_argument("--rounds", type=int, default=3, help="rounds (default: 3)")
-    p.add_argument("--text-files", nargs="+", help=f"input text (default: {DEFAULT_TEXT})")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default: 600)")
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=10.0,
-        help="before each run, wait up to this many seconds for other processes to use at most "
-        "--quiet-load of the CPUs; 0 disables (default: 10)",
-    )
-    p.add_argument(
-        "--quiet-load", type=float, default=0.2, help="see --quiet-wait, fraction of all CPUs (default: 0.2)"
-    )
+    add_run_flags(p, timeout_s=600.0, quiet_wait_s=10.0)
     args = p.parse_args(argv)
     if min(args.pairs, args.rounds) < 1:
         p.error("--pairs and --rounds must be >= 1")

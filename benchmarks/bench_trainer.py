@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from common import add_run_flags, text_files
 from procs import (
-    REPO_ROOT,
     BenchError,
     CpuSample,
     available_cores,
@@ -51,7 +51,6 @@ from procs import (
     wait_for_quiet,
 )
 
-DEFAULT_TEXT = REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
 VOCAB_SIZE = 8192
 
 
@@ -329,29 +328,6 @@ def as_json(series: dict[str, Series], comparisons: list[dict[str, Any]], meta: 
     return json.dumps({**meta, "configurations": configs, "comparisons": comparisons}, indent=2)
 
 
-def usage_error(msg: str) -> NoReturn:
-    """Print ``msg`` and exit 2."""
-    print(f"bench: error: {msg}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
-def find_text_files(given: Sequence[str] | None) -> tuple[Path, ...]:
-    """``--text-files`` when given, else WikiText-2 valid.txt next to the repository. Exits 2 when
-    neither exists."""
-    if given:
-        paths = tuple(Path(p).resolve() for p in given)
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            usage_error(f"--text-files not found: {', '.join(missing)}")
-        return paths
-    if DEFAULT_TEXT.is_file():
-        return (DEFAULT_TEXT,)
-    usage_error(
-        f"no input text: {DEFAULT_TEXT} does not exist (the shared WikiText-2 files "
-        "live in ../shared/data/wikitext-2/ next to the repository); pass --text-files FILE..."
-    )
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument(
@@ -371,37 +347,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=available_cores(),
         help="threads of (a) and (b) (default: all cores, %(default)s)",
     )
-    p.add_argument("--text-files", nargs="+", help=f"input text (default: {DEFAULT_TEXT})")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default: 900)")
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=20.0,
-        help="before each run, wait up to this many seconds for other processes to use at most "
-        "--quiet-load of the CPUs; 0 disables (default: 20)",
-    )
-    p.add_argument(
-        "--quiet-load", type=float, default=0.2, help="see --quiet-wait, fraction of all CPUs (default: 0.2)"
-    )
+    add_run_flags(p, timeout_s=900.0, quiet_wait_s=20.0)
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the Markdown table")
     args = p.parse_args(argv)
     if min(args.steps, args.warmup_steps, args.log_interval, args.repeats, args.threads) < 1:
         p.error("--steps, --warmup-steps, --log-interval, --repeats and --threads must be >= 1")
     if args.warmup_steps % args.log_interval:
         p.error("--warmup-steps must be a multiple of --log-interval (records must not straddle it)")
+    args.text_files = text_files(args.text_files, p)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    text_files = find_text_files(args.text_files)
     start = time.perf_counter()
     configs = configurations(args.threads)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_trainer-") as tmp:
             work = Path(tmp)
             settings = Settings(
-                text_files,
+                args.text_files,
                 work / "data",
                 work,
                 args.warmup_steps,

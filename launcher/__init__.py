@@ -4,13 +4,8 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    # ``__version__`` is looked up on first use: importlib.metadata costs tens of milliseconds, which
-    # every quick command (``launcher status``, the node entry point) would otherwise pay.
-    if name != "__version__":
-        raise AttributeError(name)
-    from importlib.metadata import PackageNotFoundError, version
+    if name == "__version__":  # looked up on first use (see trainer.contract.package_version)
+        from trainer.contract import package_version
 
-    try:
-        return version("gptlaunch")
-    except PackageNotFoundError:  # running from a source tree that was not installed
-        return "0.0.0+unknown"
+        return package_version()
+    raise AttributeError(name)

@@ -36,6 +36,17 @@ FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no schedul
 STOP_MARKER = "stopped.json"
 
 
+def package_version() -> str:
+    """The installed gptlaunch version. Asked for lazily (``__version__`` of both packages):
+    importlib.metadata costs tens of milliseconds that quick commands should not pay."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gptlaunch")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "0.0.0+unknown"
+
+
 @contextlib.contextmanager
 def atomic_write(path: Path) -> Iterator[BinaryIO]:
     """Yield a binary file to write ``path``'s new content into. On success the temporary file is
