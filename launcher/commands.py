@@ -35,9 +35,10 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
     (``files_here``), the data files and resume checkpoint. Raises UsageError."""
     from trainer.precheck import InvalidTrainerArgs, check_train_args
 
+    # Relative paths among them are the trainer's, resolved in its working directory (when it is here).
+    where = contextlib.chdir(workdir) if files_here else contextlib.nullcontext()
     try:
-        # Relative paths among them are the trainer's, resolved in its working directory.
-        with contextlib.chdir(workdir):
+        with where:
             check_train_args(spec.trainer_args, world_size=spec.world_size, files_here=files_here)
     except InvalidTrainerArgs as e:
         raise UsageError(f"trainer arguments: {e}") from None
@@ -77,6 +78,11 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         record = JobRecord.create(job_dir, spec, plan, status)
     except FileExistsError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(
+            f"cannot write the job record in {job_dir} ({e.strerror}): "
+            "pass a writable --jobs-root or --job-dir"
+        ) from None
     if args.detach:
         scheduler.submit(plan, record, detach=True)
         status = scheduler.state(record)

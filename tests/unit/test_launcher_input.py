@@ -182,3 +182,11 @@ def test_data_paths_are_checked_only_where_the_nodes_see_this_machines_files(tmp
     with pytest.raises(UsageError, match="--global-batch-tokens"):  # the other checks still run
         bad = JobSpec(nnodes=2, trainer_args=["--global-batch-tokens", "1000"])
         check_trainer_args(bad, tmp_path, files_here=False)
+
+
+def test_an_unwritable_jobs_root_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    code = _submit(blocked / "jobs", "--", "--max-steps", "1")
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write the job record" in err and "--jobs-root" in err, err
