@@ -64,7 +64,14 @@ def _parser() -> argparse.ArgumentParser:
                 "--detach",
                 action="store_true",
                 help="print the job id and return once the job started; it runs on after this shell "
-                "closes (follow it with `launcher logs -f`, `status`, `wait`, `cancel`)",
+                "closes (follow it with `launcher logs -f`, `status`, `wait`, `cancel`). SLURM jobs "
+                "always are: submit returns once SLURM accepted the job",
+            )
+            s.add_argument(
+                "--wait",
+                action="store_true",
+                help="follow the job to its end and exit with its exit code (the default, except "
+                "for SLURM; Ctrl-C on a SLURM job stops following, not the job)",
             )
     sub.add_parser("list", help="list jobs and their states")
     for cmd, text in (

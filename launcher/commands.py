@@ -25,8 +25,8 @@ from launcher.jobs import JobError, JobRecord, JobStatus, list_jobs, new_job_id
 from launcher.plan import Plan
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
-from launcher.spec import JobSpec, check_text
-from trainer.contract import EXIT_OK
+from launcher.spec import JobSpec, SpecError, check_text
+from trainer.contract import EXIT_INTERRUPTED, EXIT_OK
 
 
 def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
@@ -72,6 +72,8 @@ def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.dry_run:
         return cmd_render(args, trainer_args)
+    if args.detach and args.wait:
+        raise UsageError("--detach and --wait contradict each other: keep one")
     spec, scheduler, plan, job_dir = _plan(args, trainer_args)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
     try:
@@ -83,18 +85,8 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
             f"cannot write the job record in {job_dir} ({e.strerror}): "
             "pass a writable --jobs-root or --job-dir"
         ) from None
-    if args.detach:
-        scheduler.submit(plan, record, detach=True)
-        status = scheduler.state(record)
-        if status.state.is_terminal:  # it could not start
-            _say(_summary(plan.job_id, status))
-            return status.job_exit_code
-        print(plan.job_id)
-        _say(
-            f"launcher: job {plan.job_id} submitted to {plan.scheduler}; follow it with `launcher logs -f "
-            f"{plan.job_id}`, wait for it with `launcher wait {plan.job_id}`"
-        )
-        return EXIT_OK
+    if args.detach or scheduler.queued:
+        return _submit_detached(scheduler, plan, record, wait=args.wait)
     _say(
         f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
         f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
@@ -103,6 +95,38 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         scheduler.submit(plan, record, detach=False)
         stopper.job_started()
         final = follow(scheduler, record, sys.stdout, attached=True)
+    _say(_summary(plan.job_id, final))
+    return final.job_exit_code
+
+
+def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: bool) -> int:
+    """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
+    then stops following, not the job)."""
+    try:
+        scheduler.submit(plan, record, detach=True)
+    except SpecError:  # the scheduler refused the job: leave no record of a job that never was
+        record.discard()
+        raise
+    status = scheduler.state(record)
+    if status.state.is_terminal:  # it could not start
+        _say(_summary(plan.job_id, status))
+        return status.job_exit_code
+    print(plan.job_id, flush=True)
+    if not wait:
+        _say(
+            f"launcher: job {plan.job_id} submitted to {plan.scheduler} ({status.message or status.state}); "
+            f"follow it with `launcher logs -f {plan.job_id}`, wait for it with `launcher wait {plan.job_id}`"
+        )
+        return EXIT_OK
+    _say(
+        f"launcher: following job {plan.job_id} ({status.message or status.state}); Ctrl-C stops following, "
+        f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
+    )
+    try:
+        final = follow(scheduler, record, sys.stdout)
+    except KeyboardInterrupt:
+        _say(f"launcher: stopped following job {plan.job_id}; it goes on")
+        return EXIT_INTERRUPTED
     _say(_summary(plan.job_id, final))
     return final.job_exit_code
 

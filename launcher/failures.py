@@ -1,4 +1,5 @@
-"""Root cause of a failed job, from torchelastic's per-rank error files.
+"""How a job ended: the root cause of a failure, from torchelastic's per-rank error files, or the
+checkpoint of a stop, from the trainer's stop marker.
 
 ``@record`` on the trainer's entry point makes each failing worker write
 ``<log dir>/<run id>/attempt_<n>/<local rank>/error.json`` with its exception and a timestamp; the
@@ -12,7 +13,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.jobs import Failure, JobRecord
+from launcher.jobs import Failure, JobRecord, JobState, Outcome
+from launcher.plan import Plan
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, read_stop_marker
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,17 @@ def root_cause(record: JobRecord, nnodes: int, failed_node: int, exit_code: int 
         error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
         f"see {record.node_log(failed_node)}",
     )
+
+
+def stop_outcome(plan: Plan, since: float) -> Outcome:
+    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
+    "cancelled" (exit 130)."""
+    marker = read_stop_marker(Path(plan.run_dir), since)
+    if marker is None:
+        message = "stopped on request, no checkpoint saved"
+        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    message = (
+        f"checkpoint {marker.get('checkpoint')} saved at step {marker.get('step')}; resume by "
+        f"submitting again with -- --run-dir {plan.run_dir}"
+    )
+    return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)

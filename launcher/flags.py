@@ -15,8 +15,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from launcher.spec import JobSpec
+from launcher.options import scheduler_kinds
+from launcher.spec import DEFAULT_SECRETS, JobSpec
 
+SLURM_GROUP = "slurm (with --scheduler slurm)"
 # (flags, dotted JobSpec field, argument group)
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
@@ -39,6 +41,16 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--gloo-socket-ifname",), "network.gloo_socket_ifname", "network (environment of every node)"),
     (("--nccl-ib-disable",), "network.nccl_ib_disable", "network (environment of every node)"),
     (("--nccl-debug",), "network.nccl_debug", "network (environment of every node)"),
+    (("--partition",), "scheduler.partition", SLURM_GROUP),
+    (("--time",), "scheduler.time", SLURM_GROUP),
+    (("--account",), "scheduler.account", SLURM_GROUP),
+    (("--qos",), "scheduler.qos", SLURM_GROUP),
+    (("--constraint",), "scheduler.constraint", SLURM_GROUP),
+    (("--cpus-per-task",), "scheduler.cpus_per_task", SLURM_GROUP),
+    (("--mem",), "scheduler.mem", SLURM_GROUP),
+    (("--slurm-gpus",), "scheduler.gpus", SLURM_GROUP),
+    (("--max-requeues",), "scheduler.max_requeues", SLURM_GROUP),
+    (("--signal-delay-s",), "scheduler.signal_delay_s", SLURM_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
 
@@ -88,6 +100,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
             kw["metavar"] = dotted.rsplit(".", 1)[-1].upper()
         if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
             kw["metavar"] = "NAME"
+            kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: local)"
         elif kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif get_origin(kind) is Literal:
@@ -95,6 +108,21 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         else:
             kw["type"] = kind
         target.add_argument(*flags, **kw)
+    parser.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="one more secret environment variable (repeatable; HF_TOKEN and WANDB_API_KEY are): "
+        "passed from this shell to the job at run time, never written down",
+    )
+    groups[SLURM_GROUP].add_argument(
+        "--slurm-opt",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]",
+        help="any other sbatch option, e.g. mail-type=END or exclusive (repeatable)",
+    )
     net = groups["network (environment of every node)"]
     net.add_argument(
         "--env",
@@ -165,6 +193,11 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         if not sep:
             raise UsageError(f"--env {item!r}: use KEY=VALUE")
         _set(tree, f"network.env.{key}", value)
+    for item in args.slurm_opt:
+        key, _, value = item.partition("=")
+        _set(tree, f"scheduler.sbatch.{key.removeprefix('--')}", value)
+    if args.secret_env:
+        tree["secret_env"] = [*tree.get("secret_env", DEFAULT_SECRETS), *args.secret_env]
     if trainer_args:
         from_file = tree.get("trainer_args", [])
         if not isinstance(from_file, list):
@@ -174,6 +207,16 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         return JobSpec.model_validate(tree)
     except ValidationError as e:
         raise UsageError(_describe(e, args.config)) from None
+
+
+def _extra_hint(parts: list[str]) -> str:
+    """What to do about an unknown field: an option of another scheduler says which."""
+    if parts[:1] == ["scheduler"] and len(parts) > 1:
+        owners = [m for m in _members(field_info("scheduler").annotation) if parts[1] in m.model_fields]
+        if owners:
+            kinds = ", ".join(get_args(m.model_fields["kind"].annotation)[0] for m in owners)
+            return f"; it is an option of --scheduler {kinds}"
+    return "; remove it or check the spelling"
 
 
 def _describe(e: ValidationError, config: Path | None) -> str:
@@ -191,7 +234,7 @@ def _describe(e: ValidationError, config: Path | None) -> str:
             if err["type"] != "missing" and not isinstance(err["input"], dict)
             else ""
         )
-        hint = "; remove it or check the spelling" if err["type"] == "extra_forbidden" else ""
+        hint = _extra_hint(parts) if err["type"] == "extra_forbidden" else ""
         lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}{got}{hint}")
     if config:
         lines.append(f"  (fields from --config {config} or the flags; see `launcher submit --help`)")

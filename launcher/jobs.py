@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import secrets
+import shutil
 import socket
 import time
 from enum import StrEnum
@@ -114,6 +115,7 @@ class JobStatus(BaseModel):
     started_at: float | None = None
     ended_at: float | None = None
     submitter: ProcessRef | None = None  # the `launcher submit` that wrote the record
+    stop_requested_at: float | None = None  # when `launcher cancel` first asked it to stop
     failure: Failure | None = None
     message: str = ""
 
@@ -132,16 +134,18 @@ def node_log_name(node_rank: int) -> str:
     return f"node-{node_rank}.log"
 
 
-def torchelastic_dir(job_dir: Path, node_rank: int) -> Path:
-    """Where node ``node_rank``'s torchrun agent writes its workers' error files."""
+def torchelastic_dir(job_dir: Path, node_rank: int | str) -> Path:
+    """Where node ``node_rank``'s torchrun agent writes its workers' error files (``node_rank`` may be
+    the ``{{node_rank}}`` placeholder)."""
     return job_dir / "torchelastic" / f"node-{node_rank}"
 
 
 class JobRecord:
     """The directory of one job."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, created_dir: bool = False) -> None:
         self.dir = path
+        self._created_dir = created_dir  # whether create() made the directory (discard() removes it)
 
     @property
     def job_id(self) -> str:
@@ -149,11 +153,14 @@ class JobRecord:
 
     @classmethod
     def create(cls, path: Path, spec: JobSpec, plan: Plan, status: JobStatus) -> JobRecord:
-        """Make the record of a new job. Raises FileExistsError if ``path`` already holds a job."""
+        """Make the record of a new job in ``path``, a new or empty directory. Raises FileExistsError if
+        it holds anything."""
+        created = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
-        if (path / "plan.json").exists():
-            raise FileExistsError(f"{path} already holds a job record: choose another --job-dir")
-        rec = cls(path)
+        if any(path.iterdir()):
+            what = "a job record" if (path / "plan.json").exists() else "files"
+            raise FileExistsError(f"{path} already holds {what}: choose another --job-dir")
+        rec = cls(path, created_dir=created)
         atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2, exclude_unset=True))
         rec.write_status(status)
         atomic_write_text(path / "plan.json", plan.to_json())  # written last: it marks a complete record
@@ -166,6 +173,15 @@ class JobRecord:
             if (path / "plan.json").is_file():
                 return cls(path)
         raise JobNotFound(f"no job {ref!r} in {jobs_root} (see `launcher list`, or pass the job directory)")
+
+    def discard(self) -> None:
+        """Remove the record of a job that never started (the scheduler refused it): everything in
+        its directory, and the directory if ``create`` made it."""
+        if self._created_dir:
+            shutil.rmtree(self.dir)
+            return
+        for path in self.dir.iterdir():
+            _remove(path)
 
     def spec(self) -> JobSpec:
         """Raises OSError if unreadable, ValidationError if malformed (as do plan() and handle())."""
@@ -212,6 +228,13 @@ class JobRecord:
 
     def torchelastic_dir(self, node_rank: int) -> Path:
         return torchelastic_dir(self.dir, node_rank)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def list_jobs(jobs_root: Path) -> list[JobRecord]:

@@ -12,6 +12,11 @@ Placeholders (``HELP`` below is what `launcher render --help` shows):
   by ``scontrol show hostnames``), else ``GPTLAUNCH_FIRST_HOST``.
 - ``{{ifname}}``: the interface this node routes ``{{first_host}}`` through (``ip route get``), for
   NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.
+- ``{{slurm_job_id}}``: ``SLURM_JOB_ID`` (the same across requeues): the rendezvous id of a SLURM job.
+- ``{{rdzv_port}}``: a rendezvous port derived from ``SLURM_JOB_ID``, PORT_BASE + id mod PORT_SPAN:
+  concurrent jobs whose first node is the same get different ports (unless their ids differ by a
+  multiple of PORT_SPAN), below Linux's ephemeral range (32768-60999) so no outgoing connection
+  holds it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable, Mapping
 from trainer.contract import FIRST_HOST_ENV, NODE_RANK_ENV
 
 PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
+PORT_BASE, PORT_SPAN = 15000, 15000
 
 
 class PlaceholderError(RuntimeError):
@@ -61,6 +67,17 @@ def _ifname(env: Mapping[str, str]) -> str:
     return fields[fields.index("dev") + 1]
 
 
+def _slurm_job_id(env: Mapping[str, str]) -> str:
+    job_id = _first_env(env, "SLURM_JOB_ID")
+    if not job_id.isdigit():
+        raise PlaceholderError(f"SLURM_JOB_ID={job_id!r} is not a number")
+    return job_id
+
+
+def _rdzv_port(env: Mapping[str, str]) -> str:
+    return str(PORT_BASE + int(_slurm_job_id(env)) % PORT_SPAN)
+
+
 def _run(argv: list[str]) -> str:
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
@@ -72,6 +89,8 @@ RESOLVERS: dict[str, Callable[[Mapping[str, str]], str]] = {
     "node_rank": _node_rank,
     "first_host": _first_host,
     "ifname": _ifname,
+    "slurm_job_id": _slurm_job_id,
+    "rdzv_port": _rdzv_port,
 }
 
 
@@ -97,5 +116,5 @@ HELP = (
     "placeholders (values only a node knows, filled in on the node by `python -m launcher.node`): "
     "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (the first host of "
     "SLURM_JOB_NODELIST, else GPTLAUNCH_FIRST_HOST), {{ifname}} (the interface that routes to "
-    "{{first_host}})"
+    "{{first_host}}), {{slurm_job_id}} (SLURM_JOB_ID), {{rdzv_port}} (15000 + SLURM_JOB_ID mod 15000)"
 )

@@ -47,6 +47,8 @@ class Plan(BaseModel):
     run_dir: str
     nodes: list[NodePlan]
     files: dict[str, str] = {}
+    # The file of ``files`` that is the job itself (an sbatch script): what `launcher render` prints.
+    primary: str | None = None
     # What the scheduler's resolve step found at submit (free port, workdir, GPU slices, hosts):
     # recorded here, apart from the user's spec.
     facts: dict[str, Any] = {}
@@ -59,7 +61,10 @@ class Plan(BaseModel):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
 
     def to_text(self) -> str:
-        """Readable form for ``--dry-run``."""
+        """Readable form for ``launcher render`` and ``--dry-run``: the primary file when there is one
+        (it holds every node's command), else every node's command line."""
+        if self.primary is not None:
+            return self.files[self.primary]
         lines = [
             f"job {self.job_id} on scheduler {self.scheduler}: {self.nnodes} node(s) × "
             f"{self.nproc_per_node} process(es) = world_size {self.world_size}",

@@ -31,6 +31,9 @@ RESERVED_ENV = re.compile(
 )
 
 
+DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+
+
 class SpecError(ValueError):
     """A job that cannot run as specified; the message names the field and the fix."""
 
@@ -123,7 +126,7 @@ class JobSpec(_Strict):
 
     name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
     scheduler: SchedulerOptions = Field(
-        LocalOptions(), description="where the job runs, and that scheduler's options (kind: local)"
+        LocalOptions(), description="where the job runs, and that scheduler's options (kind: local or slurm)"
     )
     nnodes: int = Field(1, ge=1, le=4096, description="number of nodes, nnodes")
     nproc_per_node: int = Field(
@@ -147,6 +150,11 @@ class JobSpec(_Strict):
     )
     grace_period_s: float = Field(
         45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
+    )
+    secret_env: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SECRETS),
+        description="environment variables that are secret: never written (not in env, scripts, "
+        "records or logs); the job gets them from the submitting shell at run time",
     )
     trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
 
@@ -184,7 +192,28 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"scheduler {kind!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
             )
-        return {"kind": v} if isinstance(v, str) else v
+        if isinstance(v, str):
+            return {"kind": v}
+        return {"kind": "local"} | v if isinstance(v, dict) else v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+    @model_validator(mode="after")
+    def _secrets_not_written(self) -> JobSpec:
+        for name in self.secret_env:
+            if name in self.network.env:
+                raise ValueError(
+                    f"{name} is secret (secret_env): do not pass it with --env, where it would be "
+                    f"written to the job record; export it in the shell that submits (export {name}=...), "
+                    "the job gets it from there at run time"
+                )
+        return self
 
     @model_validator(mode="after")
     def _one_source_per_setting(self) -> JobSpec:

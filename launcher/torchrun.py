@@ -13,13 +13,13 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
 
 def torchrun_argv(
-    spec: JobSpec, *, node_rank: int, endpoint: str, rdzv_id: str, log_dir: str, trainer_args: list[str]
+    spec: JobSpec, *, node_rank: int | str, endpoint: str, rdzv_id: str, log_dir: str, trainer_args: list[str]
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m trainer.cli train ARGS`` for node ``node_rank``.
 
     ``endpoint`` is ``host:port`` of the rendezvous store. With the c10d backend the agents agree on
     node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
-    it otherwise, with a warning).
+    it otherwise, with a warning). ``node_rank``, ``endpoint`` and ``rdzv_id`` may hold placeholders.
     """
     rdzv = spec.rendezvous
     argv = [

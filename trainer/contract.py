@@ -85,10 +85,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path) -> None:
+def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path, signal: str | None = None) -> None:
     """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``:
-    ``{"step": int, "checkpoint": file name, "time": epoch seconds}``."""
-    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time()}
+    ``{"step": int, "checkpoint": file name, "time": epoch seconds, "signal": name or null}``.
+    ``signal`` is the one rank 0 received (None if only other ranks got one): SIGUSR2 is SLURM's
+    warning before a time limit or preemption (the job is requeued), SIGTERM a request to stop."""
+    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time(), "signal": signal}
     atomic_write_text(run_dir / STOP_MARKER, json.dumps(record))
 
 

@@ -265,9 +265,10 @@ def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return gather(torch.get_rng_state()), cuda
 
 
-def save_checkpoint(run: Run, next_step: int, stopping: bool = False) -> None:
+def save_checkpoint(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> None:
     """Collective: every rank contributes its RNG state; global rank 0 writes. ``stopping``: also
-    record the stop marker, before the barrier, so it exists once any rank has exited 75."""
+    record the stop marker (with ``signal``, the stop signal's name as rank 0 got it), before the
+    barrier, so it exists once any rank has exited 75."""
     rng, cuda_rng = _gather_rng(run)
     if run.env.is_main:
         state = {
@@ -287,7 +288,7 @@ def save_checkpoint(run: Run, next_step: int, stopping: bool = False) -> None:
         }
         path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
         if stopping:
-            write_stop_marker(run.cfg.run_dir, next_step, path)
+            write_stop_marker(run.cfg.run_dir, next_step, path, signal)
     distributed.barrier()  # nobody exits or moves on before the files are in place
 
 
@@ -416,7 +417,7 @@ def loop(run: Run, stop: StopRequest) -> int:
                 progress.log(_format(record, cfg.max_steps))
             progress.update(done, f"loss {loss:.3f}")
             if stopping or done % cfg.checkpoint_interval == 0 or done == cfg.max_steps:
-                save_checkpoint(run, done, stopping)
+                save_checkpoint(run, done, stopping, stop.received.name if stop.received else None)
             if stopping:
                 progress.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED

@@ -25,6 +25,9 @@ class Scheduler(Protocol):
     # Whether the nodes see this machine's files at the same paths (local: yes; SLURM, SSH: not
     # necessarily). Checks of data paths and checkpoints run at submit only when they do.
     files_here: bool
+    # Whether submit hands the job to a queue (SLURM): `launcher submit` then returns once the job is
+    # accepted (--wait follows it); otherwise it follows the job to its end unless --detach.
+    queued: bool
 
     def resolve(self, spec: JobSpec) -> dict[str, Any]:
         """The facts this submit depends on (free ports, allocation hosts, GPU slices, absolute

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import procs
+from launcher.failures import stop_outcome
 from launcher.jobs import (
     JobError,
     JobRecord,
@@ -31,8 +32,9 @@ from launcher.jobs import (
     torchelastic_dir,
 )
 from launcher.logs import tail
+from launcher.options import LocalOptions
 from launcher.plan import NodePlan, Plan
-from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, stop_outcome, supervise
+from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, supervise
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import LOG_LINE_PREFIX, torchrun_argv, with_run_dir
 from trainer.contract import EXIT_FAILED, JOB_ID_ENV, read_stop_marker
@@ -74,6 +76,7 @@ def _positive_int(value: str | None, name: str) -> int | None:
 class LocalScheduler:
     name = "local"
     files_here = True
+    queued = False
 
     def resolve(self, spec: JobSpec) -> dict[str, Any]:
         """Absolute workdir, free rendezvous port, thread and GPU shares. Raises SpecError for what
@@ -88,6 +91,7 @@ class LocalScheduler:
         host = spec.rendezvous.endpoint or "127.0.0.1"
         user_env = os.environ | spec.network.env  # --env wins over the shell
         threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
+        assert isinstance(spec.scheduler, LocalOptions)
         gpus = spec.scheduler.gpus if spec.scheduler.gpus is not None else visible_gpus(user_env)
         if gpus and spec.world_size > len(gpus):
             raise SpecError(

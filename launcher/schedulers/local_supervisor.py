@@ -25,10 +25,10 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from launcher import procs
-from launcher.failures import root_cause
+from launcher.failures import root_cause, stop_outcome
 from launcher.jobs import JobRecord, JobState, Outcome, ProcessRef
 from launcher.plan import NodePlan, Plan
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
@@ -167,20 +167,6 @@ class _Watch:
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
         )
-
-
-def stop_outcome(plan: Plan, since: float) -> Outcome:
-    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
-    "cancelled" (exit 130)."""
-    marker = read_stop_marker(Path(plan.run_dir), since)
-    if marker is None:
-        message = "stopped on request, no checkpoint saved"
-        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    message = (
-        f"checkpoint {marker.get('checkpoint')} saved at step {marker.get('step')}; resume by "
-        f"submitting again with -- --run-dir {plan.run_dir}"
-    )
-    return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)
 
 
 def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:

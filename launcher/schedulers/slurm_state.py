@@ -1,0 +1,103 @@
+"""A SLURM job's state from accounting (``sacct``), and how it ended.
+
+States are read through submitit's ``SlurmInfoWatcher`` (one batched ``sacct`` call, cached; at most one
+call every REFRESH_S seconds per process) and mapped to the common ``JobState``. A requeued job goes
+back to ``pending`` and runs again under the same id: only SLURM's end states are ends.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+from launcher.failures import read_errors, root_cause, stop_outcome
+from launcher.jobs import JobRecord, JobState, Outcome
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+
+REFRESH_S = 2
+SACCT_FIELDS = "JobID,State,ExitCode,Start,NodeList"
+
+_STATES = {
+    JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"}
+    # PREEMPTED is followed by a requeue when the job is requeueable (submitit reads it the same way).
+    | {"RESIZING", "PREEMPTED"},
+    JobState.RUNNING: {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"},
+    JobState.SUCCEEDED: {"COMPLETED"},
+    JobState.CANCELLED: {"CANCELLED"},
+    JobState.FAILED: {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"},
+}
+
+
+@dataclass(frozen=True)
+class AccountingInfo:
+    state: str  # SLURM's state word, e.g. RUNNING ("CANCELLED by 0" -> CANCELLED)
+    exit_code: int | None  # the batch script's exit status (sacct's ExitCode "75:0" -> 75)
+    start: float | None  # epoch seconds the current run started (after a requeue: the new run)
+
+
+class _Watcher(SlurmInfoWatcher):
+    """submitit's sacct watcher, also reading the exit code and the start time."""
+
+    def _make_command(self) -> list[str] | None:
+        command = super()._make_command()
+        if command is not None:
+            command[command.index("-o") + 1] = SACCT_FIELDS
+        return command
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:  # "Unknown", "None" while pending
+        return None
+
+
+class Accounting:
+    """Job states from sacct, for one process (each launcher command has its own)."""
+
+    def __init__(self) -> None:
+        self._watcher = _Watcher(delay_s=REFRESH_S)
+
+    def info(self, slurm_job_id: str) -> AccountingInfo | None:
+        """The job's accounting record, None while sacct does not know it (just submitted)."""
+        raw = self._watcher.get_info(slurm_job_id, mode="standard")
+        if not raw.get("State"):
+            return None
+        status, _, _ = raw.get("ExitCode", "").partition(":")
+        return AccountingInfo(
+            state=raw["State"].split()[0],
+            exit_code=int(status) if status.isdigit() else None,
+            start=_epoch(raw.get("Start", "")),
+        )
+
+
+def job_state(slurm_state: str) -> JobState | None:
+    """The common state of a SLURM state word; None for a word this table does not know."""
+    return next((state for state, words in _STATES.items() if slurm_state in words), None)
+
+
+def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
+    """How a job that SLURM reports ended did end: succeeded; checkpointed when the ranks stopped with
+    a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
+    the root cause (first failing rank from torchelastic's error files)."""
+    plan, status = record.plan(), record.status()
+    since = info.start or status.started_at or status.created_at
+    if info.state == "COMPLETED":
+        return Outcome(state=JobState.SUCCEEDED, exit_code=0)
+    if info.exit_code == EXIT_CHECKPOINTED or read_stop_marker(Path(plan.run_dir), since) is not None:
+        return stop_outcome(plan, since)
+    if info.state == "CANCELLED":
+        message = "cancelled in SLURM before the ranks saved a checkpoint"
+        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    if read_errors(record, plan.nnodes):
+        failure = root_cause(record, plan.nnodes, 0, info.exit_code)
+        summary = failure.summary()
+        return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
+    message = (
+        f"SLURM ended the job {info.state} (exit {info.exit_code}) before any rank reported an error: "
+        f"see {record.dir}/node-*.log and submitit/*.out there"
+    )
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)

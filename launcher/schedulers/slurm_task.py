@@ -1,0 +1,70 @@
+"""What submitit runs on each node of a SLURM job: that node's command, its output in the job record.
+
+submitit pickles a ``NodeTask`` (the Plan's command, environment and paths: no secret, they come from the
+environment SLURM exports) and calls it once per node, one task per node. On SLURM's warning signal
+(SIGUSR2) submitit calls ``checkpoint()`` on node 0's task: it waits until the ranks have saved their
+checkpoint and exited, then hands submitit the same task to requeue; the requeued run resumes from the
+run directory's checkpoint.
+
+Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM state reflect:
+0 when the node's ranks finished; 75 on node 0 when the ranks stopped on request with a checkpoint
+(other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
+
+# The torchrun agent of this process, for checkpoint(): module state, so the task itself stays picklable.
+_agent: subprocess.Popen[bytes] | None = None
+
+
+@dataclass(frozen=True)
+class NodeTask:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    job_dir: str
+    run_dir: str
+    grace_s: float  # seconds the ranks get to checkpoint after a stop signal
+
+    def __call__(self) -> int:
+        global _agent
+        node = int(os.environ.get("SLURM_NODEID", "0"))
+        started = time.time()
+        with open(Path(self.job_dir) / f"node-{node}.log", "ab") as log:  # appended to across requeues
+            _agent = subprocess.Popen(
+                self.argv,
+                env=os.environ | self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        code = _agent.wait()
+        if code == 0:
+            return 0
+        if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
+            if node == 0:
+                raise SystemExit(EXIT_CHECKPOINTED)
+            return 0
+        raise SystemExit(EXIT_FAILED)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's hook on SIGUSR2 (node 0): the ranks got the signal too and are saving a checkpoint;
+        wait for them to exit (the requeue would kill them), then requeue this same task."""
+        from submitit.helpers import DelayedSubmission
+
+        if _agent is not None:
+            # Past the timeout, requeue anyway: the last periodic checkpoint is what resumes.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                _agent.wait(timeout=self.grace_s + 30)
+        return DelayedSubmission(self)

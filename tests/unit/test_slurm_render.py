@@ -1,0 +1,167 @@
+"""SLURM rendering: the golden sbatch script, quoting that survives bash, the options' validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.jobs import JobState
+from launcher.options import SlurmOptions, slurm_minutes
+from launcher.placeholders import PORT_BASE, PORT_SPAN, substitute
+from launcher.plan import Plan
+from launcher.schedulers.slurm import SCRIPT, SlurmScheduler
+from launcher.schedulers.slurm_state import job_state
+from launcher.spec import JobSpec
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+FACTS = {"workdir": "/work/job", "gpus_per_node": 0}
+HOSTILE = ["a'; touch {m}", "$(touch {m})", "`touch {m}`", "two  spaces", 'a"=0"', "semi;colon", "*"]
+
+
+def _spec(**fields: object) -> JobSpec:
+    base: dict[str, object] = {
+        "name": "gold",
+        "nnodes": 2,
+        "nproc_per_node": 1,
+        "python": "python3",
+        "scheduler": {"kind": "slurm", "partition": "debug", "time": "1:30:00", "account": "ml"},
+        "trainer_args": ["--max-steps", "30", "--text-files", "/data/a b.txt"],
+    }
+    return JobSpec.model_validate(base | fields)
+
+
+def _render(spec: JobSpec, job_dir: str = "/jobs/gold-job", **facts: object) -> Plan:
+    return SlurmScheduler().render(spec, FACTS | facts, "gold-job", Path(job_dir))
+
+
+def _check_golden(text: str, name: str) -> None:
+    golden = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"rendering changed: UPDATE_GOLDEN=1 pytest {__file__} to accept"
+
+
+def test_sbatch_script_matches_golden_file() -> None:
+    _check_golden(_render(_spec(), gpus_per_node=1).to_text(), "slurm_2x1.sbatch")
+
+
+def test_sbatch_script_with_shell_hostile_values_matches_golden_file() -> None:
+    values = [h.format(m="/tmp/pwned") for h in HOSTILE]
+    spec = _spec(network={"env": {"HOSTILE": values[1]}}, trainer_args=["--run-dir", values[0], *values[1:]])
+    _check_golden(_render(spec, job_dir="/jobs/a 'b' $(c)").to_text(), "slurm_hostile.sbatch")
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\n{body}")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_the_script_hands_hostile_values_to_srun_verbatim(tmp_path: Path) -> None:
+    """Run the rendered script with bash, a recording `srun` in place of SLURM's: every hostile value
+    arrives as one argument or environment value, unchanged, and nothing in it is executed."""
+    marker = tmp_path / "pwned"
+    values = [h.format(m=marker) for h in HOSTILE]
+    job_dir = tmp_path / "job 'dir' $(touch x)"
+    spec = _spec(network={"env": {"HOSTILE": values[1]}}, trainer_args=["--run-dir", str(tmp_path), *values])
+    plan = _render(spec, job_dir=str(job_dir), workdir=str(tmp_path))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "srun.json"
+    _fake(
+        bin_dir,
+        "srun",
+        "import json, os, sys\n"
+        f"json.dump([sys.argv[1:], os.environ['HOSTILE'], os.getcwd()], open({str(record)!r}, 'w'))\n",
+    )
+    script = tmp_path / SCRIPT
+    script.write_text(plan.to_text())
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    argv, hostile_env, cwd = json.loads(record.read_text())
+    assert argv[-len(values) :] == values and f"--output={job_dir}/node-%n.log" in argv
+    assert hostile_env == values[1] and cwd == str(tmp_path)
+    assert job_dir.is_dir() and not marker.exists() and not (tmp_path / "x").exists()
+
+
+def test_every_node_meets_on_the_first_host_at_a_port_from_the_job_id() -> None:
+    plan = _render(_spec())
+    assert len(plan.nodes) == 2 and len({n.log for n in plan.nodes}) == 2
+    agent = plan.nodes[0].argv
+    assert agent[1:4] == ["-m", "launcher.node", "--"]
+    env = {"SLURM_JOB_ID": "123456", "SLURM_NODEID": "1"}
+    assert substitute("{{rdzv_port}}", env) == str(PORT_BASE + 123456 % PORT_SPAN)
+    assert "--rdzv-endpoint={{first_host}}:{{rdzv_port}}" in agent and "--rdzv-id={{slurm_job_id}}" in agent
+    assert substitute(next(a for a in agent if a.startswith("--log-dir")), env).endswith("/node-1")
+
+
+def test_gpus_are_requested_only_when_wanted() -> None:
+    assert "--gpus-per-node=1" not in _render(_spec()).to_text()
+    assert "#SBATCH --gpus-per-node=1" in _render(_spec(), gpus_per_node=1).to_text()
+    spec = _spec(scheduler={"kind": "slurm", "gpus": False})
+    assert SlurmScheduler().resolve(spec)["gpus_per_node"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [("90", 90), ("1:30:00", 90), ("0:30", 1), ("2-0", 2880), ("1-1:01:01", 1502), ("5:00", 5)],
+)
+def test_slurm_time_forms(text: str, minutes: int) -> None:
+    assert slurm_minutes(text) == minutes
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--time", "1h"], "'1h' is not a SLURM time"),
+        (["--time", "0"], "no time at all"),
+        (["--mem", "lots"], "not a SLURM memory size"),
+        (["--partition", "a b"], "without spaces"),
+        (["--slurm-opt", "nodes=3"], "set by the launcher: use --nodes"),
+        (["--slurm-opt", "Bad_Key=1"], "not an sbatch option name"),
+        (["--env", "HF_TOKEN=x"], "HF_TOKEN is secret"),
+        (["--secret-env", "MY_KEY", "--env", "MY_KEY=x"], "MY_KEY is secret"),
+    ],
+)
+def test_bad_slurm_options_are_clear_errors(args: list[str], needle: str, tmp_path: Path, capsys) -> None:
+    code = main(["--jobs-root", str(tmp_path), "render", "--scheduler", "slurm", *args])
+    assert code == 2 and needle in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_option_of_another_scheduler_names_it(tmp_path: Path, capsys) -> None:
+    assert main(["--jobs-root", str(tmp_path), "render", "--partition", "debug"]) == 2
+    assert "it is an option of --scheduler slurm" in capsys.readouterr().err
+
+
+def test_pass_through_options_reach_the_script() -> None:
+    opts = {"kind": "slurm", "sbatch": {"exclusive": True, "mail-type": "END"}}
+    text = _render(_spec(scheduler=opts)).to_text()
+    assert "#SBATCH --exclusive\n" in text and "#SBATCH --mail-type=END\n" in text
+    assert SlurmOptions.model_validate(opts).sbatch == {"exclusive": "", "mail-type": "END"}
+
+
+@pytest.mark.parametrize(
+    ("word", "state"),
+    [
+        ("PENDING", JobState.PENDING),
+        ("REQUEUED", JobState.PENDING),
+        ("RUNNING", JobState.RUNNING),
+        ("COMPLETING", JobState.RUNNING),
+        ("COMPLETED", JobState.SUCCEEDED),
+        ("CANCELLED", JobState.CANCELLED),
+        ("TIMEOUT", JobState.FAILED),
+        ("NODE_FAIL", JobState.FAILED),
+        ("SOMETHING_NEW", None),
+    ],
+)
+def test_slurm_states_map_to_the_common_states(word: str, state: JobState | None) -> None:
+    assert job_state(word) == state
