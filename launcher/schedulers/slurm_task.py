@@ -13,7 +13,6 @@ Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
@@ -65,6 +64,18 @@ class NodeTask:
 
         if _agent is not None:
             # Past the timeout, requeue anyway: the last periodic checkpoint is what resumes.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                _agent.wait(timeout=self.grace_s + 30)
+            _wait_exited(_agent.pid, timeout_s=self.grace_s + 30)
         return DelayedSubmission(self)
+
+
+def _wait_exited(pid: int, timeout_s: float) -> None:
+    """Wait until child ``pid`` has exited, without reaping it. Not Popen.wait: this runs in a signal
+    handler that interrupted ``__call__``'s Popen.wait, which holds the Popen's lock until it returns."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:  # already reaped
+            return
+        time.sleep(0.1)

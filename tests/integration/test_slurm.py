@@ -1,0 +1,192 @@
+"""The SLURM scheduler against a real SLURM cluster on this machine (deploy/slurm/dev-cluster.sh): munge,
+slurmctld, slurmdbd with MariaDB, two slurmd. Under CI=true a missing cluster fails these tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import FAST, launcher, losses, metrics, processes_of, run
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV_CLUSTER = ROOT / "deploy" / "slurm" / "dev-cluster.sh"
+SLURM_2x1 = ["--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "1", "--time", "15"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_cluster() -> None:
+    """A running dev cluster with 2 idle nodes: started here if it is not (root only)."""
+    if run(["bash", str(DEV_CLUSTER), "status"], timeout=60).returncode == 0:
+        return
+    why = "needs root to start the dev SLURM cluster"
+    if os.geteuid() == 0:
+        up = run(["bash", str(DEV_CLUSTER), "up", "--nodes", "2"], timeout=600)
+        if up.returncode == 0:
+            return
+        why = f"the dev SLURM cluster did not start: {up.stderr[-2000:]}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the SLURM tests: {why}")
+    pytest.skip(why)
+
+
+def _sacct(slurm_job_id: str, *fields: str, duplicates: bool = False) -> list[list[str]]:
+    argv = ["sacct", "-X", "-n", "--parsable2", "-j", slurm_job_id, "-o", ",".join(fields)]
+    out = run([*argv, *(["--duplicates"] if duplicates else [])], check=True).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def _slurm_id(jobs: Path, job_id: str) -> str:
+    return str(json.loads((jobs / job_id / "handle.json").read_text())["slurm_job_id"])
+
+
+def _status(jobs: Path, job_id: str) -> dict:
+    out = launcher(jobs, "status", "--json", job_id, check=True).stdout
+    return dict(json.loads(out))
+
+
+def _until(what: str, check, timeout: float = 180.0, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def _files_containing(root: Path, needle: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def test_two_node_job_trains_and_succeeds(prepared_data, tmp_path: Path) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*prepared_data, *FAST, "--max-steps", "20", "--run-dir", str(run_dir)]
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--wait", "--", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    assert "node0 | " in proc.stdout and "node1 | " in proc.stdout  # live, node-prefixed output
+    assert {m["world_size"] for m in metrics(run_dir) if "world_size" in m} == {2}
+    assert max(losses(run_dir)) == 20 and list(run_dir.glob("*20*.pt"))
+    assert _status(jobs, job_id)["state"] == "succeeded"
+    assert _sacct(_slurm_id(jobs, job_id), "State") == [["COMPLETED"]]
+    for node in (0, 1):  # each node's output in the job record
+        assert "rank" in (jobs / job_id / f"node-{node}.log").read_text()
+
+
+def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_path: Path) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*prepared_data, *FAST, "--max-steps", "20", "--run-dir", str(run_dir)]
+    script = launcher(jobs, "render", *SLURM_2x1, "--", *args, check=True).stdout
+    (tmp_path / "job.sbatch").write_text(script)
+    assert not jobs.exists()  # rendering writes nothing
+    out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
+    slurm_id = out.strip().split(";")[0]
+    ended = ("COMPLETED", "FAILED", "CANCELLED")
+    _until("plain sbatch job end", lambda: any(r[0] in ended for r in _sacct(slurm_id, "State")))
+    assert _sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
+    assert {m["world_size"] for m in metrics(run_dir) if "world_size" in m} == {2}
+    assert max(losses(run_dir)) == 20 and list(run_dir.glob("*20*.pt"))
+    (job_dir,) = jobs.iterdir()
+    assert sorted(p.name for p in job_dir.glob("node-*.log")) == ["node-0.log", "node-1.log"]
+
+
+def test_preemption_checkpoints_requeues_and_resumes_to_exactly_max_steps(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [
+        *prepared_data,
+        *FAST,
+        "--max-steps",
+        "60",
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-interval",
+        "1000",
+    ]
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--", *args, check=True)
+    job_id = proc.stdout.strip()
+    slurm_id = _slurm_id(jobs, job_id)
+    _until("step 5", lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 5)
+    # What SLURM sends before a time limit or a preemption (--signal=USR2@90), to every process.
+    run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
+    stopped = _until(
+        "stop checkpoint",
+        lambda: (
+            json.loads((run_dir / "stopped.json").read_text())
+            if (run_dir / "stopped.json").is_file()
+            else None
+        ),
+    )
+    assert stopped["signal"] == "SIGUSR2" and 5 <= stopped["step"] < 60
+    waited = launcher(jobs, "wait", job_id, timeout=900)
+    assert waited.returncode == 0, waited.stderr[-4000:]
+    assert _status(jobs, job_id)["state"] == "succeeded"
+    # Requeued once (two runs under one job id), and the second resumed: no step trained twice.
+    assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
+    steps = sorted(losses(run_dir))
+    assert steps == list(range(1, 61))
+    log = (jobs / job_id / "node-0.log").read_text()
+    assert "resum" in log.lower() and str(stopped["step"]) in log
+
+
+def test_cancel_ends_running_and_queued_jobs_and_secrets_stay_off_disk(prepared_data, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    canary = f"canary-{os.getpid()}-{time.time_ns()}"
+    long_run = [*prepared_data, *FAST, "--max-steps", "100000"]
+    env = {"HF_TOKEN": canary}
+    first = launcher(
+        jobs, "submit", *SLURM_2x1, "--", *long_run, "--run-dir", str(tmp_path / "a"), env=env, check=True
+    )
+    second = launcher(
+        jobs, "submit", *SLURM_2x1, "--", *long_run, "--run-dir", str(tmp_path / "b"), check=True
+    )
+    running, queued = first.stdout.strip(), second.stdout.strip()
+    # The cluster's two nodes have one CPU each: the second job waits for the first.
+    _until("first job running", lambda: _status(jobs, running)["state"] == "running")
+    assert _status(jobs, queued)["state"] == "pending"
+    trainers = _until(
+        "trainer processes",
+        lambda: [p for p in processes_of(running) if "trainer.cli" in " ".join(p.cmdline())],
+    )
+    assert all(p.environ().get("HF_TOKEN") == canary for p in trainers)  # the job gets the secret
+
+    cancelled = launcher(jobs, "cancel", queued, check=True)
+    assert "cancelled" in cancelled.stdout and _status(jobs, queued)["state"] == "cancelled"
+    launcher(jobs, "cancel", running, check=True)
+    assert _status(jobs, running)["state"] in ("checkpointed", "cancelled")
+    _until("no process of the job", lambda: not processes_of(running), timeout=30)
+    assert _files_containing(jobs, canary) == []  # records, submitit folder, pickles, logs
+
+
+def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    args = [*prepared_data, *FAST, "--max-steps", "200", "--run-dir", str(tmp_path / "run")]
+    proc = launcher(
+        jobs, "submit", *SLURM_2x1, "--wait", "--", *args, env={"GPTLAUNCH_FAULT": "1:3"}, timeout=600
+    )
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "node 1, rank 1" in proc.stderr and "injected fault on rank 1 at step 3" in proc.stderr
+    job_id = proc.stdout.splitlines()[0]
+    status = _status(jobs, job_id)
+    assert status["state"] == "failed" and status["failure"]["rank"] == 1
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["--partition", "nosuch"], "invalid partition"), (["--nodes", "5"], "node count")],
+)
+def test_slurm_refusals_are_clear_errors_and_leave_no_record(
+    args: list[str], needle: str, prepared_data, tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs"
+    proc = launcher(jobs, "submit", *SLURM_2x1, *args, "--", *prepared_data, "--max-steps", "2")
+    assert proc.returncode == 2
+    assert "SLURM refused the job" in proc.stderr and needle in proc.stderr.lower()
+    assert "Traceback" not in proc.stderr
+    assert not jobs.exists() or not any(jobs.iterdir())
