@@ -282,6 +282,8 @@ StorageLoc=slurm_acct_db
 EOF
 }
 
+# EnforcePartLimits=ALL: sbatch refuses a job no partition can ever run (too many nodes), as production
+# clusters do, rather than queueing it forever.
 render_slurm_conf() {
     local n=$1 k
     cat <<EOF
@@ -297,6 +299,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+EnforcePartLimits=ALL
 MpiDefault=none
 MailProg=/bin/true
 SchedulerParameters=sched_interval=$SCHED_INTERVAL

@@ -210,6 +210,8 @@ class SlurmScheduler:
         if state.is_terminal:
             return record.finish(end_outcome(info, record))
         message = f"SLURM job {handle.slurm_job_id}: {info.state}"
+        if state == JobState.PENDING and info.reason:
+            message += f" ({info.reason})"
         if state == JobState.PENDING and status.started_at is not None:
             message += " (requeued: it resumes from its last checkpoint)"
         changes = {

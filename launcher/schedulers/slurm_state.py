@@ -18,7 +18,7 @@ from launcher.jobs import JobRecord, JobState, Outcome
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
-SACCT_FIELDS = "JobID,State,ExitCode,Start,NodeList"
+SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
 
 _STATES = {
     JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"}
@@ -36,6 +36,7 @@ class AccountingInfo:
     state: str  # SLURM's state word, e.g. RUNNING ("CANCELLED by 0" -> CANCELLED)
     exit_code: int | None  # the batch script's exit status (sacct's ExitCode "75:0" -> 75)
     start: float | None  # epoch seconds the current run started (after a requeue: the new run)
+    reason: str = ""  # why a pending job waits (Resources, Priority, BeginTime, ...)
 
 
 class _Watcher(SlurmInfoWatcher):
@@ -71,6 +72,7 @@ class Accounting:
             state=raw["State"].split()[0],
             exit_code=int(status) if status.isdigit() else None,
             start=_epoch(raw.get("Start", "")),
+            reason="" if raw.get("Reason", "None") == "None" else raw.get("Reason", ""),
         )
 
 
@@ -87,8 +89,9 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     since = info.start or status.started_at or status.created_at
     if info.state == "COMPLETED":
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
-    if info.exit_code == EXIT_CHECKPOINTED or read_stop_marker(Path(plan.run_dir), since) is not None:
-        return stop_outcome(plan, since)
+    stopped = read_stop_marker(Path(plan.run_dir), since) is not None
+    if info.exit_code == EXIT_CHECKPOINTED or stopped or status.stop_requested_at is not None:
+        return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
