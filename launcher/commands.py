@@ -19,13 +19,15 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from pydantic import BaseModel
+
 from launcher import procs
 from launcher.flags import UsageError, build_spec
 from launcher.jobs import JobError, JobRecord, JobStatus, list_jobs, new_job_id
 from launcher.plan import Plan
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
-from launcher.spec import JobSpec, SpecError, check_text
+from launcher.spec import JobSpec, check_text
 from trainer.contract import EXIT_INTERRUPTED, EXIT_OK
 
 
@@ -104,8 +106,9 @@ def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: 
     then stops following, not the job)."""
     try:
         scheduler.submit(plan, record, detach=True)
-    except SpecError:  # the scheduler refused the job: leave no record of a job that never was
-        record.discard()
+    except BaseException:  # refused or interrupted before it was accepted: no record of a job never run
+        if record.handle(BaseModel) is None:
+            record.discard()
         raise
     status = scheduler.state(record)
     if status.state.is_terminal:  # it could not start

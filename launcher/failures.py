@@ -27,8 +27,9 @@ class RankError:
     message: str
 
 
-def read_errors(record: JobRecord, nnodes: int) -> list[RankError]:
-    """Every worker error file of the job, earliest first."""
+def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[RankError]:
+    """Every worker error file of the job written at or after ``since`` (epoch seconds; a requeued
+    job's earlier runs left theirs), earliest first."""
     found = []
     for node in range(nnodes):
         for path in record.torchelastic_dir(node).glob("*/attempt_*/*/error.json"):
@@ -39,7 +40,9 @@ def read_errors(record: JobRecord, nnodes: int) -> list[RankError]:
                 ts = int(msg.get("extraInfo", {}).get("timestamp", 0)) if isinstance(msg, dict) else 0
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            found.append(RankError(node, int(path.parent.name), ts, path.stat().st_mtime_ns, text))
+            written_ns = path.stat().st_mtime_ns
+            if written_ns >= since * 1e9:
+                found.append(RankError(node, int(path.parent.name), ts, written_ns, text))
     return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
 
 
@@ -53,10 +56,12 @@ def _global_rank(log: Path, local_rank: int) -> int | None:
     return int(matches[-1]) if matches else None
 
 
-def root_cause(record: JobRecord, nnodes: int, failed_node: int, exit_code: int | None) -> Failure:
-    """The first failure of the job; falls back to the first agent seen failing when no rank left an
-    error file (e.g. a worker killed by a signal, or an agent that could not start)."""
-    errors = read_errors(record, nnodes)
+def root_cause(
+    record: JobRecord, nnodes: int, failed_node: int, exit_code: int | None, since: float = 0.0
+) -> Failure:
+    """The first failure of the job (since ``since``); falls back to the first agent seen failing when
+    no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start)."""
+    errors = read_errors(record, nnodes, since)
     if errors:
         first = errors[0]
         return Failure(

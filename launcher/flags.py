@@ -197,7 +197,10 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         key, _, value = item.partition("=")
         _set(tree, f"scheduler.sbatch.{key.removeprefix('--')}", value)
     if args.secret_env:
-        tree["secret_env"] = [*tree.get("secret_env", DEFAULT_SECRETS), *args.secret_env]
+        from_file = tree.get("secret_env", list(DEFAULT_SECRETS))
+        if not isinstance(from_file, list):
+            raise UsageError("secret_env in --config must be a list of names, e.g. [HF_TOKEN, MY_KEY]")
+        tree["secret_env"] = [*from_file, *args.secret_env]
     if trainer_args:
         from_file = tree.get("trainer_args", [])
         if not isinstance(from_file, list):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from launcher.options import LocalOptions, SchedulerOptions, scheduler_kinds
+from launcher.options import LocalOptions, SchedulerOptions, SlurmOptions, scheduler_kinds
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -141,7 +141,9 @@ class JobSpec(_Strict):
     workdir: Path | None = Field(
         None, description="working directory of every node's processes (default: the current directory)"
     )
-    job_dir: Path | None = Field(None, description="job record directory (default: JOBS_ROOT/JOB_ID)")
+    job_dir: Path | None = Field(
+        None, description="job record directory, new or empty (default: JOBS_ROOT/JOB_ID)"
+    )
     omp_num_threads: int | None = Field(
         None,
         ge=1,
@@ -153,8 +155,8 @@ class JobSpec(_Strict):
     )
     secret_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SECRETS),
-        description="environment variables that are secret: never written (not in env, scripts, "
-        "records or logs); the job gets them from the submitting shell at run time",
+        description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "
+        "written (not in env, scripts, records or logs); the job gets them from the submitting shell",
     )
     trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
 
@@ -205,8 +207,24 @@ class JobSpec(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _slurm_times_fit(self) -> JobSpec:
+        opts = self.scheduler
+        if isinstance(opts, SlurmOptions):
+            if opts.time_min * 60 <= opts.signal_delay_s + 60:
+                raise ValueError(
+                    f"scheduler.time {opts.time!r} leaves under a minute before SLURM's warning "
+                    f"{opts.signal_delay_s} s before the end (signal_delay_s): give a longer --time"
+                )
+            if opts.signal_delay_s <= self.grace_period_s:
+                raise ValueError(
+                    f"signal_delay_s ({opts.signal_delay_s}) must exceed grace_period_s "
+                    f"({self.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _secrets_not_written(self) -> JobSpec:
-        for name in self.secret_env:
+        for name in {*self.secret_env, *DEFAULT_SECRETS}:
             if name in self.network.env:
                 raise ValueError(
                     f"{name} is secret (secret_env): do not pass it with --env, where it would be "

@@ -4,6 +4,7 @@
 # for accounting, slurmdbd, slurmctld and one `slurmd -N nK` per node, all
 # under one state directory. See usage() and ../../../shared/ENGINEERING.md §4.
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # the daemons live there; a non-login root shell may lack them
 
 readonly PROG="dev-cluster"
 readonly STATE="${GPTLAUNCH_SLURM_DIR:-/var/lib/gptlaunch-slurm}"
@@ -12,10 +13,11 @@ readonly MARKER="# written by gptlaunch deploy/slurm/dev-cluster.sh"
 readonly HOSTS_MARKER="# gptlaunch-dev-cluster"
 readonly SLURM_CONF="/etc/slurm/slurm.conf"
 readonly DBD_CONF="/etc/slurm/slurmdbd.conf"
-readonly DB_PORT=16033
-readonly DBD_PORT=16819
-readonly CTLD_PORT=16817
-readonly NODE_PORT_BASE=17000   # node nK listens on 17000+K
+# Ports stay below 15000: SLURM jobs derive their rendezvous port from 15000-29999.
+readonly DB_PORT=13306
+readonly DBD_PORT=6819
+readonly CTLD_PORT=6817
+readonly NODE_PORT_BASE=7000    # node nK listens on 7000+K
 readonly TIMEOUT=60             # seconds any single daemon may take to come up
 readonly STOP_TIMEOUT=30        # seconds a daemon may take to exit on SIGTERM
 # A requeued batch job gets BeginTime = now + job credential lifetime + 1

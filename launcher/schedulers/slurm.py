@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shlex
 import shutil
 import subprocess
@@ -154,8 +155,9 @@ class SlurmScheduler:
         lives in SLURM's queue). Raises SubmitRejected with SLURM's error when sbatch refuses it."""
         import submitit  # here: status, logs and cancel never need it
 
-        if shutil.which("sbatch") is None:
-            raise SpecError(f"sbatch {NO_SLURM}")
+        for command in ("sbatch", "srun"):
+            if shutil.which(command) is None:
+                raise SubmitRejected(f"{command} {NO_SLURM}")
         spec = record.spec()
         opts = _options(spec)
         folder = record.dir / "submitit"
@@ -173,7 +175,10 @@ class SlurmScheduler:
             srun_args=SRUN_ARGS,
             stderr_to_stdout=True,
             setup=BATCH_SETUP,
-            additional_parameters={k: v or True for k, v in options.items() if k not in named},
+            # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
+            # environment exported: the secrets reach the job from there.
+            additional_parameters={k: v or True for k, v in options.items() if k not in named}
+            | {"requeue": True, "export": "ALL"},
         )
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
         task = NodeTask(
@@ -189,6 +194,8 @@ class SlurmScheduler:
                 job = executor.submit(task)
         except submitit.core.utils.FailedJobError as e:
             raise SubmitRejected(f"SLURM refused the job: {str(e).strip() or 'sbatch failed'}") from None
+        except (RuntimeError, OSError) as e:  # no srun here, sbatch output not understood, ...
+            raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
         handle = SlurmHandle(slurm_job_id=str(job.job_id), submitit_folder=str(folder))
         record.write_handle(handle)
         record.update_status(state=JobState.PENDING, message=f"SLURM job {job.job_id}")
@@ -266,8 +273,12 @@ class SlurmScheduler:
 
 
 def _scancel(slurm_job_id: str, *args: str) -> None:
+    """scancel; a job that is already ending (or gone from the controller) is not an error."""
     try:
         argv = ["scancel", *args, slurm_job_id]
         subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
     except subprocess.CalledProcessError as e:
-        raise JobError(f"scancel {slurm_job_id} failed: {e.stderr.strip() or e}") from None
+        if not re.search(r"already completing|completed|invalid job id", e.stderr, re.IGNORECASE):
+            raise JobError(f"scancel {slurm_job_id} failed: {e.stderr.strip() or e}") from None
+    except subprocess.TimeoutExpired:
+        raise JobError(f"scancel {slurm_job_id} did not answer in 60 s: is slurmctld up?") from None

@@ -48,6 +48,13 @@ class _Watcher(SlurmInfoWatcher):
             command[command.index("-o") + 1] = SACCT_FIELDS
         return command
 
+    def is_done(self, job_id: str, mode: str = "standard") -> bool:
+        # submitit's list of unfinished words lacks some (SUSPENDED, REQUEUE_HOLD, ...): it would stop
+        # asking sacct about a job that has not ended.
+        words = self.get_state(job_id, mode=mode).split()
+        state = job_state(words[0]) if words else None
+        return state is not None and state.is_terminal
+
 
 def _epoch(text: str) -> float | None:
     try:
@@ -95,8 +102,8 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    if read_errors(record, plan.nnodes):
-        failure = root_cause(record, plan.nnodes, 0, info.exit_code)
+    if read_errors(record, plan.nnodes, since):
+        failure = root_cause(record, plan.nnodes, 0, info.exit_code, since)
         summary = failure.summary()
         return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
     message = (

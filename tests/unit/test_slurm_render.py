@@ -129,12 +129,19 @@ def test_slurm_time_forms(text: str, minutes: int) -> None:
         (["--slurm-opt", "Bad_Key=1"], "not an sbatch option name"),
         (["--env", "HF_TOKEN=x"], "HF_TOKEN is secret"),
         (["--secret-env", "MY_KEY", "--env", "MY_KEY=x"], "MY_KEY is secret"),
+        (["--time", "2"], "leaves under a minute"),
+        (["--signal-delay-s", "40"], "must exceed grace_period_s"),
     ],
 )
 def test_bad_slurm_options_are_clear_errors(args: list[str], needle: str, tmp_path: Path, capsys) -> None:
     code = main(["--jobs-root", str(tmp_path), "render", "--scheduler", "slurm", *args])
     assert code == 2 and needle in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_default_secrets_stay_secret_when_a_config_lists_others() -> None:
+    with pytest.raises(ValueError, match="HF_TOKEN is secret"):
+        JobSpec.model_validate({"secret_env": ["MY_KEY"], "network": {"env": {"HF_TOKEN": "x"}}})
 
 
 def test_an_option_of_another_scheduler_names_it(tmp_path: Path, capsys) -> None:
