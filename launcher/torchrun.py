@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from launcher.spec import JobSpec
+from trainer.contract import JOB_ID_ENV
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "
@@ -43,6 +44,19 @@ def torchrun_argv(
     if rdzv.backend == "static":
         argv.append(f"--node-rank={node_rank}")
     return [*argv, "-m", "trainer.cli", "train", *trainer_args]
+
+
+def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[str, str]:
+    """The environment every node's torchrun agent (and so every rank) gets from the Plan: the
+    network settings, the thread count (None: torchrun's default), the job id that marks the job's
+    processes, and the rank prefix of every worker line."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        **spec.network.as_env(),
+        **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
+        JOB_ID_ENV: job_id,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
+    }
 
 
 def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:

@@ -36,8 +36,8 @@ from launcher.options import LocalOptions
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, supervise
 from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import LOG_LINE_PREFIX, torchrun_argv, with_run_dir
-from trainer.contract import EXIT_FAILED, JOB_ID_ENV, read_stop_marker
+from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+from trainer.contract import EXIT_FAILED, read_stop_marker
 
 
 def free_port(host: str) -> int:
@@ -110,13 +110,7 @@ class LocalScheduler:
     def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts['rdzv_host']}:{facts['rdzv_port']}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        env = {
-            "PYTHONUNBUFFERED": "1",
-            **spec.network.as_env(),
-            "OMP_NUM_THREADS": str(facts["omp_num_threads"]),
-            JOB_ID_ENV: job_id,
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
-        }
+        env = agent_env(spec, job_id, facts["omp_num_threads"])
         nodes = []
         for k in range(spec.nnodes):
             argv = torchrun_argv(

@@ -32,8 +32,7 @@ from launcher.schedulers.slurm_script import SRUN_ARGS, sbatch_options, sbatch_s
 from launcher.schedulers.slurm_state import Accounting, end_outcome, job_state
 from launcher.schedulers.slurm_task import NodeTask
 from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import LOG_LINE_PREFIX, torchrun_argv, with_run_dir
-from trainer.contract import JOB_ID_ENV
+from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
 
 SCRIPT = "job.sbatch"
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
@@ -107,13 +106,7 @@ class SlurmScheduler:
         threads = spec.omp_num_threads or (
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
-        env = {
-            "PYTHONUNBUFFERED": "1",
-            **spec.network.as_env(),
-            **({"OMP_NUM_THREADS": str(threads)} if threads else {}),
-            JOB_ID_ENV: job_id,
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
-        }
+        env = agent_env(spec, job_id, threads)
         argv = [spec.python, "-m", "launcher.node", "--", *agent]
         nodes = [
             NodePlan(
