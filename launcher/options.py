@@ -115,7 +115,10 @@ class SlurmOptions(BaseModel):
         "checkpoint, the job is requeued); USR1 is avoided, NCCL may use it",
     )
     max_requeues: int = Field(
-        3, ge=0, description="requeues after reaching the time limit (preemptions are not counted)"
+        3,
+        ge=0,
+        description="requeues after reaching the time limit (through submitit preemptions are not "
+        "counted; the standalone sbatch script counts every requeue)",
     )
     sbatch: dict[str, str] = Field(
         default_factory=dict,

@@ -7,6 +7,7 @@ back to ``pending`` and runs again under the same id: only SLURM's end states ar
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from launcher.failures import read_errors, root_cause, stop_outcome
 from launcher.jobs import JobRecord, JobState, Outcome
+from launcher.schedulers.slurm_task import failed_name
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
@@ -88,6 +90,19 @@ def job_state(slurm_state: str) -> JobState | None:
     return next((state for state, words in _STATES.items() if slurm_state in words), None)
 
 
+def _first_failed_node(record: JobRecord, nnodes: int, since: float) -> tuple[int, int | None] | None:
+    """(node, its agent's exit code) of the first node whose task recorded a failure in this run."""
+    found = []
+    for node in range(nnodes):
+        try:
+            data = json.loads((record.dir / failed_name(node)).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("time", 0) >= since:
+            found.append((data["time"], node, data.get("exit_code")))
+    return (min(found)[1], min(found)[2]) if found else None
+
+
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     """How a job that SLURM reports ended did end: succeeded; checkpointed when the ranks stopped with
     a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
@@ -102,8 +117,10 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    if read_errors(record, plan.nnodes, since):
-        failure = root_cause(record, plan.nnodes, 0, info.exit_code, since)
+    first = _first_failed_node(record, plan.nnodes, since)
+    if read_errors(record, plan.nnodes, since) or first is not None:
+        node, code = first or (0, info.exit_code)
+        failure = root_cause(record, plan.nnodes, node, code, since)
         summary = failure.summary()
         return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
     message = (

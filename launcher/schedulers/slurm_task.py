@@ -13,6 +13,7 @@ Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -20,10 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, atomic_write_text, read_stop_marker
 
 # The torchrun agent of this process, for checkpoint(): module state, so the task itself stays picklable.
 _agent: subprocess.Popen[bytes] | None = None
+
+
+def failed_name(node: int) -> str:
+    """The file in the job record where node ``node``'s task records its failure: {exit_code, time}."""
+    return f"node-{node}.failed.json"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class NodeTask:
             if node == 0:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
+        # Which node failed first, even when no rank could write an error file (a crash, a kill).
+        failed = {"exit_code": code, "time": time.time()}
+        atomic_write_text(Path(self.job_dir) / failed_name(node), json.dumps(failed))
         raise SystemExit(EXIT_FAILED)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,73 @@
+"""How a SLURM job that accounting reports as ended did end: the outcome recorded in the job record."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.jobs import JobRecord, JobState, JobStatus
+from launcher.schedulers.slurm import SlurmScheduler
+from launcher.schedulers.slurm_state import AccountingInfo, end_outcome
+from launcher.schedulers.slurm_task import failed_name
+from launcher.spec import JobSpec
+from trainer.contract import write_stop_marker
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> JobRecord:
+    spec = JobSpec.model_validate({"nnodes": 2, "scheduler": "slurm"})
+    job_dir = tmp_path / "job"
+    plan = SlurmScheduler().render(spec, {"workdir": str(tmp_path), "gpus_per_node": 0}, "j", job_dir)
+    return JobRecord.create(job_dir, spec, plan, JobStatus(created_at=time.time() - 60))
+
+
+def _error_file(record: JobRecord, node: int, message: str, when: float) -> None:
+    path = record.torchelastic_dir(node) / "run" / "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": int(when)}}}))
+
+
+def test_completed_is_succeeded(record: JobRecord) -> None:
+    outcome = end_outcome(AccountingInfo("COMPLETED", 0, time.time() - 30), record)
+    assert (outcome.state, outcome.exit_code) == (JobState.SUCCEEDED, 0)
+
+
+def test_a_stop_with_a_checkpoint_is_checkpointed_whatever_slurm_calls_it(record: JobRecord) -> None:
+    run_dir = Path(record.plan().run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "ckpt.pt").write_bytes(b"")
+    write_stop_marker(run_dir, 7, run_dir / "ckpt.pt", "SIGTERM")
+    for word in ("CANCELLED", "FAILED", "TIMEOUT"):
+        outcome = end_outcome(AccountingInfo(word, 1, time.time() - 30), record)
+        assert (outcome.state, outcome.exit_code) == (JobState.CHECKPOINTED, 75)
+        assert "step 7" in outcome.message
+
+
+def test_a_cancel_before_any_checkpoint_is_cancelled(record: JobRecord) -> None:
+    record.update_status(stop_requested_at=time.time())
+    outcome = end_outcome(AccountingInfo("FAILED", 1, time.time() - 30), record)
+    assert (outcome.state, outcome.exit_code) == (JobState.CANCELLED, 130)
+
+
+def test_the_first_failing_node_is_named_even_without_an_error_file(record: JobRecord) -> None:
+    now = time.time()
+    (record.dir / failed_name(1)).write_text(json.dumps({"exit_code": -9, "time": now - 5}))
+    (record.dir / failed_name(0)).write_text(json.dumps({"exit_code": 1, "time": now - 2}))
+    outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30), record)
+    assert outcome.state == JobState.FAILED and outcome.failure is not None
+    assert outcome.failure.node_rank == 1 and "node 1" in outcome.message and "-9" in outcome.message
+
+
+def test_error_files_of_a_run_before_a_requeue_are_not_the_root_cause(record: JobRecord) -> None:
+    now = time.time()
+    _error_file(record, 0, "RuntimeError: from the first run", now - 600)
+    for path in record.torchelastic_dir(0).rglob("error.json"):
+        os.utime(path, (now - 600, now - 600))
+    _error_file(record, 1, "RuntimeError: this run", now - 5)
+    outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30), record)
+    assert outcome.failure is not None and outcome.failure.node_rank == 1
+    assert "this run" in outcome.message
