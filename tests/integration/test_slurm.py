@@ -58,6 +58,35 @@ def _until(what: str, check, timeout: float = 180.0, every: float = 0.5):
     raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
+def _trainer_args(prepared_data: list[str], run_dir: Path, max_steps: int) -> list[str]:
+    """Train ``max_steps`` steps into ``run_dir``, checkpointing only at the end or on a stop."""
+    return [
+        *prepared_data,
+        *FAST,
+        "--max-steps",
+        str(max_steps),
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-interval",
+        "1000",
+    ]
+
+
+def _sbatch_rendered(jobs: Path, tmp_path: Path, args: list[str]) -> str:
+    """Render the job's sbatch script, submit it with plain sbatch; the SLURM job id."""
+    (tmp_path / "job.sbatch").write_text(launcher(jobs, "render", *SLURM_2x1, "--", *args, check=True).stdout)
+    assert not jobs.exists()  # rendering writes nothing
+    out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
+    return out.strip().split(";")[0]
+
+
+def _until_ended(slurm_id: str, timeout: float = 180.0) -> None:
+    ended = ("COMPLETED", "FAILED", "CANCELLED")
+    _until(
+        f"SLURM job {slurm_id} ended", lambda: any(r[0] in ended for r in _sacct(slurm_id, "State")), timeout
+    )
+
+
 def _reached(run_dir: Path, step: int) -> bool:
     return (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= step
 
@@ -88,14 +117,8 @@ def test_two_node_job_trains_and_succeeds(prepared_data, tmp_path: Path) -> None
 
 def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_path: Path) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = [*prepared_data, *FAST, "--max-steps", "20", "--run-dir", str(run_dir)]
-    script = launcher(jobs, "render", *SLURM_2x1, "--", *args, check=True).stdout
-    (tmp_path / "job.sbatch").write_text(script)
-    assert not jobs.exists()  # rendering writes nothing
-    out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
-    slurm_id = out.strip().split(";")[0]
-    ended = ("COMPLETED", "FAILED", "CANCELLED")
-    _until("plain sbatch job end", lambda: any(r[0] in ended for r in _sacct(slurm_id, "State")))
+    slurm_id = _sbatch_rendered(jobs, tmp_path, _trainer_args(prepared_data, run_dir, 20))
+    _until_ended(slurm_id)
     assert _sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
     assert {m["world_size"] for m in metrics(run_dir) if "world_size" in m} == {2}
     assert max(losses(run_dir)) == 20 and list(run_dir.glob("*20*.pt"))
@@ -105,23 +128,10 @@ def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_pa
 
 def test_the_sbatch_script_requeues_on_the_warning_signal_and_resumes(prepared_data, tmp_path: Path) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = [
-        *prepared_data,
-        *FAST,
-        "--max-steps",
-        "40",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-interval",
-        "1000",
-    ]
-    (tmp_path / "job.sbatch").write_text(launcher(jobs, "render", *SLURM_2x1, "--", *args, check=True).stdout)
-    out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
-    slurm_id = out.strip().split(";")[0]
+    slurm_id = _sbatch_rendered(jobs, tmp_path, _trainer_args(prepared_data, run_dir, 40))
     _until("step 5", lambda: _reached(run_dir, 5))
     run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
-    ended = ("COMPLETED", "FAILED", "CANCELLED")
-    _until("requeued job end", lambda: any(r[0] in ended for r in _sacct(slurm_id, "State")), timeout=600)
+    _until_ended(slurm_id, timeout=600)
     assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
     assert sorted(losses(run_dir)) == list(range(1, 41))  # resumed: no step twice, none missing
 
@@ -130,16 +140,7 @@ def test_preemption_checkpoints_requeues_and_resumes_to_exactly_max_steps(
     prepared_data, tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = [
-        *prepared_data,
-        *FAST,
-        "--max-steps",
-        "60",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-interval",
-        "1000",
-    ]
+    args = _trainer_args(prepared_data, run_dir, 60)
     proc = launcher(jobs, "submit", *SLURM_2x1, "--", *args, check=True)
     job_id = proc.stdout.strip()
     slurm_id = _slurm_id(jobs, job_id)
