@@ -19,8 +19,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from pydantic import BaseModel
-
 from launcher import procs
 from launcher.flags import UsageError, build_spec
 from launcher.jobs import JobError, JobRecord, JobStatus, list_jobs, new_job_id
@@ -107,7 +105,7 @@ def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: 
     try:
         scheduler.submit(plan, record, detach=True)
     except BaseException:  # refused or interrupted before it was accepted: no record of a job never run
-        if record.handle(BaseModel) is None:
+        if not record.has_handle():
             record.discard()
         raise
     status = scheduler.state(record)

@@ -217,8 +217,13 @@ class JobRecord:
 
     def handle(self, model: type[ModelT]) -> ModelT | None:
         """The scheduler's handle (None before the job was submitted)."""
-        path = self.dir / "handle.json"
-        return model.model_validate_json(path.read_text()) if path.is_file() else None
+        if not self.has_handle():
+            return None
+        return model.model_validate_json((self.dir / "handle.json").read_text())
+
+    def has_handle(self) -> bool:
+        """Whether the scheduler accepted the job (and saved how to find it)."""
+        return (self.dir / "handle.json").is_file()
 
     def write_handle(self, handle: BaseModel) -> None:
         atomic_write_text(self.dir / "handle.json", handle.model_dump_json(indent=2))

@@ -9,6 +9,7 @@ job again from its record alone, from any shell, long after ``submit`` returned.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from launcher.jobs import JobRecord, JobStatus
+from launcher.logs import tail
 from launcher.plan import Plan
 from launcher.spec import JobSpec
 
@@ -60,3 +62,25 @@ class Scheduler(Protocol):
         grace period); else at once (asking again while a stop is under way stops the job at once,
         without waiting for checkpoints). Raises JobError when the job cannot be stopped from here."""
         ...
+
+
+def node_logs(scheduler: Scheduler, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
+    """``Scheduler.logs`` for schedulers whose nodes write ``node-<k>.log`` in the job record: the lines
+    as ``node<k> | line``, with ``follow`` until ``scheduler.state`` is terminal."""
+    nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
+    files = [(f"node{n.node_rank}", record.node_log(n.node_rank)) for n in nodes]
+    return tail(files, lambda: follow and not scheduler.state(record).state.is_terminal)
+
+
+def wait_terminal(
+    scheduler: Scheduler, record: JobRecord, timeout_s: float, poll_s: float
+) -> JobStatus | None:
+    """The job's status once it is terminal, or None if it is not within ``timeout_s`` seconds (asked
+    every ``poll_s`` seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = scheduler.state(record)
+        if status.state.is_terminal:
+            return status
+        time.sleep(poll_s)
+    return None

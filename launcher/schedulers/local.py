@@ -31,9 +31,9 @@ from launcher.jobs import (
     node_log_name,
     torchelastic_dir,
 )
-from launcher.logs import tail
 from launcher.options import LocalOptions
 from launcher.plan import NodePlan, Plan
+from launcher.schedulers.base import node_logs, wait_terminal
 from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, supervise
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
@@ -199,9 +199,7 @@ class LocalScheduler:
         )
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
-        nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
-        files = [(f"node{n.node_rank}", record.node_log(n.node_rank)) for n in nodes]
-        return tail(files, lambda: follow and not self.state(record).state.is_terminal)
+        return node_logs(self, record, node, follow)
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         status = self.state(record)
@@ -216,7 +214,7 @@ class LocalScheduler:
             if not wait:
                 return status
             grace = record.spec().grace_period_s
-            final = _wait_terminal(self, record, timeout_s=grace + 3 * FAIL_FAST_GRACE_S)
+            final = wait_terminal(self, record, grace + 3 * FAIL_FAST_GRACE_S, poll_s=0.1)
             if final is not None:
                 return final
         elif not wait:  # nothing to ask: the sweep below would block
@@ -244,14 +242,3 @@ def _ensure_std_fds() -> None:
             os.fstat(fd)
         except OSError:
             os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
-
-
-def _wait_terminal(scheduler: LocalScheduler, record: JobRecord, timeout_s: float) -> JobStatus | None:
-    """The job's status once it is terminal, or None if it is not within ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = scheduler.state(record)
-        if status.state.is_terminal:
-            return status
-        time.sleep(0.1)
-    return None

@@ -25,9 +25,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from launcher.jobs import JobError, JobRecord, JobState, JobStatus, node_log_name, torchelastic_dir
-from launcher.logs import tail
 from launcher.options import SlurmOptions
 from launcher.plan import NodePlan, Plan
+from launcher.schedulers.base import node_logs, wait_terminal
 from launcher.schedulers.slurm_script import SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm_state import Accounting, end_outcome, job_state
 from launcher.schedulers.slurm_task import NodeTask
@@ -35,6 +35,7 @@ from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
 
 SCRIPT = "job.sbatch"
+POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
 NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
@@ -224,9 +225,7 @@ class SlurmScheduler:
         return record.update_status(**changes)
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
-        nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
-        files = [(f"node{n.node_rank}", record.node_log(n.node_rank)) for n in nodes]
-        return tail(files, lambda: follow and not self.state(record).state.is_terminal)
+        return node_logs(self, record, node, follow)
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         """SIGTERM to every task of the job (``scancel --signal=TERM``): the ranks checkpoint and exit,
@@ -243,26 +242,17 @@ class SlurmScheduler:
             _scancel(handle.slurm_job_id, "--signal=TERM")
             if not wait:
                 return self.state(record)
-            final = self._wait_terminal(record, record.spec().grace_period_s)
+            final = wait_terminal(self, record, record.spec().grace_period_s, POLL_S)
             if final is not None:
                 return final
         # Queued, asked a second time, or still running after the grace period: SLURM cancels it.
         _scancel(handle.slurm_job_id)
         if not wait:
             return self.state(record)
-        final = self._wait_terminal(record, SCANCEL_WAIT_S)
+        final = wait_terminal(self, record, SCANCEL_WAIT_S, POLL_S)
         if final is None:
             raise JobError(f"SLURM job {handle.slurm_job_id} did not end within {SCANCEL_WAIT_S:.0f} s")
         return final
-
-    def _wait_terminal(self, record: JobRecord, timeout_s: float) -> JobStatus | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            status = self.state(record)
-            if status.state.is_terminal:
-                return status
-            time.sleep(0.5)
-        return None
 
 
 def _scancel(slurm_job_id: str, *args: str) -> None:
