@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from launcher import __version__, commands
 from launcher.flags import UsageError, add_job_flags, fields_help
@@ -17,10 +18,11 @@ from trainer.contract import EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
     "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
-    "2 invalid input (nothing is written); 75 stopped on request after a checkpoint "
+    "2 invalid input (nothing is written); 3 the hosts' versions differ (parity check; the diff is printed, "
+    "nothing is started); 75 stopped on request after a checkpoint "
     "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
 )
-COMMANDS = "{submit,render,list,status,logs,wait,cancel}"
+COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +91,48 @@ def _parser() -> argparse.ArgumentParser:
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    _add_probe_and_check(sub, fmt)
     return p
+
+
+def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser], fmt: Any) -> None:
+    s = sub.add_parser(
+        "probe",
+        help="report this host's versions (Python, torch, CUDA, NCCL, packages, GPUs, interfaces)",
+        description="Report what the version-parity check compares: run on every host by `launcher check` "
+        "and before every SSH job.",
+    )
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s = sub.add_parser(
+        "check",
+        help="probe SSH hosts in parallel and check version parity (and, with --collective, the network)",
+        description="Probe every host at once over ssh and print a table; fields that must match (Python, "
+        "torch and its git hash, CUDA, NCCL, cuDNN, gptlaunch, key packages, image digest) are "
+        "compared and every host needs at least --gpus-per-node GPUs when hosts have GPUs. "
+        "--collective also checks master_addr and the rendezvous port, picks each host's interface "
+        "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition).",
+        epilog=f"exit codes: 0 all hosts match; 2 invalid input or a host cannot be reached or checked; "
+        f"3 the hosts differ (the diff is printed)\n\n{EXIT_CODES}",
+        formatter_class=fmt,
+        allow_abbrev=False,
+    )
+    hosts = s.add_mutually_exclusive_group(required=True)
+    hosts.add_argument("--hosts", metavar="H1,H2,...", help="comma-separated hosts")
+    hosts.add_argument("--hostfile", type=Path, help="file of hosts, one `host [slots=N]` per line")
+    s.add_argument("--nodes", type=int, help="check only the first N hosts (default: all)")
+    s.add_argument("--gpus-per-node", "--nproc-per-node", type=int, default=1, dest="gpus_per_node",
+                   help="GPUs each host must have when hosts have GPUs (default: 1)")  # fmt: skip
+    s.add_argument(
+        "--python", default=sys.executable, help="the interpreter on the hosts (default: this one)"
+    )
+    s.add_argument("--ssh-opt", action="append", default=[], metavar="KEY=VALUE", help="ssh -o option")
+    s.add_argument("--ssh-host-key-check", choices=["yes", "accept-new"], default="yes")
+    s.add_argument("--ssh-connect-timeout-s", type=int, default=10)
+    s.add_argument("--collective", action="store_true", help="also run an all_reduce across the hosts")
+    s.add_argument("--collective-timeout-s", type=float, default=60.0, help="bound on the all_reduce")
+    s.add_argument("--gloo-socket-ifname", help="force GLOO_SOCKET_IFNAME (default: chosen per host)")
+    s.add_argument("--nccl-socket-ifname", help="force NCCL_SOCKET_IFNAME (default: chosen per host)")
+    s.add_argument("--json", action="store_true", help="machine-readable report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,10 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "logs": commands.cmd_logs,
             "wait": commands.cmd_wait,
             "cancel": commands.cmd_cancel,
+            "probe": commands.cmd_probe,
+            "check": commands.cmd_check,
         }[args.command](args)
     except (UsageError, JobNotFound, JobError, SpecError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return getattr(e, "exit_code", EXIT_USAGE)
 
 
 if __name__ == "__main__":

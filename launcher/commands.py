@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from launcher import procs
 from launcher.flags import UsageError, build_spec
@@ -26,7 +26,7 @@ from launcher.plan import Plan
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
 from launcher.spec import JobSpec, check_text
-from trainer.contract import EXIT_INTERRUPTED, EXIT_OK
+from trainer.contract import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 
 
 def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
@@ -286,3 +286,78 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     status = scheduler.cancel(record)
     print(f"job {record.job_id}: {status.state}" + (f" ({status.message})" if status.message else ""))
     return EXIT_OK
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from launcher.probe import main as probe_main
+
+    return probe_main(["--json"] if args.json else [])
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Probe the hosts at once, print the table (or JSON), the diff, and with --collective the
+    all_reduce bandwidth. Exit 0 when they match, 3 (EXIT_PARITY) when not."""
+    from launcher import check
+    from launcher.options import SshOptions
+    from launcher.parity import compare, diff_text, report_table
+
+    try:
+        opts = SshOptions(
+            hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else [],
+            hostfile=args.hostfile,
+            ssh_opts=args.ssh_opt,
+            host_key_check=args.ssh_host_key_check,
+            connect_timeout_s=args.ssh_connect_timeout_s,
+        )
+    except ValueError as e:  # pydantic's ValidationError is one
+        raise UsageError(str(e)) from None
+    settings = check.ssh_settings(opts)
+    hosts = check.hosts_of(opts, args.nodes, args.gpus_per_node)
+    master = check.master_address(settings, hosts[0])
+    started = time.monotonic()
+    probes = check.probe_hosts(settings, hosts, args.python, master)
+    probe_s = time.monotonic() - started
+    mismatches, shortfalls = compare(probes, args.gpus_per_node)
+    report: dict[str, object] = {
+        "hosts": {h: p.model_dump(mode="json") for h, p in probes.items()},
+        "probe_s": probe_s,
+        "mismatches": [m.describe() for m in mismatches] + [s.describe() for s in shortfalls],
+    }
+    if not args.json:
+        print(report_table(probes))
+        print(f"\n{len(hosts)} host(s) probed in parallel in {probe_s:.1f} s")
+        print(
+            diff_text(mismatches, shortfalls) if mismatches or shortfalls else "versions match on every host"
+        )
+    if args.collective and not (mismatches or shortfalls):
+        report["collective"] = _check_collective(args, opts, probes, master).model_dump(mode="json")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return EXIT_PARITY if mismatches or shortfalls else EXIT_OK
+
+
+def _check_collective(args: argparse.Namespace, opts: Any, probes: dict[str, Any], master: str) -> Any:
+    from launcher import check
+    from launcher.collective import format_table
+
+    hosts = list(probes)
+    settings = check.ssh_settings(opts)
+    ifnames = check.choose_ifnames(probes, master, multi_host=len(hosts) > 1)
+    port = probes[hosts[0]].free_port
+    check.check_port(settings, hosts, args.python, master, port)
+    env = {
+        k: v
+        for k, v in (
+            ("GLOO_SOCKET_IFNAME", args.gloo_socket_ifname),
+            ("NCCL_SOCKET_IFNAME", args.nccl_socket_ifname),
+        )
+        if v
+    }
+    plan = check.HostPlan(hosts, master, port, ifnames, probes)
+    if not args.json:
+        chosen = ", ".join(f"{h}: {env.get('GLOO_SOCKET_IFNAME', i)}" for h, i in ifnames.items())
+        print(f"\nall_reduce across {len(hosts)} host(s), master_addr {master}:{port}, interfaces {chosen}")
+    result = check.collective(opts, plan, args.python, env, args.collective_timeout_s)
+    if not args.json:
+        print(format_table(result))
+    return result

@@ -62,10 +62,21 @@ def root_cause(
     """The first failure of the job (since ``since``); falls back to the first agent seen failing when
     no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start)."""
     errors = read_errors(record, nnodes, since)
+    hosts = {n.node_rank: n.named_host for n in record.plan().nodes}
+    signum = killed_by(exit_code)
+    if signum is not None:  # the agent itself was killed: the peers' errors come after
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"the torchrun agent of node {failed_node} was killed by signal {signum}; "
+            f"see {record.node_log(failed_node)}",
+        )
     if errors:
         first = errors[0]
         return Failure(
             node_rank=first.node_rank,
+            host=hosts.get(first.node_rank),
             local_rank=first.local_rank,
             rank=_global_rank(record.node_log(first.node_rank), first.local_rank),
             exit_code=exit_code,
@@ -73,10 +84,19 @@ def root_cause(
         )
     return Failure(
         node_rank=failed_node,
+        host=hosts.get(failed_node),
         exit_code=exit_code,
         error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
         f"see {record.node_log(failed_node)}",
     )
+
+
+def killed_by(exit_code: int | None) -> int | None:
+    """The signal that killed an agent, from its exit code (-N from Popen, 128+N through a shell or
+    ssh), else None. torchrun itself exits 1 when a worker dies, so this names the agent's death."""
+    if exit_code is None or 0 <= exit_code <= 128:
+        return None
+    return -exit_code if exit_code < 0 else exit_code - 128
 
 
 def stop_outcome(plan: Plan, since: float) -> Outcome:

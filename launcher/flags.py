@@ -19,6 +19,8 @@ from launcher.options import scheduler_kinds
 from launcher.spec import DEFAULT_SECRETS, JobSpec
 
 SLURM_GROUP = "slurm (with --scheduler slurm)"
+SSH_GROUP = "ssh (with --scheduler ssh)"
+NETWORK_GROUP = "network (environment of every node)"
 # (flags, dotted JobSpec field, argument group)
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
@@ -37,10 +39,11 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--rdzv-join-timeout-s",), "rendezvous.join_timeout_s", "rendezvous"),
     (("--rdzv-last-call-timeout-s",), "rendezvous.last_call_timeout_s", "rendezvous"),
     (("--max-restarts",), "rendezvous.max_restarts", "rendezvous"),
-    (("--nccl-socket-ifname",), "network.nccl_socket_ifname", "network (environment of every node)"),
-    (("--gloo-socket-ifname",), "network.gloo_socket_ifname", "network (environment of every node)"),
-    (("--nccl-ib-disable",), "network.nccl_ib_disable", "network (environment of every node)"),
-    (("--nccl-debug",), "network.nccl_debug", "network (environment of every node)"),
+    (("--nccl-socket-ifname",), "network.nccl_socket_ifname", NETWORK_GROUP),
+    (("--gloo-socket-ifname",), "network.gloo_socket_ifname", NETWORK_GROUP),
+    (("--nccl-ib-disable",), "network.nccl_ib_disable", NETWORK_GROUP),
+    (("--nccl-debug",), "network.nccl_debug", NETWORK_GROUP),
+    (("--debug",), "network.debug", NETWORK_GROUP),
     (("--partition",), "scheduler.partition", SLURM_GROUP),
     (("--time",), "scheduler.time", SLURM_GROUP),
     (("--account",), "scheduler.account", SLURM_GROUP),
@@ -51,6 +54,11 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--slurm-gpus",), "scheduler.gpus", SLURM_GROUP),
     (("--max-requeues",), "scheduler.max_requeues", SLURM_GROUP),
     (("--signal-delay-s",), "scheduler.signal_delay_s", SLURM_GROUP),
+    (("--hostfile",), "scheduler.hostfile", SSH_GROUP),
+    (("--ssh-host-key-check",), "scheduler.host_key_check", SSH_GROUP),
+    (("--ssh-connect-timeout-s",), "scheduler.connect_timeout_s", SSH_GROUP),
+    (("--skip-parity",), "scheduler.skip_parity", SSH_GROUP),
+    (("--preflight",), "scheduler.preflight", SSH_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
 
@@ -123,7 +131,19 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE]",
         help="any other sbatch option, e.g. mail-type=END or exclusive (repeatable)",
     )
-    net = groups["network (environment of every node)"]
+    groups[SSH_GROUP].add_argument(
+        "--hosts",
+        metavar="H1,H2,...",
+        help="the hosts, comma-separated ([user@]host or ~/.ssh/config aliases); or --hostfile",
+    )
+    groups[SSH_GROUP].add_argument(
+        "--ssh-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ssh option for every connection (ssh -o), e.g. ProxyJump=bastion (repeatable)",
+    )
+    net = groups[NETWORK_GROUP]
     net.add_argument(
         "--env",
         action="append",
@@ -193,6 +213,10 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         if not sep:
             raise UsageError(f"--env {item!r}: use KEY=VALUE")
         _set(tree, f"network.env.{key}", value)
+    if args.hosts is not None:
+        _set(tree, "scheduler.hosts", [h.strip() for h in args.hosts.split(",") if h.strip()])
+    if args.ssh_opt:
+        _set(tree, "scheduler.ssh_opts", list(args.ssh_opt))
     for item in args.slurm_opt:
         key, _, value = item.partition("=")
         _set(tree, f"scheduler.sbatch.{key.removeprefix('--')}", value)

@@ -72,13 +72,14 @@ class Failure(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     node_rank: int
+    host: str | None = None  # the node's host, where the scheduler names one (SSH)
     rank: int | None = None
     local_rank: int | None = None
     exit_code: int | None = None
     error: str = ""
 
     def summary(self) -> str:
-        who = f"node {self.node_rank}"
+        who = f"node {self.node_rank}" + (f" (host {self.host})" if self.host else "")
         if self.rank is not None:
             who += f", rank {self.rank}"
         if self.local_rank is not None:

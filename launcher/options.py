@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from launcher.ssh import SSH_OPT_RE, check_host
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -169,8 +172,79 @@ class SlurmOptions(BaseModel):
         return slurm_minutes(self.time)
 
 
-# Union keeps the discriminator valid; SSH and compose options join it.
-SchedulerOptions = Annotated[Union[LocalOptions, SlurmOptions], Field(discriminator="kind")]  # noqa: UP007
+class SshOptions(BaseModel):
+    """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["ssh"] = Field("ssh", description="where the job runs (ssh: hosts reached by ssh)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="hosts, [user@]host or ~/.ssh/config aliases; the first --nodes of them run the job, "
+        "the first hosts the rendezvous (or hostfile)",
+    )
+    hostfile: Path | None = Field(
+        None, description="file of hosts, one `host [slots=N]` per line, # comments (or hosts)"
+    )
+    ssh_opts: list[str] = Field(
+        default_factory=list, description="extra ssh options KEY=VALUE (ssh -o), e.g. ProxyJump=bastion"
+    )
+    host_key_check: Literal["yes", "accept-new"] = Field(
+        "yes",
+        description="StrictHostKeyChecking: yes (a host must be in known_hosts) or accept-new (record "
+        "the key of a host seen for the first time; a changed key is still refused)",
+    )
+    connect_timeout_s: int = Field(10, ge=1, le=300, description="seconds to wait for each ssh connection")
+    skip_parity: bool = Field(
+        False, description="launch even when the hosts' versions differ (the diff is still printed)"
+    )
+    preflight: bool = Field(
+        False, description="before training, run a short all_reduce across the hosts and report bandwidth"
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            check_host(host)
+        if len(set(v)) != len(v):
+            raise ValueError("a host is listed twice")
+        return v
+
+    @field_validator("ssh_opts")
+    @classmethod
+    def _opts(cls, v: list[str]) -> list[str]:
+        for option in v:
+            if not SSH_OPT_RE.fullmatch(option):
+                raise ValueError(f"{option!r} is not an ssh option: use KEY=VALUE, e.g. Port=2222")
+            instead = SSH_MANAGED.get(option.split("=", 1)[0].lower())
+            if instead:
+                raise ValueError(f"ssh option {option!r} is set by the launcher: use {instead}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_host_list(self) -> SshOptions:
+        if bool(self.hosts) == (self.hostfile is not None):
+            raise ValueError(
+                "give the hosts either as hosts (--hosts h1,h2) or as a hostfile (--hostfile FILE)"
+            )
+        return self
+
+
+# ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
+SSH_MANAGED = {
+    "batchmode": "nothing: a launch cannot answer prompts",
+    "stricthostkeychecking": "--ssh-host-key-check",
+    "connecttimeout": "--ssh-connect-timeout-s",
+    "controlmaster": "nothing: the launcher multiplexes connections itself",
+    "controlpath": "nothing: the launcher multiplexes connections itself",
+}
+
+
+# Union keeps the discriminator valid; compose options join it.
+SchedulerOptions = Annotated[
+    Union[LocalOptions, SlurmOptions, SshOptions],  # noqa: UP007
+    Field(discriminator="kind"),
+]
 
 
 def scheduler_kinds() -> list[str]:

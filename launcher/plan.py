@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from launcher.ssh import HOST_RE
+
 
 class NodePlan(BaseModel):
     """What one node runs: argv (no shell), the environment it adds, and where."""
@@ -25,6 +27,17 @@ class NodePlan(BaseModel):
     env: dict[str, str]
     cwd: str
     log: str  # file name inside the job dir
+
+    @property
+    def named_host(self) -> str | None:
+        """The host, when it is a real host name worth showing (not this machine, a placeholder or a
+        note like "(allocated by SLURM)")."""
+        return self.host if self.host != "localhost" and HOST_RE.fullmatch(self.host) else None
+
+    @property
+    def label(self) -> str:
+        """How the node's output lines are prefixed: ``node1``, or ``gpu-b node1`` with a named host."""
+        return f"{self.named_host} node{self.node_rank}" if self.named_host else f"node{self.node_rank}"
 
     def shell_command(self) -> str:
         """One shell line equivalent to running ``argv`` with ``env`` in ``cwd``: every value quoted,

@@ -61,7 +61,11 @@ class RendezvousSpec(_Strict):
         None, description="host of the rendezvous store (default: the first node; 127.0.0.1 when local)"
     )
     port: int | None = Field(
-        None, ge=1, le=65535, description="rendezvous port (default: a free port when local, else 29500)"
+        None,
+        ge=1,
+        le=65535,
+        description="rendezvous port (default: a free port of the first host, local or ssh; derived "
+        "from the job id on SLURM)",
     )
     id: str | None = Field(None, description="rendezvous id (default: the job id, unique per job)")
     join_timeout_s: int = Field(600, ge=1, description="seconds to wait for all nodes to join")
@@ -84,9 +88,16 @@ class NetworkSpec(_Strict):
     nccl_socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo")
     gloo_socket_ifname: str | None = Field(None, description="GLOO_SOCKET_IFNAME, e.g. eth0")
     nccl_ib_disable: bool | None = Field(
-        None, description="NCCL_IB_DISABLE: true forces TCP sockets (it also disables RoCE)"
+        None,
+        description="NCCL_IB_DISABLE (set only when given): true makes NCCL use TCP sockets instead of "
+        "InfiniBand, and so also disables RoCE",
     )
     nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(None, description="NCCL_DEBUG")
+    debug: bool = Field(
+        False,
+        description="NCCL_DEBUG=INFO (unless nccl_debug is set) and TORCH_DISTRIBUTED_DEBUG=DETAIL: "
+        "which interfaces and transports NCCL picks, and collective mismatches, in the node logs",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
 
     @field_validator("nccl_socket_ifname", "gloo_socket_ifname")
@@ -116,8 +127,10 @@ class NetworkSpec(_Strict):
             out["GLOO_SOCKET_IFNAME"] = self.gloo_socket_ifname
         if self.nccl_ib_disable is not None:
             out["NCCL_IB_DISABLE"] = "1" if self.nccl_ib_disable else "0"
-        if self.nccl_debug:
-            out["NCCL_DEBUG"] = self.nccl_debug
+        if self.nccl_debug or self.debug:
+            out["NCCL_DEBUG"] = self.nccl_debug or "INFO"
+        if self.debug:
+            out["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         return out | self.env
 
 
@@ -126,7 +139,8 @@ class JobSpec(_Strict):
 
     name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
     scheduler: SchedulerOptions = Field(
-        LocalOptions(), description="where the job runs, and that scheduler's options (kind: local or slurm)"
+        LocalOptions(),
+        description="where the job runs, and that scheduler's options (kind: local, slurm or ssh)",
     )
     nnodes: int = Field(1, ge=1, le=4096, description="number of nodes, nnodes")
     nproc_per_node: int = Field(

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 SCHEDULERS: dict[str, str] = {
     "local": "launcher.schedulers.local:LocalScheduler",
     "slurm": "launcher.schedulers.slurm:SlurmScheduler",
+    "ssh": "launcher.schedulers.ssh:SshScheduler",
 }
 
 

@@ -66,9 +66,9 @@ class Scheduler(Protocol):
 
 def node_logs(scheduler: Scheduler, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
     """``Scheduler.logs`` for schedulers whose nodes write ``node-<k>.log`` in the job record: the lines
-    as ``node<k> | line``, with ``follow`` until ``scheduler.state`` is terminal."""
+    as ``<label> | line`` (``NodePlan.label``), with ``follow`` until ``scheduler.state`` is terminal."""
     nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
-    files = [(f"node{n.node_rank}", record.node_log(n.node_rank)) for n in nodes]
+    files = [(n.label, record.node_log(n.node_rank)) for n in nodes]
     return tail(files, lambda: follow and not scheduler.state(record).state.is_terminal)
 
 

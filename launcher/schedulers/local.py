@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +26,18 @@ from launcher.jobs import (
     JobState,
     JobStatus,
     Outcome,
-    ProcessRef,
     node_log_name,
     torchelastic_dir,
 )
 from launcher.options import LocalOptions
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.base import node_logs, wait_terminal
-from launcher.schedulers.local_supervisor import FAIL_FAST_GRACE_S, LocalHandle, supervise
+from launcher.schedulers.local_supervisor import (
+    FAIL_FAST_GRACE_S,
+    LocalAgents,
+    SupervisorHandle,
+    start_supervisor,
+)
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
 from trainer.contract import EXIT_FAILED, read_stop_marker
@@ -148,48 +151,22 @@ class LocalScheduler:
             facts=facts,
         )
 
-    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> LocalHandle:
-        """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
-        once it has started every agent (or failed to, which the status records). Attached (not
-        ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by
-        SIGKILL, and stops the job with a checkpoint; detached, it is a grandchild re-parented to init,
-        so it outlives us and is never our zombie."""
-        _ensure_std_fds()  # so the pipe's fds are >= 3 and stay clear of the supervisor's stdio
-        read_fd, write_fd = os.pipe()
-        for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
-            if stream is not None:
-                stream.flush()
-        pid = os.fork()
-        if pid == 0:  # never returns into the caller's code
-            os.close(read_fd)
-            if detach and os.fork() != 0:
-                os._exit(0)
-            supervise(plan, record, ready_fd=write_fd, die_with_parent=not detach)
-        os.close(write_fd)
-        if detach:
-            os.waitpid(pid, 0)
-        with os.fdopen(read_fd, "rb") as ready:
-            ready.read()  # EOF once every agent started, or the supervisor ended
-        handle = record.handle(LocalHandle)
-        if handle is None:  # the supervisor died before it wrote anything
-            record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="the supervisor died"))
-            return LocalHandle(supervisor=ProcessRef(pid=pid, started=0.0))
-        return handle
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+        return start_supervisor(plan, record, LocalAgents(), detach=detach)
 
     def state(self, record: JobRecord) -> JobStatus:
         status = record.status()
         if status.state.is_terminal:
             return status
-        handle = record.handle(LocalHandle)
+        handle = record.handle(SupervisorHandle)
         if procs.alive(handle.supervisor if handle else status.submitter):
             return status
         status = record.status()  # it may have recorded the end just before exiting
         if status.state.is_terminal:
             return status
-        remaining = procs.job_processes(record.job_id) if handle else []
+        remaining = self._remaining(record) if handle else ""
         if remaining:
-            message = f"its supervisor is gone; {len(remaining)} process(es) of the job are still stopping"
-            return status.model_copy(update={"message": message})
+            return status.model_copy(update={"message": f"its supervisor is gone; {remaining}"})
         since = status.started_at or status.created_at
         if read_stop_marker(Path(record.plan().run_dir), since) is not None:
             return _record_end(record, status, stop_outcome(record.plan(), since))
@@ -205,7 +182,7 @@ class LocalScheduler:
         status = self.state(record)
         if status.state.is_terminal:
             return status
-        handle = record.handle(LocalHandle)
+        handle = record.handle(SupervisorHandle)
         if handle is not None and procs.alive(handle.supervisor):
             if handle.supervisor.host != socket.gethostname():
                 raise JobError(f"job {record.job_id} runs on host {handle.supervisor.host}: cancel it there")
@@ -221,10 +198,19 @@ class LocalScheduler:
             return status
         # Nothing follows the job (or its supervisor hangs): stop what is left ourselves.
         asked = time.time()
-        procs.sweep(record.job_id, record.spec().grace_period_s)
+        self._sweep(record, record.spec().grace_period_s)
         if handle is not None and procs.alive(handle.supervisor):
             procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
         return record.finish(stop_outcome(record.plan(), asked))
+
+    def _remaining(self, record: JobRecord) -> str:
+        """What of the job still runs without its supervisor ("" for nothing)."""
+        found = procs.job_processes(record.job_id)
+        return f"{len(found)} process(es) of the job are still stopping" if found else ""
+
+    def _sweep(self, record: JobRecord, grace_s: float) -> None:
+        """Stop every process of the job: SIGTERM, SIGKILL after ``grace_s`` seconds."""
+        procs.sweep(record.job_id, grace_s)
 
 
 def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:
@@ -233,12 +219,3 @@ def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobSt
         return record.finish(outcome)
     except OSError:
         return status.model_copy(update=dict(outcome))
-
-
-def _ensure_std_fds() -> None:
-    """Open /dev/null on any of fds 0-2 that is closed (e.g. `launcher submit --detach <&-`)."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one

@@ -19,13 +19,13 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, Protocol
 
 import psutil
 from pydantic import BaseModel, ConfigDict
 
 from launcher import procs
-from launcher.failures import root_cause, stop_outcome
+from launcher.failures import killed_by, root_cause, stop_outcome
 from launcher.jobs import JobRecord, JobState, Outcome, ProcessRef
 from launcher.plan import NodePlan, Plan
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
@@ -34,13 +34,44 @@ FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop
 POLL_S = 0.1
 
 
-class LocalHandle(BaseModel):
-    """How a local job is found again (saved as handle.json): its supervisor and the agents' pids."""
+class SupervisorHandle(BaseModel):
+    """How a job followed by a supervisor on this machine (local, SSH) is found again (saved as
+    handle.json): the supervisor and the pids of the processes it started (agents, ssh clients)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: Literal["local"] = "local"
+    scheduler: Literal["local", "ssh"] = "local"
     supervisor: ProcessRef
     node_pids: list[int] = []
+
+
+class Agents(Protocol):
+    """How the supervisor starts and stops the node agents of one scheduler."""
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        """Start ``node``'s agent, its output appended to the node log. Raises OSError."""
+        ...
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        """Ask every running agent to stop: its ranks checkpoint and exit."""
+        ...
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
+        ...
+
+
+class LocalAgents:
+    """Agents that are child processes of the supervisor."""
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        return _start(node, record)
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)
+        procs.sweep(job_id)
 
 
 class _StopAtOnce(Exception):
@@ -51,7 +82,47 @@ class _StartFailed(Exception):
     """An agent could not be started; the message names the node."""
 
 
-def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: bool) -> NoReturn:
+def start_supervisor(plan: Plan, record: JobRecord, agents: Agents, *, detach: bool) -> SupervisorHandle:
+    """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
+    once it has started every agent (or failed to, which the status records). Attached (not
+    ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by SIGKILL,
+    and stops the job with a checkpoint; detached, it is a grandchild re-parented to init, so it
+    outlives us and is never our zombie."""
+    _ensure_std_fds()  # so the pipe's fds are >= 3 and stay clear of the supervisor's stdio
+    read_fd, write_fd = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
+        if stream is not None:
+            stream.flush()
+    pid = os.fork()
+    if pid == 0:  # never returns into the caller's code
+        os.close(read_fd)
+        if detach and os.fork() != 0:
+            os._exit(0)
+        supervise(plan, record, agents, ready_fd=write_fd, die_with_parent=not detach)
+    os.close(write_fd)
+    if detach:
+        os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as ready:
+        ready.read()  # EOF once every agent started, or the supervisor ended
+    handle = record.handle(SupervisorHandle)
+    if handle is None:  # the supervisor died before it wrote anything
+        record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="the supervisor died"))
+        return SupervisorHandle(scheduler=plan.scheduler, supervisor=ProcessRef(pid=pid, started=0.0))
+    return handle
+
+
+def _ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0-2 that is closed (e.g. `launcher submit --detach <&-`)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
+
+
+def supervise(
+    plan: Plan, record: JobRecord, agents: Agents, *, ready_fd: int, die_with_parent: bool
+) -> NoReturn:
     """Run the job to its end in this (freshly forked) process, record the outcome and exit with the
     job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
     code = EXIT_FAILED
@@ -62,7 +133,7 @@ def supervise(plan: Plan, record: JobRecord, *, ready_fd: int, die_with_parent: 
             procs.die_with_parent()
         record = JobRecord(record.dir.absolute())
         _detach_from_caller(record.dir / "supervisor.log", keep_fd=ready_fd)
-        code = _run(plan, record, ready_fd, stop)
+        code = _run(plan, record, agents, ready_fd, stop)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -83,16 +154,16 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
     os.chdir("/")
 
 
-def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> int:
+def _run(plan: Plan, record: JobRecord, control: Agents, ready_fd: int, stop: _StopOnSignal) -> int:
     procs.become_subreaper()
-    handle = LocalHandle(supervisor=procs.process_ref())
+    handle = SupervisorHandle(scheduler=plan.scheduler, supervisor=procs.process_ref())
     record.write_handle(handle)
     started = time.time()
     agents: list[subprocess.Popen[bytes]] = []
     try:
         try:
             for node in plan.nodes:
-                agents.append(_start(node, record))
+                agents.append(control.start(node, record))
         except OSError as e:  # bad cwd, interpreter gone, out of resources
             raise _StartFailed(f"node {len(agents)} could not start: {e}") from e
         record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in agents]}))
@@ -100,7 +171,8 @@ def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> i
             stop.requested = True  # cancelled while starting: stop what was started
         os.close(ready_fd)
         ready_fd = -1
-        outcome = _Watch(agents, stop, record.spec().grace_period_s, plan, record, started).run()
+        grace = record.spec().grace_period_s
+        outcome = _Watch(agents, control, stop, grace, plan, record, started).run()
     except _StopAtOnce:
         message = "stopped at once on a second request, without waiting for checkpoints"
         outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
@@ -112,8 +184,7 @@ def _run(plan: Plan, record: JobRecord, ready_fd: int, stop: _StopOnSignal) -> i
         outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
     finally:
         stop.ignore()  # cleanup must not be cut short by another signal
-        procs.terminate(psutil.Process().children(recursive=True), FAIL_FAST_GRACE_S)
-        procs.sweep(plan.job_id)
+        control.kill(plan.job_id, FAIL_FAST_GRACE_S)
     final = record.finish(outcome)
     if ready_fd >= 0:
         os.close(ready_fd)
@@ -126,13 +197,15 @@ class _Watch:
     def __init__(
         self,
         agents: list[subprocess.Popen[bytes]],
+        control: Agents,
         stop: _StopOnSignal,
         grace: float,
         plan: Plan,
         record: JobRecord,
         started: float,
     ) -> None:
-        self.agents, self.stop, self.grace, self.plan, self.record = agents, stop, grace, plan, record
+        self.agents, self.control, self.stop, self.grace = agents, control, stop, grace
+        self.plan, self.record = plan, record
         self.started = started
         self.stop_at: float | None = None
         self.stop_asked = 0.0  # wall-clock time of the stop request
@@ -154,15 +227,16 @@ class _Watch:
 
     def _begin_stop(self) -> None:
         self.stop_at, self.stop_asked = time.monotonic(), time.time()
-        procs.signal_all([psutil.Process(a.pid) for a in self.agents if a.poll() is None], signal.SIGTERM)
+        self.control.stop(self.agents)
 
     def _failed(self, node: int, code: int | None) -> Outcome:
-        if read_stop_marker(Path(self.plan.run_dir), since=self.started) is not None:
+        marker = read_stop_marker(Path(self.plan.run_dir), since=self.started)
+        if marker is not None and killed_by(code) is None:
             # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
             # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
             psutil.wait_procs([psutil.Process(a.pid) for a in self.agents if a.poll() is None], self.grace)
             return stop_outcome(self.plan, since=self.started)
-        procs.terminate(psutil.Process().children(recursive=True), FAIL_FAST_GRACE_S)
+        self.control.kill(self.plan.job_id, FAIL_FAST_GRACE_S)
         failure = root_cause(self.record, self.plan.nnodes, node, code)
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()

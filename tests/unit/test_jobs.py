@@ -12,7 +12,8 @@ import pytest
 
 from launcher import procs
 from launcher.jobs import JobRecord, JobState, JobStatus, ProcessRef
-from launcher.schedulers.local import LocalHandle, LocalScheduler
+from launcher.schedulers.local import LocalScheduler
+from launcher.schedulers.local_supervisor import SupervisorHandle
 from launcher.spec import JobSpec
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
@@ -67,7 +68,7 @@ def test_a_running_job_whose_supervisor_died_after_a_stop_checkpoint_is_checkpoi
 
     started = time.time()
     rec = _record(tmp_path, JobStatus(state=JobState.RUNNING, created_at=started, started_at=started))
-    rec.write_handle(LocalHandle(supervisor=_dead_process(), node_pids=[]))
+    rec.write_handle(SupervisorHandle(supervisor=_dead_process(), node_pids=[]))
     run_dir = Path(rec.plan().run_dir)
     run_dir.mkdir(parents=True)
     write_stop_marker(run_dir, 7, run_dir / "ckpt-00000007.pt")

@@ -1,0 +1,202 @@
+"""The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client.
+
+Before anything starts, ``launcher.check`` probes every host at once and refuses a launch whose hosts
+differ in versions that must match (exit 3, with the diff), resolves master_addr on every host, picks
+each host's network interface towards it, and proves the rendezvous port reachable. A supervisor on
+this machine (the local scheduler's, with ``SshAgents``) then runs one ``ssh host ...`` per node,
+whose output is the node's log here; on each host, ``launcher.hostagent`` runs the torchrun agent in
+a process tree it tracks, so that a dropped connection neither kills nor orphans the node, and
+``hostagent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from launcher import procs, ssh
+from launcher.check import HostPlan, collective, plan_hosts, ssh_settings
+from launcher.collective import format_table
+from launcher.jobs import JobRecord, node_log_name, torchelastic_dir
+from launcher.options import SshOptions
+from launcher.plan import NodePlan, Plan
+from launcher.schedulers.local import LocalScheduler
+from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
+from launcher.spec import DEFAULT_SECRETS, JobSpec, SpecError
+from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+
+SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class SshScheduler(LocalScheduler):
+    name = "ssh"
+    files_here = False  # the hosts may not share this machine's files
+    queued = False
+
+    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+        """Every check of ``launcher.check.plan_hosts`` (probes the hosts; starts nothing). Raises
+        SpecError, or ParityError (exit 3) for hosts whose versions differ."""
+        opts = _options(spec)
+        if spec.rendezvous.endpoint is not None:
+            raise SpecError(
+                "rendezvous.endpoint (--rdzv-endpoint) is the first host for the SSH scheduler: "
+                "put the host you want first in --hosts / the hostfile"
+            )
+        hosts = plan_hosts(
+            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, warn=_say
+        )
+        if opts.preflight:
+            _say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
+            result = collective(opts, hosts, spec.python, spec.network.as_env())
+            _say(format_table(result))
+        return {
+            "workdir": str((spec.workdir or Path.cwd()).absolute()),
+            "hosts": hosts.hosts,
+            "master_addr": hosts.master_addr,
+            "rdzv_port": hosts.port,
+            "ifnames": hosts.ifnames,
+            "omp_num_threads": spec.omp_num_threads,
+        }
+
+    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+        endpoint = f"{facts['master_addr']}:{facts['rdzv_port']}"
+        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
+        env = agent_env(spec, job_id, facts["omp_num_threads"])
+        hosts = HostPlan(facts["hosts"], facts["master_addr"], facts["rdzv_port"], facts["ifnames"], {})
+        nodes = []
+        for k, host in enumerate(facts["hosts"]):
+            agent = torchrun_argv(
+                spec,
+                node_rank=k,
+                endpoint=endpoint,
+                rdzv_id=spec.rendezvous.id or job_id,
+                log_dir=str(torchelastic_dir(job_dir, k)),
+                trainer_args=args,
+            )
+            wrapper = [
+                spec.python,
+                "-m",
+                "launcher.hostagent",
+                "run",
+                "--job",
+                job_id,
+                "--node",
+                str(k),
+                "--",
+            ]
+            nodes.append(
+                NodePlan(
+                    node_rank=k,
+                    host=host,
+                    argv=[*wrapper, *agent],
+                    env=env | hosts.env(host, env),
+                    cwd=facts["workdir"],
+                    log=node_log_name(k),
+                )
+            )
+        return Plan(
+            job_id=job_id,
+            scheduler=self.name,
+            nnodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            rdzv_endpoint=endpoint,
+            run_dir=str(Path(facts["workdir"]) / run_dir),
+            nodes=nodes,
+            facts=facts,
+        )
+
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+        spec = record.spec()
+        agents = SshAgents(plan, ssh_settings(_options(spec)), spec.python, _secrets(spec))
+        return start_supervisor(plan, record, agents, detach=detach)
+
+    def _remaining(self, record: JobRecord) -> str:
+        plan = record.plan()
+        running = [n.host for n in plan.nodes if _hostagent_running(record, n)]
+        return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
+
+    def _sweep(self, record: JobRecord, grace_s: float) -> None:
+        spec = record.spec()
+        SshAgents(record.plan(), ssh_settings(_options(spec)), spec.python, {}).kill(record.job_id, grace_s)
+
+
+def _options(spec: JobSpec) -> SshOptions:
+    assert isinstance(spec.scheduler, SshOptions)
+    return spec.scheduler
+
+
+def _secrets(spec: JobSpec) -> dict[str, str]:
+    """The secret variables set in this (submitting) environment: sent to each host on the ssh
+    connection's stdin, never on a command line or to a file."""
+    names = {*spec.secret_env, *DEFAULT_SECRETS}
+    return {name: os.environ[name] for name in sorted(names) if name in os.environ}
+
+
+def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
+    argv = [python, "-m", "launcher.hostagent", action, "--job", job_id, "--node", str(node), *extra]
+    return f"cd / && {shlex.join(argv)}"
+
+
+def _hostagent_running(record: JobRecord, node: NodePlan) -> bool:
+    spec = record.spec()
+    command = _hostagent(spec.python, "status", record.job_id, node.node_rank)
+    result = ssh.run(ssh_settings(_options(spec)), node.host, command, SIGNAL_TIMEOUT_S)
+    try:
+        return bool(json.loads(result.stdout.strip().splitlines()[-1])["running"])
+    except (ValueError, IndexError, KeyError):
+        return result.returncode is None or result.returncode == ssh.SSH_FAILED  # cannot tell: assume yes
+
+
+class SshAgents:
+    """The supervisor's agents for SSH: one ``ssh host hostagent run ...`` client per node."""
+
+    def __init__(self, plan: Plan, settings: ssh.SshSettings, python: str, secrets: dict[str, str]) -> None:
+        self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        with open(record.dir / node.log, "ab") as log:
+            client = subprocess.Popen(
+                self.settings.argv(node.host, node.shell_command()),
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=procs.die_with_parent,
+            )
+        assert client.stdin is not None
+        try:  # the secrets travel inside the encrypted channel, read once by the hostagent
+            client.stdin.write((json.dumps(self.secrets) + "\n").encode())
+            client.stdin.close()
+        except OSError:  # the client already failed: its exit code and log tell why
+            pass
+        return client
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        nodes = [n for n, a in zip(self.plan.nodes, agents, strict=False) if a.poll() is None]
+        self._signal(nodes, "TERM", 0.0)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        self._signal(self.plan.nodes, "KILL", grace_s)
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)  # ssh clients, masters
+
+    def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
+        by_host = {n.host: n for n in nodes}
+        extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
+
+        def command(host: str) -> str:
+            return _hostagent(self.python, "signal", self.plan.job_id, by_host[host].node_rank, *extra)
+
+        for result in ssh.fan_out(self.settings, list(by_host), command, SIGNAL_TIMEOUT_S + grace_s):
+            if not result.ok:
+                _say(f"launcher: could not signal the job on {result.error()}")
