@@ -1,0 +1,119 @@
+"""SSH scheduler inputs and rendering, without hosts: hostfile parsing, host name and option checks,
+the ssh command line, and the Plan a node runs (quoted for the remote shell)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from launcher.check import choose_ifnames
+from launcher.options import SshOptions
+from launcher.probe import Probe, Route
+from launcher.schedulers.ssh import SshScheduler
+from launcher.spec import JobSpec, SpecError
+from launcher.ssh import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
+
+
+def test_hostfile_lines_comments_and_slots() -> None:
+    text = "# cluster\nnode-a slots=8\n\n  node-b   # spare\nuser@10.0.0.3 slots=2\n"
+    assert parse_hostfile(text) == [Host("node-a", 8), Host("node-b"), Host("user@10.0.0.3", 2)]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("a\nb slots=zero\n", "line 2"),
+        ("a slots=0\n", "slots=N"),
+        ("a\na\n", "listed twice"),
+        ("# nothing\n", "lists no host"),
+        ("a;rm -rf /\n", "not a host name"),
+        ("-oProxyCommand=x\n", "not a host name"),
+    ],
+)
+def test_bad_hostfiles_name_the_problem(text: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        parse_hostfile(text)
+
+
+@pytest.mark.parametrize("name", ["gpu-01", "root@gpu-01.example.com", "10.1.2.3", "my_alias"])
+def test_valid_host_names(name: str) -> None:
+    assert check_host(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "-p22", "a b", "a$(x)", "a`x`", "a;b", "a\nb", "[::1]"])
+def test_hostile_host_names_are_rejected(name: str) -> None:
+    with pytest.raises(ValueError):
+        check_host(name)
+
+
+def test_ssh_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        SshOptions(hosts=["a"], ssh_opts=["-F/etc/x"])
+    with pytest.raises(ValueError, match="set by the launcher"):
+        SshOptions(hosts=["a"], ssh_opts=["StrictHostKeyChecking=no"])
+    with pytest.raises(ValueError, match="either"):
+        SshOptions(hosts=["a"], hostfile=Path("h"))
+
+
+def test_ssh_argv_is_strict_non_interactive_and_multiplexed(tmp_path: Path) -> None:
+    settings = SshSettings(options=("Port=2222",), control_dir=tmp_path)
+    argv = settings.argv("gpu-01", "echo hi")
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert {"BatchMode=yes", "StrictHostKeyChecking=yes", "ControlMaster=auto", "Port=2222"} <= set(opts)
+    assert argv[-3:] == ["--", "gpu-01", "echo hi"]
+    other = SshSettings(options=("UserKnownHostsFile=/dev/null",), control_dir=tmp_path).argv("gpu-01", "x")
+    path = next(o for o in opts if o.startswith("ControlPath="))
+    assert path not in other, "a connection with other options must not reuse this master"
+
+
+def test_ssh_failures_are_explained() -> None:
+    assert "CHANGED" in explain_ssh_failure("h", "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@")
+    assert "known_hosts" in explain_ssh_failure("h", "Host key verification failed.")
+    assert "unreachable" in explain_ssh_failure("h", "ssh: connect to host h port 22: Connection timed out")
+
+
+def _probe(address: str, dev: str, interfaces: dict[str, list[str]]) -> Probe:
+    return Probe(
+        hostname="h", os="Debian", kernel="6", machine="x86_64", python="3.11.7", python_executable="/p",
+        torch="2.13.0", torch_git="abc", cuda=None, nccl=None, cudnn=None, driver=None, gpus=[],
+        launcher="0.1.0", packages={}, image_digest=None, in_container=False, interfaces=interfaces,
+        route=Route(to="m", address=address, dev=dev, src=None), resolved={"m": address}, free_port=None,
+        probe_s=0.1,
+    )  # fmt: skip
+
+
+def test_interface_choice_takes_the_route_and_never_lo() -> None:
+    probes = {
+        "a": _probe("10.0.0.1", "lo", {"lo": ["127.0.0.1"], "ib0": ["10.0.0.1"]}),  # a is the master
+        "b": _probe("10.0.0.1", "ib0", {"lo": ["127.0.0.1"], "ib0": ["10.0.0.2"]}),
+    }
+    assert choose_ifnames(probes, "m", multi_host=True) == {"a": "ib0", "b": "ib0"}
+    loopback = {"a": _probe("127.0.1.1", "lo", {"lo": ["127.0.0.1"]})}
+    with pytest.raises(SpecError, match="loopback"):
+        choose_ifnames(loopback | {"b": probes["b"]}, "m", multi_host=True)
+
+
+def test_plan_quotes_every_value_for_the_remote_shell() -> None:
+    spec = JobSpec.model_validate(
+        {
+            "scheduler": {"kind": "ssh", "hosts": ["a", "b"]},
+            "nnodes": 2,
+            "network": {"env": {"NOTE": "it's $(bad)"}},
+            "trainer_args": ["--run-dir", "/r/x y/$(touch p)"],
+        }
+    )
+    facts = {
+        "workdir": "/w d", "hosts": ["a", "b"], "master_addr": "a", "rdzv_port": 29500,
+        "ifnames": {"a": "eth0", "b": "ens5"}, "omp_num_threads": None,
+    }  # fmt: skip
+    plan = SshScheduler().render(spec, facts, "job-1", Path("/jobs/job-1"))
+    assert [n.env["GLOO_SOCKET_IFNAME"] for n in plan.nodes] == ["eth0", "ens5"]
+    line = plan.nodes[1].shell_command()
+    words = shlex.split(line)  # what a POSIX shell on the host splits it into
+    assert words[:3] == ["cd", "--", "/w d"] and "NOTE=it's $(bad)" in words
+    assert "/r/x y/$(touch p)" in words and "--rdzv-endpoint=a:29500" in words
+    assert words[words.index("launcher.hostagent") + 1 : words.index("launcher.hostagent") + 6] == [
+        "run", "--job", "job-1", "--node", "1",
+    ]  # fmt: skip
