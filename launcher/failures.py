@@ -69,7 +69,8 @@ def root_cause(
             node_rank=failed_node,
             host=hosts.get(failed_node),
             exit_code=exit_code,
-            error=f"the torchrun agent of node {failed_node} was killed by signal {signum}; "
+            error=f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code "
+            f"{exit_code}); "
             f"see {record.node_log(failed_node)}",
         )
     if errors:
