@@ -21,6 +21,7 @@ from launcher.spec import DEFAULT_SECRETS, JobSpec
 SLURM_GROUP = "slurm (with --scheduler slurm)"
 SSH_GROUP = "ssh (with --scheduler ssh)"
 NETWORK_GROUP = "network (environment of every node)"
+PARITY_GROUP = "version parity (with --scheduler ssh or slurm)"
 # (flags, dotted JobSpec field, argument group)
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
@@ -57,7 +58,7 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--hostfile",), "scheduler.hostfile", SSH_GROUP),
     (("--ssh-host-key-check",), "scheduler.host_key_check", SSH_GROUP),
     (("--ssh-connect-timeout-s",), "scheduler.connect_timeout_s", SSH_GROUP),
-    (("--skip-parity",), "scheduler.skip_parity", SSH_GROUP),
+    (("--skip-parity",), "scheduler.skip_parity", PARITY_GROUP),
     (("--preflight",), "scheduler.preflight", SSH_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}

@@ -87,6 +87,12 @@ def slurm_minutes(value: str) -> int:
     return math.ceil(seconds / 60)
 
 
+SKIP_PARITY_HELP = (
+    "train even when the nodes' versions differ (the diff is still printed); by default the job is "
+    "refused (ssh) or ends before training (slurm) with exit code 3"
+)
+
+
 class SlurmOptions(BaseModel):
     """The SLURM scheduler: one allocation of ``nnodes`` nodes, one task (one torchrun agent) per node,
     submitted through submitit (or as a standalone sbatch script)."""
@@ -123,6 +129,7 @@ class SlurmOptions(BaseModel):
         description="requeues after reaching the time limit (through submitit preemptions are not "
         "counted; the standalone sbatch script counts every requeue)",
     )
+    skip_parity: bool = Field(False, description=SKIP_PARITY_HELP)
     sbatch: dict[str, str] = Field(
         default_factory=dict,
         description="other sbatch options, e.g. {exclusive: '', mail-type: END} ('' for a bare flag)",
@@ -194,9 +201,7 @@ class SshOptions(BaseModel):
         "the key of a host seen for the first time; a changed key is still refused)",
     )
     connect_timeout_s: int = Field(10, ge=1, le=300, description="seconds to wait for each ssh connection")
-    skip_parity: bool = Field(
-        False, description="launch even when the hosts' versions differ (the diff is still printed)"
-    )
+    skip_parity: bool = Field(False, description=SKIP_PARITY_HELP)
     preflight: bool = Field(
         False, description="before training, run a short all_reduce across the hosts and report bandwidth"
     )

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.jobs import JobError, JobRecord, JobState, JobStatus, node_log_name, torchelastic_dir
 from launcher.options import SlurmOptions
+from launcher.parity_step import batch_lines
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.base import node_logs, wait_terminal
 from launcher.schedulers.slurm_script import SRUN_ARGS, sbatch_options, sbatch_script
@@ -58,6 +59,18 @@ class SlurmHandle(BaseModel):
 def _options(spec: JobSpec) -> SlurmOptions:
     assert isinstance(spec.scheduler, SlurmOptions)
     return spec.scheduler
+
+
+def _parity_lines(spec: JobSpec, facts: dict[str, Any], job_dir: Path) -> list[str]:
+    """The batch script's version-parity step (a probe on every node before training)."""
+    return batch_lines(
+        python=spec.python,
+        workdir=facts["workdir"],
+        job_dir=str(job_dir),
+        nnodes=spec.nnodes,
+        gpus_per_node=facts["gpus_per_node"],
+        skip=_options(spec).skip_parity,
+    )
 
 
 def _partition_has_gpus(partition: str | None) -> bool | None:
@@ -130,6 +143,7 @@ class SlurmScheduler:
             max_requeues=opts.max_requeues,
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
+            parity=_parity_lines(spec, facts, job_dir),
         )
         return Plan(
             job_id=job_id,
@@ -168,7 +182,7 @@ class SlurmScheduler:
             signal_delay_s=opts.signal_delay_s,
             srun_args=SRUN_ARGS,
             stderr_to_stdout=True,
-            setup=BATCH_SETUP,
+            setup=[*BATCH_SETUP, *_parity_lines(spec, plan.facts, record.dir)],
             # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
             # environment exported: the secrets reach the job from there.
             additional_parameters={k: v or True for k, v in options.items() if k not in named}

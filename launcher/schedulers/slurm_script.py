@@ -62,9 +62,11 @@ def sbatch_script(
     max_requeues: int,
     world: str,
     secrets: list[str],
+    parity: list[str],
 ) -> str:
     """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
-    what differs is filled in on the node); ``world`` describes the job's size for the header.
+    what differs is filled in on the node); ``world`` describes the job's size for the header;
+    ``parity``, the lines of the version-parity step (``parity_step.batch_lines``).
     Raises SpecError for a job directory that srun's file name patterns would rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
@@ -105,6 +107,9 @@ def sbatch_script(
         "# Environment of every node's processes (the submitting shell's is exported too).",
         *exports,
         f"cd -- {q(node.cwd)} || exit 1",
+        "",
+        *parity,
+        "",
         "started=$(date +%s)",
         "",
         "# One task per node; each runs a torchrun agent, meeting at a c10d rendezvous on the first node.",

@@ -16,6 +16,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from launcher.failures import read_errors, root_cause, stop_outcome
 from launcher.jobs import JobRecord, JobState, Outcome
+from launcher.parity_step import read_failure
 from launcher.schedulers.slurm_task import failed_name
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
@@ -104,13 +105,17 @@ def _first_failed_node(record: JobRecord, nnodes: int, since: float) -> tuple[in
 
 
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
-    """How a job that SLURM reports ended did end: succeeded; checkpointed when the ranks stopped with
+    """How a job that SLURM reports ended did end: succeeded; failed (exit 3) when the nodes' versions
+    differ (the parity step, ``launcher.parity_step``); checkpointed when the ranks stopped with
     a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
     the root cause (first failing rank from torchelastic's error files)."""
     plan, status = record.plan(), record.status()
     since = info.start or status.started_at or status.created_at
     if info.state == "COMPLETED":
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
+    parity = read_failure(record.dir, since)
+    if parity is not None:  # the step before training ended the job: nothing was trained
+        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
     stopped = read_stop_marker(Path(plan.run_dir), since) is not None
     if info.exit_code == EXIT_CHECKPOINTED or stopped or status.stop_requested_at is not None:
         return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,21 @@ def processes_of(job_id: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def make_other_venv(tmp_path: Path) -> tuple[Path, str]:
+    """A virtualenv that sees this one's packages, except tokenizers, installed at another version.
+    Returns its python and that version."""
+    venv = tmp_path / "venv-b"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    ours = sysconfig.get_paths()["purelib"]
+    (site / "shared.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    other = "0.21.0" if version("tokenizers") == "0.20.3" else "0.20.3"
+    run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+         f"tokenizers=={other}"],
+        check=True,
+        timeout=300,
+    )  # fmt: skip
+    return venv / "bin" / "python", other

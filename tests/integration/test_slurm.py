@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import FAST, launcher, losses, metrics, processes_of, run
+from tests.integration.conftest import FAST, launcher, losses, make_other_venv, metrics, processes_of, run
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV_CLUSTER = ROOT / "deploy" / "slurm" / "dev-cluster.sh"
@@ -209,6 +211,27 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_pa
     assert failure["rank"] == 1 and f"node {node}, rank 1" in proc.stderr
     assert "rank 1/2 " in (jobs / job_id / f"node-{node}.log").read_text()
     _until("no process of the job", lambda: not processes_of(job_id), timeout=30)
+
+
+def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, tmp_path: Path) -> None:
+    """The parity step: node 1 runs an interpreter whose tokenizers differs (chosen by SLURM_NODEID)."""
+    other_python, other = make_other_venv(tmp_path)
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\n[ "$SLURM_NODEID" = 1 ] && exec {other_python} "$@"\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*prepared_data, *FAST, "--max-steps", "5", "--run-dir", str(run_dir)]
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--python", str(python), "--wait", "--", *args, timeout=600)
+    assert proc.returncode == 3, proc.stderr[-4000:]
+    line = next(x for x in proc.stderr.splitlines() if "packages.tokenizers:" in x)
+    assert version("tokenizers") in line and other in line and "(node 0)" in line and "(node 1)" in line
+    job_id = proc.stdout.splitlines()[0]
+    assert _status(jobs, job_id)["state"] == "failed" and _status(jobs, job_id)["exit_code"] == 3
+    assert _sacct(_slurm_id(jobs, job_id), "State,ExitCode") == [["FAILED", "3:0"]]
+    assert not run_dir.exists(), "no rank may start when the versions differ"
+    assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -18,7 +17,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import FAST, launcher, metrics, only_job_id, processes_of, run
+from tests.integration.conftest import (
+    FAST,
+    launcher,
+    make_other_venv,
+    metrics,
+    only_job_id,
+    processes_of,
+    run,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS_SCRIPT = ROOT / "deploy" / "ssh" / "dev-hosts.sh"
@@ -93,24 +100,6 @@ def test_two_hosts_train_over_their_veth_interfaces(
     record_text = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
     assert CANARY not in record_text
     assert not processes_of(job)
-
-
-def make_other_venv(tmp_path: Path) -> tuple[Path, str]:
-    """A virtualenv that sees this one's packages, except tokenizers, installed at another version.
-    Returns a python wrapper script and that version."""
-    venv = tmp_path / "venv-b"
-    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    ours = sysconfig.get_paths()["purelib"]
-    (site / "shared.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
-    other = "0.21.0" if version("tokenizers") == "0.20.3" else "0.20.3"
-    run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
-         f"tokenizers=={other}"],
-        check=True,
-        timeout=300,
-    )  # fmt: skip
-    return venv / "bin" / "python", other
 
 
 def per_host_python(names: list[str], pythons: list[Path]) -> str:

@@ -6,15 +6,18 @@ import json
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from launcher import parity_step
 from launcher import probe as probe_module
 from launcher.parity import MUST_MATCH, Mismatch, Shortfall, compare, diff_text, report_table
 from launcher.probe import Gpu, Probe, collect
+from trainer.contract import EXIT_FAILED, EXIT_PARITY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A100 = Gpu(index=0, name="NVIDIA A100 80GB", memory_bytes=80 * 2**30)
@@ -235,3 +238,51 @@ def test_importing_probe_and_parity_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def _write_reports(job_dir: Path, *probes: Probe) -> None:
+    """The parity step's srun output: one report per node, after whatever the node printed first."""
+    (job_dir / parity_step.PROBE_DIR).mkdir(parents=True)
+    for node, probe in enumerate(probes):
+        report = job_dir / parity_step.PROBE_DIR / f"node-{node}.json"
+        report.write_text(f"a banner line\n{probe.model_dump_json()}\n")
+
+
+def test_the_slurm_parity_step_goes_on_when_the_nodes_match(tmp_path: Path) -> None:
+    _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", kernel="6.8.0"))
+    assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2", "--gpus-per-node", "8"]) == 0
+    assert not (tmp_path / parity_step.RESULT).exists()
+
+
+def test_the_slurm_parity_step_ends_the_job_with_the_diff(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", packages={"tokenizers": "0.20.3"}))
+    before = time.time()
+    assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2"]) == EXIT_PARITY
+    failure = parity_step.read_failure(tmp_path, before)
+    assert failure is not None and failure.exit_code == EXIT_PARITY
+    assert "packages.tokenizers: 0.23.3 on gl-h1 (node 0); 0.20.3 on gl-h2 (node 1)" in failure.message
+    assert failure.message in capsys.readouterr().err
+    assert parity_step.read_failure(tmp_path, failure.time + 1) is None  # an earlier run's is not this one's
+
+
+def test_the_slurm_parity_step_checks_gpus_and_skip_parity_only_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", gpus=[A100]))
+    args = ["--job-dir", str(tmp_path), "--nodes", "2", "--gpus-per-node", "8"]
+    assert parity_step.main(args) == EXIT_PARITY
+    assert "gpus: gl-h2 (node 1) has 1" in capsys.readouterr().err
+    (tmp_path / parity_step.RESULT).unlink()
+    assert parity_step.main([*args, "--skip-parity"]) == 0
+    assert "WARNING (--skip-parity" in capsys.readouterr().err
+    assert not (tmp_path / parity_step.RESULT).exists()
+
+
+def test_the_slurm_parity_step_names_a_node_without_a_report(tmp_path: Path) -> None:
+    _write_reports(tmp_path, make_probe())
+    assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2"]) == EXIT_FAILED
+    failure = parity_step.read_failure(tmp_path, 0)
+    assert failure is not None and "node 1: no probe report" in failure.message
+    assert "node 0" not in failure.message and "parity/node-1.log" in failure.message

@@ -58,6 +58,21 @@ def test_sbatch_script_with_shell_hostile_values_matches_golden_file() -> None:
     _check_golden(_render(spec, job_dir="/jobs/a 'b' $(c)").to_text(), "slurm_hostile.sbatch")
 
 
+# The parity step's srun writes the real probe report as both nodes' output; the training srun records
+# its arguments, the environment value HOSTILE and its working directory.
+_RECORDING_SRUN = """import json, os, subprocess, sys
+args = sys.argv[1:]
+if "launcher.probe" in args:
+    output = next(a for a in args if a.startswith("--output=")).split("=", 1)[1]
+    probe = [sys.executable, "-m", "launcher.probe", "--json"]
+    report = subprocess.run(probe, capture_output=True, text=True, check=True).stdout
+    for node in (0, 1):
+        open(output.replace("%n", str(node)), "w").write(report)
+else:
+    json.dump([args, os.environ["HOSTILE"], os.getcwd()], open({record!r}, "w"))
+"""
+
+
 def _fake(bin_dir: Path, name: str, body: str) -> None:
     path = bin_dir / name
     path.write_text(f"#!{sys.executable}\n{body}")
@@ -65,22 +80,22 @@ def _fake(bin_dir: Path, name: str, body: str) -> None:
 
 
 def test_the_script_hands_hostile_values_to_srun_verbatim(tmp_path: Path) -> None:
-    """Run the rendered script with bash, a recording `srun` in place of SLURM's: every hostile value
-    arrives as one argument or environment value, unchanged, and nothing in it is executed."""
+    """Run the rendered script with bash, a recording `srun` in place of SLURM's (the parity step's
+    srun runs the real probe for both nodes): every hostile value arrives as one argument or environment
+    value, unchanged, and nothing in it is executed."""
     marker = tmp_path / "pwned"
     values = [h.format(m=marker) for h in HOSTILE]
     job_dir = tmp_path / "job 'dir' $(touch x)"
-    spec = _spec(network={"env": {"HOSTILE": values[1]}}, trainer_args=["--run-dir", str(tmp_path), *values])
+    spec = _spec(
+        python=sys.executable,
+        network={"env": {"HOSTILE": values[1]}},
+        trainer_args=["--run-dir", str(tmp_path), *values],
+    )
     plan = _render(spec, job_dir=str(job_dir), workdir=str(tmp_path))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     record = tmp_path / "srun.json"
-    _fake(
-        bin_dir,
-        "srun",
-        "import json, os, sys\n"
-        f"json.dump([sys.argv[1:], os.environ['HOSTILE'], os.getcwd()], open({str(record)!r}, 'w'))\n",
-    )
+    _fake(bin_dir, "srun", _RECORDING_SRUN.format(record=str(record)))
     script = tmp_path / SCRIPT
     script.write_text(plan.to_text())
     env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -90,6 +105,7 @@ def test_the_script_hands_hostile_values_to_srun_verbatim(tmp_path: Path) -> Non
     assert argv[-len(values) :] == values and f"--output={job_dir}/node-%n.log" in argv
     assert hostile_env == values[1] and cwd == str(tmp_path)
     assert job_dir.is_dir() and not marker.exists() and not (tmp_path / "x").exists()
+    assert "version parity: the 2 nodes match" in proc.stdout  # the step before training ran, and passed
 
 
 def test_every_node_meets_on_the_first_host_at_a_port_from_the_job_id() -> None:
