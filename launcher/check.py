@@ -54,6 +54,8 @@ def hosts_of(opts: SshOptions, nnodes: int | None = None, nproc_per_node: int = 
         except ValueError as e:
             raise SpecError(str(e)) from None
     if nnodes is not None:
+        if nnodes < 1:
+            raise SpecError(f"--nodes {nnodes}: a job needs at least one node")
         if len(hosts) < nnodes:
             raise SpecError(
                 f"--nodes {nnodes} needs {nnodes} hosts, {len(hosts)} are given: add hosts or lower --nodes"

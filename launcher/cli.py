@@ -14,6 +14,7 @@ from launcher.flags import UsageError, add_job_flags, fields_help
 from launcher.jobs import STATE_HELP, JobError, JobNotFound
 from launcher.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.spec import SpecError
+from launcher.ssh import SshError
 from trainer.contract import EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "probe": commands.cmd_probe,
             "check": commands.cmd_check,
         }[args.command](args)
-    except (UsageError, JobNotFound, JobError, SpecError) as e:
+    except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USAGE)
 

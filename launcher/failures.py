@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.jobs import Failure, JobRecord, JobState, Outcome
 from launcher.plan import Plan
+from launcher.ssh import SSH_FAILED
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, read_stop_marker
 
 
@@ -73,6 +75,14 @@ def root_cause(
             f"{exit_code}); "
             f"see {record.node_log(failed_node)}",
         )
+    if exit_code == SSH_FAILED and record.plan().scheduler == "ssh":
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"the ssh connection to node {failed_node} failed or was lost (ssh exit code 255: "
+            f"the host went down or the network failed); see {record.node_log(failed_node)}",
+        )
     if errors:
         first = errors[0]
         return Failure(
@@ -94,8 +104,9 @@ def root_cause(
 
 def killed_by(exit_code: int | None) -> int | None:
     """The signal that killed an agent, from its exit code (-N from Popen, 128+N through a shell or
-    ssh), else None. torchrun itself exits 1 when a worker dies, so this names the agent's death."""
-    if exit_code is None or 0 <= exit_code <= 128:
+    ssh), else None. torchrun itself exits 1 when a worker dies, so this names the agent's death.
+    255 is not 128+127 (no such signal) but ssh's own failure: a lost connection."""
+    if exit_code is None or 0 <= exit_code <= 128 or exit_code - 128 > signal.SIGRTMAX:
         return None
     return -exit_code if exit_code < 0 else exit_code - 128
 

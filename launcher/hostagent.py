@@ -16,7 +16,7 @@ that the job does not hang on the connection that started it:
 
 ``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (as above); KILL ends its
 whole tree now (TERM, then KILL after ``--grace-s``). ``status``: one JSON line, ``{"running": bool,
-"exit_code": int | null}``. Imports no torch, no pydantic: it must start in a fraction of a second.
+"exit_code": int | null}``. Imports no torch: it must start in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -35,6 +34,7 @@ from types import FrameType
 import psutil
 
 from launcher import procs
+from launcher.private import UnsafeDirError, private_dir
 from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
@@ -42,10 +42,10 @@ KILL_GRACE_S = 5.0
 
 
 def state_dir(job_id: str) -> Path:
-    """Where this host keeps the node files of ``job_id`` (private to the user)."""
-    root = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"gptlaunch-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    path = root / job_id
+    """Where this host keeps the node files of ``job_id``: ``$XDG_STATE_HOME/gptlaunch/jobs`` (private
+    to the user). Not XDG_RUNTIME_DIR: logind removes that at logout, under a running job."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = private_dir(Path(state_home) / "gptlaunch" / "jobs") / job_id
     path.mkdir(exist_ok=True)
     return path
 
@@ -61,8 +61,12 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
     secrets = _read_secrets()
     procs.become_subreaper()
     me = psutil.Process()
-    pid_file.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
+    # Handlers before the pid file: a stop sent as soon as `signal` can find us must not be lost.
+    stop = _Forward()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop.handle)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection is not a stop request
+    pid_file.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
     env = os.environ | secrets | {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     try:
         child = subprocess.Popen(
@@ -77,13 +81,7 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
         print(f"hostagent: cannot start {argv[0]!r}: {e.strerror}", flush=True)
         exit_file.write_text(str(EXIT_FAILED))
         return EXIT_FAILED
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    stop.follow(child)
     pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
     pump.start()
     code = child.wait()
@@ -96,6 +94,24 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
     code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     exit_file.write_text(str(code))
     return code
+
+
+class _Forward:
+    """Relays SIGTERM/SIGINT to the child as SIGTERM, including one that came before it started."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.requested = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def follow(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        if self.requested:
+            child.send_signal(signal.SIGTERM)
 
 
 def _read_secrets() -> dict[str, str]:
@@ -196,5 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
+    except UnsafeDirError as e:
+        print(f"hostagent: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         sys.exit(EXIT_USAGE)

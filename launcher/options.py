@@ -242,6 +242,11 @@ SSH_MANAGED = {
     "connecttimeout": "--ssh-connect-timeout-s",
     "controlmaster": "nothing: the launcher multiplexes connections itself",
     "controlpath": "nothing: the launcher multiplexes connections itself",
+    "controlpersist": "nothing: the launcher multiplexes connections itself",
+    "serveraliveinterval": "nothing: the keep-alives are how a dead host is noticed",
+    "serveralivecountmax": "nothing: the keep-alives are how a dead host is noticed",
+    "loglevel": "nothing: the launcher reads ssh's errors to explain them",
+    "requesttty": "nothing: a terminal would change how signals and output travel",
 }
 
 

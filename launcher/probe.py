@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict
 from trainer.contract import package_version
 
 # Packages whose versions must match on every host (besides Python, torch and gptlaunch): a different
-# tokenizer or NCCL wheel gives different tokens or a hang, not an error.
-KEY_PACKAGES = ("numpy", "tokenizers", "datasets", "triton", "nvidia-nccl-cu12")
+# tokenizer or NCCL wheel gives different tokens or a hang, not an error. The NCCL wheel is cu12 for
+# torch's CUDA 12 builds and cu13 for its CUDA 13 builds (torch 2.13's default).
+KEY_PACKAGES = ("numpy", "tokenizers", "datasets", "triton", "nvidia-nccl-cu12", "nvidia-nccl-cu13")
 IMAGE_DIGEST_ENV = "GPTLAUNCH_IMAGE_DIGEST"  # set by our container images
 COMMAND_TIMEOUT_S = 5.0  # for `ip route get` and `nvidia-smi`: a hung tool must not hang the launch
 _CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods")
@@ -92,7 +93,7 @@ def collect(route_to: str | None = None, resolve: Sequence[str] = (), free_port:
     """Probe this host. ``route_to``: also report the route to that name or address (and what it
     resolves to, in ``resolved``); ``resolve``: names to resolve; ``free_port``: report a free TCP port.
     A name that does not resolve gives None, never an error: the caller decides what that means.
-    Raises ImportError only if torch is installed but broken (missing libraries)."""
+    Raises ImportError or OSError when torch is installed but broken (e.g. a CUDA library missing)."""
     started = time.monotonic()
     names = [*resolve, *([route_to] if route_to else [])]
     resolved = {name: resolve_address(name) for name in dict.fromkeys(names)}

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.private import UnsafeDirError, private_dir
+
 # [user@]host: a DNS name, an alias of ~/.ssh/config or an IPv4 address. Never starting with "-" (it
 # would be read as an ssh option) and without shell metacharacters.
 HOST_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -125,9 +127,10 @@ class SshSettings:
 
 def control_dir() -> Path:
     """A private directory for ControlMaster sockets, short enough for a Unix socket path."""
-    path = Path(tempfile.gettempdir()) / f"gptlaunch-ssh-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
+    try:
+        return private_dir(Path(tempfile.gettempdir()) / f"gptlaunch-ssh-{os.getuid()}")
+    except UnsafeDirError as e:
+        raise SshError(f"the ssh connection-sharing directory is unsafe: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,12 @@ class Scheduler(Protocol):
         """The Plan for ``spec`` with ``facts``. Pure: same inputs, same Plan."""
         ...
 
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """Checks that run the Plan's machinery for a moment (e.g. a collective across the hosts):
+        run by ``submit`` before the job record is written, never by ``render``/``--dry-run``.
+        Raises SpecError naming what failed."""
+        ...
+
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> BaseModel:
         """Start the Plan (or hand it to a queue) and return once it is started (or accepted), with the
         handle that finds it again, also saved in ``record``. ``detach``: the job must outlive this

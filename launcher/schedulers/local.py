@@ -81,6 +81,9 @@ class LocalScheduler:
     files_here = True
     queued = False
 
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """Nothing to try before a job here."""
+
     def resolve(self, spec: JobSpec) -> dict[str, Any]:
         """Absolute workdir, free rendezvous port, thread and GPU shares. Raises SpecError for what
         cannot run here (no such interpreter or directory, too few GPUs, a non-local endpoint)."""

@@ -91,6 +91,9 @@ class SlurmScheduler:
     def __init__(self) -> None:
         self._accounting = Accounting()
 
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """Nothing to try before a job here."""
+
     def resolve(self, spec: JobSpec) -> dict[str, Any]:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""

@@ -56,10 +56,6 @@ class SshScheduler(LocalScheduler):
         hosts = plan_hosts(
             opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, warn=_say
         )
-        if opts.preflight:
-            _say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
-            result = collective(opts, hosts, spec.python, spec.network.as_env())
-            _say(format_table(result))
         return {
             "workdir": str((spec.workdir or Path.cwd()).absolute()),
             "hosts": hosts.hosts,
@@ -69,11 +65,20 @@ class SshScheduler(LocalScheduler):
             "omp_num_threads": spec.omp_num_threads,
         }
 
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """With ``--preflight``: a short all_reduce across the hosts with the job's backend settings
+        and interfaces (``launcher.check.collective``); raises SpecError when it cannot form."""
+        opts = _options(spec)
+        if opts.preflight:
+            hosts = _host_plan(plan.facts)
+            _say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
+            _say(format_table(collective(opts, hosts, spec.python, spec.network.as_env())))
+
     def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts['master_addr']}:{facts['rdzv_port']}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
         env = agent_env(spec, job_id, facts["omp_num_threads"])
-        hosts = HostPlan(facts["hosts"], facts["master_addr"], facts["rdzv_port"], facts["ifnames"], {})
+        hosts = _host_plan(facts)
         nodes = []
         for k, host in enumerate(facts["hosts"]):
             agent = torchrun_argv(
@@ -122,13 +127,16 @@ class SshScheduler(LocalScheduler):
         return start_supervisor(plan, record, agents, detach=detach)
 
     def _remaining(self, record: JobRecord) -> str:
-        plan = record.plan()
-        running = [n.host for n in plan.nodes if _hostagent_running(record, n)]
+        running = _hosts_running(record)
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
     def _sweep(self, record: JobRecord, grace_s: float) -> None:
         spec = record.spec()
         SshAgents(record.plan(), ssh_settings(_options(spec)), spec.python, {}).kill(record.job_id, grace_s)
+
+
+def _host_plan(facts: dict[str, Any]) -> HostPlan:
+    return HostPlan(facts["hosts"], facts["master_addr"], facts["rdzv_port"], facts["ifnames"], {})
 
 
 def _options(spec: JobSpec) -> SshOptions:
@@ -148,14 +156,23 @@ def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) ->
     return f"cd / && {shlex.join(argv)}"
 
 
-def _hostagent_running(record: JobRecord, node: NodePlan) -> bool:
-    spec = record.spec()
-    command = _hostagent(spec.python, "status", record.job_id, node.node_rank)
-    result = ssh.run(ssh_settings(_options(spec)), node.host, command, SIGNAL_TIMEOUT_S)
-    try:
-        return bool(json.loads(result.stdout.strip().splitlines()[-1])["running"])
-    except (ValueError, IndexError, KeyError):
-        return result.returncode is None or result.returncode == ssh.SSH_FAILED  # cannot tell: assume yes
+def _hosts_running(record: JobRecord) -> list[str]:
+    """The hosts where a node of the job still runs, all asked at once. A host that cannot be reached
+    counts as running: nothing says its node is gone."""
+    spec, nodes = record.spec(), {n.host: n.node_rank for n in record.plan().nodes}
+
+    def command(host: str) -> str:
+        return _hostagent(spec.python, "status", record.job_id, nodes[host])
+
+    running = []
+    for result in ssh.fan_out(ssh_settings(_options(spec)), list(nodes), command, SIGNAL_TIMEOUT_S):
+        try:
+            if json.loads(result.stdout.strip().splitlines()[-1])["running"]:
+                running.append(result.host)
+        except (ValueError, IndexError, KeyError):
+            if result.returncode is None or result.returncode == ssh.SSH_FAILED:
+                running.append(result.host)
+    return running
 
 
 class SshAgents:

@@ -16,7 +16,7 @@ import pytest
 from launcher import parity_step
 from launcher import probe as probe_module
 from launcher.parity import MUST_MATCH, Mismatch, Shortfall, compare, diff_text, report_table
-from launcher.probe import Gpu, Probe, collect
+from launcher.probe import KEY_PACKAGES, Gpu, Probe, collect
 from trainer.contract import EXIT_FAILED, EXIT_PARITY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -96,8 +96,7 @@ def test_every_must_match_field_is_enforced() -> None:
         "cudnn": "8.9.2",
         "launcher": "0.2.0",
         "image_digest": "sha256:" + "a" * 64,
-        "packages": {name: "0.0.1" for name in ("numpy", "tokenizers", "datasets", "triton")}
-        | {"nvidia-nccl-cu12": "2.20.5"},
+        "packages": {name: "0.0.1" for name in KEY_PACKAGES},
     }
     mismatches, _ = compare(two_hosts(**overrides), gpus_per_node=8)
     assert tuple(m.field for m in mismatches) == MUST_MATCH

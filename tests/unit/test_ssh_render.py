@@ -4,12 +4,15 @@ the ssh command line, and the Plan a node runs (quoted for the remote shell)."""
 from __future__ import annotations
 
 import shlex
+import stat
 from pathlib import Path
 
 import pytest
 
-from launcher.check import choose_ifnames
+from launcher.check import choose_ifnames, hosts_of
+from launcher.failures import killed_by
 from launcher.options import SshOptions
+from launcher.private import UnsafeDirError, private_dir
 from launcher.probe import Probe, Route
 from launcher.schedulers.ssh import SshScheduler
 from launcher.spec import JobSpec, SpecError
@@ -53,6 +56,8 @@ def test_ssh_options_are_checked() -> None:
         SshOptions(hosts=["a"], ssh_opts=["-F/etc/x"])
     with pytest.raises(ValueError, match="set by the launcher"):
         SshOptions(hosts=["a"], ssh_opts=["StrictHostKeyChecking=no"])
+    with pytest.raises(ValueError, match="keep-alives"):
+        SshOptions(hosts=["a"], ssh_opts=["ServerAliveInterval=0"])
     with pytest.raises(ValueError, match="either"):
         SshOptions(hosts=["a"], hostfile=Path("h"))
 
@@ -117,3 +122,25 @@ def test_plan_quotes_every_value_for_the_remote_shell() -> None:
     assert words[words.index("launcher.hostagent") + 1 : words.index("launcher.hostagent") + 6] == [
         "run", "--job", "job-1", "--node", "1",
     ]  # fmt: skip
+
+
+def test_private_dirs_refuse_symlinks_other_modes_and_are_made_0700(tmp_path: Path) -> None:
+    made = private_dir(tmp_path / "a" / "b")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    (tmp_path / "open").mkdir(mode=0o755)
+    (tmp_path / "open").chmod(0o755)
+    with pytest.raises(UnsafeDirError, match="mode 0755"):
+        private_dir(tmp_path / "open")
+    (tmp_path / "link").symlink_to(made)
+    with pytest.raises(UnsafeDirError, match="symlink"):
+        private_dir(tmp_path / "link")
+
+
+@pytest.mark.parametrize(("code", "signum"), [(-9, 9), (137, 9), (143, 15), (1, None), (255, None)])
+def test_a_killed_agent_is_told_from_an_ssh_failure(code: int, signum: int | None) -> None:
+    assert killed_by(code) == signum
+
+
+def test_zero_nodes_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="at least one node"):
+        hosts_of(SshOptions(hosts=["a"]), 0)
