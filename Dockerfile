@@ -1,32 +1,64 @@
-# Training image (first version; the containers issue pins the base by digest and adds `launcher build`).
-# Build:  docker build -t gptlaunch:dev .
-# Run one node: docker run --gpus all --network host gptlaunch:dev launcher submit --nodes 1 --gpus-per-node 8
-ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# gptlaunch training image: a pinned OS base, torch with its CUDA runtime and NCCL wheels pinned, our
+# packages from the build context, a non-root user. Build it with `launcher build [--variant cpu|cuda]`
+# (progress, the failing step named, versions read back by running the probe inside); by hand:
+#   docker build -t gptlaunch:cuda .                                         # CUDA 13.0, NCCL 2.29.7
+#   docker build -t gptlaunch:cpu --build-arg VARIANT=cpu --build-arg TORCH_VERSION=2.13.0+cpu \
+#       --build-arg NCCL_VERSION= \
+#       --build-arg CUDA_VERSION= --build-arg BASE_IMAGE=gptlaunch/debian-base:bookworm .
+# By hand, the CPU variant needs torch's CPU wheel in deploy/docker/wheels/ (launcher build stages the
+# context in a temporary directory and puts it there itself), and a proxy CA in deploy/docker/certs/ca.crt.
+# No CUDA base image is needed: torch's CUDA wheels bring the CUDA runtime; the host brings the driver.
+
+# Python 3.11 on Debian bookworm, by digest (a tag moves; re-pin with `docker buildx imagetools inspect`).
+ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
+
+FROM ${BASE_IMAGE} AS build
+# cuda or cpu: which pins file (deploy/docker/pins/) gives torch and its GPU stack.
+ARG VARIANT=cuda
+# The NCCL wheel for torch's CUDA build (empty for the CPU variant).
+ARG NCCL_VERSION=2.29.7
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_INDEX_URL=${PIP_INDEX_URL} \
+    PIP_FIND_LINKS=/wheels PYTHONDONTWRITEBYTECODE=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN python3 -m venv /opt/venv
+# A CA bundle (certs/ca.crt) lets pip through a TLS-intercepting proxy; it lives in this stage only.
+COPY deploy/docker/certs/ /certs/
+COPY deploy/docker/wheels/ /wheels/
+COPY deploy/docker/pins/${VARIANT}.txt /tmp/pins.txt
+# The GPU stack first: the biggest layer, rebuilt only when the pins change.
+RUN if [ -f /certs/ca.crt ]; then export PIP_CERT=/certs/ca.crt; fi \
+ && /opt/venv/bin/pip install -r /tmp/pins.txt ${NCCL_VERSION:+"nvidia-nccl-cu13==${NCCL_VERSION}"}
+# Then our dependencies and build backend (pinned by constraints.txt), read from pyproject.toml: a code
+# edit keeps this layer.
+COPY pyproject.toml constraints.txt /src/
+RUN if [ -f /certs/ca.crt ]; then export PIP_CERT=/certs/ca.crt; fi \
+ && /opt/venv/bin/python -c "import tomllib; t = tomllib.load(open('/src/pyproject.toml', 'rb')); print(*t['project']['dependencies'], *t['build-system']['requires'], sep='\n')" >/tmp/deps.txt \
+ && /opt/venv/bin/pip install -c /src/constraints.txt -c /tmp/pins.txt -r /tmp/deps.txt
+COPY README.md /src/
+COPY launcher /src/launcher
+COPY trainer /src/trainer
+RUN /opt/venv/bin/pip install --no-deps --no-index --no-build-isolation /src \
+ && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
+
 FROM ${BASE_IMAGE}
-
+ARG VARIANT=cuda
 ARG TORCH_VERSION=2.13.0
-# PyTorch's CUDA wheel index for the CUDA release of the base image (use a CPU index for CPU images).
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
-
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
- && python3 -m venv /opt/venv
-
-WORKDIR /opt/gptlaunch
-# Dependencies first (cached layer), then the code.
-COPY pyproject.toml constraints.txt README.md ./
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
-COPY launcher ./launcher
-COPY trainer ./trainer
-RUN pip install --no-cache-dir -c constraints.txt .
-
-RUN useradd --create-home --uid 1000 trainer
+ARG CUDA_VERSION=13.0
+ARG NCCL_VERSION=2.29.7
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="gptlaunch" \
+      org.opencontainers.image.description="PyTorch distributed GPT trainer and launcher (${VARIANT})" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/gptlaunch/gptlaunch" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      io.gptlaunch.variant="${VARIANT}" \
+      io.gptlaunch.torch.version="${TORCH_VERSION}" \
+      io.gptlaunch.cuda.version="${CUDA_VERSION}" \
+      io.gptlaunch.nccl.version="${NCCL_VERSION}"
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --create-home --uid 1000 --shell /bin/bash trainer
+ENV PATH=/opt/venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER trainer
 WORKDIR /home/trainer
-LABEL org.opencontainers.image.title="gptlaunch" \
-      org.opencontainers.image.description="PyTorch distributed GPT trainer and launcher" \
-      io.gptlaunch.torch.version="${TORCH_VERSION}"
 CMD ["launcher", "--help"]

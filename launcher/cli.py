@@ -1,4 +1,4 @@
-"""``launcher`` command line: submit, render, list, status, logs, wait, cancel."""
+"""``launcher`` command line: submit, render, list, status, logs, wait, cancel, probe, check, build."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher import __version__, commands
+from launcher import __version__, commands, image_cli
 from launcher.flags import UsageError, add_job_flags, fields_help
 from launcher.jobs import STATE_HELP, JobError, JobNotFound
 from launcher.placeholders import HELP as PLACEHOLDER_HELP
@@ -23,7 +23,7 @@ EXIT_CODES = (
     "nothing is started); 75 stopped on request after a checkpoint "
     "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
 )
-COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check}"
+COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     _add_probe_and_check(sub, fmt)
+    image_cli.add_parser(sub)
     return p
 
 
@@ -156,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cancel": commands.cmd_cancel,
             "probe": commands.cmd_probe,
             "check": commands.cmd_check,
+            "build": image_cli.cmd_build,
         }[args.command](args)
     except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)

@@ -1,0 +1,97 @@
+"""What a built image holds, read from the image itself: the version probe (``launcher.probe``) runs
+inside it, so the record states what is installed, not what the build arguments asked for. Also the
+image's id, size and labels, and after ``--push`` its registry digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ContainerError, ImageNotFound
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from launcher.docker_engine import DockerError
+from launcher.parity import MUST_MATCH, field_value
+from launcher.probe import IMAGE_DIGEST_ENV, Probe
+from trainer.contract import atomic_write_text
+
+VERSION_FIELDS = tuple(f for f in MUST_MATCH if f != "image_digest")
+
+
+class ImageRecord(BaseModel):
+    """One ``launcher build``: saved as JSON (``--record``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    image: str  # the tag it was built as, e.g. gptlaunch:cpu
+    id: str  # sha256:… of the image configuration: what the tag resolved to after the build
+    repo_digests: list[str]  # registry@sha256:… once pushed
+    variant: str  # cpu or cuda
+    size_bytes: int
+    build_s: float  # seconds, context staging included
+    labels: dict[str, str]
+    versions: dict[str, str | None]  # VERSION_FIELDS, as the probe inside the image reported them
+
+    def save(self, path: Path) -> None:
+        """Write the record atomically (a reader never sees half of it)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+
+
+def probe_image(client: docker.DockerClient, image: str) -> Probe:
+    """Run ``python -m launcher.probe --json`` in a throwaway container of ``image`` (no network) and
+    return its report. Raises DockerError when the image has no working probe."""
+    try:
+        out = client.containers.run(
+            image,
+            ["python", "-m", "launcher.probe", "--json"],
+            environment={IMAGE_DIGEST_ENV: image},
+            network_mode="none",
+            remove=True,
+            stdout=True,
+            stderr=False,
+        )
+        return Probe.model_validate(json.loads(out))
+    except ImageNotFound:
+        raise DockerError(f"image {image} not found in the engine") from None
+    except ContainerError as e:
+        stderr = e.stderr.decode(errors="replace").strip() if isinstance(e.stderr, bytes) else ""
+        raise DockerError(
+            f"the version probe failed inside {image} (exit {e.exit_status}): {stderr}"
+        ) from None
+    except (ValueError, ValidationError) as e:
+        raise DockerError(f"the version probe inside {image} printed no report: {e}") from None
+
+
+def record_of(
+    client: docker.DockerClient, tag: str, image_id: str, variant: str, build_s: float
+) -> ImageRecord:
+    """The record of the image ``image_id`` built as ``tag``: its probe, size and labels."""
+    image = client.images.get(image_id)
+    probe = probe_image(client, image_id)
+    return ImageRecord(
+        image=tag,
+        id=image_id,
+        repo_digests=list(image.attrs.get("RepoDigests") or []),
+        variant=variant,
+        size_bytes=int(image.attrs.get("Size") or 0),
+        build_s=build_s,
+        labels=dict(image.labels),
+        versions={f: field_value(probe, f) for f in VERSION_FIELDS},
+    )
+
+
+def push(client: docker.DockerClient, record: ImageRecord) -> ImageRecord:
+    """Push the image to the registry its tag names; returns the record with the registry digests.
+    Raises DockerError naming the registry's answer (unreachable, unauthorized, ...)."""
+    repository, _, tag = record.image.rpartition(":")
+    if not repository or "/" in tag:  # no tag given: docker's default
+        repository, tag = record.image, "latest"
+    try:
+        for chunk in client.images.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in chunk:
+                raise DockerError(f"push of {record.image} failed: {chunk['error']}")
+        digests = client.images.get(record.id).attrs.get("RepoDigests") or []
+    except APIError as e:
+        raise DockerError(f"push of {record.image} failed: {e.explanation or e}") from None
+    return record.model_copy(update={"repo_digests": list(digests)})

@@ -1,0 +1,191 @@
+"""`launcher build` against a real Docker engine (`deploy/docker/dev-engine.sh up`): the CPU image is
+built once per session from the offline Debian base; its record is compared with the probe run inside
+it; the CA bundle given for the build must be in no layer of it; bad input fails with exit 2 and
+leaves no container behind. The CUDA variant's pins are resolved by pip without downloading them.
+Under CI=true a missing engine fails these tests instead of skipping them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import launcher, run
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_SCRIPT = ROOT / "deploy" / "docker" / "dev-engine.sh"
+SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's TLS is re-signed by a local CA
+CA_CANARY = "gptlaunch-ca-canary-5e0b7d"
+TAG = "gptlaunch-test:cpu"
+
+
+@pytest.fixture(scope="session")
+def engine() -> dict[str, str]:
+    """DOCKER_HOST of the dev engine and the name of its offline base image, from `dev-engine.sh up`."""
+    problem = None
+    if os.geteuid() != 0:
+        problem = "the dev Docker engine needs root"
+    else:
+        proc = run(["bash", str(ENGINE_SCRIPT), "up"], timeout=900)
+        if proc.returncode != 0:
+            problem = f"dev-engine.sh up failed:\n{proc.stderr[-3000:]}"
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem)
+        pytest.skip(problem)
+    base, host = proc.stdout.strip().splitlines()[-2:]
+    return {"DOCKER_HOST": host, "BASE_IMAGE": base}
+
+
+def docker(engine: dict[str, str], *args: str, check: bool = True) -> str:
+    proc = run(["docker", *args], env={"DOCKER_HOST": engine["DOCKER_HOST"]}, check=check, timeout=600)
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def ca_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This machine's CA bundle (builds reach PyPI only through it) with a canary line that must not
+    reach the image."""
+    path = tmp_path_factory.mktemp("ca") / "ca.crt"
+    path.write_text(SYSTEM_CA.read_text() + f"\n# {CA_CANARY}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_image(
+    engine: dict[str, str], ca_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The record of the CPU image built with `launcher build` (once per session)."""
+    work = tmp_path_factory.mktemp("build")
+    record = work / "record.json"
+    proc = launcher(
+        work, "build", "--variant", "cpu", "--base-image", engine["BASE_IMAGE"], "--tag", TAG,
+        "--ca-bundle", str(ca_bundle), "--record", str(record),
+        env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=2400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Step 1/" in proc.stderr, "the build's steps are shown as it goes"
+    return dict(json.loads(record.read_text()))
+
+
+def test_recorded_versions_are_what_the_probe_finds_inside(
+    engine: dict[str, str], cpu_image: dict[str, Any]
+) -> None:
+    inside = json.loads(
+        docker(engine, "run", "--rm", "--network", "none", TAG, "python", "-m", "launcher.probe", "--json")
+    )
+    versions = cpu_image["versions"]
+    assert versions["torch"] == inside["torch"] and versions["torch"].endswith("+cpu")
+    assert versions["python"] == inside["python"] and versions["torch_git"] == inside["torch_git"]
+    assert versions["packages.tokenizers"] == inside["packages"]["tokenizers"] is not None
+    assert versions["cuda"] is None and versions["nccl"] is None
+    assert cpu_image["id"] == docker(engine, "image", "inspect", "--format", "{{.Id}}", TAG).strip()
+    assert cpu_image["labels"]["io.gptlaunch.torch.version"] == inside["torch"]
+    assert cpu_image["labels"]["io.gptlaunch.variant"] == "cpu"
+    assert cpu_image["size_bytes"] > 0
+    assert docker(engine, "run", "--rm", "--network", "none", TAG, "id", "-u").strip() != "0"
+
+
+def test_the_ca_bundle_is_in_no_layer(
+    engine: dict[str, str], cpu_image: dict[str, Any], tmp_path: Path
+) -> None:
+    saved = tmp_path / "image.tar"
+    docker(engine, "image", "save", "--output", str(saved), TAG)
+    assert saved.stat().st_size > 100e6  # the layers are there to scan
+    with saved.open("rb") as f:  # read in overlapping windows: the canary may straddle two reads
+        previous = b""
+        while chunk := f.read(1 << 24):
+            assert CA_CANARY.encode() not in previous[-64:] + chunk
+            previous = chunk
+    history = docker(engine, "history", "--no-trunc", TAG)
+    assert CA_CANARY not in history and "ca.crt" not in history
+    assert CA_CANARY not in docker(engine, "image", "inspect", TAG)
+
+
+def test_a_failing_step_is_named_and_leaves_nothing_running(
+    engine: dict[str, str], cpu_image: dict[str, Any], ca_bundle: Path, tmp_path: Path
+) -> None:
+    before = docker(engine, "ps", "--all", "--quiet")
+    proc = launcher(
+        tmp_path, "build", "--variant", "cpu", "--base-image", engine["BASE_IMAGE"],
+        "--tag", "gptlaunch-test:broken",
+        "--ca-bundle", str(ca_bundle), "--pip-index-url", "http://127.0.0.1:9/simple",
+        env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    error = proc.stderr.split("launcher: error: ", 1)[-1]
+    assert error.startswith("image build failed at Step ") and "pip install" in error.splitlines()[0]
+    assert "Traceback" not in proc.stderr
+    assert docker(engine, "ps", "--all", "--quiet") == before, "a failed build leaves no container"
+    assert not docker(engine, "images", "--quiet", "gptlaunch-test:broken").strip()
+
+
+def test_a_missing_base_image_is_named(engine: dict[str, str], tmp_path: Path) -> None:
+    proc = launcher(
+        tmp_path, "build", "--variant", "cpu", "--base-image", "gptlaunch-test/no-such-base:1",
+        "--wheelhouse", str(tmp_path / "nowhere"), env={"DOCKER_HOST": engine["DOCKER_HOST"]},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "holds no *.whl" in proc.stderr, proc.stderr[-2000:]
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "placeholder-0-py3-none-any.whl").write_bytes(b"")
+    proc = launcher(
+        tmp_path, "build", "--variant", "cpu", "--base-image", "gptlaunch-test/no-such-base:1",
+        "--wheelhouse", str(tmp_path / "wheels"), env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = proc.stderr.split("launcher: error: ", 1)[-1]
+    assert error.startswith("image build failed at Step ") and " : FROM " in error.splitlines()[0]
+    assert "the base image gptlaunch-test/no-such-base:1 is neither in the engine nor pullable" in error
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_unreachable_engine_is_a_clear_error(tmp_path: Path) -> None:
+    proc = launcher(
+        tmp_path, "build", "--variant", "cpu", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    )
+    assert proc.returncode == 2
+    assert "cannot reach the Docker engine at unix://" in proc.stderr and "DOCKER_HOST" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cuda_pins_resolve_to_themselves(tmp_path: Path) -> None:
+    """pip's resolver, in --dry-run --report mode for the image's platform, takes the CUDA pins (and
+    the NCCL build argument's default) to exactly the pinned set: metadata only, no GB of wheels."""
+    pins = ROOT / "deploy" / "docker" / "pins" / "cuda.txt"
+    nccl = next(
+        line.split("=", 1)[1]
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("ARG NCCL_VERSION=")
+    )
+    report = tmp_path / "report.json"
+    platforms = [a for minor in range(28, 16, -1) for a in ("--platform", f"manylinux_2_{minor}_x86_64")]
+    proc = run(
+        [
+            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            "--report", str(report), "--only-binary", ":all:", *platforms,
+            "--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64",
+            "--python-version", "3.11", "--implementation", "cp", "--target", str(tmp_path / "nowhere"),
+            "-r", str(pins), f"nvidia-nccl-cu13=={nccl}",
+        ],
+        env={"PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "PIP_CERT": str(SYSTEM_CA)},
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resolved = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"]
+        for i in json.loads(report.read_text())["install"]
+    }
+    pinned = dict(
+        line.split("==", 1) for line in pins.read_text().splitlines() if line and not line.startswith("#")
+    )
+    assert resolved["torch"] == "2.13.0" and resolved["nvidia-nccl-cu13"] == nccl
+    for name, pin in pinned.items():
+        assert resolved.get(name.lower()) == pin, f"{name}=={pin} resolved to {resolved.get(name.lower())}"
+    gpu_stack = {n for n in resolved if n.startswith(("nvidia-", "cuda-", "triton"))}
+    assert gpu_stack <= {n.lower() for n in pinned} | {"nvidia-nccl-cu13"}, (
+        "a GPU wheel torch needs is not pinned"
+    )

