@@ -21,7 +21,8 @@ from launcher.spec import DEFAULT_SECRETS, JobSpec
 SLURM_GROUP = "slurm (with --scheduler slurm)"
 SSH_GROUP = "ssh (with --scheduler ssh)"
 NETWORK_GROUP = "network (environment of every node)"
-PARITY_GROUP = "version parity (with --scheduler ssh or slurm)"
+COMPOSE_GROUP = "compose (with --scheduler compose)"
+PARITY_GROUP = "version parity (with --scheduler ssh, slurm or compose)"
 # (flags, dotted JobSpec field, argument group)
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
@@ -60,6 +61,9 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--ssh-connect-timeout-s",), "scheduler.connect_timeout_s", SSH_GROUP),
     (("--skip-parity",), "scheduler.skip_parity", PARITY_GROUP),
     (("--preflight",), "scheduler.preflight", SSH_GROUP),
+    (("--image",), "scheduler.image", COMPOSE_GROUP),
+    (("--shm-size",), "scheduler.shm_size", COMPOSE_GROUP),
+    (("--compose-command",), "scheduler.compose_command", COMPOSE_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
 

@@ -58,7 +58,7 @@ def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
 def run(job_id: str, node: int, argv: list[str]) -> int:
     pid_file, exit_file, log_file = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
-    secrets = _read_secrets()
+    secrets = read_secrets()
     procs.become_subreaper()
     me = psutil.Process()
     # Handlers before the pid file: a stop sent as soon as `signal` can find us must not be lost.
@@ -114,7 +114,7 @@ class _Forward:
             child.send_signal(signal.SIGTERM)
 
 
-def _read_secrets() -> dict[str, str]:
+def read_secrets() -> dict[str, str]:
     """The one JSON line of secret variables the launcher writes to stdin (nothing if stdin is
     empty or a terminal)."""
     if sys.stdin is None or sys.stdin.isatty():

@@ -89,7 +89,7 @@ def slurm_minutes(value: str) -> int:
 
 SKIP_PARITY_HELP = (
     "train even when the nodes' versions differ (the diff is still printed); by default the job is "
-    "refused (ssh) or ends before training (slurm) with exit code 3"
+    "refused (ssh) or ends before training (slurm, compose) with exit code 3"
 )
 
 
@@ -235,6 +235,50 @@ class SshOptions(BaseModel):
         return self
 
 
+class ComposeOptions(BaseModel):
+    """The compose scheduler: one container of the training image per node, on a private network of
+    one Docker engine (docker compose v2 or docker-compose v1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["compose"] = Field(
+        "compose", description="where the job runs (compose: one container per node, docker compose)"
+    )
+    image: str = Field(
+        "",
+        validate_default=True,
+        description="the training image every node runs (`launcher build`), by name or id (required)",
+    )
+    shm_size: str = Field(
+        "8g",
+        description="shared memory of each container (Docker's 64m default breaks NCCL)",
+    )
+    gpus: bool | None = Field(
+        None,
+        description="reserve --gpus-per-node GPUs for each container (default: when the engine has the "
+        "nvidia runtime)",
+    )
+    compose_command: Literal["auto", "docker compose", "docker-compose"] = Field(
+        "auto", description="the compose client (auto: `docker compose` (v2), else `docker-compose` (v1))"
+    )
+    skip_parity: bool = Field(False, description=SKIP_PARITY_HELP)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not v:
+            raise ValueError("the compose scheduler needs an image: pass --image REF (see `launcher build`)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v):
+            raise ValueError(f"{v!r} is not an image reference (name[:tag], name@sha256:..., or an id)")
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+[bkmg]?", v.lower()):
+            raise ValueError(f"{v!r} is not a size: use e.g. 8g or 512m")
+        return v
+
+
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
 SSH_MANAGED = {
     "batchmode": "nothing: a launch cannot answer prompts",
@@ -252,7 +296,7 @@ SSH_MANAGED = {
 
 # Union keeps the discriminator valid; compose options join it.
 SchedulerOptions = Annotated[
-    Union[LocalOptions, SlurmOptions, SshOptions],  # noqa: UP007
+    Union[LocalOptions, SlurmOptions, SshOptions, ComposeOptions],  # noqa: UP007
     Field(discriminator="kind"),
 ]
 

@@ -9,6 +9,7 @@ escape, ...), which no quoting can make safe in every consumer.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import unicodedata
@@ -262,3 +263,9 @@ class JobSpec(_Strict):
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    def secrets_here(self) -> dict[str, str]:
+        """The secret variables (``secret_env`` and DEFAULT_SECRETS) set in this process's environment:
+        what a scheduler hands to the nodes at run time, never on a command line or in a file."""
+        names = {*self.secret_env, *DEFAULT_SECRETS}
+        return {name: os.environ[name] for name in sorted(names) if name in os.environ}

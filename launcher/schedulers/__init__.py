@@ -16,6 +16,7 @@ SCHEDULERS: dict[str, str] = {
     "local": "launcher.schedulers.local:LocalScheduler",
     "slurm": "launcher.schedulers.slurm:SlurmScheduler",
     "ssh": "launcher.schedulers.ssh:SshScheduler",
+    "compose": "launcher.schedulers.compose:ComposeScheduler",
 }
 
 

@@ -12,7 +12,6 @@ a process tree it tracks, so that a dropped connection neither kills nor orphans
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from launcher.options import SshOptions
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local import LocalScheduler
 from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
-from launcher.spec import DEFAULT_SECRETS, JobSpec, SpecError
+from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
@@ -123,7 +122,7 @@ class SshScheduler(LocalScheduler):
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         spec = record.spec()
-        agents = SshAgents(plan, ssh_settings(_options(spec)), spec.python, _secrets(spec))
+        agents = SshAgents(plan, ssh_settings(_options(spec)), spec.python, spec.secrets_here())
         return start_supervisor(plan, record, agents, detach=detach)
 
     def _remaining(self, record: JobRecord) -> str:
@@ -142,13 +141,6 @@ def _host_plan(facts: dict[str, Any]) -> HostPlan:
 def _options(spec: JobSpec) -> SshOptions:
     assert isinstance(spec.scheduler, SshOptions)
     return spec.scheduler
-
-
-def _secrets(spec: JobSpec) -> dict[str, str]:
-    """The secret variables set in this (submitting) environment: sent to each host on the ssh
-    connection's stdin, never on a command line or to a file."""
-    names = {*spec.secret_env, *DEFAULT_SECRETS}
-    return {name: os.environ[name] for name in sorted(names) if name in os.environ}
 
 
 def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) -> str:

@@ -1,0 +1,279 @@
+"""The compose scheduler: a multi-node job as one container per node on one Docker engine, on the job's
+own network — a two-node cluster on one machine.
+
+``render`` writes the compose file (``launcher.compose_file``; ``launcher render --scheduler compose``
+prints it). ``submit`` creates the network and the containers (``<compose> up --no-start``, with
+``docker compose`` v2 or ``docker-compose`` v1: the Docker SDK has no compose API), then the local
+scheduler's supervisor follows one ``docker start --attach --interactive`` per node as that node's
+agent: its output is the node log, its exit code the container's, the secrets go in on its stdin.
+Fail-fast, stop and cancel are the local scheduler's; stopping a node is ``docker kill --signal
+TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the job, whatever it is, is
+``<compose> down``: containers and network removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from launcher import procs
+from launcher.compose_file import COMPOSE_FILE, Mount, container_name, render, service_name
+from launcher.docker_engine import DockerError, connect
+from launcher.jobs import JobRecord, node_log_name, torchelastic_dir
+from launcher.options import ComposeOptions
+from launcher.plan import NodePlan, Plan
+from launcher.probe import IMAGE_DIGEST_ENV
+from launcher.schedulers.local import LocalScheduler
+from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
+from launcher.spec import JobSpec, SpecError
+from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+from trainer.cli import parse_train_args
+from trainer.corpus import expand_text_files
+
+CONTAINER_PYTHON = "python"  # the image's virtualenv is first on its PATH
+CONTAINER_IFNAME = "eth0"  # a container's interface on the job network
+DEFAULT_RDZV_PORT = 29500  # each container has its own ports: no need to look for a free one
+COMPOSE_TIMEOUT_S = 300.0
+
+
+class ComposeScheduler(LocalScheduler):
+    name = "compose"
+    files_here = True  # the containers see the job's paths where this machine does (bind mounts)
+    queued = False
+
+    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+        """The image's id (all nodes run exactly it), the compose client, whether to reserve GPUs, the
+        user the containers run as. Raises DockerError (no engine, no such image, no compose client)."""
+        opts = _options(spec)
+        if spec.rendezvous.endpoint is not None:
+            raise SpecError("rendezvous.endpoint (--rdzv-endpoint): with compose, node0 hosts the rendezvous")
+        workdir = (spec.workdir or Path.cwd()).absolute()
+        client = connect()
+        try:
+            image_id = client.images.get(opts.image).id
+        except Exception:  # docker.errors.ImageNotFound, or a malformed reference
+            raise DockerError(
+                f"image (--image) {opts.image} is not in the engine: build it (`launcher build --tag "
+                f"{opts.image}`) or pull it"
+            ) from None
+        gpus = opts.gpus if opts.gpus is not None else "nvidia" in (client.info().get("Runtimes") or {})
+        return {
+            "workdir": str(workdir),
+            "image": opts.image,
+            "image_id": image_id,
+            "compose": compose_command(opts.compose_command),
+            "gpus": gpus,
+            "user": f"{os.getuid()}:{os.getgid()}",
+            "rdzv_port": spec.rendezvous.port or DEFAULT_RDZV_PORT,
+            # The engine's machine is this one: its cores shared out, as the local scheduler does.
+            "omp_num_threads": spec.omp_num_threads
+            or (
+                None
+                if "OMP_NUM_THREADS" in spec.network.env
+                else max(1, (os.cpu_count() or 1) // spec.world_size)
+            ),
+        }
+
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """Nothing: parity runs inside the containers, before training."""
+
+    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+        endpoint = f"{service_name(0)}:{facts['rdzv_port']}"
+        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
+        inside = spec.model_copy(update={"python": CONTAINER_PYTHON})
+        env = agent_env(spec, job_id, facts["omp_num_threads"]) | {
+            IMAGE_DIGEST_ENV: facts["image_id"],
+            "HOME": "/tmp",  # the submitting user has no home in the image
+        }
+        env = {"NCCL_SOCKET_IFNAME": CONTAINER_IFNAME, "GLOO_SOCKET_IFNAME": CONTAINER_IFNAME} | env
+        gpus = spec.nproc_per_node if facts["gpus"] else 0
+        nodes = []
+        for k in range(spec.nnodes):
+            agent = torchrun_argv(
+                inside,
+                node_rank=k,
+                endpoint=endpoint,
+                rdzv_id=spec.rendezvous.id or job_id,
+                log_dir=str(torchelastic_dir(job_dir, k)),
+                trainer_args=args,
+            )
+            entry = [
+                CONTAINER_PYTHON, "-m", "launcher.compose_node", "--job-dir", str(job_dir), "--node", str(k),
+                "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
+                *(["--skip-parity"] if _options(spec).skip_parity else []), "--",
+            ]  # fmt: skip
+            host = service_name(k)
+            nodes.append(
+                NodePlan(
+                    node_rank=k,
+                    host=host,
+                    argv=[*entry, *agent],
+                    env=env,
+                    cwd=facts["workdir"],
+                    log=node_log_name(k),
+                )
+            )
+        run_path = Path(facts["workdir"]) / run_dir
+        text = render(
+            job_id,
+            nodes,
+            image_id=facts["image_id"],
+            user=facts["user"],
+            mounts=job_mounts(args, Path(facts["workdir"]), job_dir, run_path),
+            shm_size=_options(spec).shm_size,
+            gpus_per_node=gpus,
+        )
+        return Plan(
+            job_id=job_id,
+            scheduler=self.name,
+            nnodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            rdzv_endpoint=endpoint,
+            run_dir=str(run_path),
+            nodes=nodes,
+            files={COMPOSE_FILE: text},
+            primary=COMPOSE_FILE,
+            facts=facts,
+        )
+
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+        """Write the compose file, create the network and containers, and start following them."""
+        spec = record.spec()
+        compose = Compose(plan, record.dir)
+        compose.write(plan.files[COMPOSE_FILE])
+        for mount in job_mounts(
+            with_run_dir(spec.trainer_args, record.dir / "run")[0],
+            Path(plan.facts["workdir"]),
+            record.dir,
+            Path(plan.run_dir),
+        ):
+            if not mount.read_only:
+                Path(mount.path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, as root
+        compose.create()
+        return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
+
+    def _remaining(self, record: JobRecord) -> str:
+        running = Compose(record.plan(), record.dir).running()
+        return (
+            f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)" if running else ""
+        )
+
+    def _sweep(self, record: JobRecord, grace_s: float) -> None:
+        Compose(record.plan(), record.dir).down(grace_s)
+
+
+def _options(spec: JobSpec) -> ComposeOptions:
+    assert isinstance(spec.scheduler, ComposeOptions)
+    return spec.scheduler
+
+
+def compose_command(choice: str) -> list[str]:
+    """The compose client's argv: ``docker compose`` (v2) if it answers, else ``docker-compose`` (v1),
+    or the one ``choice`` names. Raises DockerError when it is not installed."""
+    candidates = [["docker", "compose"], ["docker-compose"]]
+    if choice != "auto":
+        candidates = [choice.split()]
+    for argv in candidates:
+        try:
+            if subprocess.run([*argv, "version"], capture_output=True, timeout=30).returncode == 0:
+                return argv
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    wanted = "`docker compose` (v2) or `docker-compose` (v1)" if choice == "auto" else f"`{choice}`"
+    raise DockerError(f"{wanted} is not installed: install it (Debian: apt-get install docker-compose)")
+
+
+def job_mounts(trainer_args: list[str], workdir: Path, job_dir: Path, run_dir: Path) -> list[Mount]:
+    """The host paths a job's containers need, at the same paths: the job dir, run dir and data dir
+    (read-write), the text files and a resume checkpoint (read-only). Relative trainer paths are the
+    workdir's."""
+    cfg = parse_train_args(trainer_args)
+
+    def here(path: str | Path) -> str:
+        return str((workdir / path).absolute())
+
+    mounts = {here(job_dir): False, here(run_dir): False, here(cfg.data_dir): False}
+    for text in expand_text_files([here(p) for p in cfg.text_files]) if cfg.text_files else []:
+        mounts.setdefault(here(text), True)
+    if cfg.resume not in ("auto", "never"):
+        mounts.setdefault(here(cfg.resume), True)
+    return [Mount(path, read_only) for path, read_only in mounts.items()]
+
+
+class Compose:
+    """The compose project of one job: its file in the job dir, its client, its containers."""
+
+    def __init__(self, plan: Plan, job_dir: Path) -> None:
+        self.plan, self.file = plan, job_dir / COMPOSE_FILE
+        project = re.sub(r"[^a-z0-9_-]", "-", f"gptlaunch-{plan.job_id}".lower())
+        self.argv = [*plan.facts["compose"], "--project-name", project, "--file", str(self.file)]
+
+    def write(self, text: str) -> None:
+        self.file.write_text(text)
+
+    def containers(self) -> list[str]:
+        return [container_name(self.plan.job_id, n.node_rank) for n in self.plan.nodes]
+
+    def create(self) -> None:
+        """Create the network and every container (started later, one agent each). Raises DockerError."""
+        proc = subprocess.run(
+            [*self.argv, "up", "--no-start"], capture_output=True, text=True, timeout=COMPOSE_TIMEOUT_S
+        )
+        if proc.returncode != 0:
+            self.down(0)
+            last = " / ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
+            raise DockerError(f"compose could not create the job's containers: {last}")
+
+    def running(self) -> list[str]:
+        label = f"label=io.gptlaunch.job={self.plan.job_id}"
+        argv = ["docker", "ps", "--filter", label, "--format", "{{.Names}}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return proc.stdout.split()
+
+    def down(self, grace_s: float) -> None:
+        """Stop (TERM, KILL after ``grace_s`` seconds) and remove the containers and the network."""
+        subprocess.run(
+            [*self.argv, "down", "--timeout", str(max(0, round(grace_s))), "--remove-orphans"],
+            capture_output=True, timeout=COMPOSE_TIMEOUT_S + grace_s,
+        )  # fmt: skip
+
+
+class ComposeAgents:
+    """The supervisor's agents for compose: one ``docker start --attach --interactive`` per node."""
+
+    def __init__(self, compose: Compose, secrets: dict[str, str]) -> None:
+        self.compose, self.secrets = compose, secrets
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        name = container_name(record.job_id, node.node_rank)
+        with open(record.dir / node.log, "ab") as log:
+            client = subprocess.Popen(
+                ["docker", "start", "--attach", "--interactive", name],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=procs.die_with_parent,
+            )
+        assert client.stdin is not None
+        try:  # read once by launcher.compose_node, which gives them to torchrun only
+            client.stdin.write((json.dumps(self.secrets) + "\n").encode())
+            client.stdin.close()
+        except OSError:  # the client already failed: its exit code and log tell why
+            pass
+        return client
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        names = [c for c, a in zip(self.compose.containers(), agents, strict=False) if a.poll() is None]
+        if names:
+            subprocess.run(["docker", "kill", "--signal", "TERM", *names], capture_output=True, timeout=60)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        self.compose.down(grace_s)
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)  # docker clients

@@ -1,0 +1,84 @@
+"""The compose scheduler's Plan and compose file, without an engine: one service per node on the job
+network, the image pinned by id, same-path mounts (text read-only), `$` kept literal, GPUs split per
+node, no secret in the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.options import ComposeOptions
+from launcher.schedulers.compose import ComposeScheduler
+from launcher.spec import JobSpec
+
+IMAGE_ID = "sha256:" + "c" * 64
+
+
+def facts(workdir: Path, gpus: bool = False) -> dict[str, Any]:
+    return {
+        "workdir": str(workdir), "image": "gptlaunch:cpu", "image_id": IMAGE_ID,
+        "compose": ["docker-compose"], "gpus": gpus, "user": "1000:1000", "rdzv_port": 29500,
+        "omp_num_threads": 1,
+    }  # fmt: skip
+
+
+def render(
+    tmp_path: Path, trainer_args: list[str], gpus: bool = False, nproc: int = 1
+) -> tuple[Any, dict[str, Any]]:
+    spec = JobSpec(
+        nnodes=2,
+        nproc_per_node=nproc,
+        scheduler=ComposeOptions(image="gptlaunch:cpu"),
+        trainer_args=trainer_args,
+    )
+    plan = ComposeScheduler().render(spec, facts(tmp_path, gpus), "job-1", tmp_path / "jobs" / "job-1")
+    return plan, yaml.safe_load(plan.files[plan.primary])
+
+
+def test_one_service_per_node_on_the_job_network(tmp_path: Path) -> None:
+    text = tmp_path / "valid.txt"
+    text.write_text("some text\n")
+    plan, doc = render(tmp_path, ["--text-files", "valid.txt", "--max-steps", "3"])
+    assert list(doc["services"]) == ["node0", "node1"] and list(doc["networks"]) == ["job"]
+    for k, service in enumerate(doc["services"].values()):
+        assert service["image"] == IMAGE_ID and service["hostname"] == f"node{k}"
+        assert service["networks"] == ["job"] and service["shm_size"] == "8g"
+        assert service["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert service["environment"]["GPTLAUNCH_IMAGE_DIGEST"] == IMAGE_ID
+        command = service["command"]
+        assert command[:3] == ["python", "-m", "launcher.compose_node"] and f"--node={k}" not in command
+        assert command[command.index("--node") + 1] == str(k)
+        assert "--rdzv-endpoint=node0:29500" in command
+        volumes = service["volumes"]
+        assert f"{text}:{text}:ro" in volumes
+        assert f"{plan.run_dir}:{plan.run_dir}:rw" in volumes
+        assert "deploy" not in service
+    # compose substitutes ${...}: the file doubles every $ so torchrun gets its template as written
+    assert (
+        doc["services"]["node0"]["environment"]["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank$${rank}]: "
+    )
+
+
+def test_gpus_are_split_between_the_nodes(tmp_path: Path) -> None:
+    _, doc = render(tmp_path, ["--max-steps", "3"], gpus=True, nproc=2)
+    devices = [s["deploy"]["resources"]["reservations"]["devices"][0] for s in doc["services"].values()]
+    assert [d["device_ids"] for d in devices] == [["0", "1"], ["2", "3"]]
+    assert all(d["capabilities"] == ["gpu"] for d in devices)
+
+
+def test_no_secret_in_the_compose_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_canary_91c2")
+    plan, _ = render(tmp_path, ["--max-steps", "3"])
+    assert "hf_secret_canary_91c2" not in plan.files[plan.primary] and "HF_TOKEN" not in plan.to_json()
+
+
+def test_the_compose_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="needs an image"):
+        ComposeOptions()
+    with pytest.raises(ValueError, match="not an image reference"):
+        ComposeOptions(image="bad image;rm")
+    with pytest.raises(ValueError, match="not a size"):
+        ComposeOptions(image="x", shm_size="lots")
