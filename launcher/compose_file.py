@@ -57,8 +57,7 @@ def render(
         service_name(n.node_rank): _service(job_id, n, image_id, user, mounts, shm_size, gpus_per_node)
         for n in nodes
     }
-    document = {
-        "name": f"gptlaunch-{job_id}",
+    document = {  # no top-level `name`: docker-compose v1 rejects it (the project name is a flag)
         "services": services,
         "networks": {NETWORK: {"driver": "bridge", "labels": {"io.gptlaunch.job": job_id}}},
     }
@@ -94,6 +93,7 @@ def _service(
         "environment": dict(sorted(node.env.items())),
         "volumes": [m.spec() for m in mounts],
         "shm_size": shm_size,
+        "init": True,  # docker-init as PID 1: relays docker kill's signals, reaps strays
         "stdin_open": True,  # the secrets arrive on stdin, never in this file or the container's config
         "networks": [NETWORK],
         "labels": {"io.gptlaunch.job": job_id, "io.gptlaunch.node": str(node.node_rank)},

@@ -108,11 +108,10 @@ class ComposeScheduler(LocalScheduler):
                 "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
                 *(["--skip-parity"] if _options(spec).skip_parity else []), "--",
             ]  # fmt: skip
-            host = service_name(k)
             nodes.append(
                 NodePlan(
                     node_rank=k,
-                    host=host,
+                    host="localhost",  # the engine's machine; the service is node{k}
                     argv=[*entry, *agent],
                     env=env,
                     cwd=facts["workdir"],

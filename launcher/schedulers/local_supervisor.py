@@ -35,11 +35,11 @@ POLL_S = 0.1
 
 
 class SupervisorHandle(BaseModel):
-    """How a job followed by a supervisor on this machine (local, SSH) is found again (saved as
+    """How a job followed by a supervisor on this machine (local, SSH, compose) is found again (saved as
     handle.json): the supervisor and the pids of the processes it started (agents, ssh clients)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: Literal["local", "ssh"] = "local"
+    scheduler: Literal["local", "ssh", "compose"] = "local"
     supervisor: ProcessRef
     node_pids: list[int] = []
 

@@ -4,6 +4,9 @@ node, no secret in the file."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,10 @@ import pytest
 import yaml
 
 from launcher.options import ComposeOptions
+from launcher.probe import collect
 from launcher.schedulers.compose import ComposeScheduler
 from launcher.spec import JobSpec
+from trainer.contract import EXIT_PARITY
 
 IMAGE_ID = "sha256:" + "c" * 64
 
@@ -82,3 +87,34 @@ def test_the_compose_options_are_checked() -> None:
         ComposeOptions(image="bad image;rm")
     with pytest.raises(ValueError, match="not a size"):
         ComposeOptions(image="x", shm_size="lots")
+
+
+def _node0(job_dir: Path, stdin: str, *command: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.compose_node",
+        "--job-dir",
+        str(job_dir),
+        "--node",
+        "0",
+        "--nodes",
+        "2",
+    ]
+    return subprocess.run([*argv, "--", *command], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def test_a_container_checks_parity_then_runs_the_command_with_the_secrets(tmp_path: Path) -> None:
+    (tmp_path / "parity").mkdir()
+    peer = collect().model_copy(update={"hostname": "node1"})
+    (tmp_path / "parity" / "node-1.json").write_text(peer.model_dump_json())
+    show = "import os; print('secret=' + os.environ['HF_TOKEN'])"
+    ok = _node0(tmp_path, json.dumps({"HF_TOKEN": "hf_x"}) + "\n", sys.executable, "-c", show)
+    assert ok.returncode == 0, ok.stderr
+    assert "version parity: the 2 nodes match" in ok.stdout and "secret=hf_x" in ok.stdout
+    other = peer.model_copy(update={"torch": "2.12.0"})
+    (tmp_path / "parity" / "node-1.json").write_text(other.model_dump_json())
+    refused = _node0(tmp_path, "", sys.executable, "-c", "print('trained')")
+    assert refused.returncode == EXIT_PARITY and "trained" not in refused.stdout
+    assert "torch: " in refused.stderr and "2.12.0" in refused.stderr
+    assert json.loads((tmp_path / "parity.json").read_text())["exit_code"] == EXIT_PARITY

@@ -1,0 +1,104 @@
+"""The compose scheduler against a real Docker engine (`deploy/docker/dev-engine.sh`) and the CPU image
+built by `launcher build`: two containers train together over their own network, the checkpoint lands
+on the host, a killed container ends the job everywhere, and nothing of the job (containers, network)
+is left. Under CI=true a missing engine fails these tests instead of skipping them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import FAST, TAG, docker, launcher, metrics, only_job_id
+
+SECRET = "hf_compose_canary_40d2a7"
+
+
+def submit_argv(jobs: Path, prepared_data: list[str], run_dir: Path, steps: int) -> list[str]:
+    return [
+        sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), "submit", "--scheduler", "compose",
+        "--image", TAG, "--nodes", "2", "--gpus-per-node", "1", "--",
+        *FAST, *prepared_data, "--preset", "tiny", "--max-steps", str(steps), "--run-dir", str(run_dir),
+    ]  # fmt: skip
+
+
+def left_of(engine: dict[str, str], job: str) -> tuple[str, str]:
+    """The job's containers and networks that still exist (names, one per line)."""
+    label = f"label=io.gptlaunch.job={job}"
+    containers = docker(engine, "ps", "--all", "--filter", label, "--format", "{{.Names}}")
+    networks = docker(engine, "network", "ls", "--filter", label, "--format", "{{.Name}}")
+    return containers.strip(), networks.strip()
+
+
+def test_two_containers_train_and_leave_nothing(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    argv = [*submit_argv(jobs, prepared_data, run_dir, 20), "--checkpoint-interval", "10"]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1200,
+        env=os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [m for m in metrics(run_dir) if "tokens_per_s" in m]
+    assert rows[-1]["step"] == 20 and {m["world_size"] for m in rows} == {2}
+    assert list(run_dir.glob("ckpt-*.pt")), "the checkpoint lands in the run dir on the host"
+    job = only_job_id(jobs)
+    assert left_of(engine, job) == ("", ""), "containers and network are removed"
+    assert "node0 | " in proc.stdout and "node1 | " in proc.stdout
+    assert "version parity: the 2 nodes match" in (jobs / job / "node-0.log").read_text()
+    compose = (jobs / job / "compose.yaml").read_text()
+    assert cpu_image["id"] in compose and "GLOO_SOCKET_IFNAME: eth0" in compose
+    written = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
+    assert SECRET not in written + proc.stdout + proc.stderr
+
+
+def test_a_killed_container_ends_the_job_everywhere(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
+    submit = subprocess.Popen(
+        submit_argv(jobs, prepared_data, run_dir, 100000), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
+        job = only_job_id(jobs)
+        names = [f"gptlaunch-{job}-node{k}" for k in range(2)]
+        inspected = docker(engine, "inspect", *names)
+        assert SECRET not in inspected and "HF_TOKEN" not in inspected  # not in the containers' config
+        docker(engine, "kill", names[1])
+        _, err = submit.communicate(timeout=120)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    assert submit.returncode not in (0, None)
+    assert "node 1" in err, err[-3000:]
+    assert left_of(engine, job) == ("", "")
+    status = json.loads((jobs / job / "status.json").read_text())
+    assert status["state"] == "failed" and status["failure"]["node_rank"] == 1
+
+
+def test_a_missing_image_is_refused_and_writes_nothing(engine: dict[str, str], tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    proc = launcher(
+        jobs, "submit", "--scheduler", "compose", "--image", "gptlaunch-test/no-such-image:1", "--nodes", "2",
+        "--", "--max-steps", "1", env={"DOCKER_HOST": engine["DOCKER_HOST"]},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "is not in the engine" in proc.stderr, proc.stderr[-2000:]
+    assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
