@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from launcher.jobs import torchelastic_dir
 from launcher.spec import JobSpec
 from trainer.contract import JOB_ID_ENV
 
@@ -44,6 +45,24 @@ def torchrun_argv(
     if rdzv.backend == "static":
         argv.append(f"--node-rank={node_rank}")
     return [*argv, "-m", "trainer.cli", "train", *trainer_args]
+
+
+def node_agents(
+    spec: JobSpec, *, endpoint: str, job_id: str, job_dir: Path, trainer_args: list[str]
+) -> list[list[str]]:
+    """``torchrun_argv`` of every node of a job that knows its node ranks at render time: node k's
+    error files go to ``torchelastic_dir(job_dir, k)``; the rendezvous id is the spec's, else the job id."""
+    return [
+        torchrun_argv(
+            spec,
+            node_rank=k,
+            endpoint=endpoint,
+            rdzv_id=spec.rendezvous.id or job_id,
+            log_dir=str(torchelastic_dir(job_dir, k)),
+            trainer_args=trainer_args,
+        )
+        for k in range(spec.nnodes)
+    ]
 
 
 def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[str, str]:

@@ -25,14 +25,14 @@ import psutil
 from launcher import procs
 from launcher.compose_file import COMPOSE_FILE, Mount, container_name, render, service_name
 from launcher.docker_engine import DockerError, connect
-from launcher.jobs import JobRecord, node_log_name, torchelastic_dir
+from launcher.jobs import JobRecord, node_log_name
 from launcher.options import ComposeOptions
 from launcher.plan import NodePlan, Plan
 from launcher.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.local import LocalScheduler
 from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
 from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+from launcher.torchrun import agent_env, node_agents, with_run_dir
 from trainer.cli import parse_train_args
 from trainer.corpus import expand_text_files
 
@@ -94,15 +94,8 @@ class ComposeScheduler(LocalScheduler):
         env = {"NCCL_SOCKET_IFNAME": CONTAINER_IFNAME, "GLOO_SOCKET_IFNAME": CONTAINER_IFNAME} | env
         gpus = spec.nproc_per_node if facts["gpus"] else 0
         nodes = []
-        for k in range(spec.nnodes):
-            agent = torchrun_argv(
-                inside,
-                node_rank=k,
-                endpoint=endpoint,
-                rdzv_id=spec.rendezvous.id or job_id,
-                log_dir=str(torchelastic_dir(job_dir, k)),
-                trainer_args=args,
-            )
+        agents = node_agents(inside, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        for k, agent in enumerate(agents):
             entry = [
                 CONTAINER_PYTHON, "-m", "launcher.compose_node", "--job-dir", str(job_dir), "--node", str(k),
                 "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),

@@ -27,7 +27,6 @@ from launcher.jobs import (
     JobStatus,
     Outcome,
     node_log_name,
-    torchelastic_dir,
 )
 from launcher.options import LocalOptions
 from launcher.plan import NodePlan, Plan
@@ -39,7 +38,7 @@ from launcher.schedulers.local_supervisor import (
     start_supervisor,
 )
 from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+from launcher.torchrun import agent_env, node_agents, with_run_dir
 from trainer.contract import EXIT_FAILED, read_stop_marker
 
 
@@ -118,15 +117,8 @@ class LocalScheduler:
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
         env = agent_env(spec, job_id, facts["omp_num_threads"])
         nodes = []
-        for k in range(spec.nnodes):
-            argv = torchrun_argv(
-                spec,
-                node_rank=k,
-                endpoint=endpoint,
-                rdzv_id=spec.rendezvous.id or job_id,
-                log_dir=str(torchelastic_dir(job_dir, k)),
-                trainer_args=args,
-            )
+        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        for k, argv in enumerate(agents):
             node_env = dict(env)
             if facts["gpus"]:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device
                 first = k * spec.nproc_per_node

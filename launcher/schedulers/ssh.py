@@ -23,13 +23,13 @@ import psutil
 from launcher import procs, ssh
 from launcher.check import HostPlan, collective, plan_hosts, ssh_settings
 from launcher.collective import format_table
-from launcher.jobs import JobRecord, node_log_name, torchelastic_dir
+from launcher.jobs import JobRecord, node_log_name
 from launcher.options import SshOptions
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local import LocalScheduler
 from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
 from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import agent_env, torchrun_argv, with_run_dir
+from launcher.torchrun import agent_env, node_agents, with_run_dir
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
 
@@ -79,15 +79,8 @@ class SshScheduler(LocalScheduler):
         env = agent_env(spec, job_id, facts["omp_num_threads"])
         hosts = _host_plan(facts)
         nodes = []
-        for k, host in enumerate(facts["hosts"]):
-            agent = torchrun_argv(
-                spec,
-                node_rank=k,
-                endpoint=endpoint,
-                rdzv_id=spec.rendezvous.id or job_id,
-                log_dir=str(torchelastic_dir(job_dir, k)),
-                trainer_args=args,
-            )
+        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        for k, (host, agent) in enumerate(zip(facts["hosts"], agents, strict=True)):
             wrapper = [
                 spec.python,
                 "-m",

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import pytest
@@ -116,6 +118,23 @@ def make_other_venv(tmp_path: Path) -> tuple[Path, str]:
     return venv / "bin" / "python", other
 
 
+def missing_component(problem: str) -> NoReturn:
+    """A real component a test needs (SLURM, sshd, Docker) is missing: fail under CI=true, else skip."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(problem)
+    pytest.skip(problem)
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` (a real state: a file, a process) every 0.2 s until true, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
 # The Docker engine of deploy/docker/dev-engine.sh, and the CPU training image built on it once.
 ENGINE_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "dev-engine.sh"
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's TLS is re-signed by a local CA
@@ -134,9 +153,7 @@ def engine() -> dict[str, str]:
         if proc.returncode != 0:
             problem = f"dev-engine.sh up failed:\n{proc.stderr[-3000:]}"
     if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(problem)
-        pytest.skip(problem)
+        missing_component(problem)
     base, host = proc.stdout.strip().splitlines()[-2:]
     return {"DOCKER_HOST": host, "BASE_IMAGE": base}
 

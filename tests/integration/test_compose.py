@@ -9,12 +9,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import FAST, TAG, docker, launcher, metrics, only_job_id
+from tests.integration.conftest import FAST, TAG, docker, launcher, metrics, only_job_id, wait_for
 
 SECRET = "hf_compose_canary_40d2a7"
 
@@ -68,7 +66,7 @@ def test_a_killed_container_ends_the_job_everywhere(
         text=True, env=env,
     )  # fmt: skip
     try:
-        _wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
+        wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
         job = only_job_id(jobs)
         names = [f"gptlaunch-{job}-node{k}" for k in range(2)]
         inspected = docker(engine, "inspect", *names)
@@ -93,12 +91,3 @@ def test_a_missing_image_is_refused_and_writes_nothing(engine: dict[str, str], t
     )  # fmt: skip
     assert proc.returncode == 2 and "is not in the engine" in proc.stderr, proc.stderr[-2000:]
     assert not jobs.exists() or not any(jobs.iterdir())
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
