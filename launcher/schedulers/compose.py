@@ -256,7 +256,7 @@ class ComposeAgents:
         assert client.stdin is not None
         try:  # read once by launcher.compose_node, which gives them to torchrun only
             client.stdin.write((json.dumps(self.secrets) + "\n").encode())
-            client.stdin.close()
+            client.stdin.flush()  # left open: at end of input, `docker start --attach` detaches
         except OSError:  # the client already failed: its exit code and log tell why
             pass
         return client
