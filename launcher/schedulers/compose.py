@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import psutil
+from docker.errors import DockerException
 
 from launcher import procs
 from launcher.compose_file import COMPOSE_FILE, Mount, container_name, render, service_name
@@ -34,6 +36,7 @@ from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervi
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, node_agents, with_run_dir
 from trainer.cli import parse_train_args
+from trainer.contract import atomic_write_text
 from trainer.corpus import expand_text_files
 
 CONTAINER_PYTHON = "python"  # the image's virtualenv is first on its PATH
@@ -55,9 +58,13 @@ class ComposeScheduler(LocalScheduler):
             raise SpecError("rendezvous.endpoint (--rdzv-endpoint): with compose, node0 hosts the rendezvous")
         workdir = (spec.workdir or Path.cwd()).absolute()
         client = connect()
+        if shutil.which("docker") is None:  # the agents are `docker start --attach` clients
+            raise DockerError(
+                "the docker CLI is not installed: install it (Debian: apt-get install docker.io)"
+            )
         try:
             image_id = client.images.get(opts.image).id
-        except Exception:  # docker.errors.ImageNotFound, or a malformed reference
+        except DockerException:  # not found, or a reference the engine cannot parse
             raise DockerError(
                 f"image (--image) {opts.image} is not in the engine: build it (`launcher build --tag "
                 f"{opts.image}`) or pull it"
@@ -71,13 +78,7 @@ class ComposeScheduler(LocalScheduler):
             "gpus": gpus,
             "user": f"{os.getuid()}:{os.getgid()}",
             "rdzv_port": spec.rendezvous.port or DEFAULT_RDZV_PORT,
-            # The engine's machine is this one: its cores shared out, as the local scheduler does.
-            "omp_num_threads": spec.omp_num_threads
-            or (
-                None
-                if "OMP_NUM_THREADS" in spec.network.env
-                else max(1, (os.cpu_count() or 1) // spec.world_size)
-            ),
+            "omp_num_threads": _threads(spec),
         }
 
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
@@ -112,12 +113,13 @@ class ComposeScheduler(LocalScheduler):
                 )
             )
         run_path = Path(facts["workdir"]) / run_dir
+        mounts = job_mounts(args, Path(facts["workdir"]), job_dir, run_path)
         text = render(
             job_id,
             nodes,
             image_id=facts["image_id"],
             user=facts["user"],
-            mounts=job_mounts(args, Path(facts["workdir"]), job_dir, run_path),
+            mounts=mounts,
             shm_size=_options(spec).shm_size,
             gpus_per_node=gpus,
         )
@@ -131,7 +133,7 @@ class ComposeScheduler(LocalScheduler):
             nodes=nodes,
             files={COMPOSE_FILE: text},
             primary=COMPOSE_FILE,
-            facts=facts,
+            facts=facts | {"writable": [m.path for m in mounts if not m.read_only]},
         )
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
@@ -139,14 +141,8 @@ class ComposeScheduler(LocalScheduler):
         spec = record.spec()
         compose = Compose(plan, record.dir)
         compose.write(plan.files[COMPOSE_FILE])
-        for mount in job_mounts(
-            with_run_dir(spec.trainer_args, record.dir / "run")[0],
-            Path(plan.facts["workdir"]),
-            record.dir,
-            Path(plan.run_dir),
-        ):
-            if not mount.read_only:
-                Path(mount.path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, as root
+        for path in plan.facts["writable"]:
+            Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         compose.create()
         return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
 
@@ -158,6 +154,14 @@ class ComposeScheduler(LocalScheduler):
 
     def _sweep(self, record: JobRecord, grace_s: float) -> None:
         Compose(record.plan(), record.dir).down(grace_s)
+
+
+def _threads(spec: JobSpec) -> int | None:
+    """OMP_NUM_THREADS of each rank: the engine's machine is this one, its cores shared out as the local
+    scheduler does (None: the user set it with --env)."""
+    if spec.omp_num_threads or "OMP_NUM_THREADS" in spec.network.env:
+        return spec.omp_num_threads
+    return max(1, (os.cpu_count() or 1) // spec.world_size)
 
 
 def _options(spec: JobSpec) -> ComposeOptions:
@@ -207,7 +211,7 @@ class Compose:
         self.argv = [*plan.facts["compose"], "--project-name", project, "--file", str(self.file)]
 
     def write(self, text: str) -> None:
-        self.file.write_text(text)
+        atomic_write_text(self.file, text)
 
     def containers(self) -> list[str]:
         return [container_name(self.plan.job_id, n.node_rank) for n in self.plan.nodes]

@@ -17,12 +17,17 @@ from tests.integration.conftest import FAST, TAG, docker, launcher, metrics, onl
 SECRET = "hf_compose_canary_40d2a7"
 
 
-def submit_argv(jobs: Path, prepared_data: list[str], run_dir: Path, steps: int) -> list[str]:
+def submit_args(prepared_data: list[str], run_dir: Path, steps: int, *flags: str) -> list[str]:
+    """`launcher submit` of a 2-node compose job training ``steps`` steps (``flags``: more launcher flags)."""
     return [
-        sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), "submit", "--scheduler", "compose",
-        "--image", TAG, "--nodes", "2", "--gpus-per-node", "1", "--",
+        "submit", "--scheduler", "compose", "--image", TAG, "--nodes", "2", "--gpus-per-node", "1", *flags,
+        "--",
         *FAST, *prepared_data, "--preset", "tiny", "--max-steps", str(steps), "--run-dir", str(run_dir),
     ]  # fmt: skip
+
+
+def launcher_argv(jobs: Path, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args]
 
 
 def left_of(engine: dict[str, str], job: str) -> tuple[str, str]:
@@ -37,7 +42,7 @@ def test_two_containers_train_and_leave_nothing(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    argv = [*submit_argv(jobs, prepared_data, run_dir, 20), "--checkpoint-interval", "10"]
+    argv = launcher_argv(jobs, [*submit_args(prepared_data, run_dir, 20), "--checkpoint-interval", "10"])
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=1200,
         env=os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET},
@@ -62,7 +67,8 @@ def test_a_killed_container_ends_the_job_everywhere(
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
     submit = subprocess.Popen(
-        submit_argv(jobs, prepared_data, run_dir, 100000), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        launcher_argv(jobs, submit_args(prepared_data, run_dir, 100000)), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True, env=env,
     )  # fmt: skip
     try:
@@ -83,11 +89,38 @@ def test_a_killed_container_ends_the_job_everywhere(
     assert status["state"] == "failed" and status["failure"]["node_rank"] == 1
 
 
-def test_a_missing_image_is_refused_and_writes_nothing(engine: dict[str, str], tmp_path: Path) -> None:
+def test_a_detached_job_is_followed_and_cancelled_like_any_other(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = {"DOCKER_HOST": engine["DOCKER_HOST"]}
+    proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.strip()
+    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
+    status = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
+    assert status["state"] == "running"
+    cancel = launcher(jobs, "cancel", job, env=env)
+    assert cancel.returncode == 0, cancel.stderr[-2000:]
+    final = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
+    assert final["state"] in ("checkpointed", "cancelled") and final["state"] != "running"
+    if final["state"] == "checkpointed":  # the ranks saved a checkpoint on the host before exiting
+        assert list(run_dir.glob("ckpt-*.pt"))
+    logs = launcher(jobs, "logs", job, env=env, check=True).stdout
+    assert "node0 | " in logs and "node1 | " in logs
+    assert left_of(engine, job) == ("", "")
+
+
+def test_a_missing_image_or_engine_is_refused_and_writes_nothing(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
     jobs = tmp_path / "jobs"
-    proc = launcher(
-        jobs, "submit", "--scheduler", "compose", "--image", "gptlaunch-test/no-such-image:1", "--nodes", "2",
-        "--", "--max-steps", "1", env={"DOCKER_HOST": engine["DOCKER_HOST"]},
-    )  # fmt: skip
+    submit = ["submit", "--scheduler", "compose", "--image", "gptlaunch-test/no-such-image:1", "--nodes", "2"]
+    proc = launcher(jobs, *submit, "--", "--max-steps", "1", env={"DOCKER_HOST": engine["DOCKER_HOST"]})
     assert proc.returncode == 2 and "is not in the engine" in proc.stderr, proc.stderr[-2000:]
+    proc = launcher(
+        jobs, *submit, "--", "--max-steps", "1", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    )
+    assert proc.returncode == 2 and "cannot reach the Docker engine" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
     assert not jobs.exists() or not any(jobs.iterdir())
