@@ -13,7 +13,6 @@ TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the job, wha
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from launcher.options import ComposeOptions
 from launcher.plan import NodePlan, Plan
 from launcher.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.local import LocalScheduler
-from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
+from launcher.schedulers.local_supervisor import SupervisorHandle, start_client, start_supervisor
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, node_agents, with_run_dir
 from trainer.cli import parse_train_args
@@ -247,23 +246,10 @@ class ComposeAgents:
         self.compose, self.secrets = compose, secrets
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        name = container_name(record.job_id, node.node_rank)
-        with open(record.dir / node.log, "ab") as log:
-            client = subprocess.Popen(
-                ["docker", "start", "--attach", "--interactive", name],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=procs.die_with_parent,
-            )
-        assert client.stdin is not None
-        try:  # read once by launcher.compose_node, which gives them to torchrun only
-            client.stdin.write((json.dumps(self.secrets) + "\n").encode())
-            client.stdin.flush()  # left open: at end of input, `docker start --attach` detaches
-        except OSError:  # the client already failed: its exit code and log tell why
-            pass
-        return client
+        # The secrets are read once by launcher.compose_node, which gives them to torchrun only. Stdin
+        # stays open: at its end, `docker start --attach` detaches and the node log would stay empty.
+        argv = ["docker", "start", "--attach", "--interactive", container_name(record.job_id, node.node_rank)]
+        return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True)
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         names = [c for c, a in zip(self.compose.containers(), agents, strict=False) if a.poll() is None]

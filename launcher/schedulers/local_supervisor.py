@@ -11,6 +11,7 @@ the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID`
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -257,6 +258,33 @@ def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
             start_new_session=True,
             preexec_fn=procs.die_with_parent,
         )
+
+
+def start_client(
+    argv: list[str], log: Path, secrets: dict[str, str], *, keep_stdin: bool
+) -> subprocess.Popen[bytes]:
+    """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
+    appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
+    line or a disk), stdin then closed unless ``keep_stdin``. Its own session, killed with the
+    supervisor. Raises OSError."""
+    with open(log, "ab") as out:
+        client = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=procs.die_with_parent,
+        )
+    assert client.stdin is not None
+    try:
+        client.stdin.write((json.dumps(secrets) + "\n").encode())
+        client.stdin.flush()
+        if not keep_stdin:
+            client.stdin.close()
+    except OSError:  # the client already failed: its exit code and log tell why
+        pass
+    return client
 
 
 class _StopOnSignal:

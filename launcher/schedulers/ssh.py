@@ -27,7 +27,7 @@ from launcher.jobs import JobRecord, node_log_name
 from launcher.options import SshOptions
 from launcher.plan import NodePlan, Plan
 from launcher.schedulers.local import LocalScheduler
-from launcher.schedulers.local_supervisor import SupervisorHandle, start_supervisor
+from launcher.schedulers.local_supervisor import SupervisorHandle, start_client, start_supervisor
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, node_agents, with_run_dir
 
@@ -167,22 +167,9 @@ class SshAgents:
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        with open(record.dir / node.log, "ab") as log:
-            client = subprocess.Popen(
-                self.settings.argv(node.host, node.shell_command()),
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=procs.die_with_parent,
-            )
-        assert client.stdin is not None
-        try:  # the secrets travel inside the encrypted channel, read once by the hostagent
-            client.stdin.write((json.dumps(self.secrets) + "\n").encode())
-            client.stdin.close()
-        except OSError:  # the client already failed: its exit code and log tell why
-            pass
-        return client
+        # The secrets travel inside the encrypted channel, read once by the hostagent.
+        argv = self.settings.argv(node.host, node.shell_command())
+        return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=False)
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         nodes = [n for n, a in zip(self.plan.nodes, agents, strict=False) if a.poll() is None]
