@@ -12,7 +12,7 @@
 # Python 3.11 on Debian bookworm, by digest (a tag moves; re-pin with `docker buildx imagetools inspect`).
 ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS deps
 # cuda or cpu: which pins file (deploy/docker/pins/) gives torch and its GPU stack.
 ARG VARIANT=cuda
 # The NCCL wheel for torch's CUDA build (empty for the CPU variant).
@@ -35,11 +35,14 @@ COPY pyproject.toml constraints.txt /src/
 RUN if [ -f /certs/ca.crt ]; then export PIP_CERT=/certs/ca.crt; fi \
  && /opt/venv/bin/python -c "import tomllib; t = tomllib.load(open('/src/pyproject.toml', 'rb')); print(*t['project']['dependencies'], *t['build-system']['requires'], sep='\n')" >/tmp/deps.txt \
  && /opt/venv/bin/pip install -c /src/constraints.txt -c /tmp/pins.txt -r /tmp/deps.txt
+RUN find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
+
+# Our code as a wheel, in a stage of its own: the final image installs it in a small last layer.
+FROM deps AS wheel
 COPY README.md /src/
 COPY launcher /src/launcher
 COPY trainer /src/trainer
-RUN /opt/venv/bin/pip install --no-deps --no-index --no-build-isolation /src \
- && find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
+RUN /opt/venv/bin/pip wheel --no-deps --no-index --no-build-isolation --wheel-dir /dist /src
 
 FROM ${BASE_IMAGE}
 ARG VARIANT=cuda
@@ -56,9 +59,15 @@ LABEL org.opencontainers.image.title="gptlaunch" \
       io.gptlaunch.torch.version="${TORCH_VERSION}" \
       io.gptlaunch.cuda.version="${CUDA_VERSION}" \
       io.gptlaunch.nccl.version="${NCCL_VERSION}"
-COPY --from=build /opt/venv /opt/venv
 RUN useradd --create-home --uid 1000 --shell /bin/bash trainer
+# (before pip runs below: no bytecode of pip itself in the code layer)
 ENV PATH=/opt/venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# torch, its GPU stack and our dependencies: one big layer that a code edit leaves as it is.
+COPY --from=deps /opt/venv /opt/venv
+# Our code: a layer of a few hundred kB.
+COPY --from=wheel /dist/ /tmp/dist/
+RUN /opt/venv/bin/pip install --no-deps --no-index --no-compile --no-cache-dir /tmp/dist/*.whl \
+ && rm -rf /tmp/dist
 USER trainer
 WORKDIR /home/trainer
 CMD ["launcher", "--help"]

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from launcher.image_build import CONTEXT
 from tests.integration.conftest import CA_CANARY, SYSTEM_CA, TAG, docker, launcher, run
 
 ROOT = Path(__file__).resolve().parents[2]
+EDITED = "gptlaunch-test:edited"
 
 
 def test_recorded_versions_are_what_the_probe_finds_inside(
@@ -49,6 +52,37 @@ def test_the_ca_bundle_is_in_no_layer(
     history = docker(engine, "history", "--no-trunc", TAG)
     assert CA_CANARY not in history and "ca.crt" not in history
     assert CA_CANARY not in docker(engine, "image", "inspect", TAG)
+
+
+def test_a_code_edit_rebuilds_only_small_last_layers(
+    engine: dict[str, str], cpu_image: dict[str, Any], ca_bundle: Path, tmp_path: Path
+) -> None:
+    checkout = tmp_path / "checkout"
+    for name in CONTEXT:
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        copy(ROOT / name, checkout / name)
+    with (checkout / "launcher" / "__init__.py").open("a") as f:
+        f.write("# an edit\n")
+    proc = launcher(
+        tmp_path, "build", "--variant", "cpu", "--base-image", engine["BASE_IMAGE"], "--tag", EDITED,
+        "--ca-bundle", str(ca_bundle), "--context", str(checkout), "--record", str(tmp_path / "r.json"),
+        env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = (
+        json.loads(docker(engine, "image", "inspect", "--format", "{{json .RootFS.Layers}}", t))
+        for t in (TAG, EDITED)
+    )
+    # Only the last two layers (our wheel copied in, then installed) differ: torch and the dependencies
+    # before them are the very same layers.
+    assert after[:-2] == before[:-2] and after[-2] != before[-2] and after[-1] != before[-1]
+    rows = docker(
+        engine, "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}", EDITED
+    )
+    sizes = [int(row.split("\t", 1)[0]) for row in rows.splitlines() if "/tmp/dist" in row]
+    assert len(sizes) == 2 and sum(sizes) < 5_000_000, rows[:2000]
+    assert int(docker(engine, "image", "inspect", "--format", "{{.Size}}", EDITED)) > 100 * sum(sizes)
 
 
 def test_a_failing_step_is_named_and_leaves_nothing_running(
