@@ -13,6 +13,7 @@ TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the job, wha
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -194,11 +195,26 @@ def job_mounts(trainer_args: list[str], workdir: Path, job_dir: Path, run_dir: P
         return str((workdir / path).absolute())
 
     mounts = {here(job_dir): False, here(run_dir): False, here(cfg.data_dir): False}
-    for text in expand_text_files([here(p) for p in cfg.text_files]) if cfg.text_files else []:
-        mounts.setdefault(here(text), True)
+    for text in _text_files([here(p) for p in cfg.text_files]):
+        mounts.setdefault(text, True)
     if cfg.resume not in ("auto", "never"):
         mounts.setdefault(here(cfg.resume), True)
     return [Mount(path, read_only) for path, read_only in mounts.items()]
+
+
+def _text_files(patterns: list[str]) -> list[str]:
+    """The files the trainer will open, by the names it will open them with: patterns expanded, symlinks
+    kept (the engine follows a symlink on the host side of a bind mount; inside, only the name given
+    exists). Raises DataError for a missing file or a pattern that matches none."""
+    if patterns:
+        expand_text_files(patterns)  # the trainer's own checks and messages
+    found: list[str] = []
+    for pattern in map(os.path.expanduser, patterns):
+        if glob.has_magic(pattern):
+            found += [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+        else:
+            found.append(pattern)
+    return found
 
 
 class Compose:

@@ -1,6 +1,6 @@
 """The compose scheduler's Plan and compose file, without an engine: one service per node on the job
 network, the image pinned by id, same-path mounts (text read-only), `$` kept literal, GPUs split per
-node, no secret in the file."""
+node, text files mounted by the names given."""
 
 from __future__ import annotations
 
@@ -74,10 +74,20 @@ def test_gpus_are_split_between_the_nodes(tmp_path: Path) -> None:
     assert all(d["capabilities"] == ["gpu"] for d in devices)
 
 
-def test_no_secret_in_the_compose_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_TOKEN", "hf_secret_canary_91c2")
-    plan, _ = render(tmp_path, ["--max-steps", "3"])
-    assert "hf_secret_canary_91c2" not in plan.files[plan.primary] and "HF_TOKEN" not in plan.to_json()
+def test_text_files_are_mounted_by_the_names_the_trainer_opens(tmp_path: Path) -> None:
+    # a data dir reached through a symlink (as ../shared -> /work/shared): the container has only the
+    # paths that are mounted, so the mount target must be the name as given, not the resolved one
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.txt").write_text("a\n")
+    (real / "b.txt").write_text("b\n")
+    (tmp_path / "link").symlink_to(real)
+    _, doc = render(tmp_path, ["--text-files", "link/a.txt", "link/*.txt"])
+    volumes = doc["services"]["node1"]["volumes"]
+    for name in ("a.txt", "b.txt"):
+        given = tmp_path / "link" / name
+        assert volumes.count(f"{given}:{given}:ro") == 1
+    assert not any(str(real) in v for v in volumes)
 
 
 def test_the_compose_options_are_checked() -> None:
