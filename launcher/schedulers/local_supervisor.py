@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from launcher import procs
 from launcher.failures import killed_by, root_cause, stop_outcome
 from launcher.jobs import JobRecord, JobState, Outcome, ProcessRef
+from launcher.parity_step import read_failure
 from launcher.plan import NodePlan, Plan
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
@@ -223,7 +224,9 @@ class _Watch:
                 if all(c is not None for c in codes) or time.monotonic() - self.stop_at > self.grace:
                     return stop_outcome(self.plan, since=self.stop_asked)
             elif failed:
-                return self._failed(failed[0], codes[failed[0]])
+                # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
+                first = min(failed, key=lambda k: killed_by(codes[k]) is None)
+                return self._failed(first, codes[first])
             time.sleep(POLL_S)
 
     def _begin_stop(self) -> None:
@@ -238,6 +241,9 @@ class _Watch:
             psutil.wait_procs([psutil.Process(a.pid) for a in self.agents if a.poll() is None], self.grace)
             return stop_outcome(self.plan, since=self.started)
         self.control.kill(self.plan.job_id, FAIL_FAST_GRACE_S)
+        parity = read_failure(self.record.dir, since=self.started)
+        if parity is not None:  # the parity step refused the nodes (compose): its exit code and diff
+            return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
         failure = root_cause(self.record, self.plan.nnodes, node, code)
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()

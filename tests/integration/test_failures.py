@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from launcher.jobs import JobRecord, JobStatus
+from launcher.schedulers.base import wait_terminal
+from launcher.schedulers.local import LocalScheduler
+from launcher.spec import JobSpec
 from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of
+from trainer.contract import EXIT_PARITY
 
 TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
 
@@ -115,3 +120,29 @@ def test_hostile_strings_in_paths_env_and_arguments_are_passed_verbatim(
     assert not marker.exists()
     plan = json.loads((jobs / only_job_id(jobs) / "plan.json").read_text())
     assert plan["nodes"][0]["env"]["HOSTILE"] == f"$(touch {marker})"
+
+
+def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: Path) -> None:
+    # the compose scheduler's node entry under the real supervisor: node 1 reports another image
+    # digest, so the nodes refuse before the command runs, and the job ends with exit 3 and the diff
+    spec, job_dir = JobSpec(nnodes=2), tmp_path / "job-1"
+    facts = {"workdir": str(tmp_path), "rdzv_host": "127.0.0.1", "rdzv_port": 29556, "omp_num_threads": 1}
+    plan = LocalScheduler().render(spec, facts | {"gpus": []}, "job-1", job_dir)
+    entry = [sys.executable, "-m", "launcher.compose_node", "--job-dir", str(job_dir), "--nodes", "2"]
+    nodes = [
+        node.model_copy(
+            update={
+                "argv": [*entry, "--node", str(k), "--", sys.executable, "-c", "print('trained')"],
+                "env": node.env | {"GPTLAUNCH_IMAGE_DIGEST": f"sha256:{'ab'[k] * 64}"},
+            }
+        )
+        for k, node in enumerate(plan.nodes)
+    ]
+    plan = plan.model_copy(update={"nodes": nodes})
+    record = JobRecord.create(job_dir, spec, plan, JobStatus(created_at=time.time()))
+    handle = LocalScheduler().submit(plan, record, detach=False)
+    final = wait_terminal(LocalScheduler(), record, 180, poll_s=0.1)
+    os.waitpid(handle.supervisor.pid, 0)
+    assert final is not None and final.state == "failed" and final.job_exit_code == EXIT_PARITY
+    assert final.message is not None and "image_digest" in final.message and "b" * 64 in final.message
+    assert "trained" not in (job_dir / "node-0.log").read_text() + (job_dir / "node-1.log").read_text()

@@ -122,6 +122,7 @@ def test_a_container_checks_parity_then_runs_the_command_with_the_secrets(tmp_pa
     ok = _node0(tmp_path, json.dumps({"HF_TOKEN": "hf_x"}) + "\n", sys.executable, "-c", show)
     assert ok.returncode == 0, ok.stderr
     assert "version parity: the 2 nodes match" in ok.stdout and "secret=hf_x" in ok.stdout
+    assert "secrets given to torchrun: HF_TOKEN" in ok.stdout and "hf_x" not in ok.stdout.split("secret=")[0]
     other = peer.model_copy(update={"torch": "2.12.0"})
     (tmp_path / "parity" / "node-1.json").write_text(other.model_dump_json())
     refused = _node0(tmp_path, "", sys.executable, "-c", "print('trained')")
