@@ -60,6 +60,16 @@ LABEL org.opencontainers.image.title="gptlaunch" \
       io.gptlaunch.cuda.version="${CUDA_VERSION}" \
       io.gptlaunch.nccl.version="${NCCL_VERSION}"
 RUN useradd --create-home --uid 1000 --shell /bin/bash trainer
+# torch.compile builds C++ at run time (Inductor's CPU kernels, Triton's GPU launchers): a compiler and
+# Python's headers (python:*-slim has the headers of its own Python; a Debian python3 needs python3-dev;
+# both pinned, hadolint cannot see the pin inside ${dev[@]}).
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN include="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+ && dev=() && if [ ! -f "$include/Python.h" ]; then dev=(python3-dev=3.11.2-1+b1); fi \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends g++=4:12.2.0-3 "${dev[@]}" \
+ && rm -rf /var/lib/apt/lists/*
 # (before pip runs below: no bytecode of pip itself in the code layer)
 ENV PATH=/opt/venv/bin:${PATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # torch, its GPU stack and our dependencies: one big layer that a code edit leaves as it is.

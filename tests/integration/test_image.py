@@ -38,6 +38,13 @@ def test_recorded_versions_are_what_the_probe_finds_inside(
     assert docker(engine, "run", "--rm", "--network", "none", TAG, "id", "-u").strip() != "0"
 
 
+def test_torch_compile_works_in_the_image(engine: dict[str, str], cpu_image: dict[str, Any]) -> None:
+    # the trainer compiles by default: Inductor builds C++ kernels, which needs g++ and Python.h
+    code = "import torch; f = torch.compile(lambda x: x * 2 + 1); print(f(torch.arange(3.0)).tolist())"
+    out = docker(engine, "run", "--rm", "--network", "none", TAG, "python", "-c", code)
+    assert out.strip().splitlines()[-1] == "[1.0, 3.0, 5.0]"
+
+
 def test_the_ca_bundle_is_in_no_layer(
     engine: dict[str, str], cpu_image: dict[str, Any], tmp_path: Path
 ) -> None:
