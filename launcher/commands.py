@@ -93,22 +93,26 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
     )
     with _CancelOnSignal(scheduler, record) as stopper:
-        scheduler.submit(plan, record, detach=False)
+        _submit_or_discard(scheduler, plan, record, detach=False)
         stopper.job_started()
         final = follow(scheduler, record, sys.stdout, attached=True)
     _say(_summary(plan.job_id, final))
     return final.job_exit_code
 
 
-def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: bool) -> int:
-    """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
-    then stops following, not the job)."""
+def _submit_or_discard(scheduler: Scheduler, plan: Plan, record: JobRecord, *, detach: bool) -> None:
     try:
-        scheduler.submit(plan, record, detach=True)
+        scheduler.submit(plan, record, detach=detach)
     except BaseException:  # refused or interrupted before it was accepted: no record of a job never run
         if not record.has_handle():
             record.discard()
         raise
+
+
+def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: bool) -> int:
+    """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
+    then stops following, not the job)."""
+    _submit_or_discard(scheduler, plan, record, detach=True)
     status = scheduler.state(record)
     if status.state.is_terminal:  # it could not start
         _say(_summary(plan.job_id, status))

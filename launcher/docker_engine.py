@@ -1,6 +1,7 @@
 """The Docker engine, through the Docker SDK (``docker`` package): one way to connect, one kind of
-error. The engine is found as the docker CLI finds it (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``,
-``DOCKER_CERT_PATH``; else the default socket)."""
+error. The engine is the one ``DOCKER_HOST`` names (with ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``),
+else the default socket; docker contexts are not read (the SDK does not), so the docker CLI calls of a
+job are given the same variables (``engine_env``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from docker.errors import DockerException
 from launcher.spec import SpecError
 
 API_TIMEOUT_S = 3600  # one API call may stream a whole build or a long `docker start -a`
+PING_TIMEOUT_S = 15  # an engine that does not answer a ping in this long is not there
+DEFAULT_HOST = "unix:///var/run/docker.sock"  # the SDK's engine when DOCKER_HOST is unset
+ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 DEV_ENGINE = "deploy/docker/dev-engine.sh up"
 
 
@@ -22,10 +26,11 @@ class DockerError(SpecError):
 
 def connect(timeout_s: int = API_TIMEOUT_S) -> docker.DockerClient:
     """A client of the engine that answers. Raises DockerError naming ``DOCKER_HOST`` when none does."""
-    where = os.environ.get("DOCKER_HOST") or "the default socket (unix:///var/run/docker.sock)"
+    where = os.environ.get("DOCKER_HOST") or f"the default socket ({DEFAULT_HOST})"
     try:
-        client = docker.from_env(timeout=timeout_s)
+        client = docker.from_env(timeout=PING_TIMEOUT_S)
         client.ping()
+        client.api.timeout = timeout_s  # then as long as a build or an attach may take
     except DockerException as e:
         raise DockerError(
             f"cannot reach the Docker engine at {where} ({_first_line(e)}): start it, or set DOCKER_HOST "
@@ -33,6 +38,13 @@ def connect(timeout_s: int = API_TIMEOUT_S) -> docker.DockerClient:
             "it prints)"
         ) from None
     return client
+
+
+def engine_env() -> dict[str, str]:
+    """The variables that point the docker CLI at the engine ``connect()`` reaches (DOCKER_HOST set
+    even when it was not: the CLI would follow a docker context the SDK ignores)."""
+    found = {name: os.environ[name] for name in ENGINE_VARIABLES if os.environ.get(name)}
+    return {"DOCKER_HOST": DEFAULT_HOST} | found
 
 
 def _first_line(error: Exception) -> str:

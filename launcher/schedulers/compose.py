@@ -13,11 +13,14 @@ TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the job, wha
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,12 @@ from docker.errors import DockerException
 
 from launcher import procs
 from launcher.compose_file import COMPOSE_FILE, Mount, container_name, render, service_name
-from launcher.docker_engine import DockerError, connect
+from launcher.docker_engine import DockerError, connect, engine_env
 from launcher.jobs import JobRecord, node_log_name
 from launcher.options import ComposeOptions
 from launcher.plan import NodePlan, Plan
 from launcher.probe import IMAGE_DIGEST_ENV
-from launcher.schedulers.local import LocalScheduler
+from launcher.schedulers.local import LocalScheduler, workdir_of
 from launcher.schedulers.local_supervisor import SupervisorHandle, start_client, start_supervisor
 from launcher.spec import JobSpec, SpecError
 from launcher.torchrun import agent_env, node_agents, with_run_dir
@@ -56,7 +59,9 @@ class ComposeScheduler(LocalScheduler):
         opts = _options(spec)
         if spec.rendezvous.endpoint is not None:
             raise SpecError("rendezvous.endpoint (--rdzv-endpoint): with compose, node0 hosts the rendezvous")
-        workdir = (spec.workdir or Path.cwd()).absolute()
+        if "python" in spec.model_fields_set:
+            raise SpecError("python (--python): with compose, the image's Python runs torchrun; drop it")
+        workdir = workdir_of(spec)
         client = connect()
         if shutil.which("docker") is None:  # the agents are `docker start --attach` clients
             raise DockerError(
@@ -75,6 +80,7 @@ class ComposeScheduler(LocalScheduler):
             "image": opts.image,
             "image_id": image_id,
             "compose": compose_command(opts.compose_command),
+            "docker_env": engine_env(),
             "gpus": gpus,
             "user": f"{os.getuid()}:{os.getgid()}",
             "rdzv_port": spec.rendezvous.port or DEFAULT_RDZV_PORT,
@@ -147,10 +153,15 @@ class ComposeScheduler(LocalScheduler):
         return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
 
     def _remaining(self, record: JobRecord) -> str:
-        running = Compose(record.plan(), record.dir).running()
-        return (
-            f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)" if running else ""
-        )
+        """The containers that still run; the stopped ones (and the network) of a job nothing follows any
+        more are removed here, so that a job whose supervisor died leaves nothing either."""
+        compose = Compose(record.plan(), record.dir)
+        running = compose.listed(stopped=False)
+        if running:
+            return f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)"
+        if compose.listed(stopped=True):
+            compose.down(0)
+        return ""
 
     def _sweep(self, record: JobRecord, grace_s: float) -> None:
         Compose(record.plan(), record.dir).down(grace_s)
@@ -224,6 +235,9 @@ class Compose:
         self.plan, self.file = plan, job_dir / COMPOSE_FILE
         project = re.sub(r"[^a-z0-9_-]", "-", f"gptlaunch-{plan.job_id}".lower())
         self.argv = [*plan.facts["compose"], "--project-name", project, "--file", str(self.file)]
+        # Every docker and compose call goes to the engine the image was found on, whatever the DOCKER_HOST
+        # or docker context of the shell that runs `status` or `cancel` later.
+        self.env = os.environ | plan.facts.get("docker_env", {})
 
     def write(self, text: str) -> None:
         atomic_write_text(self.file, text)
@@ -231,28 +245,47 @@ class Compose:
     def containers(self) -> list[str]:
         return [container_name(self.plan.job_id, n.node_rank) for n in self.plan.nodes]
 
+    def run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        """Run a docker or compose command against the job's engine. Raises DockerError when it cannot
+        run or does not end within ``timeout_s`` seconds."""
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=self.env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise DockerError(f"`{' '.join(argv[:2])}` failed: {e}") from None
+
     def create(self) -> None:
         """Create the network and every container (started later, one agent each). Raises DockerError."""
-        proc = subprocess.run(
-            [*self.argv, "up", "--no-start"], capture_output=True, text=True, timeout=COMPOSE_TIMEOUT_S
-        )
+        proc = self.run([*self.argv, "up", "--no-start"], COMPOSE_TIMEOUT_S)
         if proc.returncode != 0:
-            self.down(0)
-            last = " / ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
-            raise DockerError(f"compose could not create the job's containers: {last}")
+            with contextlib.suppress(DockerError):  # what was created goes; the cause is the error below
+                self.down(0)
+            raise DockerError(f"compose could not create the job's containers: {_last_lines(proc.stderr)}")
 
-    def running(self) -> list[str]:
+    def listed(self, *, stopped: bool) -> list[str]:
+        """The job's containers that run (and that have stopped but exist, if ``stopped``)."""
         label = f"label=io.gptlaunch.job={self.plan.job_id}"
-        argv = ["docker", "ps", "--filter", label, "--format", "{{.Names}}"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        which = ["--all"] if stopped else []
+        proc = self.run(["docker", "ps", *which, "--filter", label, "--format", "{{.Names}}"], 60)
+        if proc.returncode != 0:
+            raise DockerError(f"cannot list the job's containers: {_last_lines(proc.stderr)}")
         return proc.stdout.split()
 
     def down(self, grace_s: float) -> None:
-        """Stop (TERM, KILL after ``grace_s`` seconds) and remove the containers and the network."""
-        subprocess.run(
-            [*self.argv, "down", "--timeout", str(max(0, round(grace_s))), "--remove-orphans"],
-            capture_output=True, timeout=COMPOSE_TIMEOUT_S + grace_s,
-        )  # fmt: skip
+        """Stop (TERM, KILL after ``grace_s`` seconds) and remove the containers and the network. Raises
+        DockerError naming the command that removes them by hand when compose fails."""
+        grace = str(max(0, round(grace_s)))
+        proc = self.run(
+            [*self.argv, "down", "--timeout", grace, "--remove-orphans"], COMPOSE_TIMEOUT_S + grace_s
+        )
+        if proc.returncode != 0:
+            raise DockerError(
+                f"compose could not remove the job's containers ({_last_lines(proc.stderr)}); remove them "
+                f"with `{shlex.join([*self.argv, 'down'])}`"
+            )
+
+
+def _last_lines(text: str) -> str:
+    return " / ".join(text.strip().splitlines()[-3:]) or "no output"
 
 
 class ComposeAgents:
@@ -265,13 +298,19 @@ class ComposeAgents:
         # The secrets are read once by launcher.compose_node, which gives them to torchrun only. Stdin
         # stays open: at its end, `docker start --attach` detaches and the node log would stay empty.
         argv = ["docker", "start", "--attach", "--interactive", container_name(record.job_id, node.node_rank)]
-        return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True)
+        return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True, env=self.compose.env)
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         names = [c for c, a in zip(self.compose.containers(), agents, strict=False) if a.poll() is None]
         if names:
-            subprocess.run(["docker", "kill", "--signal", "TERM", *names], capture_output=True, timeout=60)
+            try:
+                self.compose.run(["docker", "kill", "--signal", "TERM", *names], 60)
+            except DockerError as e:  # the end of the grace period kills them all (kill below)
+                print(f"stopping the containers: {e}", file=sys.stderr, flush=True)
 
     def kill(self, job_id: str, grace_s: float) -> None:
-        self.compose.down(grace_s)
+        try:
+            self.compose.down(grace_s)
+        except DockerError as e:  # the supervisor must still record the job's end; its log says this
+            print(e, file=sys.stderr, flush=True)
         procs.terminate(psutil.Process().children(recursive=True), grace_s)  # docker clients

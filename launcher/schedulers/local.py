@@ -90,9 +90,7 @@ class LocalScheduler:
             raise SpecError(
                 f"python (--python) {spec.python!r} is not an executable: pass an interpreter path"
             )
-        workdir = (spec.workdir or Path.cwd()).absolute()
-        if not workdir.is_dir():
-            raise SpecError(f"workdir (--workdir) {workdir} is not a directory")
+        workdir = workdir_of(spec)
         host = spec.rendezvous.endpoint or "127.0.0.1"
         user_env = os.environ | spec.network.env  # --env wins over the shell
         threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
@@ -206,6 +204,14 @@ class LocalScheduler:
     def _sweep(self, record: JobRecord, grace_s: float) -> None:
         """Stop every process of the job: SIGTERM, SIGKILL after ``grace_s`` seconds."""
         procs.sweep(record.job_id, grace_s)
+
+
+def workdir_of(spec: JobSpec) -> Path:
+    """The job's absolute working directory. Raises SpecError when it is not a directory."""
+    workdir = (spec.workdir or Path.cwd()).absolute()
+    if not workdir.is_dir():
+        raise SpecError(f"workdir (--workdir) {workdir} is not a directory")
+    return workdir
 
 
 def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:

@@ -267,15 +267,21 @@ def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
 
 
 def start_client(
-    argv: list[str], log: Path, secrets: dict[str, str], *, keep_stdin: bool
+    argv: list[str],
+    log: Path,
+    secrets: dict[str, str],
+    *,
+    keep_stdin: bool,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
     appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
-    line or a disk), stdin then closed unless ``keep_stdin``. Its own session, killed with the
-    supervisor. Raises OSError."""
+    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours).
+    Its own session, killed with the supervisor. Raises OSError."""
     with open(log, "ab") as out:
         client = subprocess.Popen(
             argv,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,

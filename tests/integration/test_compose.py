@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,11 +32,19 @@ def launcher_argv(jobs: Path, args: list[str]) -> list[str]:
 
 
 def left_of(engine: dict[str, str], job: str) -> tuple[str, str]:
-    """The job's containers and networks that still exist (names, one per line)."""
+    """The job's containers and networks that still exist (sorted names, one per line)."""
     label = f"label=io.gptlaunch.job={job}"
     containers = docker(engine, "ps", "--all", "--filter", label, "--format", "{{.Names}}")
     networks = docker(engine, "network", "ls", "--filter", label, "--format", "{{.Name}}")
-    return containers.strip(), networks.strip()
+    return "\n".join(sorted(containers.split())), "\n".join(sorted(networks.split()))
+
+
+def training_started(jobs: Path, run_dir: Path) -> bool:
+    """True once the ranks log metrics; fails the test at once if the job ended before that."""
+    for status in jobs.glob("*/status.json"):
+        ended = json.loads(status.read_text())
+        assert ended["state"] in ("created", "pending", "running"), ended.get("message")
+    return (run_dir / "metrics.jsonl").is_file()
 
 
 def test_two_containers_train_and_leave_nothing(
@@ -54,7 +63,9 @@ def test_two_containers_train_and_leave_nothing(
     job = only_job_id(jobs)
     assert left_of(engine, job) == ("", ""), "containers and network are removed"
     assert "node0 | " in proc.stdout and "node1 | " in proc.stdout
-    assert "version parity: the 2 nodes match" in (jobs / job / "node-0.log").read_text()
+    for k in range(2):  # the secret went in through the attach's stdin, to torchrun only
+        log = (jobs / job / f"node-{k}.log").read_text()
+        assert "version parity: the 2 nodes match" in log and "secrets given to torchrun: HF_TOKEN" in log
     compose = (jobs / job / "compose.yaml").read_text()
     assert cpu_image["id"] in compose and "GLOO_SOCKET_IFNAME: eth0" in compose
     written = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
@@ -72,9 +83,10 @@ def test_a_killed_container_ends_the_job_everywhere(
         text=True, env=env,
     )  # fmt: skip
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
+        wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
         job = only_job_id(jobs)
         names = [f"gptlaunch-{job}-node{k}" for k in range(2)]
+        assert left_of(engine, job) == ("\n".join(names), f"gptlaunch-{job}_job")  # what must go
         inspected = docker(engine, "inspect", *names)
         assert SECRET not in inspected and "HF_TOKEN" not in inspected  # not in the containers' config
         docker(engine, "kill", names[1])
@@ -97,7 +109,10 @@ def test_a_detached_job_is_followed_and_cancelled_like_any_other(
     proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     job = proc.stdout.strip()
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 600, "training to start")
+    wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+    assert all(left_of(engine, job)), "the containers and the network exist while it runs"
+    # status and cancel from a shell whose DOCKER_HOST is elsewhere: the job's engine is in its record
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/elsewhere.sock"}
     status = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
     assert status["state"] == "running"
     cancel = launcher(jobs, "cancel", job, env=env)
@@ -109,6 +124,28 @@ def test_a_detached_job_is_followed_and_cancelled_like_any_other(
     logs = launcher(jobs, "logs", job, env=env, check=True).stdout
     assert "node0 | " in logs and "node1 | " in logs
     assert left_of(engine, job) == ("", "")
+
+
+def test_a_job_whose_supervisor_died_is_ended_and_leaves_nothing(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = {"DOCKER_HOST": engine["DOCKER_HOST"]}
+    proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.strip()
+    wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+    supervisor = json.loads((jobs / job / "handle.json").read_text())["supervisor"]["pid"]
+    os.kill(supervisor, signal.SIGKILL)  # the agents get SIGTERM from the kernel, the containers stop
+
+    def ended() -> bool:
+        status = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
+        return status["state"] not in ("created", "pending", "running")
+
+    wait_for(ended, 300, "status to find the job's end")
+    final = json.loads((jobs / job / "status.json").read_text())
+    assert final["state"] in ("checkpointed", "lost"), final
+    assert left_of(engine, job) == ("", ""), "status removed the stopped containers and the network"
 
 
 def test_a_missing_image_or_engine_is_refused_and_writes_nothing(
