@@ -26,12 +26,15 @@ RUN python3 -m venv /opt/venv
 COPY deploy/docker/certs/ /certs/
 COPY deploy/docker/wheels/ /wheels/
 COPY deploy/docker/pins/${VARIANT}.txt /tmp/pins.txt
-# The GPU stack first: the biggest layer, rebuilt only when the pins change.
+COPY constraints.txt /src/
+# The GPU stack first: the biggest layer, rebuilt only when the pins or constraints change; torch's own
+# dependencies (sympy, jinja2, setuptools, ...) are pinned by constraints.txt too.
 RUN if [ -f /certs/ca.crt ]; then export PIP_CERT=/certs/ca.crt; fi \
- && /opt/venv/bin/pip install -r /tmp/pins.txt ${NCCL_VERSION:+"nvidia-nccl-cu13==${NCCL_VERSION}"}
+ && /opt/venv/bin/pip install -c /src/constraints.txt -r /tmp/pins.txt \
+    ${NCCL_VERSION:+"nvidia-nccl-cu13==${NCCL_VERSION}"}
 # Then our dependencies and build backend (pinned by constraints.txt), read from pyproject.toml: a code
 # edit keeps this layer.
-COPY pyproject.toml constraints.txt /src/
+COPY pyproject.toml /src/
 RUN if [ -f /certs/ca.crt ]; then export PIP_CERT=/certs/ca.crt; fi \
  && /opt/venv/bin/python -c "import tomllib; t = tomllib.load(open('/src/pyproject.toml', 'rb')); print(*t['project']['dependencies'], *t['build-system']['requires'], sep='\n')" >/tmp/deps.txt \
  && /opt/venv/bin/pip install -c /src/constraints.txt -c /tmp/pins.txt -r /tmp/deps.txt

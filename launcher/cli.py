@@ -15,7 +15,7 @@ from launcher.jobs import STATE_HELP, JobError, JobNotFound
 from launcher.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.spec import SpecError
 from launcher.ssh import SshError
-from trainer.contract import EXIT_USAGE, JOBS_ROOT_ENV
+from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
     "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
@@ -162,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USAGE)
+    except KeyboardInterrupt:  # Ctrl-C in a command that has no stop of its own (a build, a check)
+        print(f"launcher: {args.command} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

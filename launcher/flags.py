@@ -95,7 +95,7 @@ def field_info(dotted: str, model: type[BaseModel] = JobSpec) -> FieldInfo:
 def _help(info: FieldInfo) -> str:
     text = info.description or ""
     default = info.get_default(call_default_factory=True)
-    if default is not None and "default" not in text:
+    if default not in (None, "") and "(default" not in text:
         text += f" (default: {getattr(default, 'value', default)})"
     return text
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
-from docker.errors import APIError
+from docker.errors import APIError, DockerException
+from requests import RequestException
 
 from launcher.docker_engine import DockerError
 
@@ -33,6 +34,8 @@ CONTEXT = (
 )  # fmt: skip
 WHEELS_DIR = "deploy/docker/wheels"  # the Dockerfile's PIP_FIND_LINKS
 CA_FILE = "deploy/docker/certs/ca.crt"  # the Dockerfile's PIP_CERT, in its build stage only
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+DOWNLOAD_TIMEOUT_S = 1800  # a torch wheel is hundreds of MB
 _STEP = re.compile(r"^Step \d+/\d+ : ")
 TAIL_LINES = 25
 
@@ -70,11 +73,33 @@ def _pinned(pins: Path, package: str) -> str:
 
 
 def stage_context(
-    source: Path, dest: Path, wanted: Variant, ca_bundle: Path | None, wheelhouse: Path | None
+    source: Path,
+    dest: Path,
+    wanted: Variant,
+    ca_bundle: Path | None,
+    wheelhouse: Path | None,
+    index_url: str | None = None,
 ) -> None:
     """Copy the files the Dockerfile reads from ``source`` to ``dest``, the CA bundle as ``CA_FILE`` and
     the wheels as ``WHEELS_DIR``: from ``wheelhouse`` if given, else downloaded with this machine's pip
-    (its index, find-links and certificates). Raises DockerError naming what is missing and the fix."""
+    (from ``index_url``, else PyPI and torch's CPU index, through ``ca_bundle`` if given). Raises
+    DockerError naming what is missing and the fix (a full disk included)."""
+    try:
+        _stage(source, dest, wanted, ca_bundle, wheelhouse, index_url)
+    except OSError as e:
+        raise DockerError(
+            f"cannot stage the build context in {dest}: {e}; free space or set TMPDIR"
+        ) from None
+
+
+def _stage(
+    source: Path,
+    dest: Path,
+    wanted: Variant,
+    ca_bundle: Path | None,
+    wheelhouse: Path | None,
+    index_url: str | None,
+) -> None:
     for name in CONTEXT:
         path = source / name
         if path.is_dir():
@@ -96,7 +121,7 @@ def stage_context(
         for wheel in found:
             _link_or_copy(wheel, wheels / wheel.name)
     elif wanted.wheels:
-        _download(wanted.wheels, wheels)
+        _download(wanted.wheels, wheels, ca_bundle, index_url)
 
 
 def _copy_ca_bundle(bundle: Path, dest: Path) -> None:
@@ -116,20 +141,28 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def _download(requirements: tuple[str, ...], dest: Path) -> None:
+def _download(
+    requirements: tuple[str, ...], dest: Path, ca_bundle: Path | None, index_url: str | None
+) -> None:
     platforms = [arg for p in _PLATFORMS for arg in ("--platform", p)]
+    # torch's +cpu builds are on its own index, not on PyPI; a given index (a mirror) replaces both
+    index = ["--index-url", index_url] if index_url else ["--extra-index-url", TORCH_CPU_INDEX]
     argv = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-        "--implementation", "cp", "--python-version", IMAGE_PYTHON, *platforms, "--dest", str(dest),
-        *requirements,
+        "--retries", "1", "--implementation", "cp", "--python-version", IMAGE_PYTHON, *platforms,
+        "--dest", str(dest),
+        *index, *(["--cert", str(ca_bundle)] if ca_bundle else []), *requirements,
     ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DockerError(f"downloading {' '.join(requirements)} took over {DOWNLOAD_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise DockerError(
             f"cannot download {' '.join(requirements)} for the image ({last}): download the wheel "
             f"(`pip download --no-deps {' '.join(requirements)} --index-url "
-            "https://download.pytorch.org/whl/cpu -d DIR`) and pass --wheelhouse DIR"
+            f"{TORCH_CPU_INDEX} -d DIR`) and pass --wheelhouse DIR"
         )
 
 
@@ -194,3 +227,6 @@ def build(
         raise BuildFailed(
             progress.step, e.explanation or str(e), list(progress.tail), progress.base_image
         ) from None
+    except (DockerException, RequestException) as e:  # the engine went away or stopped answering
+        where = f" at {progress.step}" if progress.step else ""
+        raise DockerError(f"the connection to the engine broke during the build{where}: {e}") from None

@@ -63,7 +63,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="wheels to install before the package index (default for cpu: torch's CPU wheel, fetched "
         "with this machine's pip)",
     )
-    s.add_argument("--pip-index-url", metavar="URL", help="the package index of the build (default: PyPI)")
+    s.add_argument(
+        "--pip-index-url",
+        metavar="URL",
+        help="the package index of the build and of the CPU wheel's download (default: PyPI; torch's CPU "
+        "index for the CPU wheel); it is in the build's history: put no credentials in it",
+    )
     s.add_argument(
         "--context",
         type=Path,
@@ -100,7 +105,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     progress.base_image = args.base_image
     with tempfile.TemporaryDirectory(prefix="gptlaunch-build-") as context:
         _say(f"launcher: staging the build context of {args.context} ({args.variant})")
-        stage_context(args.context, Path(context), wanted, args.ca_bundle, args.wheelhouse)
+        stage_context(
+            args.context, Path(context), wanted, args.ca_bundle, args.wheelhouse, args.pip_index_url
+        )
         _say(f"launcher: building {tag} on the engine")
         try:
             image_id = build(client, Path(context), tag, build_args, progress)
@@ -111,11 +118,12 @@ def cmd_build(args: argparse.Namespace) -> int:
                 )
             raise
     record = record_of(client, tag, image_id, args.variant, time.monotonic() - started)
+    path = args.record or Path("images") / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.json"
+    record.save(path)  # before the push: a failed push keeps the build's record
     if args.push:
         _say(f"launcher: pushing {tag}")
         record = push(client, record)
-    path = args.record or Path("images") / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.json"
-    record.save(path)
+        record.save(path)
     _say(_summary(record, path))
     if args.json:
         print(record.model_dump_json(indent=2))

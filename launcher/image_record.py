@@ -4,18 +4,21 @@ image's id, size and labels, and after ``--push`` its registry digest."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import docker
-from docker.errors import APIError, ContainerError, ImageNotFound
+from docker.errors import APIError, DockerException, ImageNotFound
 from pydantic import BaseModel, ConfigDict, ValidationError
+from requests import RequestException
 
 from launcher.docker_engine import DockerError
 from launcher.parity import MUST_MATCH, field_value
 from launcher.probe import IMAGE_DIGEST_ENV, Probe
 from trainer.contract import atomic_write_text
 
+PROBE_TIMEOUT_S = 300  # a CUDA image imports torch to read NCCL and cuDNN: seconds, not minutes
 VERSION_FIELDS = tuple(f for f in MUST_MATCH if f != "image_digest")
 
 
@@ -40,25 +43,31 @@ class ImageRecord(BaseModel):
 
 def probe_image(client: docker.DockerClient, image: str) -> Probe:
     """Run ``python -m launcher.probe --json`` in a throwaway container of ``image`` (no network) and
-    return its report. Raises DockerError when the image has no working probe."""
+    return its report. The container is removed whatever happens (an error, a timeout, Ctrl-C). Raises
+    DockerError when the image has no working probe or the engine fails."""
+    argv = ["python", "-m", "launcher.probe", "--json"]
     try:
-        out = client.containers.run(
-            image,
-            ["python", "-m", "launcher.probe", "--json"],
-            environment={IMAGE_DIGEST_ENV: image},
-            network_mode="none",
-            remove=True,
-            stdout=True,
-            stderr=False,
+        container = client.containers.create(
+            image, argv, environment={IMAGE_DIGEST_ENV: image}, network_mode="none"
         )
-        return Probe.model_validate(json.loads(out))
     except ImageNotFound:
         raise DockerError(f"image {image} not found in the engine") from None
-    except ContainerError as e:
-        stderr = e.stderr.decode(errors="replace").strip() if isinstance(e.stderr, bytes) else ""
-        raise DockerError(
-            f"the version probe failed inside {image} (exit {e.exit_status}): {stderr}"
-        ) from None
+    except (DockerException, RequestException) as e:
+        raise DockerError(f"cannot create a container of {image}: {e}") from None
+    try:
+        container.start()
+        exit_code = container.wait(timeout=PROBE_TIMEOUT_S)["StatusCode"]
+        out, err = container.logs(stderr=False), container.logs(stdout=False)
+    except (DockerException, RequestException) as e:
+        raise DockerError(f"the version probe could not run in {image}: {e}") from None
+    finally:
+        with contextlib.suppress(DockerException, RequestException):
+            container.remove(force=True)
+    if exit_code != 0:
+        last = err.decode(errors="replace").strip()[-2000:]
+        raise DockerError(f"the version probe failed inside {image} (exit {exit_code}): {last}")
+    try:
+        return Probe.model_validate(json.loads(out))
     except (ValueError, ValidationError) as e:
         raise DockerError(f"the version probe inside {image} printed no report: {e}") from None
 
@@ -94,4 +103,6 @@ def push(client: docker.DockerClient, record: ImageRecord) -> ImageRecord:
         digests = client.images.get(record.id).attrs.get("RepoDigests") or []
     except APIError as e:
         raise DockerError(f"push of {record.image} failed: {e.explanation or e}") from None
+    except (DockerException, RequestException) as e:
+        raise DockerError(f"push of {record.image} failed: {e}") from None
     return record.model_copy(update={"repo_digests": list(digests)})

@@ -22,7 +22,7 @@ readonly LOCK="/run/lock/gptlaunch-dev-engine.lock"
 readonly BASE_IMAGE="${GPTLAUNCH_BASE_IMAGE:-gptlaunch/debian-base:bookworm}"
 readonly SUITE="bookworm"
 readonly TIMEOUT=60          # seconds dockerd may take to answer, and to exit on SIGTERM
-readonly PACKAGES="docker.io docker-compose debootstrap"
+readonly LOCK_WAIT=900       # seconds an 'up' waits for another (installing packages, debootstrap)
 
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
@@ -55,7 +55,7 @@ engine_pid() { [[ -s $PID_FILE ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null &&
 
 lock() {
     exec 9>"$LOCK"
-    flock -w "$TIMEOUT" 9 || die "another $PROG holds $LOCK (waited ${TIMEOUT}s)"
+    flock -w "$LOCK_WAIT" 9 || die "another $PROG holds $LOCK (waited ${LOCK_WAIT}s)"
 }
 
 ensure_packages() {
@@ -152,9 +152,9 @@ make_base_image() {
 
 cmd_up() {
     ((EUID == 0)) || die "'up' must run as root (it starts dockerd)"
+    lock  # first: two concurrent 'up's must not both run apt-get or touch policy-rc.d
     ensure_packages
     mkdir -p "$STATE"
-    lock
     start_engine
     make_base_image
     echo "$BASE_IMAGE"
@@ -163,12 +163,13 @@ cmd_up() {
 
 cmd_down() {
     ((EUID == 0)) || die "'down' must run as root"
+    [[ $# -eq 0 || ( $# -eq 1 && $1 == --purge ) ]] || die "usage: $PROG down [--purge]"
     lock
     local pid
     if pid="$(engine_pid)"; then
-        local ids
-        ids="$(docker_ ps -q 2>/dev/null || true)"
-        [[ -z $ids ]] || { log "stopping containers"; docker_ rm -f $ids >/dev/null 2>&1 || true; }
+        local ids=()
+        mapfile -t ids < <(docker_ ps -q 2>/dev/null || true)
+        ((${#ids[@]} == 0)) || { log "stopping containers"; docker_ rm -f "${ids[@]}" >/dev/null 2>&1 || true; }
         log "stopping dockerd (pid $pid)"
         kill -TERM "$pid"
         local deadline=$((SECONDS + TIMEOUT))

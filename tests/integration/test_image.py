@@ -140,7 +140,8 @@ def test_an_unreachable_engine_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_cuda_pins_resolve_to_themselves(tmp_path: Path) -> None:
     """pip's resolver, in --dry-run --report mode for the image's platform, takes the CUDA pins (and
-    the NCCL build argument's default) to exactly the pinned set: metadata only, no GB of wheels."""
+    the NCCL build argument's default) under constraints.txt, as the Dockerfile does, to exactly the
+    pinned set: metadata only, no GB of wheels."""
     pins = ROOT / "deploy" / "docker" / "pins" / "cuda.txt"
     nccl = next(
         line.split("=", 1)[1]
@@ -155,7 +156,7 @@ def test_cuda_pins_resolve_to_themselves(tmp_path: Path) -> None:
             "--report", str(report), "--only-binary", ":all:", *platforms,
             "--platform", "manylinux2014_x86_64", "--platform", "linux_x86_64",
             "--python-version", "3.11", "--implementation", "cp", "--target", str(tmp_path / "nowhere"),
-            "-r", str(pins), f"nvidia-nccl-cu13=={nccl}",
+            "-c", str(ROOT / "constraints.txt"), "-r", str(pins), f"nvidia-nccl-cu13=={nccl}",
         ],
         env={"PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "PIP_CERT": str(SYSTEM_CA)},
         timeout=600,
