@@ -85,43 +85,32 @@ def stage_context(
     (from ``index_url``, else PyPI and torch's CPU index, through ``ca_bundle`` if given). Raises
     DockerError naming what is missing and the fix (a full disk included)."""
     try:
-        _stage(source, dest, wanted, ca_bundle, wheelhouse, index_url)
-    except OSError as e:
+        for name in CONTEXT:
+            path = source / name
+            if path.is_dir():
+                shutil.copytree(path, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif path.is_file():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest / name)
+            else:
+                raise DockerError(f"{path} is missing: --context must be a gptlaunch checkout")
+        wheels, ca = dest / WHEELS_DIR, dest / CA_FILE
+        wheels.mkdir(parents=True)
+        ca.parent.mkdir(parents=True)
+        if ca_bundle is not None:
+            _copy_ca_bundle(ca_bundle, ca)
+        if wheelhouse is not None:
+            found = sorted(wheelhouse.glob("*.whl"))
+            if not found:
+                raise DockerError(f"--wheelhouse {wheelhouse} holds no *.whl file")
+            for wheel in found:
+                _link_or_copy(wheel, wheels / wheel.name)
+        elif wanted.wheels:
+            _download(wanted.wheels, wheels, ca_bundle, index_url)
+    except OSError as e:  # a full disk, an unreadable file of the checkout
         raise DockerError(
             f"cannot stage the build context in {dest}: {e}; free space or set TMPDIR"
         ) from None
-
-
-def _stage(
-    source: Path,
-    dest: Path,
-    wanted: Variant,
-    ca_bundle: Path | None,
-    wheelhouse: Path | None,
-    index_url: str | None,
-) -> None:
-    for name in CONTEXT:
-        path = source / name
-        if path.is_dir():
-            shutil.copytree(path, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif path.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest / name)
-        else:
-            raise DockerError(f"{path} is missing: --context must be a gptlaunch checkout")
-    wheels, ca = dest / WHEELS_DIR, dest / CA_FILE
-    wheels.mkdir(parents=True)
-    ca.parent.mkdir(parents=True)
-    if ca_bundle is not None:
-        _copy_ca_bundle(ca_bundle, ca)
-    if wheelhouse is not None:
-        found = sorted(wheelhouse.glob("*.whl"))
-        if not found:
-            raise DockerError(f"--wheelhouse {wheelhouse} holds no *.whl file")
-        for wheel in found:
-            _link_or_copy(wheel, wheels / wheel.name)
-    elif wanted.wheels:
-        _download(wanted.wheels, wheels, ca_bundle, index_url)
 
 
 def _copy_ca_bundle(bundle: Path, dest: Path) -> None:

@@ -47,6 +47,14 @@ def training_started(jobs: Path, run_dir: Path) -> bool:
     return (run_dir / "metrics.jsonl").is_file()
 
 
+def submit_detached(jobs: Path, run_dir: Path, prepared_data: list[str], env: dict[str, str]) -> str:
+    """Submit a long compose job with --detach; return its id once its ranks train."""
+    proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+    return proc.stdout.strip()
+
+
 def test_two_containers_train_and_leave_nothing(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
@@ -106,10 +114,7 @@ def test_a_detached_job_is_followed_and_cancelled_like_any_other(
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     env = {"DOCKER_HOST": engine["DOCKER_HOST"]}
-    proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    job = proc.stdout.strip()
-    wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+    job = submit_detached(jobs, run_dir, prepared_data, env)
     assert all(left_of(engine, job)), "the containers and the network exist while it runs"
     # status and cancel from a shell whose DOCKER_HOST is elsewhere: the job's engine is in its record
     env = {"DOCKER_HOST": f"unix://{tmp_path}/elsewhere.sock"}
@@ -131,10 +136,7 @@ def test_a_job_whose_supervisor_died_is_ended_and_leaves_nothing(
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     env = {"DOCKER_HOST": engine["DOCKER_HOST"]}
-    proc = launcher(jobs, *submit_args(prepared_data, run_dir, 100000, "--detach"), env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    job = proc.stdout.strip()
-    wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+    job = submit_detached(jobs, run_dir, prepared_data, env)
     supervisor = json.loads((jobs / job / "handle.json").read_text())["supervisor"]["pid"]
     os.kill(supervisor, signal.SIGKILL)  # the agents get SIGTERM from the kernel, the containers stop
 
