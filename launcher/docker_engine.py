@@ -47,6 +47,13 @@ def engine_env() -> dict[str, str]:
     return {"DOCKER_HOST": DEFAULT_HOST} | found
 
 
+def with_engine(recorded: dict[str, str]) -> dict[str, str]:
+    """This process's environment with the engine variables replaced by ``recorded`` (from
+    ``engine_env()`` at submit): a TLS setting of the current shell must not reach another engine."""
+    kept = {name: value for name, value in os.environ.items() if name not in ENGINE_VARIABLES}
+    return kept | recorded
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__

@@ -29,7 +29,7 @@ from docker.errors import DockerException
 
 from launcher import procs
 from launcher.compose_file import COMPOSE_FILE, Mount, container_name, render, service_name
-from launcher.docker_engine import DockerError, connect, engine_env
+from launcher.docker_engine import DockerError, connect, engine_env, with_engine
 from launcher.jobs import JobRecord, node_log_name
 from launcher.options import ComposeOptions
 from launcher.plan import NodePlan, Plan
@@ -149,14 +149,23 @@ class ComposeScheduler(LocalScheduler):
         compose.write(plan.files[COMPOSE_FILE])
         for path in plan.facts["writable"]:
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
-        compose.create()
-        return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
+        try:
+            compose.create()
+            return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
+        except BaseException:  # refused, timed out or Ctrl-C: nothing will follow what was created
+            if not record.has_handle():
+                with contextlib.suppress(DockerError):
+                    compose.down(0)
+            raise
 
     def _remaining(self, record: JobRecord) -> str:
         """The containers that still run; the stopped ones (and the network) of a job nothing follows any
         more are removed here, so that a job whose supervisor died leaves nothing either."""
         compose = Compose(record.plan(), record.dir)
-        running = compose.listed(stopped=False)
+        try:
+            running = compose.listed(stopped=False)
+        except DockerError as e:  # e.g. the engine is down: say so, end nothing we cannot see
+            return f"its containers cannot be checked ({e}); start the engine and ask again"
         if running:
             return f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)"
         if compose.listed(stopped=True):
@@ -237,7 +246,7 @@ class Compose:
         self.argv = [*plan.facts["compose"], "--project-name", project, "--file", str(self.file)]
         # Every docker and compose call goes to the engine the image was found on, whatever the DOCKER_HOST
         # or docker context of the shell that runs `status` or `cancel` later.
-        self.env = os.environ | plan.facts.get("docker_env", {})
+        self.env = with_engine(plan.facts.get("docker_env", {}))
 
     def write(self, text: str) -> None:
         atomic_write_text(self.file, text)
@@ -257,8 +266,6 @@ class Compose:
         """Create the network and every container (started later, one agent each). Raises DockerError."""
         proc = self.run([*self.argv, "up", "--no-start"], COMPOSE_TIMEOUT_S)
         if proc.returncode != 0:
-            with contextlib.suppress(DockerError):  # what was created goes; the cause is the error below
-                self.down(0)
             raise DockerError(f"compose could not create the job's containers: {_last_lines(proc.stderr)}")
 
     def listed(self, *, stopped: bool) -> list[str]:

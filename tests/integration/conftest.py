@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import psutil
 import pytest
+
+from tests.conftest import missing_component
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -116,13 +118,6 @@ def make_other_venv(tmp_path: Path) -> tuple[Path, str]:
         timeout=300,
     )  # fmt: skip
     return venv / "bin" / "python", other
-
-
-def missing_component(problem: str) -> NoReturn:
-    """A real component a test needs (SLURM, sshd, Docker) is missing: fail under CI=true, else skip."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(problem)
-    pytest.skip(problem)
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:

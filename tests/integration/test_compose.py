@@ -1,7 +1,8 @@
 """The compose scheduler against a real Docker engine (`deploy/docker/dev-engine.sh`) and the CPU image
 built by `launcher build`: two containers train together over their own network, the checkpoint lands
-on the host, a killed container ends the job everywhere, and nothing of the job (containers, network)
-is left. Under CI=true a missing engine fails these tests instead of skipping them."""
+on the host, a killed container ends the job everywhere, Ctrl-C and cancel stop it, and nothing of the
+job (containers, network) is left. Under CI=true a missing engine fails these tests instead of skipping
+them."""
 
 from __future__ import annotations
 
@@ -139,6 +140,8 @@ def test_a_job_whose_supervisor_died_is_ended_and_leaves_nothing(
     job = submit_detached(jobs, run_dir, prepared_data, env)
     supervisor = json.loads((jobs / job / "handle.json").read_text())["supervisor"]["pid"]
     os.kill(supervisor, signal.SIGKILL)  # the agents get SIGTERM from the kernel, the containers stop
+    # status from a shell whose DOCKER_HOST is elsewhere: it finds the containers on the job's engine
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/elsewhere.sock"}
 
     def ended() -> bool:
         status = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
@@ -148,6 +151,34 @@ def test_a_job_whose_supervisor_died_is_ended_and_leaves_nothing(
     final = json.loads((jobs / job / "status.json").read_text())
     assert final["state"] in ("checkpointed", "lost"), final
     assert left_of(engine, job) == ("", ""), "status removed the stopped containers and the network"
+
+
+def test_ctrl_c_stops_an_attached_job_and_leaves_nothing(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
+    submit = subprocess.Popen(
+        launcher_argv(jobs, submit_args(prepared_data, run_dir, 100000)), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+        job = only_job_id(jobs)
+        # what the engine mounted, not what was rendered: the text read-only, the run dir read-write
+        inspected = docker(engine, "inspect", "--format", "{{json .Mounts}}", f"gptlaunch-{job}-node1")
+        writable = {m["Destination"]: m["RW"] for m in json.loads(inspected)}
+        assert writable[prepared_data[1]] is False and writable[str(run_dir)] is True, writable
+        submit.send_signal(signal.SIGINT)
+        _, err = submit.communicate(timeout=300)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    status = json.loads((jobs / job / "status.json").read_text())
+    assert status["state"] in ("checkpointed", "cancelled"), err[-3000:]
+    assert submit.returncode == status["exit_code"] != 0
+    assert left_of(engine, job) == ("", ""), "Ctrl-C removed the containers and the network"
+    assert SECRET not in docker(engine, "history", "--no-trunc", TAG) + docker(engine, "inspect", TAG)
 
 
 def test_a_missing_image_or_engine_is_refused_and_writes_nothing(

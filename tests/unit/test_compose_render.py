@@ -5,6 +5,7 @@ node, text files mounted by the names given."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher.docker_engine import DEFAULT_HOST, engine_env, with_engine
 from launcher.options import ComposeOptions
 from launcher.probe import collect
 from launcher.schedulers.compose import ComposeScheduler
@@ -129,3 +131,19 @@ def test_a_container_checks_parity_then_runs_the_command_with_the_secrets(tmp_pa
     assert refused.returncode == EXIT_PARITY and "trained" not in refused.stdout
     assert "torch: " in refused.stderr and "2.12.0" in refused.stderr
     assert json.loads((tmp_path / "parity.json").read_text())["exit_code"] == EXIT_PARITY
+
+
+def test_docker_calls_go_to_the_engine_recorded_at_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert engine_env() == {"DOCKER_HOST": DEFAULT_HOST}  # set even when unset: no docker context wins
+    recorded = {"DOCKER_HOST": "unix:///run/job-engine.sock"}
+    # a later shell pointed at a TLS engine: none of its engine variables may reach the job's engine
+    monkeypatch.setenv("DOCKER_HOST", "tcp://elsewhere:2376")
+    monkeypatch.setenv("DOCKER_TLS_VERIFY", "1")
+    monkeypatch.setenv("DOCKER_CERT_PATH", "/elsewhere/certs")
+    assert engine_env()["DOCKER_CERT_PATH"] == "/elsewhere/certs"
+    env = with_engine(recorded)
+    assert env["DOCKER_HOST"] == recorded["DOCKER_HOST"]
+    assert "DOCKER_TLS_VERIFY" not in env and "DOCKER_CERT_PATH" not in env
+    assert env["PATH"] == os.environ["PATH"]

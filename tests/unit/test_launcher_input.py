@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main
+from tests.conftest import missing_component
 
 
 @pytest.fixture()
@@ -136,7 +137,7 @@ def test_the_example_job_config_renders(jobs_root: Path, capsys, monkeypatch) ->
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)  # its text-file path is relative to the repository
     if not Path("../shared/data/wikitext-2/valid.txt").is_file():
-        pytest.skip("the example config trains on ../shared/data/wikitext-2/valid.txt, which is absent")
+        missing_component("the example config trains on ../shared/data/wikitext-2/valid.txt: it is absent")
     code = main(["--jobs-root", str(jobs_root), "render", "--config", "deploy/examples/job.yaml", "--json"])
     assert code == 0, capsys.readouterr().err
     plan = json.loads(capsys.readouterr().out)
