@@ -6,11 +6,13 @@ them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,23 @@ def submit_detached(jobs: Path, run_dir: Path, prepared_data: list[str], env: di
     return proc.stdout.strip()
 
 
+@contextlib.contextmanager
+def attached(
+    engine: dict[str, str], jobs: Path, run_dir: Path, prepared_data: list[str]
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """An attached `launcher submit` of a long compose job (HF_TOKEN set, stderr piped) and its job id,
+    once its ranks train; killed on the way out if it still runs."""
+    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
+    argv = launcher_argv(jobs, submit_args(prepared_data, run_dir, 100000))
+    submit = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
+        yield submit, only_job_id(jobs)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+
+
 def test_two_containers_train_and_leave_nothing(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
@@ -85,24 +104,13 @@ def test_a_killed_container_ends_the_job_everywhere(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
-    submit = subprocess.Popen(
-        launcher_argv(jobs, submit_args(prepared_data, run_dir, 100000)), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True, env=env,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
-        job = only_job_id(jobs)
+    with attached(engine, jobs, run_dir, prepared_data) as (submit, job):
         names = [f"gptlaunch-{job}-node{k}" for k in range(2)]
         assert left_of(engine, job) == ("\n".join(names), f"gptlaunch-{job}_job")  # what must go
         inspected = docker(engine, "inspect", *names)
         assert SECRET not in inspected and "HF_TOKEN" not in inspected  # not in the containers' config
         docker(engine, "kill", names[1])
         _, err = submit.communicate(timeout=120)
-    finally:
-        if submit.poll() is None:
-            submit.kill()
     assert submit.returncode not in (0, None)
     assert "node 1" in err, err[-3000:]
     assert left_of(engine, job) == ("", "")
@@ -157,23 +165,13 @@ def test_ctrl_c_stops_an_attached_job_and_leaves_nothing(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"], "HF_TOKEN": SECRET}
-    submit = subprocess.Popen(
-        launcher_argv(jobs, submit_args(prepared_data, run_dir, 100000)), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: training_started(jobs, run_dir), 600, "training to start")
-        job = only_job_id(jobs)
+    with attached(engine, jobs, run_dir, prepared_data) as (submit, job):
         # what the engine mounted, not what was rendered: the text read-only, the run dir read-write
         inspected = docker(engine, "inspect", "--format", "{{json .Mounts}}", f"gptlaunch-{job}-node1")
         writable = {m["Destination"]: m["RW"] for m in json.loads(inspected)}
         assert writable[prepared_data[1]] is False and writable[str(run_dir)] is True, writable
         submit.send_signal(signal.SIGINT)
         _, err = submit.communicate(timeout=300)
-    finally:
-        if submit.poll() is None:
-            submit.kill()
     status = json.loads((jobs / job / "status.json").read_text())
     assert status["state"] in ("checkpointed", "cancelled"), err[-3000:]
     assert submit.returncode == status["exit_code"] != 0
