@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound
+from docker.errors import DockerException, ImageNotFound
 from pydantic import BaseModel, ConfigDict, ValidationError
 from requests import RequestException
 
@@ -101,8 +101,6 @@ def push(client: docker.DockerClient, record: ImageRecord) -> ImageRecord:
             if "error" in chunk:
                 raise DockerError(f"push of {record.image} failed: {chunk['error']}")
         digests = client.images.get(record.id).attrs.get("RepoDigests") or []
-    except APIError as e:
-        raise DockerError(f"push of {record.image} failed: {e.explanation or e}") from None
-    except (DockerException, RequestException) as e:
-        raise DockerError(f"push of {record.image} failed: {e}") from None
+    except (DockerException, RequestException) as e:  # an APIError carries the registry's answer
+        raise DockerError(f"push of {record.image} failed: {getattr(e, 'explanation', None) or e}") from None
     return record.model_copy(update={"repo_digests": list(digests)})

@@ -164,12 +164,12 @@ class ComposeScheduler(LocalScheduler):
         compose = Compose(record.plan(), record.dir)
         try:
             running = compose.listed(stopped=False)
+            if not running and compose.listed(stopped=True):
+                compose.down(0)
         except DockerError as e:  # e.g. the engine is down: say so, end nothing we cannot see
-            return f"its containers cannot be checked ({e}); start the engine and ask again"
+            return f"its containers cannot be checked or removed ({e}); start the engine and ask again"
         if running:
             return f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)"
-        if compose.listed(stopped=True):
-            compose.down(0)
         return ""
 
     def _sweep(self, record: JobRecord, grace_s: float) -> None:
