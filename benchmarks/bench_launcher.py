@@ -112,7 +112,7 @@ def trainer_args(settings: Settings, run_dir: Path) -> list[str]:
 def launcher_command(settings: Settings, *args: str) -> list[str]:
     """A ``launcher`` command line with its job records under the work dir (never ./jobs)."""
     jobs_root = str(settings.work_dir / "jobs")
-    return [sys.executable, "-m", "launcher.cli", "--jobs-root", jobs_root, *args]
+    return [sys.executable, "-m", "launcher.cli.main", "--jobs-root", jobs_root, *args]
 
 
 def cluster_flags() -> list[str]:

@@ -25,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def check_s(hostfile: Path) -> float:
     """Seconds `launcher check` took to probe every host of ``hostfile`` in parallel."""
     out = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "check", "--hostfile", str(hostfile), "--json"],
+        [sys.executable, "-m", "launcher.cli.main", "check", "--hostfile", str(hostfile), "--json"],
         capture_output=True, text=True, check=True, cwd=REPO_ROOT,
     ).stdout  # fmt: skip
     return float(json.loads(out)["probe_s"])

@@ -1,7 +1,7 @@
 """Schedulers: where a job runs. Each is one module behind the protocol in ``base``.
 
 Names map to "module:class" so that listing them imports nothing; their option models live in
-``launcher.options`` (the same names).
+``launcher.job.options`` (the same names).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ if TYPE_CHECKING:
     from launcher.schedulers.base import Scheduler
 
 SCHEDULERS: dict[str, str] = {
-    "local": "launcher.schedulers.local:LocalScheduler",
-    "slurm": "launcher.schedulers.slurm:SlurmScheduler",
-    "ssh": "launcher.schedulers.ssh:SshScheduler",
-    "compose": "launcher.schedulers.compose:ComposeScheduler",
+    "local": "launcher.schedulers.local.scheduler:LocalScheduler",
+    "slurm": "launcher.schedulers.slurm.scheduler:SlurmScheduler",
+    "ssh": "launcher.schedulers.ssh.scheduler:SshScheduler",
+    "compose": "launcher.schedulers.compose.scheduler:ComposeScheduler",
 }
 
 

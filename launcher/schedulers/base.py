@@ -16,10 +16,10 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from launcher.jobs import JobRecord, JobStatus
-from launcher.logs import tail
-from launcher.plan import Plan
-from launcher.spec import JobSpec
+from launcher.job.record import JobRecord, JobStatus
+from launcher.job.logs import tail
+from launcher.job.plan import Plan
+from launcher.job.spec import JobSpec
 
 
 class Scheduler(Protocol):

@@ -57,7 +57,7 @@ def run(
 
 
 def launcher(jobs_root: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return run([sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs_root), *args], **kw)
+    return run([sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs_root), *args], **kw)
 
 
 def torchrun(nproc: int, *trainer_args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher.collective import (
+from launcher.preflight.collective import (
     DEFAULT_SIZES,
     ERROR_MARKER,
     MARKER,
@@ -25,7 +25,7 @@ from launcher.collective import (
 from tests.integration.conftest import run
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-WORKER = ["-m", "launcher.collective"]
+WORKER = ["-m", "launcher.preflight.collective"]
 
 
 def _free_port() -> int:
@@ -235,7 +235,7 @@ def test_format_table_has_a_row_per_size_with_units() -> None:
 
 def test_importing_the_module_does_not_import_torch() -> None:
     code = (
-        "import sys, launcher.collective; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+        "import sys, launcher.preflight.collective; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )
     proc = run([sys.executable, "-c", code], check=True)
     assert proc.stdout.strip() == "[]"

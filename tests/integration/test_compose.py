@@ -31,7 +31,7 @@ def submit_args(prepared_data: list[str], run_dir: Path, steps: int, *flags: str
 
 
 def launcher_argv(jobs: Path, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args]
+    return [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), *args]
 
 
 def left_of(engine: dict[str, str], job: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ NO_ORPHANS_WITHIN_S = 60.0
 
 
 def _launcher_cmd(jobs: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args]
+    return [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), *args]
 
 
 def _detach(jobs: Path, run_dir: Path, prepared_data: list[str], steps: int) -> str:
@@ -82,7 +82,7 @@ def test_a_detached_job_is_watched_waited_for_and_cancelled_from_other_processes
         assert follow.poll() is None and waiter.poll() is None
         # From another process, importing no torch (the supervisor does the work).
         cancel = (
-            "import sys; from launcher.cli import main; "
+            "import sys; from launcher.cli.main import main; "
             f"code = main(['--jobs-root', {str(jobs)!r}, 'cancel', {job_id!r}]); "
             "assert 'torch' not in sys.modules; sys.exit(code)"
         )
@@ -138,10 +138,10 @@ def test_sigkill_of_an_attached_submit_stops_every_process_and_the_ranks_checkpo
 STARTS_NODE_0_THEN_FAILS_NODE_1 = """
 import sys, time
 from pathlib import Path
-from launcher.jobs import JobRecord, JobStatus
-from launcher.plan import NodePlan, Plan
-from launcher.schedulers.local import LocalScheduler
-from launcher.spec import JobSpec
+from launcher.job.record import JobRecord, JobStatus
+from launcher.job.plan import NodePlan, Plan
+from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.job.spec import JobSpec
 
 job_dir, job_id = Path(sys.argv[1]), sys.argv[2]
 env = {"GPTLAUNCH_JOB_ID": job_id}

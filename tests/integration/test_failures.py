@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.jobs import JobRecord, JobStatus
+from launcher.job.record import JobRecord, JobStatus
 from launcher.schedulers.base import wait_terminal
-from launcher.schedulers.local import LocalScheduler
-from launcher.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.job.spec import JobSpec
 from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of
 from trainer.contract import EXIT_PARITY
 
@@ -64,7 +64,7 @@ def test_stop_request_checkpoints_every_rank_and_a_resubmit_resumes(
         "1000",
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "--jobs-root", str(jobs), *args, "--max-steps", "1000"],
+        [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), *args, "--max-steps", "1000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -128,7 +128,7 @@ def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: 
     spec, job_dir = JobSpec(nnodes=2), tmp_path / "job-1"
     facts = {"workdir": str(tmp_path), "rdzv_host": "127.0.0.1", "rdzv_port": 29556, "omp_num_threads": 1}
     plan = LocalScheduler().render(spec, facts | {"gpus": []}, "job-1", job_dir)
-    entry = [sys.executable, "-m", "launcher.compose_node", "--job-dir", str(job_dir), "--nodes", "2"]
+    entry = [sys.executable, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir), "--nodes", "2"]
     nodes = [
         node.model_copy(
             update={

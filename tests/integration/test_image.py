@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.image_build import CONTEXT
+from launcher.image.build import CONTEXT
 from tests.integration.conftest import CA_CANARY, SYSTEM_CA, TAG, docker, launcher, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def test_recorded_versions_are_what_the_probe_finds_inside(
     engine: dict[str, str], cpu_image: dict[str, Any]
 ) -> None:
     inside = json.loads(
-        docker(engine, "run", "--rm", "--network", "none", TAG, "python", "-m", "launcher.probe", "--json")
+        docker(engine, "run", "--rm", "--network", "none", TAG, "python", "-m", "launcher.preflight.probe", "--json")
     )
     versions = cpu_image["versions"]
     assert versions["torch"] == inside["torch"] and versions["torch"].endswith("+cpu")

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from launcher.docker_engine import DEFAULT_HOST, engine_env, with_engine
-from launcher.options import ComposeOptions
-from launcher.probe import collect
-from launcher.schedulers.compose import ComposeScheduler
-from launcher.spec import JobSpec
+from launcher.image.engine import DEFAULT_HOST, engine_env, with_engine
+from launcher.job.options import ComposeOptions
+from launcher.preflight.probe import collect
+from launcher.schedulers.compose.scheduler import ComposeScheduler
+from launcher.job.spec import JobSpec
 from trainer.contract import EXIT_PARITY
 
 IMAGE_ID = "sha256:" + "c" * 64
@@ -56,7 +56,7 @@ def test_one_service_per_node_on_the_job_network(tmp_path: Path) -> None:
         assert service["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert service["environment"]["GPTLAUNCH_IMAGE_DIGEST"] == IMAGE_ID
         command = service["command"]
-        assert command[:3] == ["python", "-m", "launcher.compose_node"] and f"--node={k}" not in command
+        assert command[:3] == ["python", "-m", "launcher.schedulers.compose.node"] and f"--node={k}" not in command
         assert command[command.index("--node") + 1] == str(k)
         assert "--rdzv-endpoint=node0:29500" in command
         volumes = service["volumes"]
@@ -105,7 +105,7 @@ def _node0(job_dir: Path, stdin: str, *command: str) -> subprocess.CompletedProc
     argv = [
         sys.executable,
         "-m",
-        "launcher.compose_node",
+        "launcher.schedulers.compose.node",
         "--job-dir",
         str(job_dir),
         "--node",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.image_build import BuildFailed, BuildProgress, variant
+from launcher.image.build import BuildFailed, BuildProgress, variant
 from tests.conftest import missing_component
 
 ROOT = Path(__file__).resolve().parents[2]

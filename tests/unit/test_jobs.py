@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import procs
-from launcher.jobs import JobRecord, JobState, JobStatus, ProcessRef
-from launcher.schedulers.local import LocalScheduler
-from launcher.schedulers.local_supervisor import SupervisorHandle
-from launcher.spec import JobSpec
+from launcher.supervisor import procs
+from launcher.job.record import JobRecord, JobState, JobStatus, ProcessRef
+from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.supervisor.supervisor import SupervisorHandle
+from launcher.job.spec import JobSpec
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
 
@@ -91,7 +91,7 @@ def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Pa
     rec = _record(tmp_path, JobStatus(state=JobState.SUCCEEDED, exit_code=0, created_at=now, started_at=now))
     (rec.dir / "node-0.log").write_text("hello\n")
     probe = (
-        "import sys; from launcher.cli import main\n"
+        "import sys; from launcher.cli.main import main\n"
         "cmds = [['list'], ['status', 'job-1'], ['logs', '-f', 'job-1'], ['wait', 'job-1'],\n"
         "        ['cancel', 'job-1']]\n"
         "for cmd in cmds:\n"
@@ -105,10 +105,10 @@ def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Pa
 
 
 def test_the_spec_imports_no_scheduler_and_every_scheduler_has_an_options_model() -> None:
-    probe = "import sys, launcher.spec; print(sorted(m for m in sys.modules if m.startswith('launcher.')))"
+    probe = "import sys, launcher.job.spec; print(sorted(m for m in sys.modules if m.startswith('launcher.')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert "launcher.schedulers" not in out.stdout, out.stdout
-    from launcher.options import scheduler_kinds
+    from launcher.job.options import scheduler_kinds
     from launcher.schedulers import SCHEDULERS
 
     assert sorted(SCHEDULERS) == sorted(scheduler_kinds())
@@ -125,7 +125,7 @@ def test_options_of_a_scheduler_are_checked_by_that_schedulers_model() -> None:
 
 
 def test_a_recorded_end_is_never_replaced(tmp_path: Path) -> None:
-    from launcher.jobs import Outcome
+    from launcher.job.record import Outcome
 
     rec = _record(tmp_path, JobStatus(created_at=time.time()))
     rec.finish(Outcome(state=JobState.CANCELLED, exit_code=130))

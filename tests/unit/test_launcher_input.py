@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from tests.conftest import missing_component
 
 
@@ -172,9 +172,9 @@ def test_a_bug_in_the_trainer_check_is_not_reported_as_invalid_input(jobs_root: 
 
 
 def test_data_paths_are_checked_only_where_the_nodes_see_this_machines_files(tmp_path: Path) -> None:
-    from launcher.commands import check_trainer_args
-    from launcher.flags import UsageError
-    from launcher.spec import JobSpec
+    from launcher.cli.commands import check_trainer_args
+    from launcher.cli.flags import UsageError
+    from launcher.job.spec import JobSpec
 
     spec = JobSpec(trainer_args=["--text-files", "/only/on/the/cluster.txt"])
     check_trainer_args(spec, tmp_path, files_here=False)  # a SLURM or SSH job: not refused here

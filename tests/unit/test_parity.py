@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from launcher import parity_step
-from launcher import probe as probe_module
-from launcher.parity import MUST_MATCH, Mismatch, Shortfall, compare, diff_text, report_table
-from launcher.probe import KEY_PACKAGES, Gpu, Probe, collect
+from launcher.preflight import parity_step
+from launcher.preflight import probe as probe_module
+from launcher.preflight.parity import MUST_MATCH, Mismatch, Shortfall, compare, diff_text, report_table
+from launcher.preflight.probe import KEY_PACKAGES, Gpu, Probe, collect
 from trainer.contract import EXIT_FAILED, EXIT_PARITY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def test_readable_listing(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_from_the_command_line_is_a_valid_probe() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.probe", "--json", "--free-port", "--resolve", "nope.invalid"],
+        [sys.executable, "-m", "launcher.preflight.probe", "--json", "--free-port", "--resolve", "nope.invalid"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -230,7 +230,7 @@ def test_json_from_the_command_line_is_a_valid_probe() -> None:
 
 def test_importing_probe_and_parity_imports_no_torch() -> None:
     code = (
-        "import sys, launcher.probe, launcher.parity; "
+        "import sys, launcher.preflight.probe, launcher.preflight.parity; "
         "heavy = {'torch', 'numpy', 'tokenizers'} & set(sys.modules); assert not heavy, heavy"
     )
     done = subprocess.run(

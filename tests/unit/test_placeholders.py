@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from launcher.placeholders import PlaceholderError, substitute
-from launcher.plan import NodePlan
+from launcher.job.placeholders import PlaceholderError, substitute
+from launcher.job.plan import NodePlan
 
 
 def test_node_rank_comes_from_slurm_or_our_own_variable() -> None:
@@ -39,7 +39,7 @@ def test_the_node_entry_point_fills_in_argv_and_env_then_execs(tmp_path) -> None
         "import json, os, sys; "
         "print(json.dumps([sys.argv[1:], os.environ['WHERE'], os.environ['UNRELATED'], os.getpid()]))"
     )
-    entry = [sys.executable, "-m", "launcher.node", "--fill-env", "WHERE", "--"]
+    entry = [sys.executable, "-m", "launcher.job.node", "--fill-env", "WHERE", "--"]
     node = NodePlan(
         node_rank=0,
         host="n1",

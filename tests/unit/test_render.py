@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan import NodePlan, Plan
-from launcher.schedulers.local import LocalScheduler
-from launcher.spec import JobSpec, SpecError
-from launcher.torchrun import with_run_dir
+from launcher.job.plan import NodePlan, Plan
+from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.job.spec import JobSpec, SpecError
+from launcher.job.torchrun import with_run_dir
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 

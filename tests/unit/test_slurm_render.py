@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
-from launcher.jobs import JobState
-from launcher.options import SlurmOptions, slurm_minutes
-from launcher.placeholders import PORT_BASE, PORT_SPAN, substitute
-from launcher.plan import Plan
-from launcher.schedulers.slurm import SCRIPT, SlurmScheduler
-from launcher.schedulers.slurm_state import job_state
-from launcher.spec import JobSpec
+from launcher.cli.main import main
+from launcher.job.record import JobState
+from launcher.job.options import SlurmOptions, slurm_minutes
+from launcher.job.placeholders import PORT_BASE, PORT_SPAN, substitute
+from launcher.job.plan import Plan
+from launcher.schedulers.slurm.scheduler import SCRIPT, SlurmScheduler
+from launcher.schedulers.slurm.state import job_state
+from launcher.job.spec import JobSpec
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FACTS = {"workdir": "/work/job", "gpus_per_node": 0}
@@ -62,9 +62,9 @@ def test_sbatch_script_with_shell_hostile_values_matches_golden_file() -> None:
 # its arguments, the environment value HOSTILE and its working directory.
 _RECORDING_SRUN = """import json, os, subprocess, sys
 args = sys.argv[1:]
-if "launcher.probe" in args:
+if "launcher.preflight.probe" in args:
     output = next(a for a in args if a.startswith("--output=")).split("=", 1)[1]
-    probe = [sys.executable, "-m", "launcher.probe", "--json"]
+    probe = [sys.executable, "-m", "launcher.preflight.probe", "--json"]
     report = subprocess.run(probe, capture_output=True, text=True, check=True).stdout
     for node in (0, 1):
         open(output.replace("%n", str(node)), "w").write(report)
@@ -112,7 +112,7 @@ def test_every_node_meets_on_the_first_host_at_a_port_from_the_job_id() -> None:
     plan = _render(_spec())
     assert len(plan.nodes) == 2 and len({n.log for n in plan.nodes}) == 2
     agent = plan.nodes[0].argv
-    assert agent[1:4] == ["-m", "launcher.node", "--"]
+    assert agent[1:4] == ["-m", "launcher.job.node", "--"]
     env = {"SLURM_JOB_ID": "123456", "SLURM_NODEID": "1"}
     assert substitute("{{rdzv_port}}", env) == str(PORT_BASE + 123456 % PORT_SPAN)
     assert "--rdzv-endpoint={{first_host}}:{{rdzv_port}}" in agent and "--rdzv-id={{slurm_job_id}}" in agent

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.jobs import JobRecord, JobState, JobStatus
-from launcher.schedulers.slurm import SlurmScheduler
-from launcher.schedulers.slurm_state import AccountingInfo, end_outcome
-from launcher.schedulers.slurm_task import failed_name
-from launcher.spec import JobSpec
+from launcher.job.record import JobRecord, JobState, JobStatus
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
+from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
+from launcher.schedulers.slurm.task import failed_name
+from launcher.job.spec import JobSpec
 from trainer.contract import write_stop_marker
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.check import choose_ifnames, hosts_of
-from launcher.failures import killed_by
-from launcher.options import SshOptions
-from launcher.private import UnsafeDirError, private_dir
-from launcher.probe import Probe, Route
-from launcher.schedulers.ssh import SshScheduler
-from launcher.spec import JobSpec, SpecError
-from launcher.ssh import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
+from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
+from launcher.job.failures import killed_by
+from launcher.job.options import SshOptions
+from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
+from launcher.preflight.probe import Probe, Route
+from launcher.schedulers.ssh.scheduler import SshScheduler
+from launcher.job.spec import JobSpec, SpecError
+from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
 
 
 def test_hostfile_lines_comments_and_slots() -> None:
@@ -119,7 +119,7 @@ def test_plan_quotes_every_value_for_the_remote_shell() -> None:
     words = shlex.split(line)  # what a POSIX shell on the host splits it into
     assert words[:3] == ["cd", "--", "/w d"] and "NOTE=it's $(bad)" in words
     assert "/r/x y/$(touch p)" in words and "--rdzv-endpoint=a:29500" in words
-    assert words[words.index("launcher.hostagent") + 1 : words.index("launcher.hostagent") + 6] == [
+    assert words[words.index("launcher.schedulers.ssh.hostagent") + 1 : words.index("launcher.schedulers.ssh.hostagent") + 6] == [
         "run", "--job", "job-1", "--node", "1",
     ]  # fmt: skip
 

@@ -1,0 +1,273 @@
+"""Job flags and config files -> a validated JobSpec.
+
+Each flag names a JobSpec field; its type, choices and help (description and default) come from the
+field itself, so the models are the one source of what a job accepts. Flags given on the command
+line override the config file; flags not given leave it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from launcher.job.options import scheduler_kinds
+from launcher.job.spec import DEFAULT_SECRETS, JobSpec
+
+SLURM_GROUP = "slurm (with --scheduler slurm)"
+SSH_GROUP = "ssh (with --scheduler ssh)"
+NETWORK_GROUP = "network (environment of every node)"
+COMPOSE_GROUP = "compose (with --scheduler compose)"
+PARITY_GROUP = "version parity (with --scheduler ssh, slurm or compose)"
+# (flags, dotted JobSpec field, argument group)
+FLAGS: list[tuple[tuple[str, ...], str, str]] = [
+    (("--scheduler",), "scheduler.kind", "job"),
+    (("--nodes",), "nnodes", "job"),
+    (("--nproc-per-node", "--gpus-per-node"), "nproc_per_node", "job"),
+    (("--name",), "name", "job"),
+    (("--job-dir",), "job_dir", "job"),
+    (("--workdir",), "workdir", "job"),
+    (("--python",), "python", "job"),
+    (("--omp-num-threads",), "omp_num_threads", "job"),
+    (("--grace-period-s",), "grace_period_s", "job"),
+    (("--rdzv-backend",), "rendezvous.backend", "rendezvous"),
+    (("--rdzv-endpoint",), "rendezvous.endpoint", "rendezvous"),
+    (("--rdzv-port",), "rendezvous.port", "rendezvous"),
+    (("--rdzv-id",), "rendezvous.id", "rendezvous"),
+    (("--rdzv-join-timeout-s",), "rendezvous.join_timeout_s", "rendezvous"),
+    (("--rdzv-last-call-timeout-s",), "rendezvous.last_call_timeout_s", "rendezvous"),
+    (("--max-restarts",), "rendezvous.max_restarts", "rendezvous"),
+    (("--nccl-socket-ifname",), "network.nccl_socket_ifname", NETWORK_GROUP),
+    (("--gloo-socket-ifname",), "network.gloo_socket_ifname", NETWORK_GROUP),
+    (("--nccl-ib-disable",), "network.nccl_ib_disable", NETWORK_GROUP),
+    (("--nccl-debug",), "network.nccl_debug", NETWORK_GROUP),
+    (("--debug",), "network.debug", NETWORK_GROUP),
+    (("--partition",), "scheduler.partition", SLURM_GROUP),
+    (("--time",), "scheduler.time", SLURM_GROUP),
+    (("--account",), "scheduler.account", SLURM_GROUP),
+    (("--qos",), "scheduler.qos", SLURM_GROUP),
+    (("--constraint",), "scheduler.constraint", SLURM_GROUP),
+    (("--cpus-per-task",), "scheduler.cpus_per_task", SLURM_GROUP),
+    (("--mem",), "scheduler.mem", SLURM_GROUP),
+    (("--slurm-gpus",), "scheduler.gpus", SLURM_GROUP),
+    (("--max-requeues",), "scheduler.max_requeues", SLURM_GROUP),
+    (("--signal-delay-s",), "scheduler.signal_delay_s", SLURM_GROUP),
+    (("--hostfile",), "scheduler.hostfile", SSH_GROUP),
+    (("--ssh-host-key-check",), "scheduler.host_key_check", SSH_GROUP),
+    (("--ssh-connect-timeout-s",), "scheduler.connect_timeout_s", SSH_GROUP),
+    (("--skip-parity",), "scheduler.skip_parity", PARITY_GROUP),
+    (("--preflight",), "scheduler.preflight", SSH_GROUP),
+    (("--image",), "scheduler.image", COMPOSE_GROUP),
+    (("--shm-size",), "scheduler.shm_size", COMPOSE_GROUP),
+    (("--compose-command",), "scheduler.compose_command", COMPOSE_GROUP),
+]
+FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
+
+
+class UsageError(Exception):
+    """Bad input; the message names the field and the fix."""
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types of an annotation: ``int | None`` -> [int]; Annotated unions unwrapped."""
+    if get_origin(annotation) is not None and hasattr(annotation, "__metadata__"):  # Annotated
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def field_info(dotted: str, model: type[BaseModel] = JobSpec) -> FieldInfo:
+    """The FieldInfo of a dotted JobSpec field, e.g. "rendezvous.port" (through unions of models)."""
+    head, _, rest = dotted.partition(".")
+    info = model.model_fields[head]
+    if not rest:
+        return info
+    key = rest.split(".")[0]
+    models = [m for m in _members(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return field_info(rest, next(m for m in models if key in m.model_fields))
+
+
+def _help(info: FieldInfo) -> str:
+    text = info.description or ""
+    default = info.get_default(call_default_factory=True)
+    if default not in (None, "") and "(default" not in text:
+        text += f" (default: {getattr(default, 'value', default)})"
+    return text
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """Add a flag for every field in FLAGS, typed and documented from the field."""
+    parser.add_argument("--config", type=Path, help="job config file (YAML; fields below); flags override it")
+    groups: dict[str, Any] = {}
+    for flags, dotted, group in FLAGS:
+        target = parser if group == "job" else groups.setdefault(group, parser.add_argument_group(group))
+        info = field_info(dotted)
+        (kind,) = _members(info.annotation)
+        kw: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": _help(info)}
+        if kind is not bool and get_origin(kind) is not Literal:
+            kw["metavar"] = dotted.rsplit(".", 1)[-1].upper()
+        if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
+            kw["metavar"] = "NAME"
+            kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: local)"
+        elif kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif get_origin(kind) is Literal:
+            kw["choices"] = list(get_args(kind))
+        else:
+            kw["type"] = kind
+        target.add_argument(*flags, **kw)
+    parser.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="one more secret environment variable (repeatable; HF_TOKEN and WANDB_API_KEY are): "
+        "passed from this shell to the job at run time, never written down",
+    )
+    groups[SLURM_GROUP].add_argument(
+        "--slurm-opt",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE]",
+        help="any other sbatch option, e.g. mail-type=END or exclusive (repeatable)",
+    )
+    groups[SSH_GROUP].add_argument(
+        "--hosts",
+        metavar="H1,H2,...",
+        help="the hosts, comma-separated ([user@]host or ~/.ssh/config aliases); or --hostfile",
+    )
+    groups[SSH_GROUP].add_argument(
+        "--ssh-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ssh option for every connection (ssh -o), e.g. ProxyJump=bastion (repeatable)",
+    )
+    net = groups[NETWORK_GROUP]
+    net.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment variable for every process (repeatable); OMP_NUM_THREADS and "
+        "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
+    )
+
+
+def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted name, help) of every config-file field, nested models flattened: for --help."""
+    rows: list[tuple[str, str]] = []
+    for name, info in model.model_fields.items():
+        models = [m for m in _members(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+        if models:
+            for sub in models:
+                rows += describe_fields(sub, f"{prefix}{name}.")
+        elif (prefix + name, _help(info)) not in rows:
+            rows.append((prefix + name, _help(info)))
+    return rows
+
+
+def fields_help() -> str:
+    rows = [f"  {name:34} {text}" for name, text in describe_fields()]
+    return "config file fields (YAML; nested as rendezvous: {port: 29500}):\n" + "\n".join(rows)
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        if isinstance(tree.get(key), str):  # `scheduler: local` in a file, then a nested flag
+            tree[key] = {"kind": tree[key]}
+        tree = tree.setdefault(key, {})
+        if not isinstance(tree, dict):
+            raise UsageError(f"{key} in --config must be a mapping of fields (see `launcher submit --help`)")
+    tree[leaf] = value
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML job config. Raises UsageError for a missing, non-UTF-8 or non-YAML file."""
+    import yaml  # here, not at the top: the quick commands (status, cancel, ...) never need it
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror}; check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path} is not UTF-8 text: save it as UTF-8") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path} must hold a mapping of job fields (see `launcher submit --help`)")
+    return data
+
+
+def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
+    """Config file, then flags, then trainer arguments -> validated JobSpec. Raises UsageError."""
+    tree = load_config(args.config) if args.config else {}
+    for _, dotted, _ in FLAGS:
+        if hasattr(args, dotted):
+            _set(tree, dotted, getattr(args, dotted))
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--env {item!r}: use KEY=VALUE")
+        _set(tree, f"network.env.{key}", value)
+    if args.hosts is not None:
+        _set(tree, "scheduler.hosts", [h.strip() for h in args.hosts.split(",") if h.strip()])
+    if args.ssh_opt:
+        _set(tree, "scheduler.ssh_opts", list(args.ssh_opt))
+    for item in args.slurm_opt:
+        key, _, value = item.partition("=")
+        _set(tree, f"scheduler.sbatch.{key.removeprefix('--')}", value)
+    if args.secret_env:
+        from_file = tree.get("secret_env", list(DEFAULT_SECRETS))
+        if not isinstance(from_file, list):
+            raise UsageError("secret_env in --config must be a list of names, e.g. [HF_TOKEN, MY_KEY]")
+        tree["secret_env"] = [*from_file, *args.secret_env]
+    if trainer_args:
+        from_file = tree.get("trainer_args", [])
+        if not isinstance(from_file, list):
+            raise UsageError("trainer_args in --config must be a list of strings, e.g. [--max-steps, '100']")
+        tree["trainer_args"] = [*from_file, *trainer_args]
+    try:
+        return JobSpec.model_validate(tree)
+    except ValidationError as e:
+        raise UsageError(_describe(e, args.config)) from None
+
+
+def _extra_hint(parts: list[str]) -> str:
+    """What to do about an unknown field: an option of another scheduler says which."""
+    if parts[:1] == ["scheduler"] and len(parts) > 1:
+        owners = [m for m in _members(field_info("scheduler").annotation) if parts[1] in m.model_fields]
+        if owners:
+            kinds = ", ".join(get_args(m.model_fields["kind"].annotation)[0] for m in owners)
+            return f"; it is an option of --scheduler {kinds}"
+    return "; remove it or check the spelling"
+
+
+def _describe(e: ValidationError, config: Path | None) -> str:
+    lines = ["invalid job spec:"]
+    for err in e.errors():
+        # Drop list indexes and the union's tag ("scheduler.local.gpus" -> "scheduler.gpus").
+        parts = [str(x) for x in err["loc"] if not isinstance(x, int)]
+        if parts[:1] == ["scheduler"] and len(parts) > 1:
+            parts.pop(1)
+        field = ".".join(parts)
+        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind")
+        where = f"{field} ({flag})" if flag else field or "job spec"
+        got = (
+            f" (got {err['input']!r})"
+            if err["type"] != "missing" and not isinstance(err["input"], dict)
+            else ""
+        )
+        hint = _extra_hint(parts) if err["type"] == "extra_forbidden" else ""
+        lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}{got}{hint}")
+    if config:
+        lines.append(f"  (fields from --config {config} or the flags; see `launcher submit --help`)")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""``launcher`` command line: submit, render, list, status, logs, wait, cancel, probe, check, build."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher import __version__
+
+from launcher.cli import commands
+
+from launcher.cli import build as image_cli
+from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.job.record import STATE_HELP, JobError, JobNotFound
+from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
+from launcher.job.spec import SpecError
+from launcher.schedulers.ssh.client import SshError
+from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
+
+EXIT_CODES = (
+    "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
+    "2 invalid input (nothing is written); 3 the hosts' versions differ (parity check; the diff is printed, "
+    "nothing is started); 75 stopped on request after a checkpoint "
+    "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
+)
+COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="launcher",
+        description="Launch PyTorch distributed GPT training jobs.",
+        epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
+        formatter_class=fmt,
+        allow_abbrev=False,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument(
+        "--jobs-root",
+        type=Path,
+        default=Path(os.environ.get(JOBS_ROOT_ENV, "jobs")),
+        help=f"where job records live (default: ${JOBS_ROOT_ENV} or ./jobs)",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar=COMMANDS)
+    for cmd, text in (
+        ("submit", "run a training job: follow it to the end, or --detach"),
+        ("render", "print what submit would run (same as submit --dry-run)"),
+    ):
+        s = sub.add_parser(
+            cmd,
+            help=text,
+            description=f"{text}. Arguments after -- go to `trainer train` "
+            "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
+            usage=f"launcher {cmd} [options] [-- TRAINER_ARGS...]",
+            epilog=f"{fields_help()}\n\n{PLACEHOLDER_HELP}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            formatter_class=fmt,
+            allow_abbrev=False,
+        )
+        add_job_flags(s)
+        s.add_argument("--json", action="store_true", help="print the Plan as JSON (render, --dry-run)")
+        if cmd == "submit":
+            s.add_argument(
+                "--dry-run", action="store_true", help="print the Plan (every node's command) and exit"
+            )
+            s.add_argument(
+                "--detach",
+                action="store_true",
+                help="print the job id and return once the job started; it runs on after this shell "
+                "closes (follow it with `launcher logs -f`, `status`, `wait`, `cancel`). SLURM jobs "
+                "always are: submit returns once SLURM accepted the job",
+            )
+            s.add_argument(
+                "--wait",
+                action="store_true",
+                help="follow the job to its end and exit with its exit code (the default, except "
+                "for SLURM; Ctrl-C on a SLURM job stops following, not the job)",
+            )
+    sub.add_parser("list", help="list jobs and their states")
+    for cmd, text in (
+        ("status", "show a job's state"),
+        ("logs", "print a job's node logs"),
+        ("wait", "wait for a job to end; exit with its exit code"),
+        ("cancel", "stop a job: ranks checkpoint, then exit"),
+    ):
+        s = sub.add_parser(
+            cmd, help=text, description=f"{text}.", epilog=f"{STATE_HELP}\n\n{EXIT_CODES}", allow_abbrev=False
+        )
+        s.add_argument("job", help="job id (see `launcher list`) or job directory")
+        if cmd == "status":
+            s.add_argument("--json", action="store_true", help="machine-readable status")
+        if cmd == "logs":
+            s.add_argument("--node", type=int, help="only this node's log")
+            s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    _add_probe_and_check(sub, fmt)
+    image_cli.add_parser(sub)
+    return p
+
+
+def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser], fmt: Any) -> None:
+    s = sub.add_parser(
+        "probe",
+        help="report this host's versions (Python, torch, CUDA, NCCL, packages, GPUs, interfaces)",
+        description="Report what the version-parity check compares: run on every host by `launcher check` "
+        "and before every SSH job.",
+    )
+    s.add_argument("--json", action="store_true", help="one JSON object")
+    s = sub.add_parser(
+        "check",
+        help="probe SSH hosts in parallel and check version parity (and, with --collective, the network)",
+        description="Probe every host at once over ssh and print a table; fields that must match (Python, "
+        "torch and its git hash, CUDA, NCCL, cuDNN, gptlaunch, key packages, image digest) are "
+        "compared and every host needs at least --gpus-per-node GPUs when hosts have GPUs. "
+        "--collective also checks master_addr and the rendezvous port, picks each host's interface "
+        "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition).",
+        epilog=f"exit codes: 0 all hosts match; 2 invalid input or a host cannot be reached or checked; "
+        f"3 the hosts differ (the diff is printed)\n\n{EXIT_CODES}",
+        formatter_class=fmt,
+        allow_abbrev=False,
+    )
+    hosts = s.add_mutually_exclusive_group(required=True)
+    hosts.add_argument("--hosts", metavar="H1,H2,...", help="comma-separated hosts")
+    hosts.add_argument("--hostfile", type=Path, help="file of hosts, one `host [slots=N]` per line")
+    s.add_argument("--nodes", type=int, help="check only the first N hosts (default: all)")
+    s.add_argument("--gpus-per-node", "--nproc-per-node", type=int, default=1, dest="gpus_per_node",
+                   help="GPUs each host must have when hosts have GPUs (default: 1)")  # fmt: skip
+    s.add_argument(
+        "--python", default=sys.executable, help="the interpreter on the hosts (default: this one)"
+    )
+    s.add_argument("--ssh-opt", action="append", default=[], metavar="KEY=VALUE", help="ssh -o option")
+    s.add_argument("--ssh-host-key-check", choices=["yes", "accept-new"], default="yes")
+    s.add_argument("--ssh-connect-timeout-s", type=int, default=10)
+    s.add_argument("--collective", action="store_true", help="also run an all_reduce across the hosts")
+    s.add_argument("--collective-timeout-s", type=float, default=60.0, help="bound on the all_reduce")
+    s.add_argument("--gloo-socket-ifname", help="force GLOO_SOCKET_IFNAME (default: chosen per host)")
+    s.add_argument("--nccl-socket-ifname", help="force NCCL_SOCKET_IFNAME (default: chosen per host)")
+    s.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    own, trainer_args = argv[:split], argv[split + 1 :]
+    args = _parser().parse_args(own)
+    if trainer_args and args.command not in ("submit", "render"):
+        print(f"launcher: error: `{args.command}` takes no arguments after --", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command in ("submit", "render"):
+            run = commands.cmd_submit if args.command == "submit" else commands.cmd_render
+            return run(args, trainer_args)
+        return {
+            "list": commands.cmd_list,
+            "status": commands.cmd_status,
+            "logs": commands.cmd_logs,
+            "wait": commands.cmd_wait,
+            "cancel": commands.cmd_cancel,
+            "probe": commands.cmd_probe,
+            "check": commands.cmd_check,
+            "build": image_cli.cmd_build,
+        }[args.command](args)
+    except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:
+        print(f"launcher: error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", EXIT_USAGE)
+    except KeyboardInterrupt:  # Ctrl-C in a command that has no stop of its own (a build, a check)
+        print(f"launcher: {args.command} interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

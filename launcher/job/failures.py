@@ -1,0 +1,125 @@
+"""How a job ended: the root cause of a failure, from torchelastic's per-rank error files, or the
+checkpoint of a stop, from the trainer's stop marker.
+
+``@record`` on the trainer's entry point makes each failing worker write
+``<log dir>/<run id>/attempt_<n>/<local rank>/error.json`` with its exception and a timestamp; the
+earliest one across nodes is the root cause (later failures are usually peers losing a connection).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.job.record import Failure, JobRecord, JobState, Outcome
+from launcher.job.plan import Plan
+from launcher.schedulers.ssh.client import SSH_FAILED
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, read_stop_marker
+
+
+@dataclass(frozen=True)
+class RankError:
+    node_rank: int
+    local_rank: int
+    timestamp: int  # seconds, from the error file
+    written_ns: int  # the file's mtime: breaks ties within a second
+    message: str
+
+
+def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[RankError]:
+    """Every worker error file of the job written at or after ``since`` (epoch seconds; a requeued
+    job's earlier runs left theirs), earliest first."""
+    found = []
+    for node in range(nnodes):
+        for path in record.torchelastic_dir(node).glob("*/attempt_*/*/error.json"):
+            try:
+                data = json.loads(path.read_text())
+                msg = data["message"]
+                text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
+                ts = int(msg.get("extraInfo", {}).get("timestamp", 0)) if isinstance(msg, dict) else 0
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            written_ns = path.stat().st_mtime_ns
+            if written_ns >= since * 1e9:
+                found.append(RankError(node, int(path.parent.name), ts, written_ns, text))
+    return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
+
+
+def _global_rank(log: Path, local_rank: int) -> int | None:
+    """The global rank of ``local_rank`` on a node, from torchrun's failure summary in the node log
+    (``rank      : 3 (local_rank: 1)``)."""
+    if not log.is_file():
+        return None
+    pattern = re.compile(rf"rank\s*:\s*(\d+)\s*\(local_rank:\s*{local_rank}\)")
+    matches = pattern.findall(log.read_text(errors="replace"))
+    return int(matches[-1]) if matches else None
+
+
+def root_cause(
+    record: JobRecord, nnodes: int, failed_node: int, exit_code: int | None, since: float = 0.0
+) -> Failure:
+    """The first failure of the job (since ``since``); falls back to the first agent seen failing when
+    no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start)."""
+    errors = read_errors(record, nnodes, since)
+    hosts = {n.node_rank: n.named_host for n in record.plan().nodes}
+    signum = killed_by(exit_code)
+    if signum is not None:  # the agent itself was killed: the peers' errors come after
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code "
+            f"{exit_code}); "
+            f"see {record.node_log(failed_node)}",
+        )
+    if exit_code == SSH_FAILED and record.plan().scheduler == "ssh":
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"the ssh connection to node {failed_node} failed or was lost (ssh exit code 255: "
+            f"the host went down or the network failed); see {record.node_log(failed_node)}",
+        )
+    if errors:
+        first = errors[0]
+        return Failure(
+            node_rank=first.node_rank,
+            host=hosts.get(first.node_rank),
+            local_rank=first.local_rank,
+            rank=_global_rank(record.node_log(first.node_rank), first.local_rank),
+            exit_code=exit_code,
+            error=first.message,
+        )
+    return Failure(
+        node_rank=failed_node,
+        host=hosts.get(failed_node),
+        exit_code=exit_code,
+        error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
+        f"see {record.node_log(failed_node)}",
+    )
+
+
+def killed_by(exit_code: int | None) -> int | None:
+    """The signal that killed an agent, from its exit code (-N from Popen, 128+N through a shell or
+    ssh), else None. torchrun itself exits 1 when a worker dies, so this names the agent's death.
+    255 is not 128+127 (no such signal) but ssh's own failure: a lost connection."""
+    if exit_code is None or 0 <= exit_code <= 128 or exit_code - 128 > signal.SIGRTMAX:
+        return None
+    return -exit_code if exit_code < 0 else exit_code - 128
+
+
+def stop_outcome(plan: Plan, since: float) -> Outcome:
+    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
+    "cancelled" (exit 130)."""
+    marker = read_stop_marker(Path(plan.run_dir), since)
+    if marker is None:
+        message = "stopped on request, no checkpoint saved"
+        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    message = (
+        f"checkpoint {marker.get('checkpoint')} saved at step {marker.get('step')}; resume by "
+        f"submitting again with -- --run-dir {plan.run_dir}"
+    )
+    return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)

@@ -1,0 +1,94 @@
+"""Plan: the exact processes a job will start, rendered from a JobSpec without side effects.
+
+``--dry-run`` prints it, golden tests pin it, and a scheduler executes nothing that is not in it.
+Every value in it is a literal, except the documented ``{{placeholders}}`` of ``launcher.job.placeholders``
+(values only a node knows at run time), which ``python -m launcher.job.node`` fills in on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.schedulers.ssh.client import HOST_RE
+
+
+class NodePlan(BaseModel):
+    """What one node runs: argv (no shell), the environment it adds, and where."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_rank: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str  # file name inside the job dir
+
+    @property
+    def named_host(self) -> str | None:
+        """The host, when it is a real host name worth showing (not this machine, a placeholder or a
+        note like "(allocated by SLURM)")."""
+        return self.host if self.host != "localhost" and HOST_RE.fullmatch(self.host) else None
+
+    @property
+    def label(self) -> str:
+        """How the node's output lines are prefixed: ``node1``, or ``gpu-b node1`` with a named host."""
+        return f"{self.named_host} node{self.node_rank}" if self.named_host else f"node{self.node_rank}"
+
+    def shell_command(self) -> str:
+        """One shell line equivalent to running ``argv`` with ``env`` in ``cwd``: every value quoted,
+        so it can be pasted into a terminal or sent over ssh as is."""
+        # Prefix assignments (not `env K=V`, which would take an argv[0] containing "=" for one more).
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"cd -- {shlex.quote(self.cwd)} && {env} {shlex.join(self.argv)}"
+
+
+class Plan(BaseModel):
+    """Every node's process, plus files the scheduler writes (sbatch script, compose file, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str
+    scheduler: str
+    nnodes: int
+    nproc_per_node: int
+    rdzv_endpoint: str
+    run_dir: str
+    nodes: list[NodePlan]
+    files: dict[str, str] = {}
+    # The file of ``files`` that is the job itself (an sbatch script): what `launcher render` prints.
+    primary: str | None = None
+    # What the scheduler's resolve step found at submit (free port, workdir, GPU slices, hosts):
+    # recorded here, apart from the user's spec.
+    facts: dict[str, Any] = {}
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)
+
+    def to_text(self) -> str:
+        """Readable form for ``launcher render`` and ``--dry-run``: the primary file when there is one
+        (it holds every node's command), else every node's command line."""
+        if self.primary is not None:
+            return self.files[self.primary]
+        lines = [
+            f"job {self.job_id} on scheduler {self.scheduler}: {self.nnodes} node(s) × "
+            f"{self.nproc_per_node} process(es) = world_size {self.world_size}",
+            f"rendezvous endpoint {self.rdzv_endpoint}; run dir {self.run_dir}",
+        ]
+        if self.facts:
+            lines.append(
+                "resolved at submit: " + ", ".join(f"{k}={v}" for k, v in sorted(self.facts.items()))
+            )
+        for node in self.nodes:
+            lines += ["", f"# node {node.node_rank} on {node.host} (log: {node.log})", node.shell_command()]
+        for name, content in sorted(self.files.items()):
+            lines += ["", f"# file {name}", content.rstrip("\n")]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,251 @@
+"""Job records: one directory per job holding the spec, the Plan, the scheduler's handle, per-node logs
+and the status, for every scheduler.
+
+Layout of ``<jobs root>/<job id>/``::
+
+    spec.json      what the user asked for (JobSpec), never rewritten
+    plan.json      what runs: every node's command, and the facts resolved at submit (written last of
+                   the two: its presence marks a complete record)
+    status.json    the job's state (JobStatus), rewritten as the job moves on
+    handle.json    how the scheduler finds the job again (typed by the scheduler: pids, a job id, ...)
+    node-<k>.log   node k's output; torchelastic/node-<k>/ its workers' error files
+
+Every file is written atomically (temporary file, fsync, rename), so a reader or a crash never sees
+a half-written record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import secrets
+import shutil
+import socket
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from launcher.job.plan import Plan
+from launcher.job.spec import JobSpec
+from trainer.contract import EXIT_FAILED, atomic_write_text
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class JobState(StrEnum):
+    """One set of states for every scheduler (listed in `launcher --help` and the README)."""
+
+    CREATED = "created"  # the record is written; the job is not submitted yet
+    PENDING = "pending"  # accepted by the scheduler, waiting for resources (a SLURM queue)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # every rank finished (exit 0)
+    FAILED = "failed"  # a rank or a node failed; the job was stopped (exit 1)
+    CHECKPOINTED = "checkpointed"  # stopped on request after the ranks saved a checkpoint (exit 75)
+    CANCELLED = "cancelled"  # stopped on request before any checkpoint (exit 130)
+    LOST = "lost"  # whatever followed the job died without recording its end; nothing of it runs
+    UNKNOWN = "unknown"  # the job ended while nothing followed it: see its logs and run dir
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.CREATED, JobState.PENDING, JobState.RUNNING)
+
+
+STATE_HELP = (
+    "job states: created, pending (queued), running; terminal: succeeded, failed, checkpointed "
+    "(stopped after a checkpoint: resubmit to resume), cancelled (stopped, no checkpoint), lost (what "
+    "followed the job died before recording its end), unknown (it ended unobserved)"
+)
+
+
+class JobNotFound(LookupError):
+    """No job record by that id or path."""
+
+
+class JobError(RuntimeError):
+    """A request about a job that cannot be carried out from here; the message says why and where."""
+
+
+class Failure(BaseModel):
+    """The root cause of a failed job: the first rank that failed and its error."""
+
+    model_config = ConfigDict(extra="forbid")
+    node_rank: int
+    host: str | None = None  # the node's host, where the scheduler names one (SSH)
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    error: str = ""
+
+    def summary(self) -> str:
+        who = f"node {self.node_rank}" + (f" (host {self.host})" if self.host else "")
+        if self.rank is not None:
+            who += f", rank {self.rank}"
+        if self.local_rank is not None:
+            who += f" (local_rank {self.local_rank})"
+        return f"{who} failed: {self.error}"
+
+
+class ProcessRef(BaseModel):
+    """A process on host ``host``; its create time (epoch seconds) tells a reused pid apart."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pid: int
+    started: float
+    host: str = Field(default_factory=socket.gethostname)
+
+
+class Outcome(BaseModel):
+    """How a job ended: what ``JobRecord.finish`` records."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    state: JobState
+    exit_code: int
+    message: str = ""
+    failure: Failure | None = None
+
+
+class JobStatus(BaseModel):
+    """Where a job is. Times are epoch seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: JobState = JobState.CREATED
+    exit_code: int | None = None  # set with a terminal state
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    submitter: ProcessRef | None = None  # the `launcher submit` that wrote the record
+    stop_requested_at: float | None = None  # when `launcher cancel` first asked it to stop
+    failure: Failure | None = None
+    message: str = ""
+
+    @property
+    def job_exit_code(self) -> int:
+        """The exit code `launcher submit` and `launcher wait` return for this (terminal) status."""
+        return self.exit_code if self.exit_code is not None else EXIT_FAILED
+
+
+def new_job_id(name: str) -> str:
+    """``<name>-<UTC yyyymmdd-hhmmss>-<6 hex>``: sortable by time and unique."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def node_log_name(node_rank: int) -> str:
+    return f"node-{node_rank}.log"
+
+
+def torchelastic_dir(job_dir: Path, node_rank: int | str) -> Path:
+    """Where node ``node_rank``'s torchrun agent writes its workers' error files (``node_rank`` may be
+    the ``{{node_rank}}`` placeholder)."""
+    return job_dir / "torchelastic" / f"node-{node_rank}"
+
+
+class JobRecord:
+    """The directory of one job."""
+
+    def __init__(self, path: Path, created_dir: bool = False) -> None:
+        self.dir = path
+        self._created_dir = created_dir  # whether create() made the directory (discard() removes it)
+
+    @property
+    def job_id(self) -> str:
+        return self.plan().job_id
+
+    @classmethod
+    def create(cls, path: Path, spec: JobSpec, plan: Plan, status: JobStatus) -> JobRecord:
+        """Make the record of a new job in ``path``, a new or empty directory. Raises FileExistsError if
+        it holds anything."""
+        created = not path.exists()
+        path.mkdir(parents=True, exist_ok=True)
+        if any(path.iterdir()):
+            what = "a job record" if (path / "plan.json").exists() else "files"
+            raise FileExistsError(f"{path} already holds {what}: choose another --job-dir")
+        rec = cls(path, created_dir=created)
+        atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2, exclude_unset=True))
+        rec.write_status(status)
+        atomic_write_text(path / "plan.json", plan.to_json())  # written last: it marks a complete record
+        return rec
+
+    @classmethod
+    def open(cls, ref: str, jobs_root: Path) -> JobRecord:
+        """A job by id (under ``jobs_root``) or by directory path. Raises JobNotFound."""
+        for path in (jobs_root / ref, Path(ref)):
+            if (path / "plan.json").is_file():
+                return cls(path)
+        raise JobNotFound(f"no job {ref!r} in {jobs_root} (see `launcher list`, or pass the job directory)")
+
+    def discard(self) -> None:
+        """Remove the record of a job that never started (the scheduler refused it): everything in
+        its directory, and the directory if ``create`` made it."""
+        if self._created_dir:
+            shutil.rmtree(self.dir)
+            return
+        for path in self.dir.iterdir():
+            _remove(path)
+
+    def spec(self) -> JobSpec:
+        """Raises OSError if unreadable, ValidationError if malformed (as do plan() and handle())."""
+        return JobSpec.model_validate_json((self.dir / "spec.json").read_text())
+
+    def plan(self) -> Plan:
+        return Plan.model_validate_json((self.dir / "plan.json").read_text())
+
+    def status(self) -> JobStatus:
+        """The recorded status. Raises OSError if unreadable, ValidationError if malformed."""
+        return JobStatus.model_validate_json((self.dir / "status.json").read_text())
+
+    def write_status(self, status: JobStatus) -> None:
+        atomic_write_text(self.dir / "status.json", status.model_dump_json(indent=2))
+
+    def update_status(self, **changes: Any) -> JobStatus:
+        """Apply ``changes`` to the recorded status and return it, unless it is terminal already: a
+        terminal status is never replaced (then it is returned unchanged). Writers on this machine
+        (supervisor, ``cancel``, readers recording a derived end) take turns on a lock file."""
+        with open(self.dir / ".status.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.status()
+            if current.state.is_terminal:
+                return current
+            updated = current.model_copy(update=changes)
+            self.write_status(updated)
+            return updated
+
+    def finish(self, outcome: Outcome) -> JobStatus:
+        """Record how the job ended (``outcome`` and the end time), unless an end is recorded already;
+        returns the recorded status."""
+        return self.update_status(**dict(outcome), ended_at=time.time())
+
+    def handle(self, model: type[ModelT]) -> ModelT | None:
+        """The scheduler's handle (None before the job was submitted)."""
+        if not self.has_handle():
+            return None
+        return model.model_validate_json((self.dir / "handle.json").read_text())
+
+    def has_handle(self) -> bool:
+        """Whether the scheduler accepted the job (and saved how to find it)."""
+        return (self.dir / "handle.json").is_file()
+
+    def write_handle(self, handle: BaseModel) -> None:
+        atomic_write_text(self.dir / "handle.json", handle.model_dump_json(indent=2))
+
+    def node_log(self, node_rank: int) -> Path:
+        return self.dir / node_log_name(node_rank)
+
+    def torchelastic_dir(self, node_rank: int) -> Path:
+        return torchelastic_dir(self.dir, node_rank)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def list_jobs(jobs_root: Path) -> list[JobRecord]:
+    """Complete job records under ``jobs_root``, oldest first."""
+    if not jobs_root.is_dir():
+        return []
+    found = [JobRecord(p) for p in jobs_root.iterdir() if (p / "plan.json").is_file()]
+    return sorted(found, key=lambda r: (r.dir / "plan.json").stat().st_mtime)

@@ -1,0 +1,271 @@
+"""JobSpec: what to run and where, validated once at the edge.
+
+Every field is scheduler-neutral except ``scheduler``, which holds the chosen scheduler's own options
+(``launcher.job.options``). It stays what the user asked for: what a scheduler finds at submit (a free
+port, hosts, GPU slices) is recorded in the Plan, not here. Unknown fields are rejected, and every
+string that could reach a shell or an environment is checked for control characters (newline, NUL,
+escape, ...), which no quoting can make safe in every consumer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import unicodedata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from launcher.job.options import LocalOptions, SchedulerOptions, SlurmOptions, scheduler_kinds
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Control (Cc), format (Cf: bidi overrides, zero-width) and line/paragraph separators (Zl, Zp): they
+# split lines or disguise what a printed command does.
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
+# Set by the launcher or torchrun on every process; a user value would break rendezvous or tracking.
+RESERVED_ENV = re.compile(
+    r"^(GPTLAUNCH_.*|TORCHELASTIC_.*|RANK|LOCAL_RANK|GROUP_RANK|ROLE_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE"
+    r"|MASTER_ADDR|MASTER_PORT)$"
+)
+
+
+DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+
+
+class SpecError(ValueError):
+    """A job that cannot run as specified; the message names the field and the fix."""
+
+
+def check_text(value: str, what: str) -> str:
+    """Return ``value`` unchanged, or raise ValueError if it holds a control or format character
+    (newline, tab, NUL, escape, bidi override, ...), which no quoting makes safe everywhere."""
+    for ch in value:
+        if unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            raise ValueError(f"{what} contains the control character {ch!r}: remove it")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RendezvousSpec(_Strict):
+    """How the torchrun agents find each other (torchrun's --rdzv-* flags)."""
+
+    backend: Literal["c10d", "static"] = Field(
+        "c10d", description="c10d: agents meet at a TCP store on the endpoint; static: fixed node ranks"
+    )
+    endpoint: str | None = Field(
+        None, description="host of the rendezvous store (default: the first node; 127.0.0.1 when local)"
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="rendezvous port (default: a free port of the first host, local or ssh; derived "
+        "from the job id on SLURM)",
+    )
+    id: str | None = Field(None, description="rendezvous id (default: the job id, unique per job)")
+    join_timeout_s: int = Field(600, ge=1, description="seconds to wait for all nodes to join")
+    last_call_timeout_s: int = Field(30, ge=0, description="seconds to wait for late joiners")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group on failure")
+
+    @field_validator("endpoint", "id")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_text(v, "value")
+            if not v or any(c.isspace() for c in v):
+                raise ValueError("must be non-empty and contain no spaces")
+        return v
+
+
+class NetworkSpec(_Strict):
+    """Network settings for the collectives, passed to every node as environment variables."""
+
+    nccl_socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0 or ^docker,lo")
+    gloo_socket_ifname: str | None = Field(None, description="GLOO_SOCKET_IFNAME, e.g. eth0")
+    nccl_ib_disable: bool | None = Field(
+        None,
+        description="NCCL_IB_DISABLE (set only when given): true makes NCCL use TCP sockets instead of "
+        "InfiniBand, and so also disables RoCE",
+    )
+    nccl_debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(None, description="NCCL_DEBUG")
+    debug: bool = Field(
+        False,
+        description="NCCL_DEBUG=INFO (unless nccl_debug is set) and TORCH_DISTRIBUTED_DEBUG=DETAIL: "
+        "which interfaces and transports NCCL picks, and collective mismatches, in the node logs",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+
+    @field_validator("nccl_socket_ifname", "gloo_socket_ifname")
+    @classmethod
+    def _ifname(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:@,^-]+", v):
+            raise ValueError("an interface name like eth0, a list like eth0,eth1 or an exclusion like ^lo")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if RESERVED_ENV.match(key):
+                raise ValueError(f"{key} is set by the launcher or torchrun on every process: remove it")
+            check_text(value, f"the value of {key}")
+        return v
+
+    def as_env(self) -> dict[str, str]:
+        """The environment variables these settings stand for, extra ``env`` last (it wins)."""
+        out: dict[str, str] = {}
+        if self.nccl_socket_ifname:
+            out["NCCL_SOCKET_IFNAME"] = self.nccl_socket_ifname
+        if self.gloo_socket_ifname:
+            out["GLOO_SOCKET_IFNAME"] = self.gloo_socket_ifname
+        if self.nccl_ib_disable is not None:
+            out["NCCL_IB_DISABLE"] = "1" if self.nccl_ib_disable else "0"
+        if self.nccl_debug or self.debug:
+            out["NCCL_DEBUG"] = self.nccl_debug or "INFO"
+        if self.debug:
+            out["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        return out | self.env
+
+
+class JobSpec(_Strict):
+    """One training job: how many nodes and processes, where, and the trainer's arguments."""
+
+    name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
+    scheduler: SchedulerOptions = Field(
+        LocalOptions(),
+        description="where the job runs, and that scheduler's options (kind: local, slurm or ssh)",
+    )
+    nnodes: int = Field(1, ge=1, le=4096, description="number of nodes, nnodes")
+    nproc_per_node: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="processes per node: one per GPU; on a machine without GPUs, CPU processes",
+    )
+    rendezvous: RendezvousSpec = RendezvousSpec()  # frozen: safe to share as a default
+    network: NetworkSpec = NetworkSpec()
+    python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
+    workdir: Path | None = Field(
+        None, description="working directory of every node's processes (default: the current directory)"
+    )
+    job_dir: Path | None = Field(
+        None, description="job record directory, new or empty (default: JOBS_ROOT/JOB_ID)"
+    )
+    omp_num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="OMP_NUM_THREADS per process (default: OMP_NUM_THREADS from env, else cores "
+        "shared out evenly when local)",
+    )
+    grace_period_s: float = Field(
+        45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
+    )
+    secret_env: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SECRETS),
+        description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "
+        "written (not in env, scripts, records or logs); the job gets them from the submitting shell",
+    )
+    trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        return check_text(v, "python")
+
+    @field_validator("workdir", "job_dir")
+    @classmethod
+    def _path(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            check_text(str(v), "path")
+        return v
+
+    @field_validator("trainer_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            check_text(arg, f"trainer argument {arg!r}")
+        return v
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_kind(cls, v: Any) -> Any:
+        kind = v if isinstance(v, str) else v.get("kind", "local") if isinstance(v, dict) else None
+        if kind is not None and kind not in scheduler_kinds():
+            raise ValueError(
+                f"scheduler {kind!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
+            )
+        if isinstance(v, str):
+            return {"kind": v}
+        return {"kind": "local"} | v if isinstance(v, dict) else v
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secrets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+    @model_validator(mode="after")
+    def _slurm_times_fit(self) -> JobSpec:
+        opts = self.scheduler
+        if isinstance(opts, SlurmOptions):
+            if opts.time_min * 60 <= opts.signal_delay_s + 60:
+                raise ValueError(
+                    f"scheduler.time {opts.time!r} leaves under a minute before SLURM's warning "
+                    f"{opts.signal_delay_s} s before the end (signal_delay_s): give a longer --time"
+                )
+            if opts.signal_delay_s <= self.grace_period_s:
+                raise ValueError(
+                    f"signal_delay_s ({opts.signal_delay_s}) must exceed grace_period_s "
+                    f"({self.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _secrets_not_written(self) -> JobSpec:
+        for name in {*self.secret_env, *DEFAULT_SECRETS}:
+            if name in self.network.env:
+                raise ValueError(
+                    f"{name} is secret (secret_env): do not pass it with --env, where it would be "
+                    f"written to the job record; export it in the shell that submits (export {name}=...), "
+                    "the job gets it from there at run time"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_per_setting(self) -> JobSpec:
+        if self.omp_num_threads is not None and "OMP_NUM_THREADS" in self.network.env:
+            raise ValueError(
+                "OMP_NUM_THREADS is set twice (omp_num_threads / --omp-num-threads and env / --env): keep one"
+            )
+        if getattr(self.scheduler, "gpus", None) is not None and "CUDA_VISIBLE_DEVICES" in self.network.env:
+            raise ValueError(
+                "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def secrets_here(self) -> dict[str, str]:
+        """The secret variables (``secret_env`` and DEFAULT_SECRETS) set in this process's environment:
+        what a scheduler hands to the nodes at run time, never on a command line or in a file."""
+        names = {*self.secret_env, *DEFAULT_SECRETS}
+        return {name: os.environ[name] for name in sorted(names) if name in os.environ}

@@ -1,0 +1,93 @@
+"""The torchrun command line of one node, from a JobSpec (pure)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from launcher.job.record import torchelastic_dir
+from launcher.job.spec import JobSpec
+from trainer.contract import JOB_ID_ENV
+
+# Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
+LOG_LINE_PREFIX = "[rank${rank}]: "
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+
+
+def torchrun_argv(
+    spec: JobSpec, *, node_rank: int | str, endpoint: str, rdzv_id: str, log_dir: str, trainer_args: list[str]
+) -> list[str]:
+    """``python -m torch.distributed.run ... -m trainer.cli train ARGS`` for node ``node_rank``.
+
+    ``endpoint`` is ``host:port`` of the rendezvous store. With the c10d backend the agents agree on
+    node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
+    it otherwise, with a warning). ``node_rank``, ``endpoint`` and ``rdzv_id`` may hold placeholders.
+    """
+    rdzv = spec.rendezvous
+    argv = [
+        spec.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        f"--rdzv-backend={rdzv.backend}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=join_timeout={rdzv.join_timeout_s},last_call_timeout={rdzv.last_call_timeout_s}",
+        f"--max-restarts={rdzv.max_restarts}",
+        # SIGUSR2 is SLURM's usual pre-timeout warning: the agent must forward it, not die of it.
+        f"--signals-to-handle={FORWARDED_SIGNALS}",
+        # Seconds the agent lets workers checkpoint after forwarding a signal, before SIGKILL.
+        f"--shutdown-timeout={max(1, math.ceil(spec.grace_period_s))}",
+        f"--log-dir={log_dir}",
+        "--tee=3",
+    ]
+    if rdzv.backend == "static":
+        argv.append(f"--node-rank={node_rank}")
+    return [*argv, "-m", "trainer.cli", "train", *trainer_args]
+
+
+def node_agents(
+    spec: JobSpec, *, endpoint: str, job_id: str, job_dir: Path, trainer_args: list[str]
+) -> list[list[str]]:
+    """``torchrun_argv`` of every node of a job that knows its node ranks at render time: node k's
+    error files go to ``torchelastic_dir(job_dir, k)``; the rendezvous id is the spec's, else the job id."""
+    return [
+        torchrun_argv(
+            spec,
+            node_rank=k,
+            endpoint=endpoint,
+            rdzv_id=spec.rendezvous.id or job_id,
+            log_dir=str(torchelastic_dir(job_dir, k)),
+            trainer_args=trainer_args,
+        )
+        for k in range(spec.nnodes)
+    ]
+
+
+def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[str, str]:
+    """The environment every node's torchrun agent (and so every rank) gets from the Plan: the
+    network settings, the thread count (None: torchrun's default), the job id that marks the job's
+    processes, and the rank prefix of every worker line."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        **spec.network.as_env(),
+        **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
+        JOB_ID_ENV: job_id,
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
+    }
+
+
+def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:
+    """The trainer arguments with ``--run-dir`` added when absent, and the run dir they name.
+
+    The last ``--run-dir X`` or ``--run-dir=X`` wins, as in argparse."""
+    run_dir: str | None = None
+    for i, arg in enumerate(trainer_args):
+        if arg == "--run-dir" and i + 1 < len(trainer_args):
+            run_dir = trainer_args[i + 1]
+        elif arg.startswith("--run-dir="):
+            run_dir = arg.split("=", 1)[1]
+    if run_dir is not None:
+        return list(trainer_args), run_dir
+    return [*trainer_args, "--run-dir", str(default)], str(default)

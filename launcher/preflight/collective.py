@@ -1,0 +1,423 @@
+"""Network preflight: a short all_reduce over every rank of a job, like nccl-tests' all_reduce_perf.
+
+``python -m launcher.preflight.collective [--backend auto|gloo|nccl] [--sizes 4,65536,...] [--iters 5]
+[--warmup 2] [--timeout-s 30]`` runs under torchrun on every host, with the job's backend and network
+settings (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, read by torch itself). For each size it checks that
+the sum is right, then times ``iters`` in-place float32 all_reduce (SUM) calls. Rank 0 prints one line
+``GPTLAUNCH_COLLECTIVE {json}`` (a ``CollectiveResult``) on stdout and a table on stderr; a rank that
+fails prints ``GPTLAUNCH_COLLECTIVE_ERROR {json}`` (a ``CollectiveError``) and exits 1, after at most
+about ``--timeout-s`` seconds when the group cannot form. (With nccl, a call that hangs past the
+timeout is ended by torch's watchdog, which aborts the process: torchrun reports the signal, and no
+error line is printed.) ``parse_result`` / ``parse_errors`` find those lines in mixed torchrun output,
+with or without a ``[rank0]:`` prefix.
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw * 2(n-1)/n for
+all_reduce, which is the bandwidth each link needs and so comparable with the hardware's peak,
+whatever the number of ranks n. Units: GB/s = 1e9 bytes/s, time in microseconds per call, the slowest
+rank's (as nccl-tests reports).
+
+torch is imported inside the worker's functions only: the launcher imports ``bus_bandwidth``,
+``parse_result`` and ``format_table`` on paths that must start quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    import torch
+
+MARKER = "GPTLAUNCH_COLLECTIVE"
+ERROR_MARKER = "GPTLAUNCH_COLLECTIVE_ERROR"
+# Bytes of the float32 tensor: latency-bound, two mid sizes, and 32 MiB where bandwidth dominates.
+# The whole run takes a couple of seconds over loopback or a veth link with CPU gloo.
+DEFAULT_SIZES = (4, 65536, 4194304, 33554432)
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+FLOAT32_BYTES = 4
+EXIT_FAILED = 1
+
+Phase = Literal["init", "collective", "check"]
+
+
+class _Line(BaseModel):
+    # Unknown fields are ignored: a launcher older than the workers still reads their lines.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SizeResult(_Line):
+    """One message size: the slowest rank's time per all_reduce call and the bandwidths it gives."""
+
+    bytes: int  # size of the float32 tensor, bytes
+    time_us: float  # microseconds per call, max over ranks
+    algbw_gbs: float  # bytes / time, GB/s (1e9 bytes/s)
+    busbw_gbs: float  # algbw * 2(n-1)/n, GB/s
+
+
+class CollectiveResult(_Line):
+    """What rank 0 prints after a successful run (the ``GPTLAUNCH_COLLECTIVE`` line)."""
+
+    backend: str  # gloo or nccl, as resolved from --backend
+    world_size: int
+    hosts: list[str]  # distinct host names, in rank order of first appearance
+    ifname: dict[str, str | None]  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on rank 0, None if unset
+    master: str  # MASTER_ADDR:MASTER_PORT as rank 0 saw it
+    torch: str  # torch version on rank 0
+    iters: int
+    warmup: int
+    init_s: float  # rank 0's seconds in init_process_group: includes waiting for the last rank
+    results: list[SizeResult]
+
+
+class CollectiveError(_Line):
+    """What a failing rank prints (the ``GPTLAUNCH_COLLECTIVE_ERROR`` line)."""
+
+    rank: int
+    host: str
+    backend: str
+    ifname: dict[str, str | None]
+    master: str
+    phase: Phase  # init: the group did not form; collective: a call failed; check: a wrong sum
+    message: str  # one line, names the backend, the interface setting and MASTER_ADDR:MASTER_PORT
+
+
+def bus_bandwidth(size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s) of an all_reduce of ``size_bytes`` taking ``time_s``
+    seconds over ``world_size`` ranks, by nccl-tests' definition (doc/PERFORMANCE.md): algbw =
+    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link)."""
+    if size_bytes < 0 or time_s <= 0 or world_size < 1:
+        raise ValueError(
+            f"need size_bytes >= 0, time_s > 0 and world_size >= 1, got {size_bytes}, {time_s}, {world_size}"
+        )
+    algbw = size_bytes / time_s / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+_Model = TypeVar("_Model", bound=_Line)
+
+
+def _find_lines(output: str, marker: str, model: type[_Model]) -> list[_Model]:
+    """Every well-formed ``marker {json}`` line of ``output``, in order. The marker may follow a
+    prefix (torchrun's ``[rank0]:`` or ``[default0]:``) but not a word character, so
+    GPTLAUNCH_COLLECTIVE never matches inside GPTLAUNCH_COLLECTIVE_ERROR; broken lines are skipped."""
+    pattern = re.compile(rf"(?<!\w){re.escape(marker)} (\{{.*\}})\s*$")
+    found = []
+    for line in output.splitlines():
+        match = pattern.search(line)
+        if match is None:
+            continue
+        try:
+            found.append(model.model_validate_json(match.group(1)))
+        except ValidationError:
+            continue  # cut off or interleaved with another rank's output
+    return found
+
+
+def parse_result(output: str) -> CollectiveResult | None:
+    """The result line in ``output`` (mixed text, e.g. torchrun's), the last one if several, or
+    None when there is none."""
+    found = _find_lines(output, MARKER, CollectiveResult)
+    return found[-1] if found else None
+
+
+def parse_errors(output: str) -> list[CollectiveError]:
+    """Every rank's error line in ``output``, in order (empty when there is none)."""
+    return _find_lines(output, ERROR_MARKER, CollectiveError)
+
+
+def format_table(result: CollectiveResult) -> str:
+    """The result for humans: a title line, then one row per size (bytes, µs per call, GB/s)."""
+    ifnames = ", ".join(f"{k}={v}" for k, v in result.ifname.items() if v) or "no *_SOCKET_IFNAME set"
+    title = (
+        f"all_reduce sum float32, {result.backend}, {result.world_size} rank(s) on "
+        f"{len(result.hosts)} host(s), {ifnames}, init {result.init_s:.2f} s"
+    )
+    header = f"{'size (B)':>12} {'time (µs)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+    rows = [
+        f"{r.bytes:>12} {r.time_us:>12.1f} {r.algbw_gbs:>13.3f} {r.busbw_gbs:>13.3f}" for r in result.results
+    ]
+    return "\n".join([title, header, *rows])
+
+
+class _Failed(Exception):
+    """This rank cannot finish the preflight; ``detail`` says why (from torch, or the wrong sum)."""
+
+    def __init__(self, phase: Phase, detail: str) -> None:
+        super().__init__(detail)
+        self.phase: Phase = phase
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class _Context:
+    """This rank's place in the job and the settings it runs with, from torchrun's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    backend: Literal["gloo", "nccl"]
+    ifname: dict[str, str | None]
+    master: str
+    timeout_s: float
+
+    @property
+    def ifname_setting(self) -> str:
+        """The interface variable this backend reads, with its value: ``GLOO_SOCKET_IFNAME=eth0``."""
+        var = "NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"
+        value = self.ifname.get(var)
+        return f"{var}={value}" if value else f"{var} (unset)"
+
+
+def _resolve_backend(spec: str) -> Literal["gloo", "nccl"]:
+    """``auto`` -> nccl when CUDA is available, else gloo; gloo and nccl as given."""
+    if spec == "gloo":
+        return "gloo"
+    if spec == "nccl":
+        return "nccl"
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _read_context(backend: str, timeout_s: float) -> _Context:
+    """RANK/LOCAL_RANK/WORLD_SIZE as torchrun sets them (a plain ``python`` run is rank 0 of 1), the
+    interface variables as this process sees them, and the backend (auto: nccl when CUDA is there)."""
+    env = os.environ
+    return _Context(
+        rank=int(env.get("RANK", 0)),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        world_size=int(env.get("WORLD_SIZE", 1)),
+        backend=_resolve_backend(backend),
+        ifname={var: env.get(var) or None for var in IFNAME_VARS},
+        master=f"{env.get('MASTER_ADDR') or '(unset)'}:{env.get('MASTER_PORT') or '(unset)'}",
+        timeout_s=timeout_s,
+    )
+
+
+def _message(ctx: _Context, phase: Phase, detail: str) -> str:
+    """One line naming the failure, the backend, the interface setting and the rendezvous address."""
+    where = f"rank {ctx.rank} of {ctx.world_size} on {socket.gethostname()}"
+    what = {
+        "init": f"could not form the process group (timeout {ctx.timeout_s:g} s)",
+        "collective": "an all_reduce failed",
+        "check": "all_reduce gave a wrong sum",
+    }[phase]
+    hint = {
+        "init": "check that every host runs this, reaches MASTER_ADDR:MASTER_PORT, and has that interface",
+        "collective": "check the other ranks' errors and the interface setting on every host",
+        "check": "the network or the collective library corrupts data",
+    }[phase]
+    return (
+        f"collective preflight failed on {where}: {what}: {detail} "
+        f"(backend {ctx.backend}, {ctx.ifname_setting}, MASTER_ADDR:MASTER_PORT {ctx.master}); {hint}"
+    )
+
+
+# Where in torch's or gloo's C++ sources an error was raised, e.g. "[enforce fail at /__w/.../device.cc:84]":
+# noise to a user, who needs the sentence after it.
+_SOURCE_LOCATION = re.compile(r"\[(?:enforce fail at )?[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's text on one line, without the C++ stack torch appends to some messages."""
+    text = str(exc).split("Exception raised from", 1)[0]
+    text = _SOURCE_LOCATION.sub("", text)
+    return " ".join(text.split())[:1000] or type(exc).__name__
+
+
+def _device(ctx: _Context) -> torch.device:
+    """cuda:LOCAL_RANK for nccl (one GPU per process), else the CPU."""
+    import torch
+
+    if ctx.backend == "nccl":
+        device = torch.device("cuda", ctx.local_rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    """Waits until the device has finished its queued work: NCCL calls return before the data moved."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None  # gloo calls return when done
+
+
+def _measure_size(
+    size_bytes: int, ctx: _Context, device: torch.device, iters: int, warmup: int
+) -> SizeResult:
+    """Check the sum at ``size_bytes`` (each rank adds rank+1: n(n+1)/2, exact in float32), then time
+    ``iters`` calls after ``warmup``. Collective; raises _Failed("check") on every rank when any rank
+    saw a wrong element."""
+    import torch
+    import torch.distributed as dist
+
+    sync = _synchronizer(device)
+    n = ctx.world_size
+    expected = n * (n + 1) // 2
+    data = torch.full((size_bytes // FLOAT32_BYTES,), float(ctx.rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(data, op=dist.ReduceOp.SUM)
+    wrong = int((data != expected).sum().item())
+    # Zeros for the timed calls: each in-place sum multiplies the values by n, which overflows to inf
+    # on a large job with many iterations; the time does not depend on the values.
+    data.zero_()
+    for _ in range(warmup):
+        dist.all_reduce(data, op=dist.ReduceOp.SUM)
+    sync()
+    dist.barrier()  # every rank starts the clock together: the time measures the network, not arrival
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(data, op=dist.ReduceOp.SUM)
+    sync()
+    per_call_s = (time.perf_counter() - start) / iters
+    # The slowest rank's time, as nccl-tests reports; and whether any rank saw a wrong sum.
+    stats = torch.tensor([per_call_s, float(wrong)], dtype=torch.float64, device=device)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    slowest_s, most_wrong = stats.tolist()
+    if most_wrong > 0:
+        raise _Failed(
+            "check",
+            f"at {size_bytes} bytes, {wrong} of {data.numel()} elements here and up to {int(most_wrong)} "
+            f"on some rank differ from the expected {expected}",
+        )
+    algbw, busbw = bus_bandwidth(size_bytes, slowest_s, n)
+    return SizeResult(bytes=size_bytes, time_us=slowest_s * 1e6, algbw_gbs=algbw, busbw_gbs=busbw)
+
+
+def _hosts() -> list[str]:
+    """Distinct host names of all ranks, in rank order of first appearance. Collective."""
+    import torch.distributed as dist
+
+    names: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return list(dict.fromkeys(str(name) for name in names))
+
+
+def _measure(ctx: _Context, sizes: list[int], iters: int, warmup: int) -> CollectiveResult | None:
+    """Form the group, measure every size, leave the group (on every path). Returns the result on
+    rank 0, None on the others; raises _Failed naming the phase that failed."""
+    import torch
+    import torch.distributed as dist
+
+    phase: Phase = "init"
+    try:
+        device = _device(ctx)
+        start = time.perf_counter()
+        dist.init_process_group(
+            ctx.backend,
+            timeout=timedelta(seconds=ctx.timeout_s),
+            # nccl: form the communicator now (not at the first call), so an unreachable peer fails here.
+            device_id=device if ctx.backend == "nccl" else None,
+        )
+        init_s = time.perf_counter() - start
+        phase = "collective"
+        hosts = _hosts()
+        results = [_measure_size(size, ctx, device, iters, warmup) for size in sizes]
+    except _Failed:
+        raise
+    except Exception as e:  # torch raises RuntimeError / DistError subclasses, ValueError for bad env
+        raise _Failed(phase, _one_line(e)) from e
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if ctx.rank != 0:
+        return None
+    return CollectiveResult(
+        backend=ctx.backend,
+        world_size=ctx.world_size,
+        hosts=hosts,
+        ifname=ctx.ifname,
+        master=ctx.master,
+        torch=torch.__version__,
+        iters=iters,
+        warmup=warmup,
+        init_s=init_s,
+        results=results,
+    )
+
+
+def _sizes(text: str) -> list[int]:
+    """``4,65536`` -> [4, 65536]: positive multiples of 4 (whole float32 elements), in bytes."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give byte counts separated by commas") from None
+    bad = [s for s in sizes if s < FLOAT32_BYTES or s % FLOAT32_BYTES]
+    if not sizes or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: every size must be a positive multiple of 4 bytes")
+    return sizes
+
+
+def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below {minimum:g}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m launcher.preflight.collective", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=",".join(map(str, DEFAULT_SIZES)),  # argparse runs a string default through type
+        help="float32 tensor sizes in bytes, comma-separated (default: %(default)s)",
+    )
+    p.add_argument("--iters", type=_positive(int, 1), default=5, help="timed calls per size")
+    p.add_argument("--warmup", type=_positive(int, 0), default=2, help="untimed calls per size first")
+    p.add_argument(
+        "--timeout-s",
+        type=_positive(float, 0.001),
+        default=30.0,
+        help="seconds to form the group and for each collective (default: %(default)s)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the preflight on this rank; 0 on success, EXIT_FAILED (after an error line) otherwise."""
+    args = _parser().parse_args(argv)
+    ctx = _read_context(args.backend, args.timeout_s)
+    try:
+        result = _measure(ctx, args.sizes, int(args.iters), int(args.warmup))
+    except _Failed as f:
+        error = CollectiveError(
+            rank=ctx.rank,
+            host=socket.gethostname(),
+            backend=ctx.backend,
+            ifname=ctx.ifname,
+            master=ctx.master,
+            phase=f.phase,
+            message=_message(ctx, f.phase, f.detail),
+        )
+        print(f"error: {error.message}", file=sys.stderr, flush=True)
+        print(f"{ERROR_MARKER} {error.model_dump_json()}", flush=True)
+        return EXIT_FAILED
+    if result is not None:
+        print(format_table(result), file=sys.stderr, flush=True)
+        print(f"{MARKER} {result.model_dump_json()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Version parity inside a SLURM job: the step before training.
+
+The batch script runs ``python -m launcher.preflight.probe --json`` on every allocated node (one ``srun`` step,
+each node's report in ``<job dir>/parity/node-K.json``, its stderr in ``node-K.log``), then this module
+on the batch node: it compares the reports (``launcher.preflight.parity``) and exits 3 (EXIT_PARITY) with the
+field-by-field diff when a must-match field differs or a node has too few GPUs, so the job ends before
+any rank starts. A requeued job runs the step again: it may land on other nodes.
+
+The outcome of a failed step is recorded in ``<job dir>/parity.json`` ({exit_code, message, time}), which
+the SLURM scheduler reads to report the job's end (``slurm_state.end_outcome``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from launcher.preflight.parity import compare, diff_text, report_table
+from launcher.preflight.probe import Probe
+from trainer.contract import EXIT_FAILED, EXIT_PARITY, atomic_write_text
+
+PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
+RESULT = "parity.json"  # in the job directory, written when the step fails
+STEP_TIME_MIN = 5  # srun's limit for the probe step: a cold `import torch` takes seconds, not minutes
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """Why the parity step ended the job: ``exit_code`` 3 for a mismatch, 1 when a node gave no report."""
+
+    exit_code: int
+    message: str
+    time: float
+
+
+def batch_lines(
+    *, python: str, workdir: str, job_dir: str, nnodes: int, gpus_per_node: int, skip: bool
+) -> list[str]:
+    """The batch script's lines for the step (bash; every value shell-quoted, no variable needed), the
+    same in the standalone sbatch script and in submitit's. ``gpus_per_node`` 0: no GPU requirement."""
+    probes = Path(job_dir) / PROBE_DIR
+    srun = [
+        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={STEP_TIME_MIN}", f"--chdir={workdir}",
+        f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log",
+        python, "-m", "launcher.preflight.probe", "--json",
+    ]  # fmt: skip
+    compare_argv = [
+        python, "-m", "launcher.preflight.parity_step", "--job-dir", job_dir, "--nodes", str(nnodes),
+        "--gpus-per-node", str(gpus_per_node), *(["--skip-parity"] if skip else []),
+    ]  # fmt: skip
+    q = shlex.quote
+    return [
+        "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",
+        f"rm -rf -- {q(str(probes))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(probes))}",
+        f"{shlex.join(srun)} || true  # a node without a report is named by the comparison",
+        f"(cd -- {q(workdir)} && {shlex.join(compare_argv)}) || exit $?",
+    ]
+
+
+def read_failure(job_dir: Path, since: float) -> StepFailure | None:
+    """The recorded failure of the parity step run at or after ``since`` (epoch seconds), else None."""
+    try:
+        data = json.loads((job_dir / RESULT).read_text())
+        failure = StepFailure(int(data["exit_code"]), str(data["message"]), float(data["time"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return failure if failure.time >= since else None
+
+
+def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]]:
+    """Each node's report, keyed "hostname (node K)"; and a line per node that gave none."""
+    found, missing = {}, []
+    for node in range(nnodes):
+        report, log = probes / f"node-{node}.json", probes / f"node-{node}.log"
+        try:
+            probe = Probe.model_validate_json(report.read_text().strip().splitlines()[-1])
+        except (OSError, IndexError, ValueError, ValidationError):
+            missing.append(f"  node {node}: no probe report ({report}); its errors: {log}")
+            continue
+        found[f"{probe.hostname} (node {node})"] = probe
+    return found, missing
+
+
+def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool) -> StepFailure | None:
+    """Compare the nodes' reports; print the table, and the diff when they differ (to stderr). Returns the
+    failure that ends the job, None to go on (they match, or ``skip`` and they only differ)."""
+    probes, missing = _read_probes(job_dir / PROBE_DIR, nnodes)
+    if missing:
+        message = "version parity: the probe failed on some nodes:\n" + "\n".join(missing)
+        return StepFailure(EXIT_FAILED, message, time.time())
+    print(report_table(probes), flush=True)
+    mismatches, shortfalls = compare(probes, gpus_per_node)
+    if not mismatches and not shortfalls:
+        print(f"version parity: the {nnodes} nodes match", flush=True)
+        return None
+    diff = diff_text(mismatches, shortfalls)
+    if skip:
+        print(f"WARNING (--skip-parity: training anyway): {diff}", file=sys.stderr, flush=True)
+        return None
+    return StepFailure(EXIT_PARITY, diff, time.time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launcher.preflight.parity_step``: 0 to go on, 3 on a mismatch, 1 when a node gave no report."""
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.preflight.parity_step",
+        description="Compare the probe reports of a SLURM job's nodes (run by the job's batch script).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--job-dir", type=Path, required=True, help="the job directory (reports in parity/)")
+    parser.add_argument("--nodes", type=int, required=True, help="the number of nodes that were probed")
+    parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs each node needs (0: none)")
+    parser.add_argument("--skip-parity", action="store_true", help="warn about a mismatch, exit 0")
+    args = parser.parse_args(argv)
+    failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
+    if failure is None:
+        return 0
+    atomic_write_text(args.job_dir / RESULT, json.dumps(failure.__dict__))
+    print(failure.message, file=sys.stderr, flush=True)
+    return failure.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

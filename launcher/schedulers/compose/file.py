@@ -1,0 +1,105 @@
+"""The compose file of a job (pure): one service per node of the Plan, on the job's own network.
+
+Each service runs the training image (pinned by image id, so every node runs the same bits even if
+the tag moves), as the submitting user (the files it writes on the host stay theirs), with the host
+paths the job needs bind-mounted at the same paths (text files and a resume checkpoint read-only),
+enough shared memory for NCCL, and GPU reservations when asked. Its command is
+``python -m launcher.schedulers.compose.node`` (version parity, then torchrun). Secrets are not in it: they
+reach each container on its stdin when it starts (``stdin_open``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from launcher.job.plan import NodePlan
+
+NETWORK = "job"
+COMPOSE_FILE = "compose.yaml"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path bind-mounted at the same path inside every container."""
+
+    path: str
+    read_only: bool
+
+    def spec(self) -> str:
+        return f"{self.path}:{self.path}:{'ro' if self.read_only else 'rw'}"
+
+
+def service_name(node_rank: int) -> str:
+    """The service (and hostname on the job network) of node ``node_rank``: node0 hosts the rendezvous."""
+    return f"node{node_rank}"
+
+
+def container_name(job_id: str, node_rank: int) -> str:
+    return f"gptlaunch-{job_id}-{service_name(node_rank)}"
+
+
+def render(
+    job_id: str,
+    nodes: list[NodePlan],
+    *,
+    image_id: str,
+    user: str,
+    mounts: list[Mount],
+    shm_size: str,
+    gpus_per_node: int,
+) -> str:
+    """The compose file's text. ``gpus_per_node`` 0: no GPU reservation; else node k reserves GPUs
+    k·G … k·G+G-1 of the engine's host."""
+    services = {
+        service_name(n.node_rank): _service(job_id, n, image_id, user, mounts, shm_size, gpus_per_node)
+        for n in nodes
+    }
+    document = {  # no top-level `name`: docker-compose v1 rejects it (the project name is a flag)
+        "services": services,
+        "networks": {NETWORK: {"driver": "bridge", "labels": {"io.gptlaunch.job": job_id}}},
+    }
+    header = (
+        f"# gptlaunch job {job_id}: one service per node on the private network {NETWORK!r}; node0 hosts\n"
+        "# the rendezvous. Run by `launcher submit --scheduler compose` (which also tears it down).\n"
+    )
+    return header + yaml.safe_dump(_literal(document), sort_keys=False, width=100)
+
+
+def _literal(value: Any) -> Any:
+    """``value`` with every ``$`` doubled: compose substitutes ``${NAME}`` from its own environment
+    (torchrun's ``[rank${rank}]`` log prefix must reach the container as written)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value
+
+
+def _service(
+    job_id: str, node: NodePlan, image_id: str, user: str, mounts: list[Mount], shm_size: str, gpus: int
+) -> dict[str, Any]:
+    service: dict[str, Any] = {
+        "image": image_id,
+        "container_name": container_name(job_id, node.node_rank),
+        "hostname": service_name(node.node_rank),
+        "user": user,
+        "working_dir": node.cwd,
+        "command": node.argv,
+        "environment": dict(sorted(node.env.items())),
+        "volumes": [m.spec() for m in mounts],
+        "shm_size": shm_size,
+        "init": True,  # docker-init as PID 1: relays docker kill's signals, reaps strays
+        "stdin_open": True,  # the secrets arrive on stdin, never in this file or the container's config
+        "networks": [NETWORK],
+        "labels": {"io.gptlaunch.job": job_id, "io.gptlaunch.node": str(node.node_rank)},
+    }
+    if gpus:  # node k's own GPUs: `count` alone would give every container the first ones
+        ids = [str(node.node_rank * gpus + i) for i in range(gpus)]
+        device = {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}
+        service["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+    return service

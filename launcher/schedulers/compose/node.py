@@ -1,0 +1,90 @@
+"""The entry point of a compose node's container: ``python -m launcher.schedulers.compose.node --job-dir D --node K
+--nodes N [--gpus-per-node G] [--skip-parity] -- TORCHRUN_ARGV...``.
+
+1. Secrets: one JSON line on stdin (written by the launcher's ``docker start --attach --interactive``),
+   given to torchrun's environment only: they are in no compose file, container config or log.
+2. Version parity: this container's probe goes to ``D/parity/node-K.json``; once every node's report is
+   there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the SLURM step's
+   comparison): on a mismatch the node exits 3 with the diff before any rank starts and records it in
+   ``D/parity.json`` (the job's exit code and message).
+3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import sys
+import time
+from pathlib import Path
+
+from launcher.schedulers.ssh.hostagent import read_secrets
+from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
+from launcher.preflight.probe import collect
+from trainer.contract import EXIT_FAILED, atomic_write_text
+
+PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
+POLL_S = 0.2
+SECRETS_TIMEOUT_S = 30.0  # the launcher writes the line as it starts the container: it is there at once
+
+
+def _wait_for_reports(probes: Path, nnodes: int, timeout_s: float) -> None:
+    """Return once every node's report is there, or after ``timeout_s`` (the comparison names who is not)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all((probes / f"node-{k}.json").is_file() for k in range(nnodes)):
+            return
+        time.sleep(POLL_S)
+
+
+def _secrets() -> dict[str, str]:
+    """The launcher's secrets line from stdin. A compose file run by hand (``docker compose up``) keeps
+    stdin open with no writer: after SECRETS_TIMEOUT_S the node starts without secrets, and says so."""
+    if (
+        sys.stdin is None
+        or sys.stdin.isatty()
+        or not select.select([sys.stdin], [], [], SECRETS_TIMEOUT_S)[0]
+    ):
+        print("compose_node: no secrets line on stdin (run by hand?): none given to torchrun", flush=True)
+        return {}
+    secrets = read_secrets()
+    print(f"compose_node: secrets given to torchrun: {', '.join(sorted(secrets)) or 'none'}", flush=True)
+    return secrets
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.compose.node", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--job-dir", type=Path, required=True)
+    parser.add_argument("--node", type=int, required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, default=0)
+    parser.add_argument("--skip-parity", action="store_true")
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
+    if not command:
+        parser.error("the command to run (torchrun ...) goes after --")
+    secrets = _secrets()
+    probes = args.job_dir / PROBE_DIR
+    probes.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(probes / f"node-{args.node}.json", collect().model_dump_json() + "\n")
+    _wait_for_reports(probes, args.nodes, PEERS_TIMEOUT_S)
+    failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
+    if failure is not None:
+        # every refusing node records it (atomically): the supervisor may see any one of them exit first
+        atomic_write_text(args.job_dir / RESULT, json.dumps(failure.__dict__))
+        print(failure.message, file=sys.stderr, flush=True)
+        return failure.exit_code
+    try:
+        os.execvpe(command[0], command, os.environ | secrets)
+    except OSError as e:
+        print(f"compose_node: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""The SLURM scheduler: one allocation of ``nnodes`` nodes, one task per node, each a torchrun agent.
+
+``submit`` hands the job to SLURM through submitit (``SlurmExecutor``; its folder is ``submitit/`` in the
+job record) and returns once SLURM accepted it. The same Plan renders a standalone sbatch script
+(``slurm_script``) for users who submit with plain ``sbatch``. The nodes meet at a c10d rendezvous on
+the allocation's first node, at a port derived from the SLURM job id, with the job id as rendezvous id:
+all three filled in on the node (``launcher.job.placeholders``). States come from accounting (``sacct``,
+through submitit's watcher), mapped to the common ``JobState``; the job's end is recorded by whichever
+launcher command first sees it (see ``slurm_state``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.job.record import JobError, JobRecord, JobState, JobStatus, node_log_name, torchelastic_dir
+from launcher.job.options import SlurmOptions
+from launcher.preflight.parity_step import batch_lines
+from launcher.job.plan import NodePlan, Plan
+from launcher.schedulers.base import node_logs, wait_terminal
+from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
+from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state
+from launcher.schedulers.slurm.task import NodeTask
+from launcher.job.spec import JobSpec, SpecError
+from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
+
+SCRIPT = "job.sbatch"
+POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
+SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
+NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
+# The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
+BATCH_SETUP = ["trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2"]
+
+
+class SubmitRejected(SpecError):
+    """SLURM refused the job (bad partition, too many nodes, ...); the message is SLURM's own."""
+
+
+class SlurmHandle(BaseModel):
+    """How a SLURM job is found again (saved as handle.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: Literal["slurm"] = "slurm"
+    slurm_job_id: str
+    submitit_folder: str
+
+
+def _options(spec: JobSpec) -> SlurmOptions:
+    assert isinstance(spec.scheduler, SlurmOptions)
+    return spec.scheduler
+
+
+def _parity_lines(spec: JobSpec, facts: dict[str, Any], job_dir: Path) -> list[str]:
+    """The batch script's version-parity step (a probe on every node before training)."""
+    return batch_lines(
+        python=spec.python,
+        workdir=facts["workdir"],
+        job_dir=str(job_dir),
+        nnodes=spec.nnodes,
+        gpus_per_node=facts["gpus_per_node"],
+        skip=_options(spec).skip_parity,
+    )
+
+
+def _partition_has_gpus(partition: str | None) -> bool | None:
+    """Whether the partition's nodes have GPU GRES (``sinfo``), None when sinfo cannot tell."""
+    argv = ["sinfo", "--noheader", "--format=%G", *([f"--partition={partition}"] if partition else [])]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "gpu" in out
+
+
+class SlurmScheduler:
+    name = "slurm"
+    files_here = False  # the nodes see the job record and run dir (shared), not necessarily the data
+    queued = True  # submit returns once SLURM accepted the job; --wait follows it
+
+    def __init__(self) -> None:
+        self._accounting = Accounting()
+
+    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+        """Nothing to try before a job here."""
+
+    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+        """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
+        where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
+        opts = _options(spec)
+        gpus = opts.gpus
+        if gpus is None:
+            gpus = _partition_has_gpus(opts.partition) is not False
+        return {
+            "workdir": str((spec.workdir or Path.cwd()).absolute()),
+            "gpus_per_node": spec.nproc_per_node if gpus else 0,
+        }
+
+    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+        opts = _options(spec)
+        rdzv = spec.rendezvous
+        endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
+        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
+        run_dir = str(Path(facts["workdir"]) / run_dir)  # the trainer resolves a relative one in workdir
+        agent = torchrun_argv(
+            spec,
+            node_rank="{{node_rank}}",
+            endpoint=endpoint,
+            rdzv_id=rdzv.id or "{{slurm_job_id}}",
+            log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")),
+            trainer_args=args,
+        )
+        threads = spec.omp_num_threads or (
+            max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
+        )
+        env = agent_env(spec, job_id, threads)
+        argv = [spec.python, "-m", "launcher.job.node", "--", *agent]
+        nodes = [
+            NodePlan(
+                node_rank=k,
+                host="(allocated by SLURM)",
+                argv=argv,
+                env=env,
+                cwd=facts["workdir"],
+                log=node_log_name(k),
+            )
+            for k in range(spec.nnodes)
+        ]
+        options = sbatch_options(spec, opts, job_id, facts["gpus_per_node"])
+        script = sbatch_script(
+            job_id=job_id,
+            options=options,
+            node=nodes[0],
+            job_dir=str(job_dir),
+            run_dir=run_dir,
+            max_requeues=opts.max_requeues,
+            world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
+            secrets=spec.secret_env,
+            parity=_parity_lines(spec, facts, job_dir),
+        )
+        return Plan(
+            job_id=job_id,
+            scheduler=self.name,
+            nnodes=spec.nnodes,
+            nproc_per_node=spec.nproc_per_node,
+            rdzv_endpoint=endpoint,
+            run_dir=run_dir,
+            nodes=nodes,
+            files={SCRIPT: script},
+            primary=SCRIPT,
+            facts=facts,
+        )
+
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SlurmHandle:
+        """Submit through submitit; return once SLURM accepted the job (``detach`` is moot: the job
+        lives in SLURM's queue). Raises SubmitRejected with SLURM's error when sbatch refuses it."""
+        import submitit  # here: status, logs and cancel never need it
+
+        for command in ("sbatch", "srun"):
+            if shutil.which(command) is None:
+                raise SubmitRejected(f"{command} {NO_SLURM}")
+        spec = record.spec()
+        opts = _options(spec)
+        folder = record.dir / "submitit"
+        executor = submitit.SlurmExecutor(
+            folder=folder, max_num_timeout=opts.max_requeues, python=shlex.quote(spec.python)
+        )
+        options = sbatch_options(spec, opts, plan.job_id, plan.facts["gpus_per_node"])
+        named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
+        executor.update_parameters(
+            job_name=options["job-name"],
+            nodes=int(options["nodes"]),
+            ntasks_per_node=1,
+            time=int(options["time"]),
+            signal_delay_s=opts.signal_delay_s,
+            srun_args=SRUN_ARGS,
+            stderr_to_stdout=True,
+            setup=[*BATCH_SETUP, *_parity_lines(spec, plan.facts, record.dir)],
+            # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
+            # environment exported: the secrets reach the job from there.
+            additional_parameters={k: v or True for k, v in options.items() if k not in named}
+            | {"requeue": True, "export": "ALL"},
+        )
+        node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
+        task = NodeTask(
+            argv=node.argv,
+            env=node.env,
+            cwd=node.cwd,
+            job_dir=str(record.dir),
+            run_dir=plan.run_dir,
+            grace_s=spec.grace_period_s,
+        )
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it
+                job = executor.submit(task)
+        except submitit.core.utils.FailedJobError as e:
+            raise SubmitRejected(f"SLURM refused the job: {str(e).strip() or 'sbatch failed'}") from None
+        except (RuntimeError, OSError) as e:  # no srun here, sbatch output not understood, ...
+            raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
+        handle = SlurmHandle(slurm_job_id=str(job.job_id), submitit_folder=str(folder))
+        record.write_handle(handle)
+        record.update_status(state=JobState.PENDING, message=f"SLURM job {job.job_id}")
+        return handle
+
+    def state(self, record: JobRecord) -> JobStatus:
+        """The recorded status, brought up to date from SLURM's accounting (at most every few seconds
+        per process); the end, once SLURM reports it, is recorded with its cause."""
+        status = record.status()
+        handle = record.handle(SlurmHandle)
+        if status.state.is_terminal or handle is None:
+            return status
+        info = self._accounting.info(handle.slurm_job_id)
+        if info is None:  # not in accounting yet: still where submit left it
+            return status
+        state = job_state(info.state)
+        if state is None:
+            return status
+        if state.is_terminal:
+            return record.finish(end_outcome(info, record))
+        message = f"SLURM job {handle.slurm_job_id}: {info.state}"
+        if state == JobState.PENDING and info.reason:
+            message += f" ({info.reason})"
+        if state == JobState.PENDING and status.started_at is not None:
+            message += " (requeued: it resumes from its last checkpoint)"
+        changes = {
+            "state": state,
+            "message": message,
+            "started_at": info.start if state == JobState.RUNNING else status.started_at,
+        }
+        if all(getattr(status, k) == v for k, v in changes.items()):
+            return status
+        return record.update_status(**changes)
+
+    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
+        return node_logs(self, record, node, follow)
+
+    def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
+        """SIGTERM to every task of the job (``scancel --signal=TERM``): the ranks checkpoint and exit,
+        and the job ends. A job still queued, or still running after the grace period (or asked a
+        second time), is cancelled by SLURM (``scancel``: SIGTERM, then SIGKILL after KillWait)."""
+        status = self.state(record)
+        handle = record.handle(SlurmHandle)
+        if status.state.is_terminal or handle is None:
+            return status
+        if shutil.which("scancel") is None:
+            raise JobError(f"scancel {NO_SLURM}")
+        if status.state == JobState.RUNNING and status.stop_requested_at is None:
+            record.update_status(stop_requested_at=time.time())
+            _scancel(handle.slurm_job_id, "--signal=TERM")
+            if not wait:
+                return self.state(record)
+            final = wait_terminal(self, record, record.spec().grace_period_s, POLL_S)
+            if final is not None:
+                return final
+        # Queued, asked a second time, or still running after the grace period: SLURM cancels it.
+        _scancel(handle.slurm_job_id)
+        if not wait:
+            return self.state(record)
+        final = wait_terminal(self, record, SCANCEL_WAIT_S, POLL_S)
+        if final is None:
+            raise JobError(f"SLURM job {handle.slurm_job_id} did not end within {SCANCEL_WAIT_S:.0f} s")
+        return final
+
+
+def _scancel(slurm_job_id: str, *args: str) -> None:
+    """scancel; a job that is already ending (or gone from the controller) is not an error."""
+    try:
+        argv = ["scancel", *args, slurm_job_id]
+        subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
+    except subprocess.CalledProcessError as e:
+        if not re.search(r"already completing|completed|invalid job id", e.stderr, re.IGNORECASE):
+            raise JobError(f"scancel {slurm_job_id} failed: {e.stderr.strip() or e}") from None
+    except subprocess.TimeoutExpired:
+        raise JobError(f"scancel {slurm_job_id} did not answer in 60 s: is slurmctld up?") from None

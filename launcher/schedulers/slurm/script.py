@@ -1,0 +1,133 @@
+"""The sbatch side of a SLURM job, rendered without side effects: the sbatch options, and the standalone
+sbatch script that `launcher render --scheduler slurm` prints.
+
+The script behaves as a job submitted through submitit does: one task per node, each running the node's
+command (a torchrun agent behind ``python -m launcher.job.node``, which fills in the first host, the
+rendezvous port and id from SLURM's variables), node logs in the job directory, fail-fast
+(``srun --kill-on-bad-exit=1``), and on SLURM's warning signal (SIGUSR2, ``--signal=USR2@T``) the ranks
+checkpoint and the script requeues the job, which resumes from that checkpoint. Every value comes out
+shell-quoted; secrets are never in it (SLURM exports the submitting shell's environment to the job).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from launcher.job.options import SlurmOptions
+from launcher.job.plan import NodePlan
+from launcher.job.spec import JobSpec, SpecError
+from trainer.contract import EXIT_CHECKPOINTED, STOP_MARKER, package_version
+
+# srun's file name patterns: %n is the node's index within the job (one log per node).
+NODE_LOG_PATTERN = "node-%n.log"
+SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fast)
+
+
+def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node: int) -> dict[str, str]:
+    """sbatch's options for this job, ``{name: value}`` ("" for a bare flag), in a stable order.
+    ``gpus_per_node`` 0 requests no GPUs."""
+    out = {
+        "job-name": job_id,
+        "nodes": str(spec.nnodes),
+        "ntasks-per-node": "1",  # one torchrun agent per node; it starts nproc_per_node ranks
+        "time": str(opts.time_min),
+    }
+    for key, value in (
+        ("partition", opts.partition),
+        ("account", opts.account),
+        ("qos", opts.qos),
+        ("constraint", opts.constraint),
+        ("cpus-per-task", opts.cpus_per_task),
+        ("mem", opts.mem),
+    ):
+        if value is not None:
+            out[key] = str(value)
+    if gpus_per_node:
+        out["gpus-per-node"] = str(gpus_per_node)
+    out["signal"] = f"USR2@{opts.signal_delay_s}"
+    return out | opts.sbatch
+
+
+def _sbatch_line(key: str, value: str) -> str:
+    return f"#SBATCH --{key}" if value == "" else f"#SBATCH --{key}={shlex.quote(value)}"
+
+
+def sbatch_script(
+    *,
+    job_id: str,
+    options: dict[str, str],
+    node: NodePlan,
+    job_dir: str,
+    run_dir: str,
+    max_requeues: int,
+    world: str,
+    secrets: list[str],
+    parity: list[str],
+) -> str:
+    """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
+    what differs is filled in on the node); ``world`` describes the job's size for the header;
+    ``parity``, the lines of the version-parity step (``parity_step.batch_lines``).
+    Raises SpecError for a job directory that srun's file name patterns would rewrite."""
+    if "%" in job_dir or "\\" in job_dir:
+        raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
+    q = shlex.quote
+    exports = [f"export {k}={q(v)}" for k, v in sorted(node.env.items())]
+    srun = [
+        "srun",
+        f"--nodes={options['nodes']}",
+        "--ntasks-per-node=1",
+        *SRUN_ARGS,
+        f"--output={job_dir}/{NODE_LOG_PATTERN}",
+        "--open-mode=append",  # a requeued run adds to the same node logs
+        *node.argv,
+    ]
+    secret_names = ", ".join(secrets) or "none"
+    lines = [
+        "#!/bin/bash",
+        f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
+        f"# Rendered by `launcher render --scheduler slurm` (gptlaunch {package_version()}).",
+        "# Submit it with `sbatch THIS_FILE`; SLURM prints the job id. The nodes need the interpreter",
+        "# below with this project (trainer, launcher.job.node) and torch installed; the login node, sbatch.",
+        f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
+        "# which SLURM passes on to the job (--export=ALL).",
+        *(_sbatch_line(k, v) for k, v in options.items()),
+        "#SBATCH --requeue",
+        "#SBATCH --export=ALL",
+        "",
+        "set -uo pipefail",
+        f"job_dir={q(job_dir)}",
+        f"run_dir={q(run_dir)}",
+        f"max_requeues={max_requeues}",
+        'mkdir -p -- "$job_dir"',
+        "",
+        "# SLURM's warning before a time limit or preemption (SIGUSR2) reaches the ranks, which checkpoint",
+        "# and exit; `scancel --signal=USR2 --full` also sends it to this shell, which must outlive it.",
+        "trap 'echo \"batch: SIGUSR2: the ranks checkpoint and stop\"' USR2",
+        "",
+        "# Environment of every node's processes (the submitting shell's is exported too).",
+        *exports,
+        f"cd -- {q(node.cwd)} || exit 1",
+        "",
+        *parity,
+        "",
+        "started=$(date +%s)",
+        "",
+        "# One task per node; each runs a torchrun agent, meeting at a c10d rendezvous on the first node.",
+        " \\\n  ".join(shlex.join(srun[i : i + 6]) for i in range(0, len(srun), 6)),
+        "code=$?",
+        "[ $code -eq 0 ] && exit 0",
+        "",
+        "# Did the ranks stop with a checkpoint (a marker written in this run), and on which signal?",
+        f'marker="$run_dir/{STOP_MARKER}"',
+        'if [ -f "$marker" ] && [ "$(stat -c %Y "$marker")" -ge "$started" ]; then',
+        "  restarts=${SLURM_RESTART_COUNT:-0}",
+        '  if grep -q \'"signal": "SIGUSR2"\' "$marker" && [ "$restarts" -lt "$max_requeues" ]; then',
+        '    echo "batch: checkpoint saved; requeueing (restart $((restarts + 1)) of at most $max_requeues)"',
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        "  fi",
+        f'  echo "batch: stopped after a checkpoint; submit again to resume"; exit {EXIT_CHECKPOINTED}',
+        "fi",
+        'echo "batch: a node failed (srun exit $code); see $job_dir/node-*.log"',
+        "exit $code",
+    ]
+    return "\n".join(lines) + "\n"

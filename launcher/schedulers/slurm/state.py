@@ -1,0 +1,135 @@
+"""A SLURM job's state from accounting (``sacct``), and how it ended.
+
+States are read through submitit's ``SlurmInfoWatcher`` (one batched ``sacct`` call, cached; at most one
+call every REFRESH_S seconds per process) and mapped to the common ``JobState``. A requeued job goes
+back to ``pending`` and runs again under the same id: only SLURM's end states are ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+from launcher.job.failures import read_errors, root_cause, stop_outcome
+from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.preflight.parity_step import read_failure
+from launcher.schedulers.slurm.task import failed_name
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+
+REFRESH_S = 2
+SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
+
+_STATES = {
+    JobState.PENDING: {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"}
+    # PREEMPTED is followed by a requeue when the job is requeueable (submitit reads it the same way).
+    | {"RESIZING", "PREEMPTED"},
+    JobState.RUNNING: {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "SUSPENDED", "STOPPED"},
+    JobState.SUCCEEDED: {"COMPLETED"},
+    JobState.CANCELLED: {"CANCELLED"},
+    JobState.FAILED: {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"},
+}
+
+
+@dataclass(frozen=True)
+class AccountingInfo:
+    state: str  # SLURM's state word, e.g. RUNNING ("CANCELLED by 0" -> CANCELLED)
+    exit_code: int | None  # the batch script's exit status (sacct's ExitCode "75:0" -> 75)
+    start: float | None  # epoch seconds the current run started (after a requeue: the new run)
+    reason: str = ""  # why a pending job waits (Resources, Priority, BeginTime, ...)
+
+
+class _Watcher(SlurmInfoWatcher):
+    """submitit's sacct watcher, also reading the exit code and the start time."""
+
+    def _make_command(self) -> list[str] | None:
+        command = super()._make_command()
+        if command is not None:
+            command[command.index("-o") + 1] = SACCT_FIELDS
+        return command
+
+    def is_done(self, job_id: str, mode: str = "standard") -> bool:
+        # submitit's list of unfinished words lacks some (SUSPENDED, REQUEUE_HOLD, ...): it would stop
+        # asking sacct about a job that has not ended.
+        words = self.get_state(job_id, mode=mode).split()
+        state = job_state(words[0]) if words else None
+        return state is not None and state.is_terminal
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:  # "Unknown", "None" while pending
+        return None
+
+
+class Accounting:
+    """Job states from sacct, for one process (each launcher command has its own)."""
+
+    def __init__(self) -> None:
+        self._watcher = _Watcher(delay_s=REFRESH_S)
+
+    def info(self, slurm_job_id: str) -> AccountingInfo | None:
+        """The job's accounting record, None while sacct does not know it (just submitted)."""
+        raw = self._watcher.get_info(slurm_job_id, mode="standard")
+        if not raw.get("State"):
+            return None
+        status, _, _ = raw.get("ExitCode", "").partition(":")
+        return AccountingInfo(
+            state=raw["State"].split()[0],
+            exit_code=int(status) if status.isdigit() else None,
+            start=_epoch(raw.get("Start", "")),
+            reason="" if raw.get("Reason", "None") == "None" else raw.get("Reason", ""),
+        )
+
+
+def job_state(slurm_state: str) -> JobState | None:
+    """The common state of a SLURM state word; None for a word this table does not know."""
+    return next((state for state, words in _STATES.items() if slurm_state in words), None)
+
+
+def _first_failed_node(record: JobRecord, nnodes: int, since: float) -> tuple[int, int | None] | None:
+    """(node, its agent's exit code) of the first node whose task recorded a failure in this run."""
+    found = []
+    for node in range(nnodes):
+        try:
+            data = json.loads((record.dir / failed_name(node)).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("time", 0) >= since:
+            found.append((data["time"], node, data.get("exit_code")))
+    return (min(found)[1], min(found)[2]) if found else None
+
+
+def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
+    """How a job that SLURM reports ended did end: succeeded; failed (exit 3) when the nodes' versions
+    differ (the parity step, ``launcher.preflight.parity_step``); checkpointed when the ranks stopped with
+    a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
+    the root cause (first failing rank from torchelastic's error files)."""
+    plan, status = record.plan(), record.status()
+    since = info.start or status.started_at or status.created_at
+    if info.state == "COMPLETED":
+        return Outcome(state=JobState.SUCCEEDED, exit_code=0)
+    parity = read_failure(record.dir, since)
+    if parity is not None:  # the step before training ended the job: nothing was trained
+        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
+    stopped = read_stop_marker(Path(plan.run_dir), since) is not None
+    if info.exit_code == EXIT_CHECKPOINTED or stopped or status.stop_requested_at is not None:
+        return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
+    if info.state == "CANCELLED":
+        message = "cancelled in SLURM before the ranks saved a checkpoint"
+        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    first = _first_failed_node(record, plan.nnodes, since)
+    if read_errors(record, plan.nnodes, since) or first is not None:
+        node, code = first or (0, info.exit_code)
+        failure = root_cause(record, plan.nnodes, node, code, since)
+        summary = failure.summary()
+        return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
+    message = (
+        f"SLURM ended the job {info.state} (exit {info.exit_code}) before any rank reported an error: "
+        f"see {record.dir}/node-*.log and submitit/*.out there"
+    )
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)

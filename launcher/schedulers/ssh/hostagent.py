@@ -1,0 +1,219 @@
+"""The host side of an SSH job: ``python -m launcher.schedulers.ssh.hostagent run|signal|status``, started over ssh.
+
+``run --job J --node K -- ARGV`` starts ARGV (the node's torchrun agent) and follows it on its host, so
+that the job does not hang on the connection that started it:
+
+- ARGV runs in a process tree this agent tracks: the agent is a child subreaper (orphaned workers
+  re-parent to it) and ARGV gets SIGTERM from the kernel if the agent dies. A pid file
+  (``<state>/<job>/node-<k>.pid``: pid and create time) finds it again for ``signal``/``status``.
+- Output goes to a log on the host (``node-<k>.log``) and to stdout (the ssh channel, which the
+  launcher writes into the job record). A dropped connection neither kills nor orphans the job: the
+  agent notices the broken pipe, keeps logging on the host, and ``signal``/``status`` still reach it.
+- Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk).
+- SIGTERM/SIGINT ask ARGV to stop (torchrun forwards it; the ranks checkpoint); SIGHUP is ignored.
+  Once ARGV exits, whatever of its tree is left is terminated; the exit code is written to
+  ``node-<k>.exit`` and returned.
+
+``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (as above); KILL ends its
+whole tree now (TERM, then KILL after ``--grace-s``). ``status``: one JSON line, ``{"running": bool,
+"exit_code": int | null}``. Imports no torch: it must start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+from launcher.supervisor import procs
+from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
+from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV
+
+NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
+KILL_GRACE_S = 5.0
+
+
+def state_dir(job_id: str) -> Path:
+    """Where this host keeps the node files of ``job_id``: ``$XDG_STATE_HOME/gptlaunch/jobs`` (private
+    to the user). Not XDG_RUNTIME_DIR: logind removes that at logout, under a running job."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = private_dir(Path(state_home) / "gptlaunch" / "jobs") / job_id
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
+    base = state_dir(job_id) / f"node-{node}"
+    return base.with_suffix(".pid"), base.with_suffix(".exit"), base.with_suffix(".log")
+
+
+def run(job_id: str, node: int, argv: list[str]) -> int:
+    pid_file, exit_file, log_file = _files(job_id, node)
+    exit_file.unlink(missing_ok=True)
+    secrets = read_secrets()
+    procs.become_subreaper()
+    me = psutil.Process()
+    # Handlers before the pid file: a stop sent as soon as `signal` can find us must not be lost.
+    stop = _Forward()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop.handle)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection is not a stop request
+    pid_file.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
+    env = os.environ | secrets | {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
+    try:
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=procs.die_with_parent,
+        )
+    except OSError as e:
+        print(f"hostagent: cannot start {argv[0]!r}: {e.strerror}", flush=True)
+        exit_file.write_text(str(EXIT_FAILED))
+        return EXIT_FAILED
+    stop.follow(child)
+    pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
+    pump.start()
+    code = child.wait()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
+    # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans must
+    # not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
+    procs.terminate(me.children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
+    pump.join(timeout=5)
+    code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    exit_file.write_text(str(code))
+    return code
+
+
+class _Forward:
+    """Relays SIGTERM/SIGINT to the child as SIGTERM, including one that came before it started."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.requested = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def follow(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        if self.requested:
+            child.send_signal(signal.SIGTERM)
+
+
+def read_secrets() -> dict[str, str]:
+    """The one JSON line of secret variables the launcher writes to stdin (nothing if stdin is
+    empty or a terminal)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return {}
+    line = sys.stdin.readline()
+    try:
+        data = json.loads(line) if line.strip() else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _pump(child: subprocess.Popen[bytes], log_file: Path) -> None:
+    """Copy the child's output to the host log and, while the connection holds, to stdout."""
+    assert child.stdout is not None
+    out: int | None = sys.stdout.fileno()
+    with open(log_file, "ab") as log:
+        for chunk in iter(lambda: os.read(child.stdout.fileno(), 65536), b""):  # type: ignore[union-attr]
+            log.write(chunk)
+            log.flush()
+            if out is not None:
+                try:
+                    os.write(out, chunk)
+                except OSError:  # the connection dropped: the job goes on, logged here
+                    out = None
+                    log.write(b"hostagent: connection to the launcher lost; the job goes on\n")
+
+
+def _agent(job_id: str, node: int) -> psutil.Process | None:
+    pid_file, _, _ = _files(job_id, node)
+    try:
+        ref = json.loads(pid_file.read_text())
+        proc = psutil.Process(int(ref["pid"]))
+        if abs(proc.create_time() - float(ref["started"])) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (OSError, ValueError, KeyError, psutil.Error):
+        pass
+    return None
+
+
+def _strays(job_id: str, node: int) -> list[psutil.Process]:
+    """Processes of this node of the job that left the agent's tree (by their environment)."""
+    return [p for p in procs.job_processes(job_id) if _environ(p).get(NODE_ENV) == str(node)]
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
+def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
+    agent = _agent(job_id, node)
+    if sig == "TERM":
+        if agent is not None:
+            procs.signal_all([agent], signal.SIGTERM)
+        return 0
+    tree = [*agent.children(recursive=True), agent] if agent is not None else []
+    procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
+    return 0
+
+
+def status(job_id: str, node: int) -> dict[str, object]:
+    _, exit_file, _ = _files(job_id, node)
+    running = _agent(job_id, node) is not None
+    code: int | None = None
+    if not running and exit_file.is_file():
+        code = int(exit_file.read_text().strip() or EXIT_FAILED)
+    return {"running": running, "exit_code": code}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launcher.schedulers.ssh.hostagent", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["run", "signal", "status"])
+    p.add_argument("--job", required=True)
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
+    p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = p.parse_args(argv[:split]), argv[split + 1 :]
+    if args.action == "run":
+        if not command:
+            p.error("run needs the command after --")
+        return run(args.job, args.node, command)
+    if command:
+        p.error(f"{args.action} takes no command")
+    if args.action == "signal":
+        return send(args.job, args.node, args.signal, args.grace_s)
+    print(json.dumps(status(args.job, args.node)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UnsafeDirError as e:
+        print(f"hostagent: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_USAGE)

@@ -1,0 +1,259 @@
+"""Checks of a set of SSH hosts before a job uses them: reachability, version parity, the master
+address and rendezvous port, the network interface of each host, and a collective across them.
+
+``launcher check`` runs them on their own; the SSH scheduler runs them before every submit. Every
+remote step runs on all hosts at once (``ssh.fan_out``), so the wall time is about that of the
+slowest host, not the sum. Each failure raises SpecError (or ParityError) naming the host and the fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.schedulers.ssh import client as ssh
+from launcher.preflight.collective import CollectiveResult, parse_errors, parse_result
+from launcher.job.options import SshOptions
+from launcher.preflight.parity import compare, diff_text
+from launcher.preflight.probe import Probe
+from launcher.job.spec import SpecError
+from trainer.contract import EXIT_PARITY
+
+PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
+PORT_TIMEOUT_S = 10.0
+
+
+class ParityError(SpecError):
+    """The hosts differ in versions that must match (or lack GPUs); the message is the diff."""
+
+    exit_code = EXIT_PARITY
+
+
+def ssh_settings(opts: SshOptions) -> ssh.SshSettings:
+    return ssh.SshSettings(
+        options=tuple(opts.ssh_opts),
+        host_key_check=opts.host_key_check,
+        connect_timeout_s=opts.connect_timeout_s,
+    )
+
+
+def hosts_of(opts: SshOptions, nnodes: int | None = None, nproc_per_node: int = 1) -> list[str]:
+    """The job's hosts: ``--hosts`` or the hostfile's, the first ``nnodes`` of them (all if None).
+    Raises SpecError for an unreadable or malformed hostfile, too few hosts, or too few slots."""
+    hosts = [ssh.Host(h) for h in opts.hosts]
+    if opts.hostfile is not None:
+        try:
+            text = opts.hostfile.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"hostfile (--hostfile) {opts.hostfile}: cannot read it ({e})") from None
+        try:
+            hosts = ssh.parse_hostfile(text, f"hostfile {opts.hostfile}")
+        except ValueError as e:
+            raise SpecError(str(e)) from None
+    if nnodes is not None:
+        if nnodes < 1:
+            raise SpecError(f"--nodes {nnodes}: a job needs at least one node")
+        if len(hosts) < nnodes:
+            raise SpecError(
+                f"--nodes {nnodes} needs {nnodes} hosts, {len(hosts)} are given: add hosts or lower --nodes"
+            )
+        hosts = hosts[:nnodes]
+    for host in hosts:
+        if host.slots is not None and host.slots < nproc_per_node:
+            raise SpecError(
+                f"host {host.name} has slots={host.slots}, fewer than --gpus-per-node {nproc_per_node}"
+            )
+    return [h.name for h in hosts]
+
+
+def master_address(settings: ssh.SshSettings, host: str) -> str:
+    """The address the other hosts use to reach ``host``: the HostName ssh's configuration gives it
+    (``ssh -G``: an alias of ~/.ssh/config becomes its real name; ``user@`` is dropped)."""
+    argv = ["ssh", "-G", *(a for o in settings.options for a in ("-o", o)), "--", host]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return host.split("@")[-1]
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value.strip():
+            return value.strip()
+    return host.split("@")[-1]
+
+
+def _python(python: str) -> str:
+    return f"cd / && {shlex.quote(python)}"
+
+
+def probe_hosts(
+    settings: ssh.SshSettings, hosts: list[str], python: str, master_addr: str | None = None
+) -> dict[str, Probe]:
+    """Run the probe on every host at once; host 0 also reports a free port. Raises SpecError listing
+    every host that could not be reached or probed."""
+
+    def command(host: str) -> str:
+        extra = ["--route-to", master_addr, "--resolve", master_addr] if master_addr else []
+        if host == hosts[0]:
+            extra.append("--free-port")
+        return f"{_python(python)} -m launcher.preflight.probe --json {shlex.join(extra)}"
+
+    results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
+    probes, errors = {}, []
+    for result in results:
+        try:
+            probes[result.host] = Probe.model_validate_json(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            errors.append(result.error() if not result.ok else f"{result.host}: the probe printed no report")
+    if errors:
+        hint = (
+            f"(the probe runs `{python} -m launcher.preflight.probe`: gptlaunch must be installed in that "
+            "interpreter on every host; --python names it)"
+        )
+        raise SpecError("cannot check every host:\n  " + "\n  ".join(errors) + f"\n  {hint}")
+    return probes
+
+
+def enforce_parity(
+    probes: dict[str, Probe], gpus_per_node: int, skip: bool, warn: Callable[[str], None]
+) -> None:
+    """Raise ParityError with the field-by-field diff when versions differ or GPUs are short; with
+    ``skip``, print the diff through ``warn`` and go on."""
+    mismatches, shortfalls = compare(probes, gpus_per_node)
+    if not mismatches and not shortfalls:
+        return
+    text = diff_text(mismatches, shortfalls)
+    if not skip:
+        raise ParityError(text)
+    warn(f"WARNING: --skip-parity: launching although the hosts differ:\n{text}")
+
+
+def choose_ifnames(probes: dict[str, Probe], master_addr: str, multi_host: bool) -> dict[str, str]:
+    """Per host, the interface that reaches ``master_addr`` (``ip route get``): on host 0 itself the
+    interface that holds the address. Never ``lo`` for a multi-host job. Raises SpecError when a
+    host cannot resolve or route to the master address."""
+    chosen = {}
+    for host, probe in probes.items():
+        address = probe.resolved.get(master_addr)
+        if address is None or probe.route is None:
+            raise SpecError(
+                f"master_addr {master_addr} does not resolve on host {host}: add it to that host's DNS or "
+                "/etc/hosts, or name the first host by an address"
+            )
+        dev = probe.route.dev
+        if dev == "lo":  # master_addr is this host: take the interface that holds the address
+            dev = next((i for i, addrs in probe.interfaces.items() if address in addrs), "lo")
+        if dev == "lo" and multi_host:
+            raise SpecError(
+                f"master_addr {master_addr} is a loopback address ({address}) on host {host}: the other "
+                "hosts cannot reach it there. Map the first host's name to its network address (e.g. "
+                "Debian's `127.0.1.1 hostname` line in /etc/hosts), or list the first host by address"
+            )
+        chosen[host] = dev
+    return chosen
+
+
+def check_port(settings: ssh.SshSettings, hosts: list[str], python: str, master_addr: str, port: int) -> None:
+    """Host 0 listens on ``port`` while every other host connects to ``master_addr:port``. Raises
+    SpecError naming the port and the hosts that could not connect (bounded by PORT_TIMEOUT_S)."""
+    if len(hosts) < 2:
+        return
+    timeout, wait = PORT_TIMEOUT_S, PORT_TIMEOUT_S + settings.connect_timeout_s + 10
+    tool = f"{_python(python)} -m launcher.preflight.netcheck"
+    listen = f"{tool} listen {port} --expect {len(hosts) - 1} --timeout-s {timeout}"
+    box: list[ssh.Result] = []
+    listener = threading.Thread(target=lambda: box.append(ssh.run(settings, hosts[0], listen, wait)))
+    listener.start()
+    connect = f"{tool} connect {shlex.quote(master_addr)} {port} --timeout-s {timeout}"
+    results = ssh.fan_out(settings, hosts[1:], lambda h: connect, wait)
+    listener.join()
+    failed = [r for r in results if not r.ok]
+    if box and not box[0].ok and "cannot be bound" in box[0].stdout:
+        raise SpecError(
+            f"rendezvous port {port} is in use on {hosts[0]}: pass another --rdzv-port (or leave it unset)"
+        )
+    if failed:
+        raise SpecError(
+            f"rendezvous port {port} on {hosts[0]} ({master_addr}) is not reachable from "
+            + ", ".join(f"{r.host} ({r.stdout.strip() or r.error()})" for r in failed)
+            + ": open it in the firewall between the hosts, or pass another --rdzv-port"
+        )
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What the checks decided for a job's hosts."""
+
+    hosts: list[str]
+    master_addr: str
+    port: int
+    ifnames: dict[str, str]
+    probes: dict[str, Probe]
+
+    def env(self, host: str, user_env: dict[str, str]) -> dict[str, str]:
+        """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for ``host``, unless the user set them."""
+        chosen = {"NCCL_SOCKET_IFNAME": self.ifnames[host], "GLOO_SOCKET_IFNAME": self.ifnames[host]}
+        return {k: v for k, v in chosen.items() if k not in user_env}
+
+
+def plan_hosts(
+    opts: SshOptions,
+    nnodes: int | None,
+    nproc_per_node: int,
+    python: str,
+    port: int | None,
+    warn: Callable[[str], None],
+) -> HostPlan:
+    """Every check before an SSH job, in order: hosts, probes (in parallel), parity, master address
+    resolution and routes, rendezvous port. Raises SpecError / ParityError."""
+    settings = ssh_settings(opts)
+    hosts = hosts_of(opts, nnodes, nproc_per_node)
+    master = master_address(settings, hosts[0])
+    probes = probe_hosts(settings, hosts, python, master)
+    enforce_parity(probes, nproc_per_node, opts.skip_parity, warn)
+    ifnames = choose_ifnames(probes, master, multi_host=len(hosts) > 1)
+    chosen_port = port or probes[hosts[0]].free_port
+    if chosen_port is None:
+        raise SpecError(f"host {hosts[0]} reported no free port: pass --rdzv-port")
+    check_port(settings, hosts, python, master, chosen_port)
+    return HostPlan(hosts, master, chosen_port, ifnames, probes)
+
+
+def collective(
+    opts: SshOptions, plan: HostPlan, python: str, env: dict[str, str], timeout_s: float = 60.0
+) -> CollectiveResult:
+    """A short all_reduce across the hosts (``launcher.preflight.collective`` under torchrun, one process per
+    host) with the job's interface choice and ``env``; returns rank 0's result. Raises SpecError
+    naming the hosts and interfaces when the group cannot form within ``timeout_s`` seconds."""
+    settings = ssh_settings(opts)
+    n = len(plan.hosts)
+
+    def command(host: str) -> str:
+        node_env = plan.env(host, env) | env
+        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node_env.items()))
+        argv = [
+            python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
+            f"--node-rank={plan.hosts.index(host)}", f"--master-addr={plan.master_addr}",
+            f"--master-port={plan.port}", "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
+        ]  # fmt: skip
+        return f"cd / && {assignments} {shlex.join(argv)}"
+
+    results = ssh.fan_out(settings, plan.hosts, command, timeout_s + settings.connect_timeout_s + 30)
+    result = parse_result(results[0].stdout)
+    if result is None or any(not r.ok for r in results):
+        where = ", ".join(
+            f"{h} ({'GLOO_SOCKET_IFNAME=' + (env.get('GLOO_SOCKET_IFNAME') or plan.ifnames[h])})"
+            for h in plan.hosts
+        )
+        reported = [e.message for r in results for e in parse_errors(r.stdout)]
+        errors = "\n  ".join(
+            reported or [r.error() for r in results if not r.ok] or ["no result from rank 0"]
+        )
+        raise SpecError(
+            f"the all_reduce across {where} did not complete within {timeout_s:.0f} s:\n  {errors}\n"
+            "  check that the interface reaches the other hosts (`ip route get <master_addr>`), or set "
+            "--gloo-socket-ifname/--nccl-socket-ifname"
+        )
+    return result

@@ -1,0 +1,317 @@
+"""The supervisor of a local job: a process forked by ``launcher submit`` that starts one torchrun agent
+per node, follows them to the job's end and records it.
+
+Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
+FAIL_FAST_GRACE_S) and the root cause is read from torchelastic's error files. A stop request
+(SIGTERM from ``launcher cancel``, or from the kernel when an attached ``launcher submit`` dies) is
+relayed to every agent, whose ranks checkpoint and exit; a second one stops everything at once. No
+process of the job outlives it: it is a child subreaper, every agent gets SIGTERM from the kernel if
+the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import Literal, NoReturn, Protocol
+
+import psutil
+from pydantic import BaseModel, ConfigDict
+
+from launcher.supervisor import procs
+from launcher.job.failures import killed_by, root_cause, stop_outcome
+from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
+from launcher.preflight.parity_step import read_failure
+from launcher.job.plan import NodePlan, Plan
+from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+
+FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
+POLL_S = 0.1
+
+
+class SupervisorHandle(BaseModel):
+    """How a job followed by a supervisor on this machine (local, SSH, compose) is found again (saved as
+    handle.json): the supervisor and the pids of the processes it started (agents, ssh clients)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: Literal["local", "ssh", "compose"] = "local"
+    supervisor: ProcessRef
+    node_pids: list[int] = []
+
+
+class Agents(Protocol):
+    """How the supervisor starts and stops the node agents of one scheduler."""
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        """Start ``node``'s agent, its output appended to the node log. Raises OSError."""
+        ...
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        """Ask every running agent to stop: its ranks checkpoint and exit."""
+        ...
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
+        ...
+
+
+class LocalAgents:
+    """Agents that are child processes of the supervisor."""
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        return _start(node, record)
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)
+        procs.sweep(job_id)
+
+
+class _StopAtOnce(Exception):
+    """A second stop request: stop waiting for checkpoints."""
+
+
+class _StartFailed(Exception):
+    """An agent could not be started; the message names the node."""
+
+
+def start_supervisor(plan: Plan, record: JobRecord, agents: Agents, *, detach: bool) -> SupervisorHandle:
+    """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
+    once it has started every agent (or failed to, which the status records). Attached (not
+    ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by SIGKILL,
+    and stops the job with a checkpoint; detached, it is a grandchild re-parented to init, so it
+    outlives us and is never our zombie."""
+    _ensure_std_fds()  # so the pipe's fds are >= 3 and stay clear of the supervisor's stdio
+    read_fd, write_fd = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
+        if stream is not None:
+            stream.flush()
+    pid = os.fork()
+    if pid == 0:  # never returns into the caller's code
+        os.close(read_fd)
+        if detach and os.fork() != 0:
+            os._exit(0)
+        supervise(plan, record, agents, ready_fd=write_fd, die_with_parent=not detach)
+    os.close(write_fd)
+    if detach:
+        os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as ready:
+        ready.read()  # EOF once every agent started, or the supervisor ended
+    handle = record.handle(SupervisorHandle)
+    if handle is None:  # the supervisor died before it wrote anything
+        record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="the supervisor died"))
+        return SupervisorHandle(scheduler=plan.scheduler, supervisor=ProcessRef(pid=pid, started=0.0))
+    return handle
+
+
+def _ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0-2 that is closed (e.g. `launcher submit --detach <&-`)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
+
+
+def supervise(
+    plan: Plan, record: JobRecord, agents: Agents, *, ready_fd: int, die_with_parent: bool
+) -> NoReturn:
+    """Run the job to its end in this (freshly forked) process, record the outcome and exit with the
+    job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
+    code = EXIT_FAILED
+    try:
+        stop = _StopOnSignal()  # first: replaces the handlers inherited from the forking process
+        os.setsid()
+        if die_with_parent:
+            procs.die_with_parent()
+        record = JobRecord(record.dir.absolute())
+        _detach_from_caller(record.dir / "supervisor.log", keep_fd=ready_fd)
+        code = _run(plan, record, agents, ready_fd, stop)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never unwind into the forking caller's stack
+
+
+def _detach_from_caller(log: Path, keep_fd: int) -> None:
+    """Output to ``log``, no input, no other inherited fd (a caller's pipe must see EOF when the caller
+    exits, not when the job does), and no hold on the caller's working directory. ``keep_fd`` >= 3."""
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, source in ((0, null), (1, fd), (2, fd)):
+        os.dup2(source, target)
+    os.close(fd)
+    os.close(null)
+    os.chdir("/")
+
+
+def _run(plan: Plan, record: JobRecord, control: Agents, ready_fd: int, stop: _StopOnSignal) -> int:
+    procs.become_subreaper()
+    handle = SupervisorHandle(scheduler=plan.scheduler, supervisor=procs.process_ref())
+    record.write_handle(handle)
+    started = time.time()
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        try:
+            for node in plan.nodes:
+                agents.append(control.start(node, record))
+        except OSError as e:  # bad cwd, interpreter gone, out of resources
+            raise _StartFailed(f"node {len(agents)} could not start: {e}") from e
+        record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in agents]}))
+        if record.update_status(state=JobState.RUNNING, started_at=started).state.is_terminal:
+            stop.requested = True  # cancelled while starting: stop what was started
+        os.close(ready_fd)
+        ready_fd = -1
+        grace = record.spec().grace_period_s
+        outcome = _Watch(agents, control, stop, grace, plan, record, started).run()
+    except _StopAtOnce:
+        message = "stopped at once on a second request, without waiting for checkpoints"
+        outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    except _StartFailed as e:
+        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=str(e))
+    except Exception as e:  # the supervisor itself broke: record it, never leave "running" behind
+        traceback.print_exc()
+        message = f"launcher error: {e!r}"
+        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    finally:
+        stop.ignore()  # cleanup must not be cut short by another signal
+        control.kill(plan.job_id, FAIL_FAST_GRACE_S)
+    final = record.finish(outcome)
+    if ready_fd >= 0:
+        os.close(ready_fd)
+    return final.job_exit_code
+
+
+class _Watch:
+    """Follows the agents to the job's end: success, fail-fast on the first failure, or a stop."""
+
+    def __init__(
+        self,
+        agents: list[subprocess.Popen[bytes]],
+        control: Agents,
+        stop: _StopOnSignal,
+        grace: float,
+        plan: Plan,
+        record: JobRecord,
+        started: float,
+    ) -> None:
+        self.agents, self.control, self.stop, self.grace = agents, control, stop, grace
+        self.plan, self.record = plan, record
+        self.started = started
+        self.stop_at: float | None = None
+        self.stop_asked = 0.0  # wall-clock time of the stop request
+
+    def run(self) -> Outcome:
+        while True:
+            codes = [a.poll() for a in self.agents]
+            if all(c == 0 for c in codes):
+                return Outcome(state=JobState.SUCCEEDED, exit_code=0)
+            if self.stop.requested and self.stop_at is None:
+                self._begin_stop()
+            failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
+            if self.stop_at is not None:
+                if all(c is not None for c in codes) or time.monotonic() - self.stop_at > self.grace:
+                    return stop_outcome(self.plan, since=self.stop_asked)
+            elif failed:
+                # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
+                first = min(failed, key=lambda k: killed_by(codes[k]) is None)
+                return self._failed(first, codes[first])
+            time.sleep(POLL_S)
+
+    def _begin_stop(self) -> None:
+        self.stop_at, self.stop_asked = time.monotonic(), time.time()
+        self.control.stop(self.agents)
+
+    def _failed(self, node: int, code: int | None) -> Outcome:
+        marker = read_stop_marker(Path(self.plan.run_dir), since=self.started)
+        if marker is not None and killed_by(code) is None:
+            # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
+            # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
+            psutil.wait_procs([psutil.Process(a.pid) for a in self.agents if a.poll() is None], self.grace)
+            return stop_outcome(self.plan, since=self.started)
+        self.control.kill(self.plan.job_id, FAIL_FAST_GRACE_S)
+        parity = read_failure(self.record.dir, since=self.started)
+        if parity is not None:  # the parity step refused the nodes (compose): its exit code and diff
+            return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
+        failure = root_cause(self.record, self.plan.nnodes, node, code)
+        return Outcome(
+            state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
+        )
+
+
+def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+    with open(record.dir / node.log, "ab") as log:
+        # A new session per node: signals to the supervisor's group do not hit the agents twice. The
+        # kernel sends the agent SIGTERM if the supervisor dies, so no agent trains on orphaned.
+        return subprocess.Popen(
+            node.argv,
+            env=os.environ | node.env,
+            cwd=node.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=procs.die_with_parent,
+        )
+
+
+def start_client(
+    argv: list[str],
+    log: Path,
+    secrets: dict[str, str],
+    *,
+    keep_stdin: bool,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
+    appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
+    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours).
+    Its own session, killed with the supervisor. Raises OSError."""
+    with open(log, "ab") as out:
+        client = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=procs.die_with_parent,
+        )
+    assert client.stdin is not None
+    try:
+        client.stdin.write((json.dumps(secrets) + "\n").encode())
+        client.stdin.flush()
+        if not keep_stdin:
+            client.stdin.close()
+    except OSError:  # the client already failed: its exit code and log tell why
+        pass
+    return client
+
+
+class _StopOnSignal:
+    """SIGTERM, SIGINT and SIGHUP ask the job to stop; a second request while stopping: at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise _StopAtOnce
+        self.requested = True
+        print(f"supervisor: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
+
+    def ignore(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
