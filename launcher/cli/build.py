@@ -88,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Stage the context, build, probe, record (and push). Raises DockerError (exit 2)."""
-    from launcher.image.engine import connect  # the Docker SDK: only for the commands that use it
     from launcher.image.build import BuildFailed, BuildProgress, build, stage_context, variant
+    from launcher.image.engine import connect  # the Docker SDK: only for the commands that use it
     from launcher.image.record import push, record_of
 
     started = time.monotonic()

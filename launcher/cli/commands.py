@@ -19,13 +19,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from launcher.supervisor import procs
 from launcher.cli.flags import UsageError, build_spec
-from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs, new_job_id
 from launcher.job.plan import Plan
+from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs, new_job_id
+from launcher.job.spec import JobSpec, check_text
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
-from launcher.job.spec import JobSpec, check_text
+from launcher.supervisor import procs
 from trainer.contract import EXIT_INTERRUPTED, EXIT_OK, EXIT_PARITY
 
 
@@ -49,7 +49,7 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
         raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
 
 
-def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler, Plan, Path]:
+def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:
     try:
         check_text(str(args.jobs_root), "--jobs-root")
     except ValueError as e:
@@ -57,7 +57,7 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, S
     spec = build_spec(args, trainer_args)
     scheduler = get_scheduler(spec.scheduler.kind)
     facts = scheduler.resolve(spec)
-    check_trainer_args(spec, Path(facts.get("workdir", ".")), scheduler.files_here)
+    check_trainer_args(spec, Path(facts.workdir), scheduler.files_here)
     job_id = new_job_id(spec.name)
     job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
     return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir
@@ -100,7 +100,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     return final.job_exit_code
 
 
-def _submit_or_discard(scheduler: Scheduler, plan: Plan, record: JobRecord, *, detach: bool) -> None:
+def _submit_or_discard(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, *, detach: bool) -> None:
     try:
         scheduler.submit(plan, record, detach=detach)
     except BaseException:  # refused or interrupted before it was accepted: no record of a job never run
@@ -109,7 +109,7 @@ def _submit_or_discard(scheduler: Scheduler, plan: Plan, record: JobRecord, *, d
         raise
 
 
-def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: bool) -> int:
+def _submit_detached(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool) -> int:
     """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
     then stops following, not the job)."""
     _submit_or_discard(scheduler, plan, record, detach=True)
@@ -138,7 +138,7 @@ def _submit_detached(scheduler: Scheduler, plan: Plan, record: JobRecord, wait: 
 
 
 def follow(
-    scheduler: Scheduler,
+    scheduler: Scheduler[Any],
     record: JobRecord,
     out: TextIO | None,
     node: int | None = None,
@@ -180,7 +180,7 @@ class _CancelOnSignal:
     checkpoint); a second one stops it at once. A signal that arrives while the job is being started
     is acted on once it has started. A signal ignored by whoever started us (nohup) stays ignored."""
 
-    def __init__(self, scheduler: Scheduler, record: JobRecord) -> None:
+    def __init__(self, scheduler: Scheduler[Any], record: JobRecord) -> None:
         self.scheduler, self.record = scheduler, record
         self.started, self.pending = False, 0
 
@@ -220,12 +220,12 @@ def _summary(job_id: str, status: JobStatus) -> str:
     return f"launcher: job {job_id} {status.state} after {took:.1f} s{detail}"
 
 
-def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler]:
+def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler[Any]]:
     record = JobRecord.open(args.job, args.jobs_root)
     return record, _scheduler_of(record)
 
 
-def _scheduler_of(record: JobRecord) -> Scheduler:
+def _scheduler_of(record: JobRecord) -> Scheduler[Any]:
     name = record.plan().scheduler
     try:
         return get_scheduler(name)
@@ -302,9 +302,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe the hosts at once, print the table (or JSON), the diff, and with --collective the
     all_reduce bandwidth. Exit 0 when they match, 3 (EXIT_PARITY) when not."""
-    from launcher.schedulers.ssh import hosts as check
-    from launcher.job.options import SshOptions
     from launcher.preflight.parity import compare, diff_text, report_table
+    from launcher.schedulers.ssh import hosts as check
+    from launcher.schedulers.ssh.options import SshOptions
 
     try:
         opts = SshOptions(
@@ -342,8 +342,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_collective(args: argparse.Namespace, opts: Any, probes: dict[str, Any], master: str) -> Any:
-    from launcher.schedulers.ssh import hosts as check
     from launcher.preflight.collective import format_table
+    from launcher.schedulers.ssh import hosts as check
 
     hosts = list(probes)
     settings = check.ssh_settings(opts)

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import argparse
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from launcher.job.options import scheduler_kinds
+from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec
 
-SLURM_GROUP = "slurm (with --scheduler slurm)"
-SSH_GROUP = "ssh (with --scheduler ssh)"
 NETWORK_GROUP = "network (environment of every node)"
-COMPOSE_GROUP = "compose (with --scheduler compose)"
-PARITY_GROUP = "version parity (with --scheduler ssh, slurm or compose)"
-# (flags, dotted JobSpec field, argument group)
+# The JobSpec's own fields: (flags, dotted field, argument group). Each scheduler's flags are generated
+# from its options model (``scheduler_flags``).
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
     (("--nodes",), "nnodes", "job"),
@@ -46,24 +44,6 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--nccl-ib-disable",), "network.nccl_ib_disable", NETWORK_GROUP),
     (("--nccl-debug",), "network.nccl_debug", NETWORK_GROUP),
     (("--debug",), "network.debug", NETWORK_GROUP),
-    (("--partition",), "scheduler.partition", SLURM_GROUP),
-    (("--time",), "scheduler.time", SLURM_GROUP),
-    (("--account",), "scheduler.account", SLURM_GROUP),
-    (("--qos",), "scheduler.qos", SLURM_GROUP),
-    (("--constraint",), "scheduler.constraint", SLURM_GROUP),
-    (("--cpus-per-task",), "scheduler.cpus_per_task", SLURM_GROUP),
-    (("--mem",), "scheduler.mem", SLURM_GROUP),
-    (("--slurm-gpus",), "scheduler.gpus", SLURM_GROUP),
-    (("--max-requeues",), "scheduler.max_requeues", SLURM_GROUP),
-    (("--signal-delay-s",), "scheduler.signal_delay_s", SLURM_GROUP),
-    (("--hostfile",), "scheduler.hostfile", SSH_GROUP),
-    (("--ssh-host-key-check",), "scheduler.host_key_check", SSH_GROUP),
-    (("--ssh-connect-timeout-s",), "scheduler.connect_timeout_s", SSH_GROUP),
-    (("--skip-parity",), "scheduler.skip_parity", PARITY_GROUP),
-    (("--preflight",), "scheduler.preflight", SSH_GROUP),
-    (("--image",), "scheduler.image", COMPOSE_GROUP),
-    (("--shm-size",), "scheduler.shm_size", COMPOSE_GROUP),
-    (("--compose-command",), "scheduler.compose_command", COMPOSE_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
 
@@ -100,27 +80,83 @@ def _help(info: FieldInfo) -> str:
     return text
 
 
+@dataclass
+class SchedulerFlag:
+    """A flag generated from a field of one or more schedulers' options models (same name, same field)."""
+
+    flag: str
+    field: str  # of the options model
+    kinds: list[str]
+    info: FieldInfo
+    split: str | None
+    metavar: str | None
+    group: str | None
+
+    @property
+    def dest(self) -> str:
+        return f"scheduler.{self.field}"
+
+    @property
+    def group_title(self) -> str:
+        kinds = ", ".join(self.kinds[:-1]) + " or " + self.kinds[-1] if len(self.kinds) > 1 else self.kinds[0]
+        return f"{self.group or kinds} (with --scheduler {kinds})"
+
+
+def scheduler_flags() -> dict[str, SchedulerFlag]:
+    """Every registered scheduler's flags by name: ``--<field-name>`` unless the field's ``flag(...)``
+    says otherwise (``launcher.job.options.flag``). A flag shared by several schedulers is one flag."""
+    flags: dict[str, SchedulerFlag] = {}
+    for kind, model in options_models().items():
+        for name, info in model.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            flag = extra.get("flag", "")
+            if name == "kind" or flag is None:
+                continue
+            flag = str(flag or "--" + name.replace("_", "-"))
+            if flag in flags:
+                assert flags[flag].field == name, f"{flag} names two fields: {flags[flag].field}, {name}"
+                flags[flag].kinds.append(kind)
+                continue
+            split, metavar, group = (extra.get(k) for k in ("flag_split", "flag_metavar", "flag_group"))
+            flags[flag] = SchedulerFlag(flag, name, [kind], info, _str(split), _str(metavar), _str(group))
+    return flags
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _argument(dotted: str, info: FieldInfo, metavar: str | None) -> dict[str, Any]:
+    """argparse keywords for a field: typed, with choices and help from the field."""
+    (kind,) = _members(info.annotation)
+    kw: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": _help(info)}
+    if kind is bool:
+        kw["action"] = argparse.BooleanOptionalAction
+    elif get_origin(kind) is Literal:
+        kw["choices"] = list(get_args(kind))
+    elif get_origin(kind) in (list, dict):
+        kw["metavar"] = metavar
+    else:
+        kw["type"] = kind
+        kw["metavar"] = metavar or dotted.rsplit(".", 1)[-1].upper()
+    return kw
+
+
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """Add a flag for every field in FLAGS, typed and documented from the field."""
+    """Add a flag for every field in FLAGS and every scheduler's flag, typed and documented from the
+    field."""
     parser.add_argument("--config", type=Path, help="job config file (YAML; fields below); flags override it")
     groups: dict[str, Any] = {}
-    for flags, dotted, group in FLAGS:
-        target = parser if group == "job" else groups.setdefault(group, parser.add_argument_group(group))
-        info = field_info(dotted)
-        (kind,) = _members(info.annotation)
-        kw: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": _help(info)}
-        if kind is not bool and get_origin(kind) is not Literal:
-            kw["metavar"] = dotted.rsplit(".", 1)[-1].upper()
+
+    def group(title: str) -> Any:
+        return parser if title == "job" else groups.setdefault(title, parser.add_argument_group(title))
+
+    for flags, dotted, title in FLAGS:
+        kw = _argument(dotted, field_info(dotted), None)
         if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
-            kw["metavar"] = "NAME"
-            kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: local)"
-        elif kind is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif get_origin(kind) is Literal:
-            kw["choices"] = list(get_args(kind))
-        else:
-            kw["type"] = kind
-        target.add_argument(*flags, **kw)
+            kw = {k: v for k, v in kw.items() if k != "choices"} | {"metavar": "NAME", "type": str}
+            kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: {DEFAULT_KIND})"
+        group(title).add_argument(*flags, **kw)
     parser.add_argument(
         "--secret-env",
         action="append",
@@ -129,27 +165,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="one more secret environment variable (repeatable; HF_TOKEN and WANDB_API_KEY are): "
         "passed from this shell to the job at run time, never written down",
     )
-    groups[SLURM_GROUP].add_argument(
-        "--slurm-opt",
-        action="append",
-        default=[],
-        metavar="KEY[=VALUE]",
-        help="any other sbatch option, e.g. mail-type=END or exclusive (repeatable)",
-    )
-    groups[SSH_GROUP].add_argument(
-        "--hosts",
-        metavar="H1,H2,...",
-        help="the hosts, comma-separated ([user@]host or ~/.ssh/config aliases); or --hostfile",
-    )
-    groups[SSH_GROUP].add_argument(
-        "--ssh-opt",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an ssh option for every connection (ssh -o), e.g. ProxyJump=bastion (repeatable)",
-    )
-    net = groups[NETWORK_GROUP]
-    net.add_argument(
+    group(NETWORK_GROUP).add_argument(
         "--env",
         action="append",
         default=[],
@@ -157,6 +173,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="extra environment variable for every process (repeatable); OMP_NUM_THREADS and "
         "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
     )
+    for flag in scheduler_flags().values():
+        kw = _argument(flag.dest, flag.info, flag.metavar)
+        if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
+            kw["action"] = "append"  # a repeatable flag: one item each
+        group(flag.group_title).add_argument(flag.flag, **kw)
 
 
 def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str]]:
@@ -165,8 +186,8 @@ def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[
     for name, info in model.model_fields.items():
         models = [m for m in _members(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
         if models:
-            for sub in models:
-                rows += describe_fields(sub, f"{prefix}{name}.")
+            for sub in models:  # a field that several schedulers share is listed once
+                rows += [row for row in describe_fields(sub, f"{prefix}{name}.") if row not in rows]
         elif (prefix + name, _help(info)) not in rows:
             rows.append((prefix + name, _help(info)))
     return rows
@@ -213,18 +234,14 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
     for _, dotted, _ in FLAGS:
         if hasattr(args, dotted):
             _set(tree, dotted, getattr(args, dotted))
+    for flag in scheduler_flags().values():
+        if hasattr(args, flag.dest):
+            _set_scheduler_flag(tree, flag, getattr(args, flag.dest))
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--env {item!r}: use KEY=VALUE")
         _set(tree, f"network.env.{key}", value)
-    if args.hosts is not None:
-        _set(tree, "scheduler.hosts", [h.strip() for h in args.hosts.split(",") if h.strip()])
-    if args.ssh_opt:
-        _set(tree, "scheduler.ssh_opts", list(args.ssh_opt))
-    for item in args.slurm_opt:
-        key, _, value = item.partition("=")
-        _set(tree, f"scheduler.sbatch.{key.removeprefix('--')}", value)
     if args.secret_env:
         from_file = tree.get("secret_env", list(DEFAULT_SECRETS))
         if not isinstance(from_file, list):
@@ -241,6 +258,19 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         raise UsageError(_describe(e, args.config)) from None
 
 
+def _set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -> None:
+    """A scheduler flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
+    mapping flag merged into the mapping of the config file, anything else as given."""
+    if flag.split:
+        value = [v.strip() for v in value.split(flag.split) if v.strip()]
+    elif get_origin(_members(flag.info.annotation)[0]) is dict:
+        for item in value:
+            key, _, item_value = item.partition("=")
+            _set(tree, f"{flag.dest}.{key.removeprefix('--')}", item_value)
+        return
+    _set(tree, flag.dest, value)
+
+
 def _extra_hint(parts: list[str]) -> str:
     """What to do about an unknown field: an option of another scheduler says which."""
     if parts[:1] == ["scheduler"] and len(parts) > 1:
@@ -251,15 +281,22 @@ def _extra_hint(parts: list[str]) -> str:
     return "; remove it or check the spelling"
 
 
+def _scheduler_flag(kind: str | None, dotted: str) -> str | None:
+    """The flag of scheduler ``kind``'s field ``dotted`` ("scheduler.time"), if it has one."""
+    for flag in scheduler_flags().values():
+        if kind in flag.kinds and flag.dest == dotted:
+            return flag.flag
+    return None
+
+
 def _describe(e: ValidationError, config: Path | None) -> str:
     lines = ["invalid job spec:"]
     for err in e.errors():
         # Drop list indexes and the union's tag ("scheduler.local.gpus" -> "scheduler.gpus").
         parts = [str(x) for x in err["loc"] if not isinstance(x, int)]
-        if parts[:1] == ["scheduler"] and len(parts) > 1:
-            parts.pop(1)
+        kind = parts.pop(1) if parts[:1] == ["scheduler"] and len(parts) > 1 else None
         field = ".".join(parts)
-        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind")
+        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind") or _scheduler_flag(kind, field)
         where = f"{field} ({flag})" if flag else field or "job spec"
         got = (
             f" (got {err['input']!r})"

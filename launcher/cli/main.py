@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher import __version__
-
-from launcher.cli import commands
-
 from launcher.cli import build as image_cli
+from launcher.cli import commands
 from launcher.cli.flags import UsageError, add_job_flags, fields_help
-from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
+from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.schedulers.ssh.client import SshError
 from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV

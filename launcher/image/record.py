@@ -42,9 +42,9 @@ class ImageRecord(BaseModel):
 
 
 def probe_image(client: docker.DockerClient, image: str) -> Probe:
-    """Run ``python -m launcher.preflight.probe --json`` in a throwaway container of ``image`` (no network) and
-    return its report. The container is removed whatever happens (an error, a timeout, Ctrl-C). Raises
-    DockerError when the image has no working probe or the engine fails."""
+    """Run ``python -m launcher.preflight.probe --json`` in a throwaway container of ``image`` (no
+    network) and return its report. The container is removed whatever happens (an error, a timeout,
+    Ctrl-C). Raises DockerError when the image has no working probe or the engine fails."""
     argv = ["python", "-m", "launcher.preflight.probe", "--json"]
     try:
         container = client.containers.create(

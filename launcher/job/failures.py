@@ -14,9 +14,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.plan import Plan
-from launcher.schedulers.ssh.client import SSH_FAILED
+from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, read_stop_marker
 
 
@@ -59,10 +58,17 @@ def _global_rank(log: Path, local_rank: int) -> int | None:
 
 
 def root_cause(
-    record: JobRecord, nnodes: int, failed_node: int, exit_code: int | None, since: float = 0.0
+    record: JobRecord,
+    nnodes: int,
+    failed_node: int,
+    exit_code: int | None,
+    since: float = 0.0,
+    transport_error: str | None = None,
 ) -> Failure:
     """The first failure of the job (since ``since``); falls back to the first agent seen failing when
-    no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start)."""
+    no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start).
+    ``transport_error``: what the failed node's exit code means for its scheduler's transport (e.g. a
+    lost ssh connection), which then is the cause."""
     errors = read_errors(record, nnodes, since)
     hosts = {n.node_rank: n.named_host for n in record.plan().nodes}
     signum = killed_by(exit_code)
@@ -75,13 +81,12 @@ def root_cause(
             f"{exit_code}); "
             f"see {record.node_log(failed_node)}",
         )
-    if exit_code == SSH_FAILED and record.plan().scheduler == "ssh":
+    if transport_error is not None:
         return Failure(
             node_rank=failed_node,
             host=hosts.get(failed_node),
             exit_code=exit_code,
-            error=f"the ssh connection to node {failed_node} failed or was lost (ssh exit code 255: "
-            f"the host went down or the network failed); see {record.node_log(failed_node)}",
+            error=f"{transport_error}; see {record.node_log(failed_node)}",
         )
     if errors:
         first = errors[0]

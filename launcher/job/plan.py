@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.schedulers.ssh.client import HOST_RE
+from launcher.job.hostnames import HOST_RE
+from launcher.job.spec import JobSpec, SpecError
+
+
+def node_log_name(node_rank: int) -> str:
+    """The file name of node ``node_rank``'s log in the job record."""
+    return f"node-{node_rank}.log"
 
 
 class NodePlan(BaseModel):
@@ -92,3 +99,62 @@ class Plan(BaseModel):
         for name, content in sorted(self.files.items()):
             lines += ["", f"# file {name}", content.rstrip("\n")]
         return "\n".join(lines) + "\n"
+
+
+class Facts(BaseModel):
+    """What a scheduler's ``resolve`` found at submit (a free port, hosts, GPU slices, an image id),
+    recorded in the Plan apart from the user's spec. Each scheduler extends it with its own fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    workdir: str  # absolute: every node's processes start there
+
+
+class NodeCommand(BaseModel):
+    """One node's process before it is numbered: where, what, with which added environment."""
+
+    model_config = ConfigDict(frozen=True)
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def build_plan(
+    scheduler: str,
+    spec: JobSpec,
+    facts: Facts,
+    job_id: str,
+    *,
+    endpoint: str,
+    run_dir: str,
+    nodes: list[NodeCommand],
+    files: dict[str, str] | None = None,
+    primary: str | None = None,
+) -> Plan:
+    """The Plan of ``nodes`` (node k is the k-th, all in ``facts.workdir``, each logging to its
+    ``node-<k>.log``). ``run_dir``: the trainer's, relative ones taken in the workdir as it does."""
+    return Plan(
+        job_id=job_id,
+        scheduler=scheduler,
+        nnodes=spec.nnodes,
+        nproc_per_node=spec.nproc_per_node,
+        rdzv_endpoint=endpoint,
+        run_dir=str(Path(facts.workdir) / run_dir),
+        nodes=[
+            NodePlan(
+                node_rank=k, host=n.host, argv=n.argv, env=n.env, cwd=facts.workdir, log=node_log_name(k)
+            )
+            for k, n in enumerate(nodes)
+        ],
+        files=files or {},
+        primary=primary,
+        facts=facts.model_dump(mode="json"),
+    )
+
+
+def workdir_of(spec: JobSpec, *, files_here: bool) -> str:
+    """The job's absolute working directory. Raises SpecError when the nodes see this machine's files
+    (``files_here``) and it is not a directory here."""
+    workdir = (spec.workdir or Path.cwd()).absolute()
+    if files_here and not workdir.is_dir():
+        raise SpecError(f"workdir (--workdir) {workdir} is not a directory")
+    return str(workdir)

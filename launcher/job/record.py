@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from launcher.job.plan import Plan
+from launcher.job.plan import Plan, node_log_name
 from launcher.job.spec import JobSpec
 from trainer.contract import EXIT_FAILED, atomic_write_text
 
@@ -129,10 +129,6 @@ class JobStatus(BaseModel):
 def new_job_id(name: str) -> str:
     """``<name>-<UTC yyyymmdd-hhmmss>-<6 hex>``: sortable by time and unique."""
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-
-
-def node_log_name(node_rank: int) -> str:
-    return f"node-{node_rank}.log"
 
 
 def torchelastic_dir(job_dir: Path, node_rank: int | str) -> Path:

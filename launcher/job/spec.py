@@ -14,11 +14,17 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from launcher.job.options import LocalOptions, SchedulerOptions, SlurmOptions, scheduler_kinds
+from launcher.job.options import SchedulerOptions
+from launcher.job.registry import DEFAULT_KIND, options_models, options_union, scheduler_kinds
+
+if TYPE_CHECKING:  # the union of the registered models is built when this module is imported
+    SchedulerOptionsUnion = SchedulerOptions
+else:
+    SchedulerOptionsUnion = options_union()
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -139,9 +145,10 @@ class JobSpec(_Strict):
     """One training job: how many nodes and processes, where, and the trainer's arguments."""
 
     name: str = Field("gpt", description="job name, the prefix of the job id ([A-Za-z0-9._-], up to 64)")
-    scheduler: SchedulerOptions = Field(
-        LocalOptions(),
-        description="where the job runs, and that scheduler's options (kind: local, slurm or ssh)",
+    scheduler: SchedulerOptionsUnion = Field(
+        default_factory=lambda: options_models()[DEFAULT_KIND].model_validate({}),
+        description="where the job runs, and that scheduler's options (kind: one of the registered "
+        "schedulers, see --scheduler)",
     )
     nnodes: int = Field(1, ge=1, le=4096, description="number of nodes, nnodes")
     nproc_per_node: int = Field(
@@ -204,14 +211,14 @@ class JobSpec(_Strict):
     @field_validator("scheduler", mode="before")
     @classmethod
     def _scheduler_kind(cls, v: Any) -> Any:
-        kind = v if isinstance(v, str) else v.get("kind", "local") if isinstance(v, dict) else None
+        kind = v if isinstance(v, str) else v.get("kind", DEFAULT_KIND) if isinstance(v, dict) else None
         if kind is not None and kind not in scheduler_kinds():
             raise ValueError(
                 f"scheduler {kind!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
             )
         if isinstance(v, str):
             return {"kind": v}
-        return {"kind": "local"} | v if isinstance(v, dict) else v
+        return {"kind": DEFAULT_KIND} | v if isinstance(v, dict) else v
 
     @field_validator("secret_env")
     @classmethod
@@ -222,19 +229,8 @@ class JobSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _slurm_times_fit(self) -> JobSpec:
-        opts = self.scheduler
-        if isinstance(opts, SlurmOptions):
-            if opts.time_min * 60 <= opts.signal_delay_s + 60:
-                raise ValueError(
-                    f"scheduler.time {opts.time!r} leaves under a minute before SLURM's warning "
-                    f"{opts.signal_delay_s} s before the end (signal_delay_s): give a longer --time"
-                )
-            if opts.signal_delay_s <= self.grace_period_s:
-                raise ValueError(
-                    f"signal_delay_s ({opts.signal_delay_s}) must exceed grace_period_s "
-                    f"({self.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
-                )
+    def _scheduler_fits_job(self) -> JobSpec:
+        self.scheduler.check_job(self)
         return self
 
     @model_validator(mode="after")
@@ -254,11 +250,12 @@ class JobSpec(_Strict):
             raise ValueError(
                 "OMP_NUM_THREADS is set twice (omp_num_threads / --omp-num-threads and env / --env): keep one"
             )
-        if getattr(self.scheduler, "gpus", None) is not None and "CUDA_VISIBLE_DEVICES" in self.network.env:
-            raise ValueError(
-                "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
-            )
         return self
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment variables given for every process (``network.env``, --env)."""
+        return self.network.env
 
     @property
     def world_size(self) -> int:

@@ -375,7 +375,9 @@ def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher.preflight.collective", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.preflight.collective", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA")
     p.add_argument(
         "--sizes",

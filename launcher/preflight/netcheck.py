@@ -61,7 +61,9 @@ def connect(address: str, port: int, timeout_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launcher.preflight.netcheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.preflight.netcheck", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("listen")
     ls.add_argument("port", type=int)

@@ -1,10 +1,10 @@
 """Version parity inside a SLURM job: the step before training.
 
-The batch script runs ``python -m launcher.preflight.probe --json`` on every allocated node (one ``srun`` step,
-each node's report in ``<job dir>/parity/node-K.json``, its stderr in ``node-K.log``), then this module
-on the batch node: it compares the reports (``launcher.preflight.parity``) and exits 3 (EXIT_PARITY) with the
-field-by-field diff when a must-match field differs or a node has too few GPUs, so the job ends before
-any rank starts. A requeued job runs the step again: it may land on other nodes.
+The batch script runs ``python -m launcher.preflight.probe --json`` on every allocated node (one
+``srun`` step, each node's report in ``<job dir>/parity/node-K.json``, its stderr in ``node-K.log``),
+then this module on the batch node: it compares the reports (``launcher.preflight.parity``) and exits 3
+(EXIT_PARITY) with the field-by-field diff when a must-match field differs or a node has too few GPUs,
+so the job ends before any rank starts. A requeued job runs the step again: it may land on other nodes.
 
 The outcome of a failed step is recorded in ``<job dir>/parity.json`` ({exit_code, message, time}), which
 the SLURM scheduler reads to report the job's end (``slurm_state.end_outcome``).
@@ -108,7 +108,8 @@ def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool) -> StepFai
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launcher.preflight.parity_step``: 0 to go on, 3 on a mismatch, 1 when a node gave no report."""
+    """``python -m launcher.preflight.parity_step``: 0 to go on, 3 on a mismatch, 1 when a node gave no
+    report."""
     parser = argparse.ArgumentParser(
         prog="python -m launcher.preflight.parity_step",
         description="Compare the probe reports of a SLURM job's nodes (run by the job's batch script).",

@@ -1,4 +1,5 @@
-"""What this host runs: ``python -m launcher.preflight.probe [--json]``, run on every host before a multi-host job.
+"""What this host runs: ``python -m launcher.preflight.probe [--json]``, run on every host before a
+multi-host job.
 
 The launcher runs the probe on each host (over ssh, inside SLURM jobs, inside containers) and compares
 the reports (``launcher.preflight.parity``): versions that must match (Python, torch, CUDA, NCCL, cuDNN, key
@@ -372,7 +373,8 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launcher.preflight.probe``: print this host's report. Exits 0 even when names do not resolve."""
+    """``python -m launcher.preflight.probe``: print this host's report. Exits 0 even when names do not
+    resolve."""
     parser = argparse.ArgumentParser(
         prog="python -m launcher.preflight.probe",
         description="Report this host's versions, GPUs and network for the launcher's parity check.",

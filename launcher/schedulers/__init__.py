@@ -1,27 +1,21 @@
-"""Schedulers: where a job runs. Each is one module behind the protocol in ``base``.
-
-Names map to "module:class" so that listing them imports nothing; their option models live in
-``launcher.job.options`` (the same names).
+"""Schedulers: where a job runs. One folder per scheduler (``local/``, ``slurm/``, ``ssh/``,
+``compose/``), each with its options model (``options.py``, found through the registry in
+``launcher.job.registry``), its scheduler (``scheduler.py``, behind the protocol in ``base``) and what only
+it uses. A scheduler folder may import ``launcher.supervisor``, ``launcher.preflight``, ``launcher.image``
+and ``launcher.job``, never another scheduler's folder; nothing below this package imports it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from launcher.job.registry import scheduler_class
 
 if TYPE_CHECKING:
     from launcher.schedulers.base import Scheduler
 
-SCHEDULERS: dict[str, str] = {
-    "local": "launcher.schedulers.local.scheduler:LocalScheduler",
-    "slurm": "launcher.schedulers.slurm.scheduler:SlurmScheduler",
-    "ssh": "launcher.schedulers.ssh.scheduler:SshScheduler",
-    "compose": "launcher.schedulers.compose.scheduler:ComposeScheduler",
-}
 
-
-def get_scheduler(name: str) -> Scheduler:
-    """The scheduler called ``name``. Raises KeyError for an unknown name."""
-    module, cls = SCHEDULERS[name].split(":")
-    scheduler: Scheduler = getattr(importlib.import_module(module), cls)()
+def get_scheduler(name: str) -> Scheduler[Any]:
+    """The scheduler registered as ``name``. Raises KeyError for an unknown name."""
+    scheduler: Scheduler[Any] = scheduler_class(name)()
     return scheduler

@@ -9,20 +9,20 @@ job again from its record alone, from any shell, long after ``submit`` returned.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from launcher.job.plan import Facts, Plan
 from launcher.job.record import JobRecord, JobStatus
-from launcher.job.logs import tail
-from launcher.job.plan import Plan
 from launcher.job.spec import JobSpec
 
+FactsT = TypeVar("FactsT", bound=Facts)
 
-class Scheduler(Protocol):
+
+class Scheduler(Protocol[FactsT]):
     name: str
     # Whether the nodes see this machine's files at the same paths (local: yes; SLURM, SSH: not
     # necessarily). Checks of data paths and checkpoints run at submit only when they do.
@@ -31,13 +31,13 @@ class Scheduler(Protocol):
     # accepted (--wait follows it); otherwise it follows the job to its end unless --detach.
     queued: bool
 
-    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+    def resolve(self, spec: JobSpec) -> FactsT:
         """The facts this submit depends on (free ports, allocation hosts, GPU slices, absolute
         workdir), recorded in the Plan. May probe the machine; starts nothing. Raises SpecError for
         what cannot run here."""
         ...
 
-    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+    def render(self, spec: JobSpec, facts: FactsT, job_id: str, job_dir: Path) -> Plan:
         """The Plan for ``spec`` with ``facts``. Pure: same inputs, same Plan."""
         ...
 
@@ -68,25 +68,3 @@ class Scheduler(Protocol):
         grace period); else at once (asking again while a stop is under way stops the job at once,
         without waiting for checkpoints). Raises JobError when the job cannot be stopped from here."""
         ...
-
-
-def node_logs(scheduler: Scheduler, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
-    """``Scheduler.logs`` for schedulers whose nodes write ``node-<k>.log`` in the job record: the lines
-    as ``<label> | line`` (``NodePlan.label``), with ``follow`` until ``scheduler.state`` is terminal."""
-    nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
-    files = [(n.label, record.node_log(n.node_rank)) for n in nodes]
-    return tail(files, lambda: follow and not scheduler.state(record).state.is_terminal)
-
-
-def wait_terminal(
-    scheduler: Scheduler, record: JobRecord, timeout_s: float, poll_s: float
-) -> JobStatus | None:
-    """The job's status once it is terminal, or None if it is not within ``timeout_s`` seconds (asked
-    every ``poll_s`` seconds)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = scheduler.state(record)
-        if status.state.is_terminal:
-            return status
-        time.sleep(poll_s)
-    return None

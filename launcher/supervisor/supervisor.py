@@ -1,5 +1,6 @@
-"""The supervisor of a local job: a process forked by ``launcher submit`` that starts one torchrun agent
-per node, follows them to the job's end and records it.
+"""The supervisor: a process forked by ``launcher submit`` that starts one agent per node through the
+scheduler's ``Transport`` (a torchrun child here, an ``ssh`` client, a ``docker start --attach``), follows
+them to the job's end and records it.
 
 Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
 FAIL_FAST_GRACE_S) and the root cause is read from torchelastic's error files. A stop request
@@ -11,25 +12,24 @@ the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID`
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Literal, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from launcher.supervisor import procs
 from launcher.job.failures import killed_by, root_cause, stop_outcome
-from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
-from launcher.preflight.parity_step import read_failure
 from launcher.job.plan import NodePlan, Plan
+from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
+from launcher.supervisor import procs, secrets
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
@@ -37,17 +37,17 @@ POLL_S = 0.1
 
 
 class SupervisorHandle(BaseModel):
-    """How a job followed by a supervisor on this machine (local, SSH, compose) is found again (saved as
-    handle.json): the supervisor and the pids of the processes it started (agents, ssh clients)."""
+    """How a job followed by a supervisor on this machine is found again (saved as handle.json): the
+    scheduler, the supervisor and the pids of the processes it started (agents, ssh clients)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: Literal["local", "ssh", "compose"] = "local"
+    scheduler: str = "local"
     supervisor: ProcessRef
     node_pids: list[int] = []
 
 
-class Agents(Protocol):
-    """How the supervisor starts and stops the node agents of one scheduler."""
+class Transport(Protocol):
+    """How the supervisor starts, stops and explains the node agents of one scheduler."""
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         """Start ``node``'s agent, its output appended to the node log. Raises OSError."""
@@ -61,12 +61,22 @@ class Agents(Protocol):
         """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
         ...
 
+    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
+        """What an agent's exit code means for this transport (e.g. ssh's 255: the connection was lost),
+        or None when it is the agent's own."""
+        ...
 
-class LocalAgents:
-    """Agents that are child processes of the supervisor."""
+    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
+        """The outcome of a check that refused the nodes before training (e.g. version parity run
+        inside the nodes) recorded since ``since``, or None."""
+        ...
+
+
+class ChildAgents:
+    """Agents that are child processes of the supervisor, on this machine (a base for transports)."""
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        return _start(node, record)
+        return start_child(node, record)
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
@@ -74,6 +84,12 @@ class LocalAgents:
     def kill(self, job_id: str, grace_s: float) -> None:
         procs.terminate(psutil.Process().children(recursive=True), grace_s)
         procs.sweep(job_id)
+
+    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
+        return None
+
+    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
+        return None
 
 
 class _StopAtOnce(Exception):
@@ -84,7 +100,9 @@ class _StartFailed(Exception):
     """An agent could not be started; the message names the node."""
 
 
-def start_supervisor(plan: Plan, record: JobRecord, agents: Agents, *, detach: bool) -> SupervisorHandle:
+def start_supervisor(
+    plan: Plan, record: JobRecord, transport: Transport, *, detach: bool
+) -> SupervisorHandle:
     """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
     once it has started every agent (or failed to, which the status records). Attached (not
     ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by SIGKILL,
@@ -100,7 +118,7 @@ def start_supervisor(plan: Plan, record: JobRecord, agents: Agents, *, detach: b
         os.close(read_fd)
         if detach and os.fork() != 0:
             os._exit(0)
-        supervise(plan, record, agents, ready_fd=write_fd, die_with_parent=not detach)
+        supervise(plan, record, transport, ready_fd=write_fd, die_with_parent=not detach)
     os.close(write_fd)
     if detach:
         os.waitpid(pid, 0)
@@ -123,7 +141,7 @@ def _ensure_std_fds() -> None:
 
 
 def supervise(
-    plan: Plan, record: JobRecord, agents: Agents, *, ready_fd: int, die_with_parent: bool
+    plan: Plan, record: JobRecord, transport: Transport, *, ready_fd: int, die_with_parent: bool
 ) -> NoReturn:
     """Run the job to its end in this (freshly forked) process, record the outcome and exit with the
     job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
@@ -135,7 +153,7 @@ def supervise(
             procs.die_with_parent()
         record = JobRecord(record.dir.absolute())
         _detach_from_caller(record.dir / "supervisor.log", keep_fd=ready_fd)
-        code = _run(plan, record, agents, ready_fd, stop)
+        code = _run(_Job(plan, record, transport), ready_fd, stop)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -156,25 +174,37 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
     os.chdir("/")
 
 
-def _run(plan: Plan, record: JobRecord, control: Agents, ready_fd: int, stop: _StopOnSignal) -> int:
+@dataclass
+class _Job:
+    """The job a supervisor follows: its Plan, record and transport; its agents once started."""
+
+    plan: Plan
+    record: JobRecord
+    transport: Transport
+    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    grace_s: float = field(init=False)  # the job's grace period (seconds): read once
+
+    def __post_init__(self) -> None:
+        self.grace_s = self.record.spec().grace_period_s
+
+
+def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
     procs.become_subreaper()
-    handle = SupervisorHandle(scheduler=plan.scheduler, supervisor=procs.process_ref())
-    record.write_handle(handle)
-    started = time.time()
-    agents: list[subprocess.Popen[bytes]] = []
+    handle = SupervisorHandle(scheduler=job.plan.scheduler, supervisor=procs.process_ref())
+    job.record.write_handle(handle)
     try:
         try:
-            for node in plan.nodes:
-                agents.append(control.start(node, record))
+            for node in job.plan.nodes:
+                job.agents.append(job.transport.start(node, job.record))
         except OSError as e:  # bad cwd, interpreter gone, out of resources
-            raise _StartFailed(f"node {len(agents)} could not start: {e}") from e
-        record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in agents]}))
-        if record.update_status(state=JobState.RUNNING, started_at=started).state.is_terminal:
+            raise _StartFailed(f"node {len(job.agents)} could not start: {e}") from e
+        job.record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in job.agents]}))
+        if job.record.update_status(state=JobState.RUNNING, started_at=job.started).state.is_terminal:
             stop.requested = True  # cancelled while starting: stop what was started
         os.close(ready_fd)
         ready_fd = -1
-        grace = record.spec().grace_period_s
-        outcome = _Watch(agents, control, stop, grace, plan, record, started).run()
+        outcome = _Watch(job, stop).run()
     except _StopAtOnce:
         message = "stopped at once on a second request, without waiting for checkpoints"
         outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
@@ -186,8 +216,8 @@ def _run(plan: Plan, record: JobRecord, control: Agents, ready_fd: int, stop: _S
         outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
     finally:
         stop.ignore()  # cleanup must not be cut short by another signal
-        control.kill(plan.job_id, FAIL_FAST_GRACE_S)
-    final = record.finish(outcome)
+        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+    final = job.record.finish(outcome)
     if ready_fd >= 0:
         os.close(ready_fd)
     return final.job_exit_code
@@ -196,33 +226,23 @@ def _run(plan: Plan, record: JobRecord, control: Agents, ready_fd: int, stop: _S
 class _Watch:
     """Follows the agents to the job's end: success, fail-fast on the first failure, or a stop."""
 
-    def __init__(
-        self,
-        agents: list[subprocess.Popen[bytes]],
-        control: Agents,
-        stop: _StopOnSignal,
-        grace: float,
-        plan: Plan,
-        record: JobRecord,
-        started: float,
-    ) -> None:
-        self.agents, self.control, self.stop, self.grace = agents, control, stop, grace
-        self.plan, self.record = plan, record
-        self.started = started
+    def __init__(self, job: _Job, stop: _StopOnSignal) -> None:
+        self.job, self.stop = job, stop
         self.stop_at: float | None = None
         self.stop_asked = 0.0  # wall-clock time of the stop request
 
     def run(self) -> Outcome:
+        job = self.job
         while True:
-            codes = [a.poll() for a in self.agents]
+            codes = [a.poll() for a in job.agents]
             if all(c == 0 for c in codes):
                 return Outcome(state=JobState.SUCCEEDED, exit_code=0)
             if self.stop.requested and self.stop_at is None:
                 self._begin_stop()
             failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
             if self.stop_at is not None:
-                if all(c is not None for c in codes) or time.monotonic() - self.stop_at > self.grace:
-                    return stop_outcome(self.plan, since=self.stop_asked)
+                if all(c is not None for c in codes) or time.monotonic() - self.stop_at > job.grace_s:
+                    return stop_outcome(job.plan, since=self.stop_asked)
             elif failed:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 first = min(failed, key=lambda k: killed_by(codes[k]) is None)
@@ -231,26 +251,30 @@ class _Watch:
 
     def _begin_stop(self) -> None:
         self.stop_at, self.stop_asked = time.monotonic(), time.time()
-        self.control.stop(self.agents)
+        self.job.transport.stop(self.job.agents)
 
     def _failed(self, node: int, code: int | None) -> Outcome:
-        marker = read_stop_marker(Path(self.plan.run_dir), since=self.started)
+        job = self.job
+        marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
         if marker is not None and killed_by(code) is None:
             # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
             # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
-            psutil.wait_procs([psutil.Process(a.pid) for a in self.agents if a.poll() is None], self.grace)
-            return stop_outcome(self.plan, since=self.started)
-        self.control.kill(self.plan.job_id, FAIL_FAST_GRACE_S)
-        parity = read_failure(self.record.dir, since=self.started)
-        if parity is not None:  # the parity step refused the nodes (compose): its exit code and diff
-            return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
-        failure = root_cause(self.record, self.plan.nnodes, node, code)
+            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
+            return stop_outcome(job.plan, since=job.started)
+        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        refusal = job.transport.refusal(job.record, job.started)
+        if refusal is not None:
+            return refusal
+        explained = job.transport.explain(job.plan.nodes[node], code)
+        failure = root_cause(job.record, job.plan.nnodes, node, code, transport_error=explained)
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
         )
 
 
-def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+def start_child(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+    """Start ``node``'s argv as a child of this process, output appended to its node log. Raises
+    OSError."""
     with open(record.dir / node.log, "ab") as log:
         # A new session per node: signals to the supervisor's group do not hit the agents twice. The
         # kernel sends the agent SIGTERM if the supervisor dies, so no agent trains on orphaned.
@@ -269,7 +293,7 @@ def _start(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
 def start_client(
     argv: list[str],
     log: Path,
-    secrets: dict[str, str],
+    secret_env: dict[str, str],
     *,
     keep_stdin: bool,
     env: dict[str, str] | None = None,
@@ -289,13 +313,7 @@ def start_client(
             preexec_fn=procs.die_with_parent,
         )
     assert client.stdin is not None
-    try:
-        client.stdin.write((json.dumps(secrets) + "\n").encode())
-        client.stdin.flush()
-        if not keep_stdin:
-            client.stdin.close()
-    except OSError:  # the client already failed: its exit code and log tell why
-        pass
+    secrets.send(client.stdin, secret_env, keep_open=keep_stdin)
     return client
 
 

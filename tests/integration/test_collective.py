@@ -235,7 +235,8 @@ def test_format_table_has_a_row_per_size_with_units() -> None:
 
 def test_importing_the_module_does_not_import_torch() -> None:
     code = (
-        "import sys, launcher.preflight.collective; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+        "import sys, launcher.preflight.collective; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )
     proc = run([sys.executable, "-c", code], check=True)
     assert proc.stdout.strip() == "[]"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
-from launcher.schedulers.base import wait_terminal
-from launcher.schedulers.local.scheduler import LocalScheduler
 from launcher.job.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of
 from trainer.contract import EXIT_PARITY
 
@@ -127,8 +127,16 @@ def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: 
     # digest, so the nodes refuse before the command runs, and the job ends with exit 3 and the diff
     spec, job_dir = JobSpec(nnodes=2), tmp_path / "job-1"
     facts = {"workdir": str(tmp_path), "rdzv_host": "127.0.0.1", "rdzv_port": 29556, "omp_num_threads": 1}
-    plan = LocalScheduler().render(spec, facts | {"gpus": []}, "job-1", job_dir)
-    entry = [sys.executable, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir), "--nodes", "2"]
+    plan = LocalScheduler().render(spec, LocalFacts(**facts, gpus=[]), "job-1", job_dir)
+    entry = [
+        sys.executable,
+        "-m",
+        "launcher.schedulers.compose.node",
+        "--job-dir",
+        str(job_dir),
+        "--nodes",
+        "2",
+    ]
     nodes = [
         node.model_copy(
             update={

@@ -24,7 +24,18 @@ def test_recorded_versions_are_what_the_probe_finds_inside(
     engine: dict[str, str], cpu_image: dict[str, Any]
 ) -> None:
     inside = json.loads(
-        docker(engine, "run", "--rm", "--network", "none", TAG, "python", "-m", "launcher.preflight.probe", "--json")
+        docker(
+            engine,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            TAG,
+            "python",
+            "-m",
+            "launcher.preflight.probe",
+            "--json",
+        )
     )
     versions = cpu_image["versions"]
     assert versions["torch"] == inside["torch"] and versions["torch"].endswith("+cpu")

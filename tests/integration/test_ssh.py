@@ -179,7 +179,8 @@ def test_killed_agent_on_one_host_ends_the_job_everywhere(
 ) -> None:
     hosts = first_hosts(hostfile, 2, tmp_path)
     run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
-    argv = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--scheduler", "ssh",
+    argv = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit",
+            "--scheduler", "ssh",
             "--hostfile", str(hosts), "--nodes", "2",
             "--", *train_args(prepared_data, run_dir, 100000)]  # fmt: skip
     submit = subprocess.Popen(

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from launcher.image.engine import DEFAULT_HOST, engine_env, with_engine
-from launcher.job.options import ComposeOptions
-from launcher.preflight.probe import collect
-from launcher.schedulers.compose.scheduler import ComposeScheduler
 from launcher.job.spec import JobSpec
+from launcher.preflight.probe import collect
+from launcher.schedulers.compose.options import ComposeOptions
+from launcher.schedulers.compose.scheduler import ComposeFacts, ComposeScheduler
 from trainer.contract import EXIT_PARITY
 
 IMAGE_ID = "sha256:" + "c" * 64
@@ -28,7 +28,7 @@ def facts(workdir: Path, gpus: bool = False) -> dict[str, Any]:
     return {
         "workdir": str(workdir), "image": "gptlaunch:cpu", "image_id": IMAGE_ID,
         "compose": ["docker-compose"], "gpus": gpus, "user": "1000:1000", "rdzv_port": 29500,
-        "omp_num_threads": 1,
+        "omp_num_threads": 1, "docker_env": {},
     }  # fmt: skip
 
 
@@ -41,7 +41,9 @@ def render(
         scheduler=ComposeOptions(image="gptlaunch:cpu"),
         trainer_args=trainer_args,
     )
-    plan = ComposeScheduler().render(spec, facts(tmp_path, gpus), "job-1", tmp_path / "jobs" / "job-1")
+    plan = ComposeScheduler().render(
+        spec, ComposeFacts(**facts(tmp_path, gpus)), "job-1", tmp_path / "jobs" / "job-1"
+    )
     return plan, yaml.safe_load(plan.files[plan.primary])
 
 
@@ -56,7 +58,10 @@ def test_one_service_per_node_on_the_job_network(tmp_path: Path) -> None:
         assert service["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert service["environment"]["GPTLAUNCH_IMAGE_DIGEST"] == IMAGE_ID
         command = service["command"]
-        assert command[:3] == ["python", "-m", "launcher.schedulers.compose.node"] and f"--node={k}" not in command
+        assert (
+            command[:3] == ["python", "-m", "launcher.schedulers.compose.node"]
+            and f"--node={k}" not in command
+        )
         assert command[command.index("--node") + 1] == str(k)
         assert "--rdzv-endpoint=node0:29500" in command
         volumes = service["volumes"]

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from launcher.supervisor import procs
 from launcher.job.record import JobRecord, JobState, JobStatus, ProcessRef
-from launcher.schedulers.local.scheduler import LocalScheduler
-from launcher.supervisor.supervisor import SupervisorHandle
 from launcher.job.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+from launcher.supervisor import procs
+from launcher.supervisor.supervisor import SupervisorHandle
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
 
 
 def _record(tmp_path: Path, status: JobStatus, spec: JobSpec | None = None) -> JobRecord:
     spec = spec or JobSpec(nnodes=2)
-    plan = LocalScheduler().render(spec, FACTS, "job-1", tmp_path / "job-1")
+    plan = LocalScheduler().render(spec, LocalFacts(**FACTS), "job-1", tmp_path / "job-1")
     return JobRecord.create(tmp_path / "job-1", spec, plan, status)
 
 
@@ -104,14 +104,18 @@ def test_status_of_a_finished_job_imports_no_torch_and_answers_fast(tmp_path: Pa
     assert "node0 | hello" in out.stdout and "succeeded" in out.stdout
 
 
-def test_the_spec_imports_no_scheduler_and_every_scheduler_has_an_options_model() -> None:
-    probe = "import sys, launcher.job.spec; print(sorted(m for m in sys.modules if m.startswith('launcher.')))"
+def test_the_spec_loads_only_options_models_and_every_registered_scheduler_has_a_class() -> None:
+    probe = (
+        "import sys, launcher.job.spec; print(sorted(m for m in sys.modules if m.startswith('launcher.')))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert "launcher.schedulers" not in out.stdout, out.stdout
-    from launcher.job.options import scheduler_kinds
-    from launcher.schedulers import SCHEDULERS
+    loaded = [m for m in eval(out.stdout) if m.startswith("launcher.schedulers.")]
+    assert loaded and not [m for m in loaded if m.endswith(".scheduler")], loaded
+    from launcher.job.registry import scheduler_kinds
+    from launcher.schedulers import get_scheduler
 
-    assert sorted(SCHEDULERS) == sorted(scheduler_kinds())
+    assert {"local", "slurm", "ssh", "compose"} <= set(scheduler_kinds())
+    assert [get_scheduler(kind).name for kind in scheduler_kinds()] == scheduler_kinds()
 
 
 def test_options_of_a_scheduler_are_checked_by_that_schedulers_model() -> None:

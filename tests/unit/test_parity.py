@@ -213,7 +213,15 @@ def test_readable_listing(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_from_the_command_line_is_a_valid_probe() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.preflight.probe", "--json", "--free-port", "--resolve", "nope.invalid"],
+        [
+            sys.executable,
+            "-m",
+            "launcher.preflight.probe",
+            "--json",
+            "--free-port",
+            "--resolve",
+            "nope.invalid",
+        ],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.job.plan import NodePlan, Plan
-from launcher.schedulers.local.scheduler import LocalScheduler
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import with_run_dir
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -42,7 +42,7 @@ FACTS = {
 
 
 def _render(spec: JobSpec, **facts: object) -> Plan:
-    return LocalScheduler().render(spec, FACTS | facts, "gold-job", Path("/jobs/gold-job"))
+    return LocalScheduler().render(spec, LocalFacts(**FACTS | facts), "gold-job", Path("/jobs/gold-job"))
 
 
 @pytest.mark.parametrize("form", ["txt", "json"])
@@ -101,7 +101,7 @@ def test_emulated_nodes_on_a_gpu_machine_get_disjoint_devices() -> None:
     spec = JobSpec.model_validate(
         {"nnodes": 2, "nproc_per_node": 2, "network": {"env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}}
     )
-    plan = _render(spec, gpus=LocalScheduler().resolve(spec)["gpus"])
+    plan = _render(spec, gpus=LocalScheduler().resolve(spec).gpus)
     assert [n.env["CUDA_VISIBLE_DEVICES"] for n in plan.nodes] == ["4,5", "6,7"]
 
 
@@ -115,7 +115,7 @@ def test_more_processes_than_gpus_is_refused() -> None:
 
 def test_omp_num_threads_from_env_is_honoured_not_overridden() -> None:
     spec = JobSpec.model_validate({"nnodes": 2, "network": {"env": {"OMP_NUM_THREADS": "3"}}})
-    plan = _render(spec, omp_num_threads=LocalScheduler().resolve(spec)["omp_num_threads"])
+    plan = _render(spec, omp_num_threads=LocalScheduler().resolve(spec).omp_num_threads)
     assert {n.env["OMP_NUM_THREADS"] for n in plan.nodes} == {"3"}
 
 
@@ -123,8 +123,8 @@ def test_resolved_facts_go_to_the_plan_and_the_spec_stays_as_asked() -> None:
     spec = JobSpec.model_validate({"nnodes": 2})
     facts = LocalScheduler().resolve(spec)
     plan = LocalScheduler().render(spec, facts, "j", Path("/jobs/j"))
-    assert plan.facts["rdzv_port"] == facts["rdzv_port"] > 0 and plan.rdzv_endpoint.endswith(
-        f":{facts['rdzv_port']}"
+    assert plan.facts["rdzv_port"] == facts.rdzv_port > 0 and plan.rdzv_endpoint.endswith(
+        f":{facts.rdzv_port}"
     )
     assert spec.rendezvous.port is None and spec.workdir is None
 
@@ -133,7 +133,7 @@ def test_the_default_workdir_is_the_current_directory_at_submit_not_at_import(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert LocalScheduler().resolve(JobSpec())["workdir"] == str(tmp_path)
+    assert LocalScheduler().resolve(JobSpec()).workdir == str(tmp_path)
 
 
 def test_a_malformed_thread_count_from_the_environment_is_a_clear_error() -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from launcher.cli.main import main
-from launcher.job.record import JobState
-from launcher.job.options import SlurmOptions, slurm_minutes
 from launcher.job.placeholders import PORT_BASE, PORT_SPAN, substitute
 from launcher.job.plan import Plan
-from launcher.schedulers.slurm.scheduler import SCRIPT, SlurmScheduler
-from launcher.schedulers.slurm.state import job_state
+from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
+from launcher.schedulers.slurm.options import SlurmOptions, slurm_minutes
+from launcher.schedulers.slurm.scheduler import SCRIPT, SlurmFacts, SlurmScheduler
+from launcher.schedulers.slurm.state import job_state
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FACTS = {"workdir": "/work/job", "gpus_per_node": 0}
@@ -38,7 +38,7 @@ def _spec(**fields: object) -> JobSpec:
 
 
 def _render(spec: JobSpec, job_dir: str = "/jobs/gold-job", **facts: object) -> Plan:
-    return SlurmScheduler().render(spec, FACTS | facts, "gold-job", Path(job_dir))
+    return SlurmScheduler().render(spec, SlurmFacts(**FACTS | facts), "gold-job", Path(job_dir))
 
 
 def _check_golden(text: str, name: str) -> None:
@@ -123,7 +123,7 @@ def test_gpus_are_requested_only_when_wanted() -> None:
     assert "--gpus-per-node=1" not in _render(_spec()).to_text()
     assert "#SBATCH --gpus-per-node=1" in _render(_spec(), gpus_per_node=1).to_text()
     spec = _spec(scheduler={"kind": "slurm", "gpus": False})
-    assert SlurmScheduler().resolve(spec)["gpus_per_node"] == 0
+    assert SlurmScheduler().resolve(spec).gpus_per_node == 0
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from launcher.job.record import JobRecord, JobState, JobStatus
-from launcher.schedulers.slurm.scheduler import SlurmScheduler
+from launcher.job.spec import JobSpec
+from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 from launcher.schedulers.slurm.task import failed_name
-from launcher.job.spec import JobSpec
 from trainer.contract import write_stop_marker
 
 
@@ -21,7 +21,7 @@ from trainer.contract import write_stop_marker
 def record(tmp_path: Path) -> JobRecord:
     spec = JobSpec.model_validate({"nnodes": 2, "scheduler": "slurm"})
     job_dir = tmp_path / "job"
-    plan = SlurmScheduler().render(spec, {"workdir": str(tmp_path), "gpus_per_node": 0}, "j", job_dir)
+    plan = SlurmScheduler().render(spec, SlurmFacts(workdir=str(tmp_path), gpus_per_node=0), "j", job_dir)
     return JobRecord.create(job_dir, spec, plan, JobStatus(created_at=time.time() - 60))
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.job.failures import killed_by
-from launcher.job.options import SshOptions
-from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
-from launcher.preflight.probe import Probe, Route
-from launcher.schedulers.ssh.scheduler import SshScheduler
 from launcher.job.spec import JobSpec, SpecError
+from launcher.preflight.probe import Probe, Route
 from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
+from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
+from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
+from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
 
 
 def test_hostfile_lines_comments_and_slots() -> None:
@@ -113,13 +113,14 @@ def test_plan_quotes_every_value_for_the_remote_shell() -> None:
         "workdir": "/w d", "hosts": ["a", "b"], "master_addr": "a", "rdzv_port": 29500,
         "ifnames": {"a": "eth0", "b": "ens5"}, "omp_num_threads": None,
     }  # fmt: skip
-    plan = SshScheduler().render(spec, facts, "job-1", Path("/jobs/job-1"))
+    plan = SshScheduler().render(spec, SshFacts(**facts), "job-1", Path("/jobs/job-1"))
     assert [n.env["GLOO_SOCKET_IFNAME"] for n in plan.nodes] == ["eth0", "ens5"]
     line = plan.nodes[1].shell_command()
     words = shlex.split(line)  # what a POSIX shell on the host splits it into
     assert words[:3] == ["cd", "--", "/w d"] and "NOTE=it's $(bad)" in words
     assert "/r/x y/$(touch p)" in words and "--rdzv-endpoint=a:29500" in words
-    assert words[words.index("launcher.schedulers.ssh.hostagent") + 1 : words.index("launcher.schedulers.ssh.hostagent") + 6] == [
+    agent = words.index("launcher.schedulers.ssh.hostagent")
+    assert words[agent + 1 : agent + 6] == [
         "run", "--job", "job-1", "--node", "1",
     ]  # fmt: skip
 

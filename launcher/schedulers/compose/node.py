@@ -1,12 +1,12 @@
-"""The entry point of a compose node's container: ``python -m launcher.schedulers.compose.node --job-dir D --node K
---nodes N [--gpus-per-node G] [--skip-parity] -- TORCHRUN_ARGV...``.
+"""The entry point of a compose node's container: ``python -m launcher.schedulers.compose.node
+--job-dir D --node K --nodes N [--gpus-per-node G] [--skip-parity] -- TORCHRUN_ARGV...``.
 
 1. Secrets: one JSON line on stdin (written by the launcher's ``docker start --attach --interactive``),
    given to torchrun's environment only: they are in no compose file, container config or log.
 2. Version parity: this container's probe goes to ``D/parity/node-K.json``; once every node's report is
-   there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the SLURM step's
-   comparison): on a mismatch the node exits 3 with the diff before any rank starts and records it in
-   ``D/parity.json`` (the job's exit code and message).
+   there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
+   SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
+   records it in ``D/parity.json`` (the job's exit code and message).
 3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own.
 """
 
@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import sys
 import time
 from pathlib import Path
 
-from launcher.schedulers.ssh.hostagent import read_secrets
 from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
 from launcher.preflight.probe import collect
+from launcher.supervisor.secrets import receive
 from trainer.contract import EXIT_FAILED, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
@@ -42,14 +41,10 @@ def _wait_for_reports(probes: Path, nnodes: int, timeout_s: float) -> None:
 def _secrets() -> dict[str, str]:
     """The launcher's secrets line from stdin. A compose file run by hand (``docker compose up``) keeps
     stdin open with no writer: after SECRETS_TIMEOUT_S the node starts without secrets, and says so."""
-    if (
-        sys.stdin is None
-        or sys.stdin.isatty()
-        or not select.select([sys.stdin], [], [], SECRETS_TIMEOUT_S)[0]
-    ):
+    secrets = receive(SECRETS_TIMEOUT_S)
+    if secrets is None:
         print("compose_node: no secrets line on stdin (run by hand?): none given to torchrun", flush=True)
         return {}
-    secrets = read_secrets()
     print(f"compose_node: secrets given to torchrun: {', '.join(sorted(secrets)) or 'none'}", flush=True)
     return secrets
 

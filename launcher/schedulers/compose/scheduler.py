@@ -1,14 +1,14 @@
 """The compose scheduler: a multi-node job as one container per node on one Docker engine, on the job's
 own network — a two-node cluster on one machine.
 
-``render`` writes the compose file (``launcher.schedulers.compose.file``; ``launcher render --scheduler compose``
-prints it). ``submit`` creates the network and the containers (``<compose> up --no-start``, with
-``docker compose`` v2 or ``docker-compose`` v1: the Docker SDK has no compose API), then the local
-scheduler's supervisor follows one ``docker start --attach --interactive`` per node as that node's
-agent: its output is the node log, its exit code the container's, the secrets go in on its stdin.
-Fail-fast, stop and cancel are the local scheduler's; stopping a node is ``docker kill --signal
-TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the job, whatever it is, is
-``<compose> down``: containers and network removed.
+``render`` writes the compose file (``launcher.schedulers.compose.file``; ``launcher render --scheduler
+compose`` prints it). ``submit`` creates the network and the containers (``<compose> up --no-start``,
+with ``docker compose`` v2 or ``docker-compose`` v1: the Docker SDK has no compose API), then the
+supervisor (``launcher.supervisor``) follows one ``docker start --attach --interactive`` per node as
+that node's agent: its output is the node log, its exit code the container's, the secrets go in on its
+stdin. Fail-fast, stop and cancel are every supervised scheduler's (``SupervisedScheduler``); stopping a
+node is ``docker kill --signal TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the
+job, whatever it is, is ``<compose> down``: containers and network removed.
 """
 
 from __future__ import annotations
@@ -22,25 +22,24 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import psutil
 from docker.errors import DockerException
 
-from launcher.supervisor import procs
-from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
-from launcher.job.record import JobRecord, node_log_name
-from launcher.job.options import ComposeOptions
-from launcher.job.plan import NodePlan, Plan
-from launcher.preflight.probe import IMAGE_DIGEST_ENV
-from launcher.schedulers.local.scheduler import LocalScheduler, workdir_of
-from launcher.supervisor.supervisor import SupervisorHandle, start_client, start_supervisor
+from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
+from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
-from trainer.cli import parse_train_args
+from launcher.preflight.parity_step import read_failure
+from launcher.preflight.probe import IMAGE_DIGEST_ENV
+from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
+from launcher.schedulers.compose.options import ComposeOptions
+from launcher.supervisor import procs
+from launcher.supervisor.scheduler import SupervisedScheduler
+from launcher.supervisor.supervisor import ChildAgents, SupervisorHandle, start_client
 from trainer.contract import atomic_write_text
-from trainer.corpus import expand_text_files
+from trainer.precheck import expand_text_files, parse_train_args
 
 CONTAINER_PYTHON = "python"  # the image's virtualenv is first on its PATH
 CONTAINER_IFNAME = "eth0"  # a container's interface on the job network
@@ -48,12 +47,23 @@ DEFAULT_RDZV_PORT = 29500  # each container has its own ports: no need to look f
 COMPOSE_TIMEOUT_S = 300.0
 
 
-class ComposeScheduler(LocalScheduler):
+class ComposeFacts(Facts):
+    image: str  # as the user named it
+    image_id: str  # what every node runs
+    compose: list[str]  # the compose client's argv
+    docker_env: dict[str, str]  # the engine's DOCKER_* variables: every later call goes there
+    gpus: bool
+    user: str  # uid:gid the containers run as
+    rdzv_port: int
+    omp_num_threads: int | None
+    writable: tuple[str, ...] = ()  # host paths mounted read-write, created before the containers (render)
+
+
+class ComposeScheduler(SupervisedScheduler):
     name = "compose"
     files_here = True  # the containers see the job's paths where this machine does (bind mounts)
-    queued = False
 
-    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+    def resolve(self, spec: JobSpec) -> ComposeFacts:
         """The image's id (all nodes run exactly it), the compose client, whether to reserve GPUs, the
         user the containers run as. Raises DockerError (no engine, no such image, no compose client)."""
         opts = _options(spec)
@@ -61,7 +71,7 @@ class ComposeScheduler(LocalScheduler):
             raise SpecError("rendezvous.endpoint (--rdzv-endpoint): with compose, node0 hosts the rendezvous")
         if "python" in spec.model_fields_set:
             raise SpecError("python (--python): with compose, the image's Python runs torchrun; drop it")
-        workdir = workdir_of(spec)
+        workdir = workdir_of(spec, files_here=self.files_here)
         client = connect()
         if shutil.which("docker") is None:  # the agents are `docker start --attach` clients
             raise DockerError(
@@ -75,90 +85,76 @@ class ComposeScheduler(LocalScheduler):
                 f"{opts.image}`) or pull it"
             ) from None
         gpus = opts.gpus if opts.gpus is not None else "nvidia" in (client.info().get("Runtimes") or {})
-        return {
-            "workdir": str(workdir),
-            "image": opts.image,
-            "image_id": image_id,
-            "compose": compose_command(opts.compose_command),
-            "docker_env": engine_env(),
-            "gpus": gpus,
-            "user": f"{os.getuid()}:{os.getgid()}",
-            "rdzv_port": spec.rendezvous.port or DEFAULT_RDZV_PORT,
-            "omp_num_threads": _threads(spec),
-        }
+        return ComposeFacts(
+            workdir=workdir,
+            image=opts.image,
+            image_id=image_id,
+            compose=compose_command(opts.compose_command),
+            docker_env=engine_env(),
+            gpus=gpus,
+            user=f"{os.getuid()}:{os.getgid()}",
+            rdzv_port=spec.rendezvous.port or DEFAULT_RDZV_PORT,
+            omp_num_threads=_threads(spec),
+        )
 
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
         """Nothing: parity runs inside the containers, before training."""
 
-    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
-        endpoint = f"{service_name(0)}:{facts['rdzv_port']}"
+    def render(self, spec: JobSpec, facts: ComposeFacts, job_id: str, job_dir: Path) -> Plan:
+        endpoint = f"{service_name(0)}:{facts.rdzv_port}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
         inside = spec.model_copy(update={"python": CONTAINER_PYTHON})
-        env = agent_env(spec, job_id, facts["omp_num_threads"]) | {
-            IMAGE_DIGEST_ENV: facts["image_id"],
+        env = agent_env(spec, job_id, facts.omp_num_threads) | {
+            IMAGE_DIGEST_ENV: facts.image_id,
             "HOME": "/tmp",  # the submitting user has no home in the image
         }
         env = {"NCCL_SOCKET_IFNAME": CONTAINER_IFNAME, "GLOO_SOCKET_IFNAME": CONTAINER_IFNAME} | env
-        gpus = spec.nproc_per_node if facts["gpus"] else 0
-        nodes = []
+        gpus = spec.nproc_per_node if facts.gpus else 0
         agents = node_agents(inside, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
-        for k, agent in enumerate(agents):
-            entry = [
-                CONTAINER_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir), "--node", str(k),
-                "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
+
+        def entry(k: int) -> list[str]:
+            return [
+                CONTAINER_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir),
+                "--node", str(k), "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
                 *(["--skip-parity"] if _options(spec).skip_parity else []), "--",
             ]  # fmt: skip
-            nodes.append(
-                NodePlan(
-                    node_rank=k,
-                    host="localhost",  # the engine's machine; the service is node{k}
-                    argv=[*entry, *agent],
-                    env=env,
-                    cwd=facts["workdir"],
-                    log=node_log_name(k),
-                )
-            )
-        run_path = Path(facts["workdir"]) / run_dir
-        mounts = job_mounts(args, Path(facts["workdir"]), job_dir, run_path)
+
+        nodes = [  # host: the engine's machine; the service is node{k}
+            NodeCommand(host="localhost", argv=[*entry(k), *agent], env=env) for k, agent in enumerate(agents)
+        ]
+        mounts = job_mounts(args, Path(facts.workdir), job_dir, Path(facts.workdir) / run_dir)
+        facts = facts.model_copy(update={"writable": tuple(m.path for m in mounts if not m.read_only)})
+        plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         text = render(
             job_id,
-            nodes,
-            image_id=facts["image_id"],
-            user=facts["user"],
+            plan.nodes,
+            image_id=facts.image_id,
+            user=facts.user,
             mounts=mounts,
             shm_size=_options(spec).shm_size,
             gpus_per_node=gpus,
         )
-        return Plan(
-            job_id=job_id,
-            scheduler=self.name,
-            nnodes=spec.nnodes,
-            nproc_per_node=spec.nproc_per_node,
-            rdzv_endpoint=endpoint,
-            run_dir=str(run_path),
-            nodes=nodes,
-            files={COMPOSE_FILE: text},
-            primary=COMPOSE_FILE,
-            facts=facts | {"writable": [m.path for m in mounts if not m.read_only]},
-        )
+        return plan.model_copy(update={"files": {COMPOSE_FILE: text}, "primary": COMPOSE_FILE})
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         """Write the compose file, create the network and containers, and start following them."""
-        spec = record.spec()
-        compose = Compose(plan, record.dir)
+        compose = self.transport(plan, record).compose
         compose.write(plan.files[COMPOSE_FILE])
-        for path in plan.facts["writable"]:
+        for path in ComposeFacts.model_validate(plan.facts).writable:
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         try:
             compose.create()
-            return start_supervisor(plan, record, ComposeAgents(compose, spec.secrets_here()), detach=detach)
+            return super().submit(plan, record, detach=detach)
         except BaseException:  # refused, timed out or Ctrl-C: nothing will follow what was created
             if not record.has_handle():
                 with contextlib.suppress(DockerError):
                     compose.down(0)
             raise
 
-    def _remaining(self, record: JobRecord) -> str:
+    def transport(self, plan: Plan, record: JobRecord) -> ComposeAgents:
+        return ComposeAgents(Compose(plan, record.dir), record.spec().secrets_here())
+
+    def remaining(self, record: JobRecord) -> str:
         """The containers that still run; the stopped ones (and the network) of a job nothing follows any
         more are removed here, so that a job whose supervisor died leaves nothing either."""
         compose = Compose(record.plan(), record.dir)
@@ -172,7 +168,7 @@ class ComposeScheduler(LocalScheduler):
             return f"container(s) {', '.join(running)} still run (`launcher cancel` stops them)"
         return ""
 
-    def _sweep(self, record: JobRecord, grace_s: float) -> None:
+    def sweep(self, record: JobRecord, grace_s: float) -> None:
         Compose(record.plan(), record.dir).down(grace_s)
 
 
@@ -242,11 +238,12 @@ class Compose:
 
     def __init__(self, plan: Plan, job_dir: Path) -> None:
         self.plan, self.file = plan, job_dir / COMPOSE_FILE
+        facts = ComposeFacts.model_validate(plan.facts)
         project = re.sub(r"[^a-z0-9_-]", "-", f"gptlaunch-{plan.job_id}".lower())
-        self.argv = [*plan.facts["compose"], "--project-name", project, "--file", str(self.file)]
+        self.argv = [*facts.compose, "--project-name", project, "--file", str(self.file)]
         # Every docker and compose call goes to the engine the image was found on, whatever the DOCKER_HOST
         # or docker context of the shell that runs `status` or `cancel` later.
-        self.env = with_engine(plan.facts.get("docker_env", {}))
+        self.env = with_engine(facts.docker_env)
 
     def write(self, text: str) -> None:
         atomic_write_text(self.file, text)
@@ -295,15 +292,16 @@ def _last_lines(text: str) -> str:
     return " / ".join(text.strip().splitlines()[-3:]) or "no output"
 
 
-class ComposeAgents:
-    """The supervisor's agents for compose: one ``docker start --attach --interactive`` per node."""
+class ComposeAgents(ChildAgents):
+    """The supervisor's transport for compose: one ``docker start --attach --interactive`` per node."""
 
     def __init__(self, compose: Compose, secrets: dict[str, str]) -> None:
         self.compose, self.secrets = compose, secrets
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        # The secrets are read once by launcher.schedulers.compose.node, which gives them to torchrun only. Stdin
-        # stays open: at its end, `docker start --attach` detaches and the node log would stay empty.
+        # The secrets are read once by launcher.schedulers.compose.node, which gives them to torchrun
+        # only. Stdin stays open: at its end, `docker start --attach` detaches and the node log would
+        # stay empty.
         argv = ["docker", "start", "--attach", "--interactive", container_name(record.job_id, node.node_rank)]
         return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True, env=self.compose.env)
 
@@ -314,6 +312,12 @@ class ComposeAgents:
                 self.compose.run(["docker", "kill", "--signal", "TERM", *names], 60)
             except DockerError as e:  # the end of the grace period kills them all (kill below)
                 print(f"stopping the containers: {e}", file=sys.stderr, flush=True)
+
+    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
+        parity = read_failure(record.dir, since=since)  # the parity step in the containers refused
+        if parity is None:
+            return None
+        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
 
     def kill(self, job_id: str, grace_s: float) -> None:
         try:

@@ -20,22 +20,25 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.job.record import JobError, JobRecord, JobState, JobStatus, node_log_name, torchelastic_dir
-from launcher.job.options import SlurmOptions
+from launcher.job.follow import node_logs, wait_terminal
+from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
+from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
+from launcher.job.spec import JobSpec, SpecError
+from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
 from launcher.preflight.parity_step import batch_lines
-from launcher.job.plan import NodePlan, Plan
-from launcher.schedulers.base import node_logs, wait_terminal
+from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
-from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
 
 SCRIPT = "job.sbatch"
+# What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
+# `submit` runs exactly this, computing nothing of its own.
+SUBMITIT_REQUEST = "submitit.json"
 POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
 NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
@@ -61,16 +64,47 @@ def _options(spec: JobSpec) -> SlurmOptions:
     return spec.scheduler
 
 
-def _parity_lines(spec: JobSpec, facts: dict[str, Any], job_dir: Path) -> list[str]:
+class SlurmFacts(Facts):
+    gpus_per_node: int  # GPUs requested per node; 0 for CPU processes
+
+
+class SubmititRequest(BaseModel):
+    """What ``submit`` hands to submitit's ``update_parameters``: its own parameters, the other sbatch
+    options and the batch script's setup lines."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    parameters: dict[str, str | int | bool | list[str]]
+    additional_parameters: dict[str, str | bool]
+    setup: list[str]
+
+
+def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
     """The batch script's version-parity step (a probe on every node before training)."""
     return batch_lines(
         python=spec.python,
-        workdir=facts["workdir"],
+        workdir=facts.workdir,
         job_dir=str(job_dir),
         nnodes=spec.nnodes,
-        gpus_per_node=facts["gpus_per_node"],
+        gpus_per_node=facts.gpus_per_node,
         skip=_options(spec).skip_parity,
     )
+
+
+def _submitit_request(spec: JobSpec, options: dict[str, str], parity: list[str]) -> SubmititRequest:
+    named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
+    parameters: dict[str, str | int | bool | list[str]] = {
+        "job_name": options["job-name"],
+        "nodes": int(options["nodes"]),
+        "ntasks_per_node": 1,
+        "time": int(options["time"]),
+        "signal_delay_s": _options(spec).signal_delay_s,
+        "srun_args": SRUN_ARGS,
+        "stderr_to_stdout": True,
+    }
+    # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
+    # environment exported: the secrets reach the job from there.
+    extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
+    return SubmititRequest(parameters=parameters, additional_parameters=extra, setup=[*BATCH_SETUP, *parity])
 
 
 def _partition_has_gpus(partition: str | None) -> bool | None:
@@ -94,24 +128,23 @@ class SlurmScheduler:
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
         """Nothing to try before a job here."""
 
-    def resolve(self, spec: JobSpec) -> dict[str, Any]:
+    def resolve(self, spec: JobSpec) -> SlurmFacts:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
         opts = _options(spec)
         gpus = opts.gpus
         if gpus is None:
             gpus = _partition_has_gpus(opts.partition) is not False
-        return {
-            "workdir": str((spec.workdir or Path.cwd()).absolute()),
-            "gpus_per_node": spec.nproc_per_node if gpus else 0,
-        }
+        return SlurmFacts(
+            workdir=workdir_of(spec, files_here=self.files_here),
+            gpus_per_node=spec.nproc_per_node if gpus else 0,
+        )
 
-    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
+    def render(self, spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path) -> Plan:
         opts = _options(spec)
         rdzv = spec.rendezvous
         endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        run_dir = str(Path(facts["workdir"]) / run_dir)  # the trainer resolves a relative one in workdir
         agent = torchrun_argv(
             spec,
             node_rank="{{node_rank}}",
@@ -125,40 +158,26 @@ class SlurmScheduler:
         )
         env = agent_env(spec, job_id, threads)
         argv = [spec.python, "-m", "launcher.job.node", "--", *agent]
-        nodes = [
-            NodePlan(
-                node_rank=k,
-                host="(allocated by SLURM)",
-                argv=argv,
-                env=env,
-                cwd=facts["workdir"],
-                log=node_log_name(k),
-            )
-            for k in range(spec.nnodes)
-        ]
-        options = sbatch_options(spec, opts, job_id, facts["gpus_per_node"])
+        node = NodeCommand(host="(allocated by SLURM)", argv=argv, env=env)
+        plan = build_plan(
+            self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=[node] * spec.nnodes
+        )
+        options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
+        parity = _parity_lines(spec, facts, job_dir)
         script = sbatch_script(
             job_id=job_id,
             options=options,
-            node=nodes[0],
+            node=plan.nodes[0],
             job_dir=str(job_dir),
-            run_dir=run_dir,
+            run_dir=plan.run_dir,
             max_requeues=opts.max_requeues,
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
-            parity=_parity_lines(spec, facts, job_dir),
+            parity=parity,
         )
-        return Plan(
-            job_id=job_id,
-            scheduler=self.name,
-            nnodes=spec.nnodes,
-            nproc_per_node=spec.nproc_per_node,
-            rdzv_endpoint=endpoint,
-            run_dir=run_dir,
-            nodes=nodes,
-            files={SCRIPT: script},
-            primary=SCRIPT,
-            facts=facts,
+        request = _submitit_request(spec, options, parity).model_dump_json(indent=2)
+        return plan.model_copy(
+            update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request + "\n"}, "primary": SCRIPT}
         )
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SlurmHandle:
@@ -175,21 +194,9 @@ class SlurmScheduler:
         executor = submitit.SlurmExecutor(
             folder=folder, max_num_timeout=opts.max_requeues, python=shlex.quote(spec.python)
         )
-        options = sbatch_options(spec, opts, plan.job_id, plan.facts["gpus_per_node"])
-        named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
+        request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor.update_parameters(
-            job_name=options["job-name"],
-            nodes=int(options["nodes"]),
-            ntasks_per_node=1,
-            time=int(options["time"]),
-            signal_delay_s=opts.signal_delay_s,
-            srun_args=SRUN_ARGS,
-            stderr_to_stdout=True,
-            setup=[*BATCH_SETUP, *_parity_lines(spec, plan.facts, record.dir)],
-            # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
-            # environment exported: the secrets reach the job from there.
-            additional_parameters={k: v or True for k, v in options.items() if k not in named}
-            | {"requeue": True, "export": "ALL"},
+            **request.parameters, additional_parameters=request.additional_parameters, setup=request.setup
         )
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
         task = NodeTask(

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import shlex
 
-from launcher.job.options import SlurmOptions
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
+from launcher.schedulers.slurm.options import SlurmOptions
 from trainer.contract import EXIT_CHECKPOINTED, STOP_MARKER, package_version
 
 # srun's file name patterns: %n is the node's index within the job (one log per node).

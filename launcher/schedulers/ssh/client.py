@@ -24,11 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.job.hostnames import HOST_RE
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 
-# [user@]host: a DNS name, an alias of ~/.ssh/config or an IPv4 address. Never starting with "-" (it
-# would be read as an ssh option) and without shell metacharacters.
-HOST_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
 # KEY=VALUE of ``ssh -o`` (e.g. ProxyJump=bastion, Port=2222).
 SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\x00-\x1f\x7f]+")
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure

@@ -1,4 +1,5 @@
-"""The host side of an SSH job: ``python -m launcher.schedulers.ssh.hostagent run|signal|status``, started over ssh.
+"""The host side of an SSH job: ``python -m launcher.schedulers.ssh.hostagent run|signal|status``,
+started over ssh.
 
 ``run --job J --node K -- ARGV`` starts ARGV (the node's torchrun agent) and follows it on its host, so
 that the job does not hang on the connection that started it:
@@ -33,8 +34,9 @@ from types import FrameType
 
 import psutil
 
-from launcher.supervisor import procs
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
+from launcher.supervisor import procs
+from launcher.supervisor.secrets import receive
 from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
@@ -58,7 +60,8 @@ def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
 def run(job_id: str, node: int, argv: list[str]) -> int:
     pid_file, exit_file, log_file = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
-    secrets = read_secrets()
+    secrets = receive()
+    assert secrets is not None  # no timeout: read until the line or EOF
     procs.become_subreaper()
     me = psutil.Process()
     # Handlers before the pid file: a stop sent as soon as `signal` can find us must not be lost.
@@ -112,19 +115,6 @@ class _Forward:
         self.child = child
         if self.requested:
             child.send_signal(signal.SIGTERM)
-
-
-def read_secrets() -> dict[str, str]:
-    """The one JSON line of secret variables the launcher writes to stdin (nothing if stdin is
-    empty or a terminal)."""
-    if sys.stdin is None or sys.stdin.isatty():
-        return {}
-    line = sys.stdin.readline()
-    try:
-        data = json.loads(line) if line.strip() else {}
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def _pump(child: subprocess.Popen[bytes], log_file: Path) -> None:
@@ -188,7 +178,9 @@ def status(job_id: str, node: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launcher.schedulers.ssh.hostagent", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.ssh.hostagent", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("action", choices=["run", "signal", "status"])
     p.add_argument("--job", required=True)
     p.add_argument("--node", type=int, required=True)

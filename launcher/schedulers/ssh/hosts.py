@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.schedulers.ssh import client as ssh
+from launcher.job.spec import SpecError
 from launcher.preflight.collective import CollectiveResult, parse_errors, parse_result
-from launcher.job.options import SshOptions
 from launcher.preflight.parity import compare, diff_text
 from launcher.preflight.probe import Probe
-from launcher.job.spec import SpecError
+from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.options import SshOptions
 from trainer.contract import EXIT_PARITY
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds

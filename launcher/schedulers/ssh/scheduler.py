@@ -1,12 +1,12 @@
 """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client.
 
-Before anything starts, ``launcher.schedulers.ssh.hosts`` probes every host at once and refuses a launch whose hosts
-differ in versions that must match (exit 3, with the diff), resolves master_addr on every host, picks
-each host's network interface towards it, and proves the rendezvous port reachable. A supervisor on
-this machine (the local scheduler's, with ``SshAgents``) then runs one ``ssh host ...`` per node,
-whose output is the node's log here; on each host, ``launcher.schedulers.ssh.hostagent`` runs the torchrun agent in
-a process tree it tracks, so that a dropped connection neither kills nor orphans the node, and
-``hostagent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
+Before anything starts, ``launcher.schedulers.ssh.hosts`` probes every host at once and refuses a launch
+whose hosts differ in versions that must match (exit 3, with the diff), resolves master_addr on every
+host, picks each host's network interface towards it, and proves the rendezvous port reachable. A
+supervisor on this machine (``launcher.supervisor``, with ``SshAgents``) then runs one ``ssh host ...``
+per node, whose output is the node's log here; on each host, ``launcher.schedulers.ssh.hostagent`` runs
+the torchrun agent in a process tree it tracks, so that a dropped connection neither kills nor orphans
+the node, and ``hostagent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
 """
 
 from __future__ import annotations
@@ -16,22 +16,20 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from launcher.supervisor import procs
-
-from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.hosts import HostPlan, collective, plan_hosts, ssh_settings
-from launcher.preflight.collective import format_table
-from launcher.job.record import JobRecord, node_log_name
-from launcher.job.options import SshOptions
-from launcher.job.plan import NodePlan, Plan
-from launcher.schedulers.local.scheduler import LocalScheduler
-from launcher.supervisor.supervisor import SupervisorHandle, start_client, start_supervisor
+from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
+from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
+from launcher.preflight.collective import format_table
+from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.hosts import HostPlan, collective, plan_hosts, ssh_settings
+from launcher.schedulers.ssh.options import SshOptions
+from launcher.supervisor import procs
+from launcher.supervisor.scheduler import SupervisedScheduler
+from launcher.supervisor.supervisor import ChildAgents, start_client
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
 
@@ -40,14 +38,24 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class SshScheduler(LocalScheduler):
+class SshFacts(Facts):
+    hosts: list[str]  # the hosts that run the job, node k on hosts[k]
+    master_addr: str  # the first host's address, as every host resolves it
+    rdzv_port: int
+    ifnames: dict[str, str]  # each host's interface towards master_addr
+    omp_num_threads: int | None
+
+    def host_plan(self) -> HostPlan:
+        return HostPlan(self.hosts, self.master_addr, self.rdzv_port, self.ifnames, {})
+
+
+class SshScheduler(SupervisedScheduler):
     name = "ssh"
     files_here = False  # the hosts may not share this machine's files
-    queued = False
 
-    def resolve(self, spec: JobSpec) -> dict[str, Any]:
-        """Every check of ``launcher.schedulers.ssh.hosts.plan_hosts`` (probes the hosts; starts nothing). Raises
-        SpecError, or ParityError (exit 3) for hosts whose versions differ."""
+    def resolve(self, spec: JobSpec) -> SshFacts:
+        """Every check of ``launcher.schedulers.ssh.hosts.plan_hosts`` (probes the hosts; starts
+        nothing). Raises SpecError, or ParityError (exit 3) for hosts whose versions differ."""
         opts = _options(spec)
         if spec.rendezvous.endpoint is not None:
             raise SpecError(
@@ -57,80 +65,52 @@ class SshScheduler(LocalScheduler):
         hosts = plan_hosts(
             opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, warn=_say
         )
-        return {
-            "workdir": str((spec.workdir or Path.cwd()).absolute()),
-            "hosts": hosts.hosts,
-            "master_addr": hosts.master_addr,
-            "rdzv_port": hosts.port,
-            "ifnames": hosts.ifnames,
-            "omp_num_threads": spec.omp_num_threads,
-        }
+        return SshFacts(
+            workdir=workdir_of(spec, files_here=self.files_here),
+            hosts=hosts.hosts,
+            master_addr=hosts.master_addr,
+            rdzv_port=hosts.port,
+            ifnames=hosts.ifnames,
+            omp_num_threads=spec.omp_num_threads,
+        )
 
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
         """With ``--preflight``: a short all_reduce across the hosts with the job's backend settings
-        and interfaces (``launcher.schedulers.ssh.hosts.collective``); raises SpecError when it cannot form."""
+        and interfaces (``launcher.schedulers.ssh.hosts.collective``); raises SpecError when it cannot
+        form."""
         opts = _options(spec)
         if opts.preflight:
-            hosts = _host_plan(plan.facts)
+            hosts = SshFacts.model_validate(plan.facts).host_plan()
             _say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
             _say(format_table(collective(opts, hosts, spec.python, spec.network.as_env())))
 
-    def render(self, spec: JobSpec, facts: dict[str, Any], job_id: str, job_dir: Path) -> Plan:
-        endpoint = f"{facts['master_addr']}:{facts['rdzv_port']}"
+    def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
+        endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        env = agent_env(spec, job_id, facts["omp_num_threads"])
-        hosts = _host_plan(facts)
-        nodes = []
+        env = agent_env(spec, job_id, facts.omp_num_threads)
+        hosts = facts.host_plan()
         agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
-        for k, (host, agent) in enumerate(zip(facts["hosts"], agents, strict=True)):
-            wrapper = [
-                spec.python,
-                "-m",
-                "launcher.schedulers.ssh.hostagent",
-                "run",
-                "--job",
-                job_id,
-                "--node",
-                str(k),
-                "--",
-            ]
-            nodes.append(
-                NodePlan(
-                    node_rank=k,
-                    host=host,
-                    argv=[*wrapper, *agent],
-                    env=env | hosts.env(host, env),
-                    cwd=facts["workdir"],
-                    log=node_log_name(k),
-                )
+        nodes = [
+            NodeCommand(
+                host=host,
+                argv=[*_hostagent_argv(spec.python, "run", job_id, k), "--", *agent],
+                env=env | hosts.env(host, env),
             )
-        return Plan(
-            job_id=job_id,
-            scheduler=self.name,
-            nnodes=spec.nnodes,
-            nproc_per_node=spec.nproc_per_node,
-            rdzv_endpoint=endpoint,
-            run_dir=str(Path(facts["workdir"]) / run_dir),
-            nodes=nodes,
-            facts=facts,
-        )
+            for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True))
+        ]
+        return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
-    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+    def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
         spec = record.spec()
-        agents = SshAgents(plan, ssh_settings(_options(spec)), spec.python, spec.secrets_here())
-        return start_supervisor(plan, record, agents, detach=detach)
+        return SshAgents(plan, ssh_settings(_options(spec)), spec.python, spec.secrets_here())
 
-    def _remaining(self, record: JobRecord) -> str:
+    def remaining(self, record: JobRecord) -> str:
         running = _hosts_running(record)
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
-    def _sweep(self, record: JobRecord, grace_s: float) -> None:
+    def sweep(self, record: JobRecord, grace_s: float) -> None:
         spec = record.spec()
         SshAgents(record.plan(), ssh_settings(_options(spec)), spec.python, {}).kill(record.job_id, grace_s)
-
-
-def _host_plan(facts: dict[str, Any]) -> HostPlan:
-    return HostPlan(facts["hosts"], facts["master_addr"], facts["rdzv_port"], facts["ifnames"], {})
 
 
 def _options(spec: JobSpec) -> SshOptions:
@@ -138,9 +118,12 @@ def _options(spec: JobSpec) -> SshOptions:
     return spec.scheduler
 
 
+def _hostagent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
+    return [python, "-m", "launcher.schedulers.ssh.hostagent", action, "--job", job_id, "--node", str(node)]
+
+
 def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
-    argv = [python, "-m", "launcher.schedulers.ssh.hostagent", action, "--job", job_id, "--node", str(node), *extra]
-    return f"cd / && {shlex.join(argv)}"
+    return f"cd / && {shlex.join([*_hostagent_argv(python, action, job_id, node), *extra])}"
 
 
 def _hosts_running(record: JobRecord) -> list[str]:
@@ -162,8 +145,8 @@ def _hosts_running(record: JobRecord) -> list[str]:
     return running
 
 
-class SshAgents:
-    """The supervisor's agents for SSH: one ``ssh host hostagent run ...`` client per node."""
+class SshAgents(ChildAgents):
+    """The supervisor's transport for SSH: one ``ssh host hostagent run ...`` client per node."""
 
     def __init__(self, plan: Plan, settings: ssh.SshSettings, python: str, secrets: dict[str, str]) -> None:
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
@@ -180,6 +163,14 @@ class SshAgents:
     def kill(self, job_id: str, grace_s: float) -> None:
         self._signal(self.plan.nodes, "KILL", grace_s)
         procs.terminate(psutil.Process().children(recursive=True), grace_s)  # ssh clients, masters
+
+    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
+        if exit_code != ssh.SSH_FAILED:
+            return None
+        return (
+            f"the ssh connection to node {node.node_rank} failed or was lost (ssh exit code 255: the host "
+            "went down or the network failed)"
+        )
 
     def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
         by_host = {n.host: n for n in nodes}

@@ -1,0 +1,159 @@
+"""The SLURM scheduler's options."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from launcher.job.options import JobView, ParityOptions, check_gpus_once, flag
+
+# sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
+SBATCH_MANAGED = {
+    "nodes": "--nodes",
+    "ntasks": "--nodes",
+    "ntasks-per-node": "--nodes",
+    "job-name": "--name",
+    "output": "the job record",
+    "error": "the job record",
+    "open-mode": "the job record",
+    "signal": "signal_delay_s",
+    "requeue": "max_requeues",
+    "export": "secret_env",
+    "wrap": "the trainer arguments",
+    "parsable": "the launcher's own parsing of sbatch",
+    "test-only": "--dry-run",
+    "wait": "--wait",
+    "no-requeue": "max_requeues",
+    "array": "one job per submit",
+    "time": "--time",
+    "partition": "--partition",
+    "account": "--account",
+    "qos": "--qos",
+    "constraint": "--constraint",
+    "cpus-per-task": "--cpus-per-task",
+    "mem": "--mem",
+    "gpus-per-node": "--gpus-per-node and scheduler.gpus",
+}
+
+
+def slurm_minutes(value: str) -> int:
+    """Minutes (rounded up) of a SLURM time limit in any of sbatch's forms: ``MM``, ``MM:SS``,
+    ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``. Raises ValueError for anything else or 0."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a SLURM time: use minutes (90) or HH:MM:SS (1:30:00)")
+    days, a, b, c = (int(x) if x is not None else None for x in match.groups())
+    assert a is not None
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = a * 3600 + (b or 0) * 60 + c
+    else:  # MM[:SS]
+        seconds = a * 60 + (b or 0)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} is no time at all: give a positive time limit")
+    return math.ceil(seconds / 60)
+
+
+class SlurmOptions(ParityOptions):
+    """The SLURM scheduler: one allocation of ``nnodes`` nodes, one task (one torchrun agent) per node,
+    submitted through submitit (or as a standalone sbatch script)."""
+
+    scheduler: ClassVar[str] = "launcher.schedulers.slurm.scheduler:SlurmScheduler"
+    kind: Literal["slurm"] = Field("slurm", description="where the job runs (slurm: a SLURM cluster)")
+    partition: str | None = Field(None, description="SLURM partition (default: the cluster's default)")
+    time: str = Field(
+        "60",
+        description="time limit: minutes (90) or HH:MM:SS (D-HH:MM:SS); before it ends the ranks "
+        "checkpoint and the job is requeued (see max_requeues)",
+    )
+    account: str | None = Field(None, description="SLURM account to charge")
+    qos: str | None = Field(None, description="SLURM quality of service")
+    constraint: str | None = Field(None, description="SLURM node features required, e.g. a100&ib")
+    cpus_per_task: int | None = Field(
+        None, ge=1, description="CPUs for each node's task (its torchrun agent and all its ranks)"
+    )
+    mem: str | None = Field(None, description="memory per node, e.g. 64G (SLURM's --mem; default unit MB)")
+    gpus: bool | None = Field(
+        None,
+        description="request --gpus-per-node from SLURM (true, false: CPU processes; default: when the "
+        "partition's nodes have GPUs, from sinfo)",
+        json_schema_extra=flag("--slurm-gpus"),
+    )
+    signal_delay_s: int = Field(
+        90,
+        ge=10,
+        description="seconds before a time limit or preemption that SLURM sends SIGUSR2 (the ranks "
+        "checkpoint, the job is requeued); USR1 is avoided, NCCL may use it",
+    )
+    max_requeues: int = Field(
+        3,
+        ge=0,
+        description="requeues after reaching the time limit (through submitit preemptions are not "
+        "counted; the standalone sbatch script counts every requeue)",
+    )
+    sbatch: dict[str, str] = Field(
+        default_factory=dict,
+        description="any other sbatch option, e.g. mail-type=END or exclusive (repeatable; in a config "
+        "file: {exclusive: '', mail-type: END}, '' for a bare flag)",
+        json_schema_extra=flag("--slurm-opt", metavar="KEY[=VALUE]"),
+    )
+
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[^\s\x00-\x1f\x7f]+", v):
+            raise ValueError("must be non-empty, without spaces or control characters")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        slurm_minutes(v)
+        return v
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d+[KMGT]?", v):
+            raise ValueError(f"{v!r} is not a SLURM memory size: use 64G, 512M or a number of MB")
+        return v
+
+    @field_validator("sbatch", mode="before")
+    @classmethod
+    def _flags(cls, v: Any) -> Any:
+        # YAML `exclusive: true` means the bare flag `--exclusive`.
+        return {k: "" if x is True else x for k, x in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("sbatch")
+    @classmethod
+    def _sbatch(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+                raise ValueError(f"{key!r} is not an sbatch option name (like mail-type, without --)")
+            if key in SBATCH_MANAGED:
+                raise ValueError(f"sbatch option {key!r} is set by the launcher: use {SBATCH_MANAGED[key]}")
+            if any(ord(c) < 32 or ord(c) == 127 for c in value):
+                raise ValueError(f"the value of sbatch option {key!r} contains a control character")
+        return v
+
+    @property
+    def time_min(self) -> int:
+        """The time limit in minutes (rounded up)."""
+        return slurm_minutes(self.time)
+
+    def check_job(self, job: JobView) -> None:
+        if self.time_min * 60 <= self.signal_delay_s + 60:
+            raise ValueError(
+                f"scheduler.time {self.time!r} leaves under a minute before SLURM's warning "
+                f"{self.signal_delay_s} s before the end (signal_delay_s): give a longer --time"
+            )
+        if self.signal_delay_s <= job.grace_period_s:
+            raise ValueError(
+                f"signal_delay_s ({self.signal_delay_s}) must exceed grace_period_s "
+                f"({job.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
+            )
+        check_gpus_once(self.gpus, job)

@@ -1,0 +1,90 @@
+"""The SSH scheduler's options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from launcher.job.options import ParityOptions, flag
+from launcher.schedulers.ssh.client import SSH_OPT_RE, check_host
+
+# ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
+SSH_MANAGED = {
+    "batchmode": "nothing: a launch cannot answer prompts",
+    "stricthostkeychecking": "--ssh-host-key-check",
+    "connecttimeout": "--ssh-connect-timeout-s",
+    "controlmaster": "nothing: the launcher multiplexes connections itself",
+    "controlpath": "nothing: the launcher multiplexes connections itself",
+    "controlpersist": "nothing: the launcher multiplexes connections itself",
+    "serveraliveinterval": "nothing: the keep-alives are how a dead host is noticed",
+    "serveralivecountmax": "nothing: the keep-alives are how a dead host is noticed",
+    "loglevel": "nothing: the launcher reads ssh's errors to explain them",
+    "requesttty": "nothing: a terminal would change how signals and output travel",
+}
+
+
+class SshOptions(ParityOptions):
+    """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client."""
+
+    scheduler: ClassVar[str] = "launcher.schedulers.ssh.scheduler:SshScheduler"
+    kind: Literal["ssh"] = Field("ssh", description="where the job runs (ssh: hosts reached by ssh)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="the hosts, comma-separated ([user@]host or ~/.ssh/config aliases); the first --nodes "
+        "of them run the job, the first hosts the rendezvous; or --hostfile",
+        json_schema_extra=flag("--hosts", metavar="H1,H2,...", split=","),
+    )
+    hostfile: Path | None = Field(
+        None, description="file of hosts, one `host [slots=N]` per line, # comments (or hosts)"
+    )
+    ssh_opts: list[str] = Field(
+        default_factory=list,
+        description="an ssh option for every connection (ssh -o), e.g. ProxyJump=bastion (repeatable)",
+        json_schema_extra=flag("--ssh-opt", metavar="KEY=VALUE"),
+    )
+    host_key_check: Literal["yes", "accept-new"] = Field(
+        "yes",
+        description="StrictHostKeyChecking: yes (a host must be in known_hosts) or accept-new (record "
+        "the key of a host seen for the first time; a changed key is still refused)",
+        json_schema_extra=flag("--ssh-host-key-check"),
+    )
+    connect_timeout_s: int = Field(
+        10,
+        ge=1,
+        le=300,
+        description="seconds to wait for each ssh connection",
+        json_schema_extra=flag("--ssh-connect-timeout-s"),
+    )
+    preflight: bool = Field(
+        False, description="before training, run a short all_reduce across the hosts and report bandwidth"
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            check_host(host)
+        if len(set(v)) != len(v):
+            raise ValueError("a host is listed twice")
+        return v
+
+    @field_validator("ssh_opts")
+    @classmethod
+    def _opts(cls, v: list[str]) -> list[str]:
+        for option in v:
+            if not SSH_OPT_RE.fullmatch(option):
+                raise ValueError(f"{option!r} is not an ssh option: use KEY=VALUE, e.g. Port=2222")
+            instead = SSH_MANAGED.get(option.split("=", 1)[0].lower())
+            if instead:
+                raise ValueError(f"ssh option {option!r} is set by the launcher: use {instead}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_host_list(self) -> SshOptions:
+        if bool(self.hosts) == (self.hostfile is not None):
+            raise ValueError(
+                "give the hosts either as hosts (--hosts h1,h2) or as a hostfile (--hostfile FILE)"
+            )
+        return self

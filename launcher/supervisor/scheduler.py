@@ -1,0 +1,104 @@
+"""The base of every scheduler whose job is followed by a supervisor on this machine (local, ssh,
+compose): ``submit`` forks the supervisor with the scheduler's ``Transport``; ``state``, ``logs`` and
+``cancel`` find the job again from its record, from any shell.
+
+A subclass gives ``resolve``/``render`` and three explicit hooks: ``transport`` (how node agents start,
+stop and are explained), ``remaining`` (what of a job still runs when its supervisor is gone) and
+``sweep`` (stop all of it). It never overrides the rest.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+from launcher.job.failures import stop_outcome
+from launcher.job.follow import node_logs, wait_terminal
+from launcher.job.plan import Plan
+from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcome
+from launcher.supervisor import procs
+from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, Transport, start_supervisor
+from trainer.contract import EXIT_FAILED, read_stop_marker
+
+
+class SupervisedScheduler(ABC):
+    name: str
+    files_here: bool
+    queued = False
+
+    @abstractmethod
+    def transport(self, plan: Plan, record: JobRecord) -> Transport:
+        """How the supervisor starts, stops and explains this scheduler's node agents."""
+
+    def remaining(self, record: JobRecord) -> str:
+        """What of the job still runs without its supervisor ("" for nothing)."""
+        found = procs.job_processes(record.job_id)
+        return f"{len(found)} process(es) of the job are still stopping" if found else ""
+
+    def sweep(self, record: JobRecord, grace_s: float) -> None:
+        """Stop every process of the job: SIGTERM, SIGKILL after ``grace_s`` seconds."""
+        procs.sweep(record.job_id, grace_s)
+
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+        return start_supervisor(plan, record, self.transport(plan, record), detach=detach)
+
+    def state(self, record: JobRecord) -> JobStatus:
+        status = record.status()
+        if status.state.is_terminal:
+            return status
+        handle = record.handle(SupervisorHandle)
+        if procs.alive(handle.supervisor if handle else status.submitter):
+            return status
+        status = record.status()  # it may have recorded the end just before exiting
+        if status.state.is_terminal:
+            return status
+        remaining = self.remaining(record) if handle else ""
+        if remaining:
+            return status.model_copy(update={"message": f"its supervisor is gone; {remaining}"})
+        since = status.started_at or status.created_at
+        if read_stop_marker(Path(record.plan().run_dir), since) is not None:
+            return _record_end(record, status, stop_outcome(record.plan(), since))
+        message = "the process following the job died before recording its end; nothing of it runs"
+        return _record_end(
+            record, status, Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message=message)
+        )
+
+    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
+        return node_logs(self, record, node, follow)
+
+    def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
+        status = self.state(record)
+        if status.state.is_terminal:
+            return status
+        handle = record.handle(SupervisorHandle)
+        if handle is not None and procs.alive(handle.supervisor):
+            if handle.supervisor.host != socket.gethostname():
+                raise JobError(f"job {record.job_id} runs on host {handle.supervisor.host}: cancel it there")
+            # The supervisor owns the job: it relays SIGTERM, waits for checkpoints, records the end.
+            procs.signal_all(procs.processes([handle.supervisor.pid]), signal.SIGTERM)
+            if not wait:
+                return status
+            grace = record.spec().grace_period_s
+            final = wait_terminal(self, record, grace + 3 * FAIL_FAST_GRACE_S, poll_s=0.1)
+            if final is not None:
+                return final
+        elif not wait:  # nothing to ask: the sweep below would block
+            return status
+        # Nothing follows the job (or its supervisor hangs): stop what is left ourselves.
+        asked = time.time()
+        self.sweep(record, record.spec().grace_period_s)
+        if handle is not None and procs.alive(handle.supervisor):
+            procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
+        return record.finish(stop_outcome(record.plan(), asked))
+
+
+def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:
+    """Record an end that a reader found out; on a read-only job dir, just report it."""
+    try:
+        return record.finish(outcome)
+    except OSError:
+        return status.model_copy(update=dict(outcome))

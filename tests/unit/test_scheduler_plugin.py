@@ -1,0 +1,49 @@
+"""A scheduler is one folder plus one registry line: one defined under tests/ and registered through an
+entry point (as a package outside this repository would) shows its flags and renders a dry run, with
+no file under launcher/ edited for it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _launcher(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # A dist-info directory on sys.path is how an installed package announces its entry points.
+    dist = site / "gptlaunch_queue-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gptlaunch-queue\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[gptlaunch.schedulers]\nqueue = tests.plugin.queue_options:QueueOptions\n"
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    code = "import sys; from launcher.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+
+
+def test_a_scheduler_registered_outside_the_launcher_shows_its_flags_and_renders(tmp_path: Path) -> None:
+    helped = _launcher(tmp_path / "site", "submit", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--queue-name" in helped.stdout and "the made-up queue that takes the job" in helped.stdout
+    assert "queue (with --scheduler queue)" in helped.stdout
+    assert "local, compose, queue, slurm, ssh" in " ".join(helped.stdout.split())
+
+    args = ["--jobs-root", str(tmp_path / "jobs"), "submit", "--scheduler", "queue", "--nodes", "2"]
+    dry = _launcher(tmp_path / "site", *args, "--queue-name", "gold", "--dry-run", "--", "--max-steps", "3")
+    assert dry.returncode == 0, dry.stderr
+    assert "on scheduler queue: 2 node(s)" in dry.stdout
+    assert "# node 1 on gold-1" in dry.stdout and "--rdzv-endpoint=queue-node-0:29500" in dry.stdout
+    assert "queue_name=gold" in dry.stdout  # the typed facts, recorded in the Plan
+
+    other = _launcher(tmp_path / "site", *args, "--partition", "gpu", "--dry-run")
+    assert other.returncode == 2 and "it is an option of --scheduler slurm" in other.stderr
+
+
+def test_without_the_entry_point_the_scheduler_does_not_exist(tmp_path: Path) -> None:
+    code = "from launcher.job.registry import scheduler_kinds; print(scheduler_kinds())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "queue" not in out.stdout and "local" in out.stdout
