@@ -1,23 +1,26 @@
-"""Atomic checkpoints that resume a run exactly.
+"""Atomic checkpoints that resume a run exactly, and their schema: what is saved, what a resume checks.
 
 A checkpoint is one ``ckpt-<step>.pt`` file written by global rank 0: it is written to a temporary
 name, fsynced, renamed into place and the directory fsynced, so a crash mid-save leaves the previous
 checkpoint whole and never a truncated one under a real name. Contents are tensors and plain
 containers only, loaded with ``torch.load(weights_only=True)``: loading never unpickles arbitrary
-objects.
+objects. Only this module knows the keys: ``make_state`` builds a checkpoint, ``check_resumable``
+checks one against this run, and ``restore``, ``saved_step`` and ``saved_rng`` read one back.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainer.config import TrainConfig
 from trainer.contract import atomic_write
+from trainer.errors import CheckpointError
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")
 FORMAT_VERSION = 1  # of a checkpoint's contents (its "format" key); bump when a key's meaning changes
@@ -34,10 +37,6 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("epoch", "step_in_epoch"),
 }
 _START_AFRESH = "or start afresh with --resume never or a new --run-dir"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used for this run; the message says why and what to do."""
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -102,6 +101,77 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a checkpoint written by this trainer")
     _check_format(state, path)
     return state
+
+
+# ------------------------------------------------------------------------------------- schema
+
+
+def make_state(
+    step: int,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    rng: Sequence[torch.Tensor],
+    cuda_rng: Sequence[torch.Tensor],
+    cfg: TrainConfig,
+    world_size: int,
+    steps_per_epoch: int,
+    model_shape: Mapping[str, Any],
+    tokenizer_sha256: str,
+) -> dict[str, Any]:
+    """The checkpoint of a run of ``cfg`` on ``world_size`` ranks before optimizer step ``step``.
+
+    ``rng``/``cuda_rng``: every rank's CPU/CUDA generator state in rank order (``cuda_rng`` empty off
+    CUDA); ``steps_per_epoch`` is the batch plan's, ``model_shape`` the GPTConfig as a dict and
+    ``tokenizer_sha256`` the prepared data's. What ``check_resumable`` checks is all in here.
+    """
+    return {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else {},
+        "schedule": schedule_of(cfg),
+        "data": data_position(step, steps_per_epoch),
+        "rng": list(rng),
+        "cuda_rng": list(cuda_rng),
+        "world_size": world_size,
+        "model_shape": dict(model_shape),
+        "config": cfg.model_dump(mode="json"),
+        "tokenizer_sha256": tokenizer_sha256,
+    }
+
+
+def restore(
+    state: Mapping[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """Load a checked checkpoint's weights, optimizer state and (fp16) loss scale into this run's."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+
+
+def saved_step(state: Mapping[str, Any]) -> int:
+    """The optimizer step a resumed run starts at (the steps before it are done)."""
+    return int(state["step"])
+
+
+def saved_rng(
+    state: Mapping[str, Any], rank: int, world_size: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Rank ``rank``'s saved (CPU, CUDA) generator states; (None, None) when the checkpoint was
+    written by another number of ranks (its streams then do not map onto this run's ranks), and
+    CUDA None when it holds none."""
+    rng = state["rng"]
+    if len(rng) != world_size:
+        return None, None
+    cuda = state.get("cuda_rng")
+    return rng[rank], cuda[rank] if cuda else None
 
 
 def schedule_of(cfg: TrainConfig) -> dict[str, float | int]:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainer.corpus import DataSource
+from trainer.data.corpus import DataSource
+from trainer.errors import ConfigError
 
 # Model shapes by name; every field can still be overridden on the command line.
 PRESETS: dict[str, dict[str, int]] = {
@@ -29,9 +30,10 @@ DEFAULT_MAX_STEPS = 200
 Precision = Literal["bf16", "fp16", "fp32"]
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run here (e.g. a global batch that does not split over the ranks);
-    the message names the flag and the fix. The trainer exits 2 on it."""
+def _preset_default(field: str) -> str:
+    """Help text for a shape field, e.g. "(default: the preset's: tiny 4, gpt2 12)"."""
+    by_preset = ", ".join(f"{name} {shape[field]}" for name, shape in PRESETS.items())
+    return f"(default: the preset's: {by_preset})"
 
 
 # Signals a handler cannot catch, or that arrive for other reasons (a child exiting).
@@ -52,64 +54,96 @@ class GPTConfig:
 
 
 class TrainConfig(BaseModel):
-    """Everything a training run needs. Field names match the ``trainer train`` flags.
+    """Everything a training run needs. Field names match the ``trainer train`` flags, and each
+    field's description is its flag's help (``trainer.flags`` generates the flags from the fields).
 
     The fields without a default here (the model shape, ``data_dir``, ``warmup_steps``) may still be
     omitted: ``_resolve_defaults`` fills them in from the other fields before validation, as their
-    comments say.
+    descriptions say.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Model; the shape fields default to the preset's.
-    preset: PresetName = DEFAULT_PRESET
-    n_layer: int = Field(ge=1)  # default: the preset's
-    n_head: int = Field(ge=1)  # default: the preset's
-    d_model: int = Field(ge=8)  # default: the preset's
-    block_size: int = Field(ge=8, description="context length T in tokens")  # default: the preset's
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # Model; the shape fields default to the preset's. Each field's description is its flag's help.
+    preset: PresetName = Field(
+        DEFAULT_PRESET, description=f"model shape preset: {', '.join(f'{k} {v}' for k, v in PRESETS.items())}"
+    )
+    n_layer: int = Field(ge=1, description=f"transformer blocks {_preset_default('n_layer')}")
+    n_head: int = Field(ge=1, description=f"attention heads {_preset_default('n_head')}")
+    d_model: int = Field(ge=8, description=f"model width {_preset_default('d_model')}")
+    block_size: int = Field(ge=8, description=f"context length in tokens {_preset_default('block_size')}")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability")
 
     # Data
-    dataset: str | None = None
-    dataset_config: str | None = None
-    text_files: tuple[str, ...] = ()
-    data_dir: Path  # default: run_dir / "data"
-    vocab_size: int = Field(8192, ge=257, le=2**32)
-    token_dtype: Literal["auto", "uint16", "uint32"] = "auto"
+    dataset: str | None = Field(
+        None,
+        description="Hugging Face dataset name, e.g. wikitext (default: wikitext when the hub is "
+        "reachable, else the embedded Python-docs corpus)",
+    )
+    dataset_config: str | None = Field(
+        None, description="dataset configuration (default for wikitext: wikitext-2-raw-v1)"
+    )
+    text_files: tuple[str, ...] = Field((), description="local text files or globs, one document per line")
+    data_dir: Path = Field(description="prepared data directory (default: RUN_DIR/data)")
+    vocab_size: int = Field(8192, ge=257, le=2**32, description="BPE vocabulary size")
+    token_dtype: Literal["auto", "uint16", "uint32"] = Field(
+        "auto", description="token file dtype; auto picks uint16 when the vocab fits"
+    )
 
     # Optimization
-    run_dir: Path = DEFAULT_RUN_DIR
-    max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1)
-    micro_batch_size: int = Field(16, ge=1)
-    global_batch_tokens: int | None = Field(None, ge=1)
-    lr: float = Field(1e-3, gt=0.0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    warmup_steps: int = Field(ge=0)  # default: min(100, max_steps // 10)
-    weight_decay: float = Field(0.1, ge=0.0)
-    beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(0.95, ge=0.0, lt=1.0)
-    grad_clip: float = Field(1.0, ge=0.0)
-    seed: int = Field(1337, ge=0)
+    run_dir: Path = Field(DEFAULT_RUN_DIR, description="where checkpoints, metrics and TensorBoard events go")
+    max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="optimizer steps to train for")
+    micro_batch_size: int = Field(16, ge=1, description="sequences per rank per micro-step")
+    global_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per optimizer step over all ranks; sets gradient accumulation "
+        "(default: one micro-batch per rank)",
+    )
+    lr: float = Field(1e-3, gt=0.0, description="peak learning rate")
+    min_lr_ratio: float = Field(
+        0.1, ge=0.0, le=1.0, description="final learning rate as a fraction of --lr (cosine decay)"
+    )
+    warmup_steps: int = Field(ge=0, description="linear warmup steps (default: min(100, max_steps/10))")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay on matrices")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1 (no flag)")
+    beta2: float = Field(0.95, ge=0.0, lt=1.0, description="AdamW beta2 (no flag)")
+    grad_clip: float = Field(1.0, ge=0.0, description="gradient-norm clip, 0 disables")
+    seed: int = Field(1337, ge=0, description="random seed (weights, data order)")
 
     # Runtime
-    precision: Precision = "bf16"
-    compile: bool = True
+    precision: Precision = Field(
+        "bf16", description="bf16 autocast (fp16 + loss scaling where bf16 is unsupported) or fp32"
+    )
+    compile: bool = Field(True, description="torch.compile the model after the DDP wrap")
     compile_mode: Literal[
         "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-    ] = "auto"
-    device: str = "auto"
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    dist_timeout_s: float = Field(600.0, gt=0.0)
-    peak_flops: float | None = Field(None, gt=0.0, description="peak FLOP/s of one device, for MFU")
+    ] = Field(
+        "auto", description="torch.compile mode; auto: max-autotune-no-cudagraphs on CPU, default on GPU"
+    )
+    device: str = Field(
+        "auto", description="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK when CUDA is available)"
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="process-group backend (auto: nccl on CUDA, gloo on CPU)"
+    )
+    dist_timeout_s: float = Field(600.0, gt=0.0, description="timeout of every collective, seconds")
+    peak_flops: float | None = Field(
+        None, gt=0.0, description="peak FLOP/s of one device for MFU (default: datasheet or measured)"
+    )
 
     # Logging, evaluation, checkpoints
-    log_interval: int = Field(10, ge=1)
-    eval_interval: int = Field(100, ge=1)
-    eval_iters: int = Field(10, ge=1)
-    checkpoint_interval: int = Field(100, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    resume: str = "auto"
-    stop_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR2")
+    log_interval: int = Field(10, ge=1, description="steps between metric lines")
+    eval_interval: int = Field(100, ge=1, description="steps between validation runs")
+    eval_iters: int = Field(10, ge=1, description="validation micro-batches per rank")
+    checkpoint_interval: int = Field(100, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    resume: str = Field(
+        "auto", description="auto (newest checkpoint in the run dir), never, or a checkpoint path"
+    )
+    stop_signals: tuple[str, ...] = Field(
+        ("SIGTERM", "SIGUSR2"), description="signals that checkpoint and exit 75"
+    )
 
     @model_validator(mode="before")
     @classmethod

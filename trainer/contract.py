@@ -30,6 +30,10 @@ JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (d
 FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
 NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"  # a node's index where no scheduler says it (SLURM_NODEID does)
 FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no scheduler says it
+# "1" (or true/yes/on): the trainer leaves torch's console chatter as torch prints it (Inductor's
+# autotune tables, known-harmless internal warnings; see trainer.console). The trainer also takes
+# TORCH_DISTRIBUTED_DEBUG=DETAIL, which `launcher submit --debug` sets, as this request.
+DEBUG_ENV = "GPTLAUNCH_DEBUG"
 
 # Written by rank 0 after the checkpoint of a stop signal, in the run dir: tells a launcher or
 # scheduler that the run stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75

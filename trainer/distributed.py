@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)

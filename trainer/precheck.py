@@ -4,7 +4,7 @@ It runs where the job is submitted, before anything is written or started, and i
 numpy or tokenizers (a launcher answers in a fraction of a second). Checks that read local files
 (``--text-files``, ``--resume PATH``) run only where those files are: a SLURM or SSH job's data may
 exist only on the cluster. Relative paths are resolved against the current directory, so a launcher
-calls this from the trainer's working directory.
+calls this from the trainer's working directory. ``__all__`` is what a launcher may import.
 """
 
 from __future__ import annotations
@@ -12,12 +12,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.cli import UsageError, parse_train_args
-from trainer.config import ConfigError, TrainConfig
-from trainer.corpus import DataError, DataSource, empty_file_error, expand_text_files
-from trainer.manifest import select_token_dtype
+from trainer.config import TrainConfig
+from trainer.data.corpus import DataSource, empty_file_error, expand_text_files
+from trainer.data.manifest import select_token_dtype
+from trainer.errors import ConfigError, DataError, UsageError
+from trainer.flags import parse_train_args
 
-__all__ = ["InvalidTrainerArgs", "check_config", "check_source", "check_train_args"]
+# What a launcher may use. parse_train_args, expand_text_files and DataError are re-exported: a
+# launcher imports only trainer.contract and this module, never the trainer's internals.
+__all__ = [
+    "DataError",
+    "InvalidTrainerArgs",
+    "check_config",
+    "check_source",
+    "check_train_args",
+    "expand_text_files",
+    "parse_train_args",
+]
 
 _READ_CHUNK = 1 << 16
 

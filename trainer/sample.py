@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from trainer import checkpoint
-from trainer.config import ConfigError, GPTConfig
+from trainer.config import GPTConfig
 from trainer.contract import EXIT_OK
-from trainer.corpus import DataError
-from trainer.data import load_tokenizer
-from trainer.manifest import load_manifest
+from trainer.data.manifest import load_manifest
+from trainer.data.splits import load_tokenizer
+from trainer.errors import CheckpointError, ConfigError, DataError
 from trainer.model import GPT
 
 
@@ -28,9 +28,7 @@ def sample_main(args: argparse.Namespace) -> int:
         raise ConfigError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
     found = checkpoint.list_checkpoints(args.run_dir)
     if not found:
-        raise checkpoint.CheckpointError(
-            f"no checkpoint in {args.run_dir}: train first, or pass the right --run-dir"
-        )
+        raise CheckpointError(f"no checkpoint in {args.run_dir}: train first, or pass the right --run-dir")
     state = checkpoint.load(found[-1])
     data_dir = _tokenizer_dir(state, args.run_dir)
     tokenizer = load_tokenizer(data_dir)
@@ -63,4 +61,4 @@ def _tokenizer_dir(state: dict[str, Any], run_dir: Path) -> Path:
         except DataError:
             continue
     where = " or ".join(str(d) for d in candidates)
-    raise checkpoint.CheckpointError(f"the tokenizer this checkpoint was trained with is not in {where}")
+    raise CheckpointError(f"the tokenizer this checkpoint was trained with is not in {where}")

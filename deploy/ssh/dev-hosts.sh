@@ -37,6 +37,11 @@ readonly SSHD="/usr/sbin/sshd"                  # sshd must be started by absolu
 readonly BRIDGE="glbr0"
 readonly NET="10.231.0"                          # the /24 every host lives on
 readonly BRIDGE_ADDR="$NET.1"
+# Fixed MACs, locally administered (02:), "gl" (67:6c), then the address's
+# last octet: the bridge is 02:67:6c:00:00:01, host K's eth0 02:67:6c:00:00:hex(10+K).
+# See host_mac for why they must not be random.
+readonly MAC_PREFIX="02:67:6c:00:00"
+readonly BRIDGE_MAC="$MAC_PREFIX:01"
 readonly MAX_HOSTS=16
 readonly LOCAL_MNT="$STATE/local"                # the "node-local disk", same path on every host
 readonly ANSWER_TIMEOUT=5                        # seconds a fresh sshd may take to accept a login
@@ -78,6 +83,16 @@ EOF
 host_name() { echo "gl-h$1"; }
 host_addr() { echo "$NET.$((10 + $1))"; }
 host_veth() { echo "glv$1"; }
+# host_mac K: the MAC of host K's eth0, the same every time the host is made.
+# A random one (the kernel's default for a veth) broke `up --hosts N` after a
+# smaller `up`: the root namespace (and every other host) still cached the
+# removed host's MAC for its address, sent the first packets to a MAC nobody
+# has, and only gave up on it after delay_first_probe_time (5 s) plus 3
+# unicast probes, so the re-added host missed ANSWER_TIMEOUT. With a fixed MAC
+# a cached entry stays right whatever happens to the host; forget_hosts also
+# drops the entries of removed hosts (those cached from random MACs of an
+# older version of this script, or from a host someone re-made by hand).
+host_mac() { printf '%s:%02x\n' "$MAC_PREFIX" $((10 + $1)); }
 host_dir() { echo "$STATE/hosts/gl-h$1"; }
 
 # now_us: wall clock in microseconds (bash 5's EPOCHREALTIME, no fork).
@@ -420,14 +435,27 @@ render_hosts_lines() {
 # ---------------------------------------------------------------- network --
 
 ensure_bridge() {
-    local other
+    local other ns
     # Someone else's interface on our subnet would steal the traffic.
     other=$(ip -o -4 route show "$NET.0/24" 2>/dev/null | grep -v " dev $BRIDGE " || true)
     [[ -z $other ]] || die "$NET.0/24 is already routed elsewhere: '$other'; remove that first"
     if [[ ! -d /sys/class/net/$BRIDGE ]]; then
         log "creating bridge $BRIDGE ($BRIDGE_ADDR/24)"
         # No STP: ports forward at once instead of after a forward delay.
-        ip link add "$BRIDGE" type bridge stp_state 0 forward_delay 0
+        # A fixed MAC, for the reason of host_mac: a bridge without one takes
+        # the lowest MAC of its ports (the random root-side veths), so
+        # removing that port changed the MAC every host had cached for
+        # $BRIDGE_ADDR and their replies went nowhere for seconds.
+        ip link add "$BRIDGE" address "$BRIDGE_MAC" type bridge stp_state 0 forward_delay 0
+    elif [[ $(<"/sys/class/net/$BRIDGE/address") != "$BRIDGE_MAC" ]]; then
+        # Made by an older version of this script: pin its MAC now, and let the
+        # hosts learn it again.
+        log "setting the MAC of $BRIDGE to $BRIDGE_MAC"
+        ip link set "$BRIDGE" address "$BRIDGE_MAC"
+        for ns in /run/netns/gl-h*; do
+            [[ -e $ns ]] || continue
+            ip -n "${ns##*/}" neigh flush to "$BRIDGE_ADDR" >/dev/null 2>&1 || true
+        done
     fi
     # No IPv6 link-local address (nor its router solicitations) on the bridge:
     # traffic stays on 10.231.0.0/24.
@@ -473,9 +501,22 @@ create_netns() {
     # the root namespace's own eth0. (`addrgenmode none` would be neater than
     # disable_ipv6, but this kernel refuses it for a veth whose peer is in
     # another namespace: "Address family not supported by protocol".)
-    ip link add "$veth" type veth peer name eth0 netns "$ns"
+    ip link add "$veth" type veth peer name eth0 address "$(host_mac "$k")" netns "$ns"
     echo 1 >"/proc/sys/net/ipv6/conf/$veth/disable_ipv6" 2>/dev/null || true
     ip link set "$veth" master "$BRIDGE" up
+}
+
+# forget_hosts K...: drop the neighbour (ARP) entries for these hosts'
+# addresses, in the root namespace and on every host that exists; see host_mac.
+# One `ip` per namespace, whatever the number of hosts.
+forget_hosts() {
+    local k ns cmds=""
+    for k in "$@"; do cmds+="neigh flush to $(host_addr "$k")"$'\n'; done
+    ip -force -batch - <<<"$cmds" >/dev/null 2>&1 || true
+    for ns in /run/netns/gl-h*; do
+        [[ -e $ns ]] || continue
+        ip -n "${ns##*/}" -force -batch - <<<"$cmds" >/dev/null 2>&1 || true
+    done
 }
 
 # teardown_host K: kill everything on host K and remove its namespace and veth.
@@ -633,6 +674,7 @@ cmd_up() {
         log "removing host(s) beyond --hosts $n:$(printf ' gl-h%s' "${extra[@]}")"
         run_parallel teardown_host "${extra[@]}" || die "could not remove host(s) beyond --hosts $n"
         for k in "${extra[@]}"; do rm -rf "$(host_dir "$k")"; done
+        forget_hosts "${extra[@]}"
     fi
 
     ensure_bridge
@@ -654,10 +696,9 @@ cmd_up() {
 
     if ((${#rebuild[@]})); then
         log "creating host(s):$(printf ' gl-h%s' "${rebuild[@]}")"
-        for k in "${rebuild[@]}"; do
-            teardown_host "$k"
-            create_netns "$k"
-        done
+        for k in "${rebuild[@]}"; do teardown_host "$k"; done
+        forget_hosts "${rebuild[@]}"
+        for k in "${rebuild[@]}"; do create_netns "$k"; done
         run_parallel start_host "${rebuild[@]}" || die "some hosts failed to start (see above); run '$0 down' to clean up"
     fi
 

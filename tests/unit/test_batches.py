@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.batches import BatchPlan, TrainBatches, eval_block_ids
+from trainer.data.batches import BatchPlan, TrainBatches, eval_block_ids
 
 TOKENS = np.arange(10_000, dtype=np.uint16)
 

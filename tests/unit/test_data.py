@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.corpus import DataError, DataSource, hub_reachable
-from trainer.data import load_tokenizer, open_split
-from trainer.manifest import EOT_TOKEN, Manifest, load_manifest, select_token_dtype
-from trainer.prepare import prepare_data
+from trainer.data.corpus import DataSource, hub_reachable
+from trainer.data.manifest import EOT_TOKEN, Manifest, load_manifest, select_token_dtype
+from trainer.data.prepare import prepare_data
+from trainer.data.splits import load_tokenizer, open_split
+from trainer.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE_HUB = "http://127.0.0.1:9"  # discard port on loopback: refused at once, no network needed
@@ -273,8 +274,9 @@ import json, os, sys, time
 from pathlib import Path
 
 assert "datasets" not in sys.modules
-from trainer.corpus import DataError, DataSource
-from trainer.prepare import prepare_data
+from trainer.data.corpus import DataSource
+from trainer.errors import DataError
+from trainer.data.prepare import prepare_data
 
 data_dir, dataset = Path(sys.argv[1]), sys.argv[2]
 start = time.monotonic()
@@ -377,8 +379,8 @@ def test_auto_source_offline_uses_embedded_corpus(monkeypatch: pytest.MonkeyPatc
 _WORKER = """
 import json, sys, time
 from pathlib import Path
-from trainer.corpus import DataSource
-from trainer.prepare import prepare_data
+from trainer.data.corpus import DataSource
+from trainer.data.prepare import prepare_data
 
 data_dir, text, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 while not go.exists():  # start line: every worker reaches prepare_data at the same moment

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cli import UsageError, config_from_args, main, parse_train_args
+from trainer.cli import main
 from trainer.config import TrainConfig
-from trainer.corpus import DataSource
+from trainer.data.corpus import DataSource
+from trainer.errors import UsageError
+from trainer.flags import CODE_ONLY, FLAG_GROUPS, config_from_args, parse_train_args
 from trainer.optim import lr_at
 
 
@@ -92,3 +94,19 @@ def test_trainer_rejects_a_missing_text_file_without_writing_anything(tmp_path, 
     code = main(["train", "--text-files", str(tmp_path / "missing.txt"), "--run-dir", str(run_dir)])
     assert code == 2 and "missing.txt" in capsys.readouterr().err
     assert not run_dir.exists()
+
+
+def test_every_config_field_is_a_flag_or_set_in_code_only() -> None:
+    grouped = [field for fields in FLAG_GROUPS.values() for field in fields]
+    assert sorted(grouped + list(CODE_ONLY)) == sorted(TrainConfig.model_fields)
+    assert len(set(grouped)) == len(grouped)  # each flag in one help section
+
+
+def test_flag_help_is_the_field_description(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for fields in FLAG_GROUPS.values():
+        for field in fields:
+            description = TrainConfig.model_fields[field].description
+            assert description and " ".join(description.split()) in help_text, field

@@ -9,7 +9,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trainer.contract import atomic_write
-from trainer.manifest import EOT_TOKEN
+from trainer.data.manifest import EOT_TOKEN
 
 ENCODE_BATCH_DOCS = 8192  # documents per encode_batch call: parallel in Rust, bounded memory here
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Data preparation under a lock: tokenize a corpus into a data dir once, reuse it while it matches.
 
-The data dir's format is in ``trainer.manifest``, text sources in ``trainer.corpus`` and the tokenizer
-in ``trainer.tokens``; this module decides whether prepared data can be reused and, if not, prepares
-it, with one process at a time per data dir.
+The data dir's format is in ``manifest``, text sources in ``corpus`` and the tokenizer in ``tokens``
+(all in ``trainer.data``); this module decides whether prepared data can be reused and, if not,
+prepares it, with one process at a time per data dir.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from trainer.contract import atomic_write
-from trainer.corpus import Corpus, DataError, DataSource, load_corpus
-from trainer.manifest import (
+from trainer.data.corpus import Corpus, DataSource, load_corpus
+from trainer.data.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     SPLITS,
@@ -27,7 +27,8 @@ from trainer.manifest import (
     load_manifest,
     select_token_dtype,
 )
-from trainer.tokens import encode_to_file, eot_id, train_tokenizer
+from trainer.data.tokens import encode_to_file, eot_id, train_tokenizer
+from trainer.errors import DataError
 
 LOCK_FILE = ".prepare.lock"
 

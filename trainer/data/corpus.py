@@ -1,8 +1,9 @@
 """Text sources for data preparation: a Hugging Face dataset, local text files, or an embedded corpus.
 
 Every source becomes a :class:`Corpus`: train and validation documents (one string each, without its
-line terminator) plus a path-independent identity and a sha256 of the input, which ``trainer.prepare``
-folds into the key that decides whether prepared token files can be reused.
+line terminator) plus a path-independent identity and a sha256 of the input, which ``prepare`` folds
+into the key that decides whether prepared token files can be reused. Imports no torch, numpy or
+tokenizers (``trainer.precheck`` expands ``--text-files`` with it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import DataError
+
 DEFAULT_DATASET = "wikitext"
 DEFAULT_WIKITEXT_CONFIG = "wikitext-2-raw-v1"
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
@@ -27,10 +30,6 @@ HUB_PROBE_TIMEOUT_S = 3.0
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TRUE_VALUES = {"1", "true", "yes", "on"}
 _FIX_OWN_TEXT = "--text-files PATH... (one document per line)"
-
-
-class DataError(ValueError):
-    """A user-facing data problem; ``str(e)`` names the problem and the fix."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Reading prepared data: the token files as arrays and the tokenizer they were made with.
 
-The data dir's format is in ``trainer.manifest``; ``trainer.prepare`` writes it.
+The data dir's format is in ``trainer.data.manifest``; ``trainer.data.prepare`` writes it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from trainer.corpus import DataError
-from trainer.manifest import SPLITS, TOKENIZER_FILE, file_problem, load_manifest
+from trainer.data.manifest import SPLITS, TOKENIZER_FILE, file_problem, load_manifest
+from trainer.errors import DataError
 
 
 def open_split(data_dir: Path, split: str) -> np.memmap:

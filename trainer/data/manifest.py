@@ -6,7 +6,7 @@ Layout of a prepared ``data_dir``::
     train.bin        raw 1-D array of token ids (uint16 or uint32, native byte order), each document + EOT
     val.bin          same, for the validation documents
     manifest.json    written last; describes the files above (see Manifest)
-    .prepare.lock    serialises concurrent preparers (see trainer.prepare)
+    .prepare.lock    serialises concurrent preparers (see trainer.data.prepare)
 
 This module imports no torch, numpy or tokenizers: launchers use ``select_token_dtype`` to check
 arguments.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pydantic
 
-from trainer.corpus import DataError
+from trainer.errors import DataError
 
 FORMAT_VERSION = 1  # bump when the files' meaning changes: old data dirs are then re-prepared
 EOT_TOKEN = "<|endoftext|>"

@@ -1,0 +1,219 @@
+"""A training run's working set: built once by ``setup``, resumed from a checkpoint, saved by ``save``.
+
+``setup`` builds the model, optimizer and data of a run, continues the checkpoint it should resume
+(checked against this run by ``trainer.checkpoint``), then wraps the model for DDP and compile.
+``save`` writes the run's checkpoint. Both are collective: every rank calls them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import checkpoint, distributed
+from trainer.config import TrainConfig
+from trainer.console import warn
+from trainer.contract import write_stop_marker
+from trainer.data.batches import BatchPlan, TrainBatches
+from trainer.data.manifest import Manifest
+from trainer.data.splits import open_split
+from trainer.distributed import DistEnv
+from trainer.errors import ConfigError
+from trainer.model import GPT
+from trainer.optim import make_optimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """What the loop works with, built once by ``setup`` (after any resume and the DDP wrap)."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    device: torch.device
+    manifest: Manifest
+    model: GPT  # the plain module: state dicts, evaluation
+    step_model: nn.Module  # what the step calls: DDP and/or compiled wrapper of ``model``
+    ddp: DDP | None  # ``model`` wrapped for gradient all-reduce; None in a single process
+    optimizer: torch.optim.AdamW
+    scaler: torch.amp.GradScaler | None  # fp16 loss scaling; None for bf16 and fp32
+    autocast_dtype: torch.dtype | None  # None: fp32, no autocast
+    batches: TrainBatches
+    val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
+    start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
+
+
+def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manifest) -> Run:
+    """Build the model, optimizer and data, resume from a checkpoint if there is one, then wrap the
+    model (DDP, compile). Collective. Raises CheckpointError / ConfigError for unusable input."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = GPT(cfg.gpt_config(manifest.vocab_size)).to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    autocast_dtype, needs_scaler = _precision(cfg, device)
+    scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
+    batches, val_tokens = _open_data(cfg, env)
+    state = _checkpoint_to_resume(cfg, env, manifest, batches, model)
+    if state is not None:
+        checkpoint.restore(state, model, optimizer, scaler)
+    _seed_rank_stream(cfg, env, device, state)
+    ddp = _wrap_ddp(model, env, device)
+    step_model: nn.Module = model if ddp is None else ddp
+    if cfg.compile:
+        # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
+        step_model = torch.compile(step_model, mode=cfg.resolved_compile_mode(device.type))  # type: ignore[assignment]
+    return Run(
+        cfg=cfg,
+        env=env,
+        device=device,
+        manifest=manifest,
+        model=model,
+        step_model=step_model,
+        ddp=ddp,
+        optimizer=optimizer,
+        scaler=scaler,
+        autocast_dtype=autocast_dtype,
+        batches=batches,
+        val_tokens=val_tokens,
+        start_step=0 if state is None else checkpoint.saved_step(state),
+    )
+
+
+def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None for fp32, whether a GradScaler is needed)."""
+    if cfg.precision == "fp32":
+        return None, False
+    if device.type == "cpu":
+        if _cpu_has_fast_bf16():
+            if cfg.precision == "fp16":  # oneDNN's fast half type is bf16: no fp16 kernels, no scaling
+                warn("--precision fp16 runs in bf16 on this CPU (its native half precision)")
+            return torch.bfloat16, False
+        # Without native bf16 (AVX512-BF16/AMX; e.g. an AVX2-only CPU) oneDNN runs bf16 and fp16
+        # matmuls on a reference path, ~200x slower than fp32 (measured: 2048² matmul 60 s vs 0.3 s).
+        warn(f"this CPU has no native bf16 or fp16: --precision {cfg.precision} runs in fp32")
+        return None, False
+    # including_emulation=False: a GPU that only emulates bf16 (V100, T4) is slow at it; use fp16.
+    if cfg.precision == "bf16" and torch.cuda.is_bf16_supported(False):
+        return torch.bfloat16, False
+    return torch.float16, True  # fp16 asked for, or a GPU without bf16: loss scaling keeps grads alive
+
+
+def _cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN has native bf16 kernels on this CPU (AVX512-BF16, AMX or AVX-NE-CONVERT)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def _open_data(cfg: TrainConfig, env: DistEnv) -> tuple[TrainBatches, np.memmap]:
+    """This rank's training batches and the validation split. Raises ConfigError when a split is
+    too small for one step (train) or one block (validation)."""
+    plan = BatchPlan(cfg.micro_batch_size, cfg.grad_accum_steps(env.world_size), env.world_size)
+    batches = TrainBatches(open_split(cfg.data_dir, "train"), cfg.block_size, plan, cfg.seed)
+    val_tokens = open_split(cfg.data_dir, "val")
+    if len(val_tokens) <= cfg.block_size:
+        raise ConfigError(
+            f"the validation split has {len(val_tokens)} tokens, fewer than one block of "
+            f"{cfg.block_size}: use more text or a smaller --block-size"
+        )
+    return batches, val_tokens
+
+
+def _checkpoint_to_resume(
+    cfg: TrainConfig, env: DistEnv, manifest: Manifest, batches: TrainBatches, model: GPT
+) -> dict[str, Any] | None:
+    """The checkpoint this run continues (loaded, checked against this run), or None. Collective.
+
+    Raises CheckpointError when it cannot continue this run (see ``checkpoint.check_resumable``).
+    """
+    # Rank 0 decides and tells the others: ranks that saw different files would run different steps.
+    found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
+    path = distributed.broadcast_object(found)
+    if path is None:
+        return None
+    state = checkpoint.load(path)
+    notes = checkpoint.check_resumable(
+        state,
+        path,
+        cfg=cfg,
+        world_size=env.world_size,
+        steps_per_epoch=batches.steps_per_epoch,
+        model_shape=asdict(model.cfg),
+        tokenizer_sha256=manifest.tokenizer_sha256,
+    )
+    if env.is_main:
+        for note in notes:
+            print(f"note: {note}", flush=True)
+        print(f"resumed from {path} at step {checkpoint.saved_step(state)}", flush=True)
+    return state
+
+
+def _seed_rank_stream(
+    cfg: TrainConfig, env: DistEnv, device: torch.device, state: dict[str, Any] | None
+) -> None:
+    """Each rank's random stream (dropout): fresh, or the saved one when resuming at the same world
+    size, which continues every rank's stream exactly; at another world size, re-seeded by step."""
+    if state is None:
+        torch.manual_seed(cfg.seed + 1 + env.rank)
+        return
+    cpu_rng, cuda_rng = checkpoint.saved_rng(state, env.rank, env.world_size)
+    if cpu_rng is None:
+        torch.manual_seed(cfg.seed + 1 + env.rank + checkpoint.saved_step(state))
+        return
+    torch.set_rng_state(cpu_rng)
+    if device.type == "cuda" and cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+
+
+def _wrap_ddp(model: GPT, env: DistEnv, device: torch.device) -> DDP | None:
+    if not env.is_distributed:
+        return None
+    return DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=False,  # every parameter gets a gradient: no graph walk per step
+        gradient_as_bucket_view=True,  # grads live in the all-reduce buckets: no copy in or out
+    )
+
+
+def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's RNG states, in rank order (collective: all ranks must call)."""
+
+    def gather(state: torch.Tensor) -> list[torch.Tensor]:
+        comm_device = run.device if run.device.type == "cuda" else torch.device("cpu")
+        return [s.cpu() for s in distributed.all_gather_tensors(state.to(comm_device))]
+
+    cuda = gather(torch.cuda.get_rng_state(run.device)) if run.device.type == "cuda" else []
+    return gather(torch.get_rng_state()), cuda
+
+
+def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> None:
+    """Collective: every rank contributes its RNG state; global rank 0 writes. ``stopping``: also
+    record the stop marker (with ``signal``, the stop signal's name as rank 0 got it), before the
+    barrier, so it exists once any rank has exited 75."""
+    rng, cuda_rng = _gather_rng(run)
+    if run.env.is_main:
+        state = checkpoint.make_state(
+            next_step,
+            model=run.model,
+            optimizer=run.optimizer,
+            scaler=run.scaler,
+            rng=rng,
+            cuda_rng=cuda_rng,
+            cfg=run.cfg,
+            world_size=run.env.world_size,
+            steps_per_epoch=run.batches.steps_per_epoch,
+            model_shape=asdict(run.model.cfg),
+            tokenizer_sha256=run.manifest.tokenizer_sha256,
+        )
+        path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+        if stopping:
+            write_stop_marker(run.cfg.run_dir, next_step, path, signal)
+    distributed.barrier()  # nobody exits or moves on before the files are in place

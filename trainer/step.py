@@ -1,0 +1,97 @@
+"""One optimizer step and one evaluation of a Run.
+
+One optimizer step: ``grad_accum_steps`` micro-steps per rank, gradients all-reduced by DDP only on
+the last (``no_sync`` covers forward *and* backward of the others, since DDP arms its reducer in
+forward), then clipping and AdamW. ``agree`` then makes one small all-reduce that carries the step's
+mean loss over ranks and whether any rank was asked to stop, so every rank stops at the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from trainer import distributed
+from trainer.data.batches import blocks_to_batch, eval_block_ids
+from trainer.errors import TrainingError
+from trainer.optim import lr_at
+from trainer.run import Run
+
+
+def _compute(run: Run) -> contextlib.ExitStack:
+    """Autocast to the run's precision and, for compiled CPU runs, attention through the math SDPA
+    backend: inductor fuses its matmuls and softmax into kernels that beat the CPU flash-attention
+    kernel at these context lengths (its bf16 backward is ~3x slower than fp32; see benchmarks/)."""
+    stack = contextlib.ExitStack()
+    if run.autocast_dtype is not None:
+        stack.enter_context(torch.autocast(device_type=run.device.type, dtype=run.autocast_dtype))
+    if run.cfg.compile and run.device.type == "cpu":
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
+
+
+def train_step(run: Run, step: int) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean micro-batch loss (a 0-d tensor, not synced)."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(step, run.cfg)
+    accum = run.batches.plan.grad_accum_steps
+    loss_sum = torch.zeros((), device=run.device)
+    for micro in range(accum):
+        x, y = (t.to(run.device, non_blocking=True) for t in run.batches.get(step, micro, run.env.rank))
+        # Only the last micro-step all-reduces gradients; the others accumulate locally.
+        last = micro == accum - 1
+        sync = contextlib.nullcontext() if run.ddp is None or last else run.ddp.no_sync()
+        with sync:
+            with _compute(run):
+                _, loss = run.step_model(x, y)
+            loss_sum += loss.detach()
+            scaled = loss / accum
+            (run.scaler.scale(scaled) if run.scaler is not None else scaled).backward()
+    if run.scaler is not None:
+        run.scaler.unscale_(run.optimizer)
+    if run.cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+    if run.scaler is not None:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum / accum
+
+
+def agree(run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
+    """(the step's loss averaged over ranks, whether any rank got a stop signal): one all-reduce.
+
+    Raises TrainingError when the loss is not finite (every rank raises: they see the same sum)."""
+    stats = distributed.all_reduce_sum(
+        torch.stack([local_loss.float(), torch.tensor(float(stop_requested), device=run.device)])
+    )
+    loss, stopping = stats[0].item() / run.env.world_size, stats[1].item() > 0
+    if not math.isfinite(loss):
+        raise TrainingError(
+            f"loss is {loss} at step {step}: lower --lr, raise --warmup-steps or use --precision fp32"
+        )
+    return loss, stopping
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Mean validation loss in nats over all ranks' shards (each rank evaluates its own blocks)."""
+    run.model.eval()
+    totals = torch.zeros(2, device=run.device)
+    env, cfg = run.env, run.cfg
+    for ids in eval_block_ids(
+        len(run.val_tokens), cfg.block_size, cfg.eval_iters, cfg.micro_batch_size, env.world_size, env.rank
+    ):
+        x, y = (t.to(run.device) for t in blocks_to_batch(run.val_tokens, ids, cfg.block_size))
+        with _compute(run):
+            _, loss = run.model(x, y)
+        assert loss is not None
+        totals += torch.stack([loss.float() * len(ids), torch.tensor(float(len(ids)), device=run.device)])
+    distributed.all_reduce_sum(totals)
+    run.model.train()
+    return (totals[0] / totals[1]).item()
