@@ -17,7 +17,7 @@ from trainer.contract import EXIT_OK
 if TYPE_CHECKING:
     from launcher.image.record import ImageRecord
 
-CHECKOUT = Path(__file__).resolve().parents[1]  # where the Dockerfile is, in a source checkout
+CHECKOUT = Path(__file__).resolve().parents[2]  # where the Dockerfile is, in a source checkout
 _TLS_FAILURE = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSLError")
 
 
