@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from launcher.job.failures import killed_by, root_cause, stop_outcome
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
+from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
@@ -89,7 +90,12 @@ class ChildAgents:
         return None
 
     def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        return None
+        # A node's parity step (compose's container entry, or any node that runs it) records a refusal
+        # in the job record: that is the job's exit code and message, not the agent's exit.
+        parity = read_failure(record.dir, since=since)
+        if parity is None:
+            return None
+        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
 
 
 class _StopAtOnce(Exception):

@@ -28,16 +28,15 @@ from docker.errors import DockerException
 
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
-from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
-from launcher.preflight.parity_step import read_failure
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.supervisor import ChildAgents, SupervisorHandle, start_client
+from launcher.supervisor.supervisor import ChildAgents, SupervisorHandle, start_client, start_supervisor
 from trainer.contract import atomic_write_text
 from trainer.precheck import expand_text_files, parse_train_args
 
@@ -138,13 +137,14 @@ class ComposeScheduler(SupervisedScheduler):
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         """Write the compose file, create the network and containers, and start following them."""
-        compose = self.transport(plan, record).compose
+        transport = self.transport(plan, record)
+        compose = transport.compose
         compose.write(plan.files[COMPOSE_FILE])
         for path in ComposeFacts.model_validate(plan.facts).writable:
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         try:
             compose.create()
-            return super().submit(plan, record, detach=detach)
+            return start_supervisor(plan, record, transport, detach=detach)
         except BaseException:  # refused, timed out or Ctrl-C: nothing will follow what was created
             if not record.has_handle():
                 with contextlib.suppress(DockerError):
@@ -312,12 +312,6 @@ class ComposeAgents(ChildAgents):
                 self.compose.run(["docker", "kill", "--signal", "TERM", *names], 60)
             except DockerError as e:  # the end of the grace period kills them all (kill below)
                 print(f"stopping the containers: {e}", file=sys.stderr, flush=True)
-
-    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        parity = read_failure(record.dir, since=since)  # the parity step in the containers refused
-        if parity is None:
-            return None
-        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
 
     def kill(self, job_id: str, grace_s: float) -> None:
         try:
