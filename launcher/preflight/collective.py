@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -412,13 +412,20 @@ def main(argv: list[str] | None = None) -> int:
             phase=f.phase,
             message=_message(ctx, f.phase, f.detail),
         )
-        print(f"error: {error.message}", file=sys.stderr, flush=True)
-        print(f"{ERROR_MARKER} {error.model_dump_json()}", flush=True)
+        _write_line(sys.stderr, f"error: {error.message}")
+        _write_line(sys.stdout, f"{ERROR_MARKER} {error.model_dump_json()}")
         return EXIT_FAILED
     if result is not None:
-        print(format_table(result), file=sys.stderr, flush=True)
-        print(f"{MARKER} {result.model_dump_json()}", flush=True)
+        _write_line(sys.stderr, format_table(result))
+        _write_line(sys.stdout, f"{MARKER} {result.model_dump_json()}")
     return 0
+
+
+def _write_line(stream: TextIO, text: str) -> None:
+    """One write of ``text`` and its newline: under PYTHONUNBUFFERED, ``print`` writes the newline
+    separately, and the ranks sharing torchrun's pipe then glue two marker lines into one."""
+    stream.write(text + "\n")
+    stream.flush()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the pure helpers the launcher imports (bandwidth formula, marker parsing, table)
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
@@ -16,6 +17,7 @@ from launcher.preflight.collective import (
     MARKER,
     CollectiveResult,
     SizeResult,
+    _write_line,
     bus_bandwidth,
     format_table,
     main,
@@ -75,6 +77,24 @@ def test_a_wrong_interface_fails_fast_naming_it() -> None:
         assert f"MASTER_ADDR:MASTER_PORT {error.master}" in error.message
     assert "nosuch0" in proc.stderr
     print(f"\nwrong interface: exit {proc.returncode} after {took:.1f} s: {errors[0].message}")
+
+
+class _Recorder(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+def test_a_marker_line_is_one_write_so_ranks_sharing_a_pipe_cannot_glue_two() -> None:
+    """Under PYTHONUNBUFFERED every write is its own syscall: ``print`` would send the newline apart
+    and two ranks' lines could join into one that neither parser reads."""
+    stream = _Recorder()
+    _write_line(stream, f"{ERROR_MARKER} {{}}")
+    assert stream.writes == [f"{ERROR_MARKER} {{}}\n"]
 
 
 def test_a_peer_that_never_comes_fails_within_the_timeout() -> None:
