@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
+from launcher.job.console import say
 from trainer.contract import EXIT_OK
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ _TLS_FAILURE = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Long but flat: one declaration per flag, read top to bottom as `launcher build --help` shows them.
     s = sub.add_parser(
         "build",
         help="build the training image (pinned torch/CUDA/NCCL), record its versions, optionally push",
@@ -101,14 +102,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.pip_index_url:
         build_args["PIP_INDEX_URL"] = args.pip_index_url
     client = connect()
-    progress = BuildProgress(on_step=_say, on_output=_say if args.verbose else lambda line: None)
+    progress = BuildProgress(on_step=say, on_output=say if args.verbose else lambda line: None)
     progress.base_image = args.base_image
     with tempfile.TemporaryDirectory(prefix="gptlaunch-build-") as context:
-        _say(f"launcher: staging the build context of {args.context} ({args.variant})")
+        say(f"launcher: staging the build context of {args.context} ({args.variant})")
         stage_context(
             args.context, Path(context), wanted, args.ca_bundle, args.wheelhouse, args.pip_index_url
         )
-        _say(f"launcher: building {tag} on the engine")
+        say(f"launcher: building {tag} on the engine")
         try:
             image_id = build(client, Path(context), tag, build_args, progress)
         except BuildFailed as e:
@@ -121,10 +122,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     path = args.record or Path("images") / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.json"
     record.save(path)  # before the push: a failed push keeps the build's record
     if args.push:
-        _say(f"launcher: pushing {tag}")
+        say(f"launcher: pushing {tag}")
         record = push(client, record)
         record.save(path)
-    _say(_summary(record, path))
+    say(_summary(record, path))
     if args.json:
         print(record.model_dump_json(indent=2))
     return EXIT_OK
@@ -138,7 +139,3 @@ def _summary(record: ImageRecord, path: Path) -> str:
         f"launcher: built {record.image} ({record.id[:19]}, {record.size_bytes / 1e9:.2f} GB) in "
         f"{record.build_s:.0f} s{pushed}\n  {shown}\n  record: {path}"
     )
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from launcher import __version__
 from launcher.cli import build as image_cli
-from launcher.cli import commands
+from launcher.cli import hosts, jobs, submit
 from launcher.cli.flags import UsageError, add_job_flags, fields_help
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
@@ -29,6 +29,7 @@ COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Long but flat: one declaration per command and flag, in the order `launcher --help` lists them.
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
         prog="launcher",
@@ -149,16 +150,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if args.command in ("submit", "render"):
-            run = commands.cmd_submit if args.command == "submit" else commands.cmd_render
+            run = submit.cmd_submit if args.command == "submit" else submit.cmd_render
             return run(args, trainer_args)
         return {
-            "list": commands.cmd_list,
-            "status": commands.cmd_status,
-            "logs": commands.cmd_logs,
-            "wait": commands.cmd_wait,
-            "cancel": commands.cmd_cancel,
-            "probe": commands.cmd_probe,
-            "check": commands.cmd_check,
+            "list": jobs.cmd_list,
+            "status": jobs.cmd_status,
+            "logs": jobs.cmd_logs,
+            "wait": jobs.cmd_wait,
+            "cancel": jobs.cmd_cancel,
+            "probe": hosts.cmd_probe,
+            "check": hosts.cmd_check,
             "build": image_cli.cmd_build,
         }[args.command](args)
     except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:

@@ -1,30 +1,50 @@
-"""Node-side entry point: ``python -m launcher.job.node [--fill-env NAME]... -- ARGV...``.
+"""Node-side entry point: ``python -m launcher.job.node [--workdir DIR] [--fill-env NAME]... -- ARGV``.
 
-Fills in the ``{{placeholders}}`` of ``launcher.job.placeholders`` in ARGV and in the environment
-variables named by ``--fill-env`` (only those: an unrelated variable may hold braces), then replaces
-itself with ARGV (exec: same pid, signals reach the real program). Only Plans that hold placeholders
-use it; it imports no torch and no pydantic.
+Changes to the job's working directory (``--workdir``: a node that lacks it fails with a message
+naming the host, where SLURM's srun would silently start the task in /tmp), fills in the
+``{{placeholders}}`` of ``launcher.job.placeholders`` in ARGV and in the environment variables named by
+``--fill-env`` (only those: an unrelated variable may hold braces), then replaces itself with ARGV
+(exec: same pid, signals reach the real program). SLURM's nodes and Plans that hold placeholders use
+it; it imports no torch and no pydantic.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 from launcher.job.placeholders import PlaceholderError, substitute
 from trainer.contract import EXIT_USAGE
 
+USAGE = "usage: python -m launcher.job.node [--workdir DIR] [--fill-env NAME]... -- PROGRAM [ARGS...]"
+
 
 def main(argv: list[str]) -> int:
     fill: list[str] = []
-    while argv[:1] == ["--fill-env"] and len(argv) > 1:
-        fill.append(argv[1])
+    workdir: str | None = None
+    while argv[:1] in (["--fill-env"], ["--workdir"]) and len(argv) > 1:
+        if argv[0] == "--workdir":
+            workdir = argv[1]
+        else:
+            fill.append(argv[1])
         argv = argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m launcher.job.node [--fill-env NAME]... -- PROGRAM [ARGS...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return EXIT_USAGE
+    if workdir is not None:
+        try:
+            os.chdir(workdir)
+        except OSError as e:
+            print(
+                f"launcher.job.node: error: workdir (--workdir) {workdir} on host {socket.gethostname()}: "
+                f"{e.strerror}; every node needs it (a shared filesystem): create it there or pass "
+                "another --workdir",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     try:
         env = dict(os.environ)
         for name in fill:

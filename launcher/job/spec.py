@@ -14,7 +14,7 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -39,6 +39,9 @@ RESERVED_ENV = re.compile(
 
 
 DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+
+
+_OptionsT = TypeVar("_OptionsT", bound=SchedulerOptions)
 
 
 class SpecError(ValueError):
@@ -256,6 +259,13 @@ class JobSpec(_Strict):
     def env(self) -> dict[str, str]:
         """The environment variables given for every process (``network.env``, --env)."""
         return self.network.env
+
+    def options(self, model: type[_OptionsT]) -> _OptionsT:
+        """The scheduler's options as ``model``, for that scheduler's own code. Raises TypeError (a
+        bug, not a user mistake) when the job is another scheduler's."""
+        if not isinstance(self.scheduler, model):
+            raise TypeError(f"a {self.scheduler.kind} job, not a {model.__name__} one")
+        return self.scheduler
 
     @property
     def world_size(self) -> int:

@@ -11,13 +11,8 @@ timeout is ended by torch's watchdog, which aborts the process: torchrun reports
 error line is printed.) ``parse_result`` / ``parse_errors`` find those lines in mixed torchrun output,
 with or without a ``[rank0]:`` prefix.
 
-Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw * 2(n-1)/n for
-all_reduce, which is the bandwidth each link needs and so comparable with the hardware's peak,
-whatever the number of ranks n. Units: GB/s = 1e9 bytes/s, time in microseconds per call, the slowest
-rank's (as nccl-tests reports).
-
-torch is imported inside the worker's functions only: the launcher imports ``bus_bandwidth``,
-``parse_result`` and ``format_table`` on paths that must start quickly.
+The lines, their parsing, the bandwidth formula (nccl-tests' busbw) and the table are in
+``launcher.preflight.collective_report``, which the launcher imports without torch.
 """
 
 from __future__ import annotations
@@ -31,122 +26,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal, TextIO, TypeVar
+from typing import TYPE_CHECKING, Literal, TextIO
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from launcher.preflight.collective_report import (
+    ERROR_MARKER,
+    MARKER,
+    CollectiveError,
+    CollectiveResult,
+    Phase,
+    SizeResult,
+    bus_bandwidth,
+    format_table,
+)
 
 if TYPE_CHECKING:
     import torch
 
-MARKER = "GPTLAUNCH_COLLECTIVE"
-ERROR_MARKER = "GPTLAUNCH_COLLECTIVE_ERROR"
 # Bytes of the float32 tensor: latency-bound, two mid sizes, and 32 MiB where bandwidth dominates.
 # The whole run takes a couple of seconds over loopback or a veth link with CPU gloo.
 DEFAULT_SIZES = (4, 65536, 4194304, 33554432)
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 FLOAT32_BYTES = 4
 EXIT_FAILED = 1
-
-Phase = Literal["init", "collective", "check"]
-
-
-class _Line(BaseModel):
-    # Unknown fields are ignored: a launcher older than the workers still reads their lines.
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class SizeResult(_Line):
-    """One message size: the slowest rank's time per all_reduce call and the bandwidths it gives."""
-
-    bytes: int  # size of the float32 tensor, bytes
-    time_us: float  # microseconds per call, max over ranks
-    algbw_gbs: float  # bytes / time, GB/s (1e9 bytes/s)
-    busbw_gbs: float  # algbw * 2(n-1)/n, GB/s
-
-
-class CollectiveResult(_Line):
-    """What rank 0 prints after a successful run (the ``GPTLAUNCH_COLLECTIVE`` line)."""
-
-    backend: str  # gloo or nccl, as resolved from --backend
-    world_size: int
-    hosts: list[str]  # distinct host names, in rank order of first appearance
-    ifname: dict[str, str | None]  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on rank 0, None if unset
-    master: str  # MASTER_ADDR:MASTER_PORT as rank 0 saw it
-    torch: str  # torch version on rank 0
-    iters: int
-    warmup: int
-    init_s: float  # rank 0's seconds in init_process_group: includes waiting for the last rank
-    results: list[SizeResult]
-
-
-class CollectiveError(_Line):
-    """What a failing rank prints (the ``GPTLAUNCH_COLLECTIVE_ERROR`` line)."""
-
-    rank: int
-    host: str
-    backend: str
-    ifname: dict[str, str | None]
-    master: str
-    phase: Phase  # init: the group did not form; collective: a call failed; check: a wrong sum
-    message: str  # one line, names the backend, the interface setting and MASTER_ADDR:MASTER_PORT
-
-
-def bus_bandwidth(size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes/s) of an all_reduce of ``size_bytes`` taking ``time_s``
-    seconds over ``world_size`` ranks, by nccl-tests' definition (doc/PERFORMANCE.md): algbw =
-    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link)."""
-    if size_bytes < 0 or time_s <= 0 or world_size < 1:
-        raise ValueError(
-            f"need size_bytes >= 0, time_s > 0 and world_size >= 1, got {size_bytes}, {time_s}, {world_size}"
-        )
-    algbw = size_bytes / time_s / 1e9
-    return algbw, algbw * 2 * (world_size - 1) / world_size
-
-
-_Model = TypeVar("_Model", bound=_Line)
-
-
-def _find_lines(output: str, marker: str, model: type[_Model]) -> list[_Model]:
-    """Every well-formed ``marker {json}`` line of ``output``, in order. The marker may follow a
-    prefix (torchrun's ``[rank0]:`` or ``[default0]:``) but not a word character, so
-    GPTLAUNCH_COLLECTIVE never matches inside GPTLAUNCH_COLLECTIVE_ERROR; broken lines are skipped."""
-    pattern = re.compile(rf"(?<!\w){re.escape(marker)} (\{{.*\}})\s*$")
-    found = []
-    for line in output.splitlines():
-        match = pattern.search(line)
-        if match is None:
-            continue
-        try:
-            found.append(model.model_validate_json(match.group(1)))
-        except ValidationError:
-            continue  # cut off or interleaved with another rank's output
-    return found
-
-
-def parse_result(output: str) -> CollectiveResult | None:
-    """The result line in ``output`` (mixed text, e.g. torchrun's), the last one if several, or
-    None when there is none."""
-    found = _find_lines(output, MARKER, CollectiveResult)
-    return found[-1] if found else None
-
-
-def parse_errors(output: str) -> list[CollectiveError]:
-    """Every rank's error line in ``output``, in order (empty when there is none)."""
-    return _find_lines(output, ERROR_MARKER, CollectiveError)
-
-
-def format_table(result: CollectiveResult) -> str:
-    """The result for humans: a title line, then one row per size (bytes, µs per call, GB/s)."""
-    ifnames = ", ".join(f"{k}={v}" for k, v in result.ifname.items() if v) or "no *_SOCKET_IFNAME set"
-    title = (
-        f"all_reduce sum float32, {result.backend}, {result.world_size} rank(s) on "
-        f"{len(result.hosts)} host(s), {ifnames}, init {result.init_s:.2f} s"
-    )
-    header = f"{'size (B)':>12} {'time (µs)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
-    rows = [
-        f"{r.bytes:>12} {r.time_us:>12.1f} {r.algbw_gbs:>13.3f} {r.busbw_gbs:>13.3f}" for r in result.results
-    ]
-    return "\n".join([title, header, *rows])
 
 
 class _Failed(Exception):

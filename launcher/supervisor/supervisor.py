@@ -42,7 +42,7 @@ class SupervisorHandle(BaseModel):
     scheduler, the supervisor and the pids of the processes it started (agents, ssh clients)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: str = "local"
+    scheduler: str  # the kind of the scheduler that wrote it
     supervisor: ProcessRef
     node_pids: list[int] = []
 

@@ -11,16 +11,14 @@ import time
 
 import pytest
 
-from launcher.preflight.collective import (
-    DEFAULT_SIZES,
+from launcher.preflight.collective import DEFAULT_SIZES, _write_line, main
+from launcher.preflight.collective_report import (
     ERROR_MARKER,
     MARKER,
     CollectiveResult,
     SizeResult,
-    _write_line,
     bus_bandwidth,
     format_table,
-    main,
     parse_errors,
     parse_result,
 )

@@ -136,6 +136,24 @@ def test_version_mismatch_refuses_the_launch_with_a_diff(
     assert json.loads(same.stdout)["mismatches"] == []
 
 
+def test_a_workdir_missing_on_one_host_refuses_the_launch_naming_that_host(
+    hostfile: Path, tmp_path: Path
+) -> None:
+    """/var/lib/gptlaunch-ssh/local is host-local: the workdir made there on gl-h1 only."""
+    hosts = first_hosts(hostfile, 2, tmp_path)
+    first, second = host_names(hosts)
+    workdir = f"workdir-{tmp_path.name}"
+    (STATE / "hosts" / first / "local" / workdir).mkdir()
+    jobs = tmp_path / "jobs"
+    proc = launcher(
+        jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--workdir", str(STATE / "local" / workdir), "--", "--max-steps", "1",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"is not a directory on {second}:" in proc.stderr and "--workdir" in proc.stderr, proc.stderr
+    assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
+
+
 def test_check_probes_hosts_in_parallel(hostfile: Path, tmp_path: Path) -> None:
     one, eight = first_hosts(hostfile, 1, tmp_path), first_hosts(hostfile, 8, tmp_path)
     launcher(tmp_path, "check", "--hostfile", str(eight), check=True)  # warm: connections, page cache

@@ -68,7 +68,7 @@ def test_a_running_job_whose_supervisor_died_after_a_stop_checkpoint_is_checkpoi
 
     started = time.time()
     rec = _record(tmp_path, JobStatus(state=JobState.RUNNING, created_at=started, started_at=started))
-    rec.write_handle(SupervisorHandle(supervisor=_dead_process(), node_pids=[]))
+    rec.write_handle(SupervisorHandle(scheduler="local", supervisor=_dead_process(), node_pids=[]))
     run_dir = Path(rec.plan().run_dir)
     run_dir.mkdir(parents=True)
     write_stop_marker(run_dir, 7, run_dir / "ckpt-00000007.pt")

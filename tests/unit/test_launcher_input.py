@@ -172,8 +172,8 @@ def test_a_bug_in_the_trainer_check_is_not_reported_as_invalid_input(jobs_root: 
 
 
 def test_data_paths_are_checked_only_where_the_nodes_see_this_machines_files(tmp_path: Path) -> None:
-    from launcher.cli.commands import check_trainer_args
     from launcher.cli.flags import UsageError
+    from launcher.cli.submit import check_trainer_args
     from launcher.job.spec import JobSpec
 
     spec = JobSpec(trainer_args=["--text-files", "/only/on/the/cluster.txt"])

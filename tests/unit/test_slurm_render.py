@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.options import SlurmOptions, slurm_minutes
 from launcher.schedulers.slurm.scheduler import SCRIPT, SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import job_state
+from trainer.contract import EXIT_USAGE
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FACTS = {"workdir": "/work/job", "gpus_per_node": 0}
@@ -108,11 +110,36 @@ def test_the_script_hands_hostile_values_to_srun_verbatim(tmp_path: Path) -> Non
     assert "version parity: the 2 nodes match" in proc.stdout  # the step before training ran, and passed
 
 
+def test_a_missing_workdir_stops_the_batch_script_naming_it_before_any_step(tmp_path: Path) -> None:
+    workdir = tmp_path / "no such $(touch x)"
+    plan = _render(_spec(python=sys.executable), job_dir=str(tmp_path / "job"), workdir=str(workdir))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "srun", f"open({str(tmp_path / 'srun-ran')!r}, 'w')")
+    script = tmp_path / SCRIPT
+    script.write_text(plan.to_text())
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert f"workdir {workdir} is not a directory on {socket.gethostname()}" in proc.stdout
+    assert not (tmp_path / "srun-ran").exists() and not (tmp_path / "x").exists()
+
+
+def test_the_node_command_refuses_a_missing_workdir_naming_the_host(tmp_path: Path) -> None:
+    """What srun's tasks (and submitit's) run: without the check srun would start them in /tmp."""
+    node = [sys.executable, "-m", "launcher.job.node", "--workdir"]
+    missing = subprocess.run([*node, str(tmp_path / "gone"), "--", "pwd"], capture_output=True, text=True)
+    assert missing.returncode == EXIT_USAGE and not missing.stdout
+    assert f"{tmp_path / 'gone'} on host {socket.gethostname()}" in missing.stderr, missing.stderr
+    there = subprocess.run([*node, str(tmp_path), "--", "pwd"], capture_output=True, text=True, check=True)
+    assert there.stdout.strip() == str(tmp_path)
+
+
 def test_every_node_meets_on_the_first_host_at_a_port_from_the_job_id() -> None:
     plan = _render(_spec())
     assert len(plan.nodes) == 2 and len({n.log for n in plan.nodes}) == 2
     agent = plan.nodes[0].argv
-    assert agent[1:4] == ["-m", "launcher.job.node", "--"]
+    assert agent[1:6] == ["-m", "launcher.job.node", "--workdir", plan.nodes[0].cwd, "--"]
     env = {"SLURM_JOB_ID": "123456", "SLURM_NODEID": "1"}
     assert substitute("{{rdzv_port}}", env) == str(PORT_BASE + 123456 % PORT_SPAN)
     assert "--rdzv-endpoint={{first_host}}:{{rdzv_port}}" in agent and "--rdzv-id={{slurm_job_id}}" in agent

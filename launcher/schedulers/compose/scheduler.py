@@ -65,7 +65,7 @@ class ComposeScheduler(SupervisedScheduler):
     def resolve(self, spec: JobSpec) -> ComposeFacts:
         """The image's id (all nodes run exactly it), the compose client, whether to reserve GPUs, the
         user the containers run as. Raises DockerError (no engine, no such image, no compose client)."""
-        opts = _options(spec)
+        opts = spec.options(ComposeOptions)
         if spec.rendezvous.endpoint is not None:
             raise SpecError("rendezvous.endpoint (--rdzv-endpoint): with compose, node0 hosts the rendezvous")
         if "python" in spec.model_fields_set:
@@ -115,7 +115,7 @@ class ComposeScheduler(SupervisedScheduler):
             return [
                 CONTAINER_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir),
                 "--node", str(k), "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
-                *(["--skip-parity"] if _options(spec).skip_parity else []), "--",
+                *(["--skip-parity"] if spec.options(ComposeOptions).skip_parity else []), "--",
             ]  # fmt: skip
 
         nodes = [  # host: the engine's machine; the service is node{k}
@@ -130,7 +130,7 @@ class ComposeScheduler(SupervisedScheduler):
             image_id=facts.image_id,
             user=facts.user,
             mounts=mounts,
-            shm_size=_options(spec).shm_size,
+            shm_size=spec.options(ComposeOptions).shm_size,
             gpus_per_node=gpus,
         )
         return plan.model_copy(update={"files": {COMPOSE_FILE: text}, "primary": COMPOSE_FILE})
@@ -178,11 +178,6 @@ def _threads(spec: JobSpec) -> int | None:
     if spec.omp_num_threads or "OMP_NUM_THREADS" in spec.network.env:
         return spec.omp_num_threads
     return max(1, (os.cpu_count() or 1) // spec.world_size)
-
-
-def _options(spec: JobSpec) -> ComposeOptions:
-    assert isinstance(spec.scheduler, ComposeOptions)
-    return spec.scheduler
 
 
 def compose_command(choice: str) -> list[str]:

@@ -59,11 +59,6 @@ class SlurmHandle(BaseModel):
     submitit_folder: str
 
 
-def _options(spec: JobSpec) -> SlurmOptions:
-    assert isinstance(spec.scheduler, SlurmOptions)
-    return spec.scheduler
-
-
 class SlurmFacts(Facts):
     gpus_per_node: int  # GPUs requested per node; 0 for CPU processes
 
@@ -86,7 +81,7 @@ def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
         job_dir=str(job_dir),
         nnodes=spec.nnodes,
         gpus_per_node=facts.gpus_per_node,
-        skip=_options(spec).skip_parity,
+        skip=spec.options(SlurmOptions).skip_parity,
     )
 
 
@@ -97,7 +92,7 @@ def _submitit_request(spec: JobSpec, options: dict[str, str], parity: list[str])
         "nodes": int(options["nodes"]),
         "ntasks_per_node": 1,
         "time": int(options["time"]),
-        "signal_delay_s": _options(spec).signal_delay_s,
+        "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
         "srun_args": SRUN_ARGS,
         "stderr_to_stdout": True,
     }
@@ -131,7 +126,7 @@ class SlurmScheduler:
     def resolve(self, spec: JobSpec) -> SlurmFacts:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
-        opts = _options(spec)
+        opts = spec.options(SlurmOptions)
         gpus = opts.gpus
         if gpus is None:
             gpus = _partition_has_gpus(opts.partition) is not False
@@ -141,7 +136,7 @@ class SlurmScheduler:
         )
 
     def render(self, spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path) -> Plan:
-        opts = _options(spec)
+        opts = spec.options(SlurmOptions)
         rdzv = spec.rendezvous
         endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
@@ -157,7 +152,8 @@ class SlurmScheduler:
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
         env = agent_env(spec, job_id, threads)
-        argv = [spec.python, "-m", "launcher.job.node", "--", *agent]
+        # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
+        argv = [spec.python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
         node = NodeCommand(host="(allocated by SLURM)", argv=argv, env=env)
         plan = build_plan(
             self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=[node] * spec.nnodes
@@ -189,7 +185,7 @@ class SlurmScheduler:
             if shutil.which(command) is None:
                 raise SubmitRejected(f"{command} {NO_SLURM}")
         spec = record.spec()
-        opts = _options(spec)
+        opts = spec.options(SlurmOptions)
         folder = record.dir / "submitit"
         executor = submitit.SlurmExecutor(
             folder=folder, max_num_timeout=opts.max_requeues, python=shlex.quote(spec.python)
@@ -202,7 +198,6 @@ class SlurmScheduler:
         task = NodeTask(
             argv=node.argv,
             env=node.env,
-            cwd=node.cwd,
             job_dir=str(record.dir),
             run_dir=plan.run_dir,
             grace_s=spec.grace_period_s,

@@ -16,7 +16,7 @@ import shlex
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
-from trainer.contract import EXIT_CHECKPOINTED, STOP_MARKER, package_version
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_USAGE, STOP_MARKER, package_version
 
 # srun's file name patterns: %n is the node's index within the job (one log per node).
 NODE_LOG_PATTERN = "node-%n.log"
@@ -52,6 +52,12 @@ def _sbatch_line(key: str, value: str) -> str:
     return f"#SBATCH --{key}" if value == "" else f"#SBATCH --{key}={shlex.quote(value)}"
 
 
+_NO_WORKDIR = (
+    "batch: workdir %s is not a directory on %s: create it on every node (a shared filesystem) "
+    "or pass another --workdir\\n"
+)
+
+
 def sbatch_script(
     *,
     job_id: str,
@@ -70,6 +76,7 @@ def sbatch_script(
     Raises SpecError for a job directory that srun's file name patterns would rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
+    # Long but flat: the script's lines in the order sbatch runs them, so the code reads as the script.
     q = shlex.quote
     exports = [f"export {k}={q(v)}" for k, v in sorted(node.env.items())]
     srun = [
@@ -82,6 +89,7 @@ def sbatch_script(
         *node.argv,
     ]
     secret_names = ", ".join(secrets) or "none"
+    no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(node.cwd)} "$(hostname)"; exit {EXIT_USAGE}; }}'
     lines = [
         "#!/bin/bash",
         f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
@@ -106,7 +114,7 @@ def sbatch_script(
         "",
         "# Environment of every node's processes (the submitting shell's is exported too).",
         *exports,
-        f"cd -- {q(node.cwd)} || exit 1",
+        f"cd -- {q(node.cwd)} || {no_workdir}",
         "",
         *parity,
         "",

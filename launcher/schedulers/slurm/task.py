@@ -36,7 +36,6 @@ def failed_name(node: int) -> str:
 class NodeTask:
     argv: list[str]
     env: dict[str, str]
-    cwd: str
     job_dir: str
     run_dir: str
     grace_s: float  # seconds the ranks get to checkpoint after a stop signal
@@ -48,8 +47,7 @@ class NodeTask:
         with open(Path(self.job_dir) / f"node-{node}.log", "ab") as log:  # appended to across requeues
             _agent = subprocess.Popen(
                 self.argv,
-                env=os.environ | self.env,
-                cwd=self.cwd,
+                env=os.environ | self.env,  # the node command changes to the workdir itself
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.job.spec import SpecError
-from launcher.preflight.collective import CollectiveResult, parse_errors, parse_result
+from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
 from launcher.preflight.parity import compare, diff_text
 from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
@@ -198,27 +199,71 @@ class HostPlan:
         return {k: v for k, v in chosen.items() if k not in user_env}
 
 
+@dataclass(frozen=True)
+class ProbedHosts:
+    """The job's hosts as probed: what ``launcher check`` reports before any routing is chosen."""
+
+    settings: ssh.SshSettings
+    hosts: list[str]
+    master_addr: str
+    probes: dict[str, Probe]
+    probe_s: float  # wall time of the parallel probe, seconds
+
+
+def probe_job_hosts(opts: SshOptions, nnodes: int | None, nproc_per_node: int, python: str) -> ProbedHosts:
+    """The hosts (``hosts_of``), the master address and every host's probe, in parallel. Raises
+    SpecError naming each host that could not be reached or probed."""
+    settings = ssh_settings(opts)
+    hosts = hosts_of(opts, nnodes, nproc_per_node)
+    master = master_address(settings, hosts[0])
+    started = time.monotonic()
+    probes = probe_hosts(settings, hosts, python, master)
+    return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started)
+
+
+def route_hosts(probed: ProbedHosts, port: int | None, python: str) -> HostPlan:
+    """Each host's interface towards the master address and a rendezvous port (``port``, or the one
+    host 0 found free) that every host reaches. Raises SpecError naming the host and the fix."""
+    hosts = probed.hosts
+    ifnames = choose_ifnames(probed.probes, probed.master_addr, multi_host=len(hosts) > 1)
+    chosen_port = port or probed.probes[hosts[0]].free_port
+    if chosen_port is None:
+        raise SpecError(f"host {hosts[0]} reported no free port: pass --rdzv-port")
+    check_port(probed.settings, hosts, python, probed.master_addr, chosen_port)
+    return HostPlan(hosts, probed.master_addr, chosen_port, ifnames, probed.probes)
+
+
+def check_workdir(settings: ssh.SshSettings, hosts: list[str], workdir: str) -> None:
+    """Raise SpecError naming every host where ``workdir`` is not a directory (all hosts at once),
+    or that could not be asked."""
+    command = f"test -d {shlex.quote(workdir)}"
+    results = ssh.fan_out(settings, hosts, lambda h: command, settings.connect_timeout_s + 30)
+    missing = [r.host for r in results if r.returncode == 1]  # test's "no"
+    if missing:
+        raise SpecError(
+            f"workdir (--workdir) {workdir} is not a directory on {', '.join(missing)}: every host runs the "
+            "trainer there; create it on those hosts or pass another --workdir"
+        )
+    failed = [r.error() for r in results if not r.ok]
+    if failed:
+        raise SpecError("cannot check the workdir on every host:\n  " + "\n  ".join(failed))
+
+
 def plan_hosts(
     opts: SshOptions,
     nnodes: int | None,
     nproc_per_node: int,
     python: str,
     port: int | None,
+    workdir: str,
     warn: Callable[[str], None],
 ) -> HostPlan:
-    """Every check before an SSH job, in order: hosts, probes (in parallel), parity, master address
-    resolution and routes, rendezvous port. Raises SpecError / ParityError."""
-    settings = ssh_settings(opts)
-    hosts = hosts_of(opts, nnodes, nproc_per_node)
-    master = master_address(settings, hosts[0])
-    probes = probe_hosts(settings, hosts, python, master)
-    enforce_parity(probes, nproc_per_node, opts.skip_parity, warn)
-    ifnames = choose_ifnames(probes, master, multi_host=len(hosts) > 1)
-    chosen_port = port or probes[hosts[0]].free_port
-    if chosen_port is None:
-        raise SpecError(f"host {hosts[0]} reported no free port: pass --rdzv-port")
-    check_port(settings, hosts, python, master, chosen_port)
-    return HostPlan(hosts, master, chosen_port, ifnames, probes)
+    """Every check before an SSH job, in order: hosts, probes (in parallel), parity, the workdir,
+    master address resolution and routes, rendezvous port. Raises SpecError / ParityError."""
+    probed = probe_job_hosts(opts, nnodes, nproc_per_node, python)
+    enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
+    check_workdir(probed.settings, probed.hosts, workdir)
+    return route_hosts(probed, port, python)
 
 
 def collective(

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 
+from launcher.job.console import say
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
-from launcher.preflight.collective import format_table
+from launcher.preflight.collective_report import format_table
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.hosts import HostPlan, collective, plan_hosts, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
@@ -32,10 +32,6 @@ from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import ChildAgents, start_client
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 class SshFacts(Facts):
@@ -56,17 +52,18 @@ class SshScheduler(SupervisedScheduler):
     def resolve(self, spec: JobSpec) -> SshFacts:
         """Every check of ``launcher.schedulers.ssh.hosts.plan_hosts`` (probes the hosts; starts
         nothing). Raises SpecError, or ParityError (exit 3) for hosts whose versions differ."""
-        opts = _options(spec)
+        opts = spec.options(SshOptions)
         if spec.rendezvous.endpoint is not None:
             raise SpecError(
                 "rendezvous.endpoint (--rdzv-endpoint) is the first host for the SSH scheduler: "
                 "put the host you want first in --hosts / the hostfile"
             )
+        workdir = workdir_of(spec, files_here=self.files_here)
         hosts = plan_hosts(
-            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, warn=_say
+            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, warn=say
         )
         return SshFacts(
-            workdir=workdir_of(spec, files_here=self.files_here),
+            workdir=workdir,
             hosts=hosts.hosts,
             master_addr=hosts.master_addr,
             rdzv_port=hosts.port,
@@ -78,11 +75,11 @@ class SshScheduler(SupervisedScheduler):
         """With ``--preflight``: a short all_reduce across the hosts with the job's backend settings
         and interfaces (``launcher.schedulers.ssh.hosts.collective``); raises SpecError when it cannot
         form."""
-        opts = _options(spec)
+        opts = spec.options(SshOptions)
         if opts.preflight:
             hosts = SshFacts.model_validate(plan.facts).host_plan()
-            _say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
-            _say(format_table(collective(opts, hosts, spec.python, spec.network.as_env())))
+            say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
+            say(format_table(collective(opts, hosts, spec.python, spec.network.as_env())))
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
@@ -102,7 +99,7 @@ class SshScheduler(SupervisedScheduler):
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
         spec = record.spec()
-        return SshAgents(plan, ssh_settings(_options(spec)), spec.python, spec.secrets_here())
+        return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here())
 
     def remaining(self, record: JobRecord) -> str:
         running = _hosts_running(record)
@@ -110,12 +107,9 @@ class SshScheduler(SupervisedScheduler):
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
         spec = record.spec()
-        SshAgents(record.plan(), ssh_settings(_options(spec)), spec.python, {}).kill(record.job_id, grace_s)
-
-
-def _options(spec: JobSpec) -> SshOptions:
-    assert isinstance(spec.scheduler, SshOptions)
-    return spec.scheduler
+        SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}).kill(
+            record.job_id, grace_s
+        )
 
 
 def _hostagent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
@@ -135,7 +129,7 @@ def _hosts_running(record: JobRecord) -> list[str]:
         return _hostagent(spec.python, "status", record.job_id, nodes[host])
 
     running = []
-    for result in ssh.fan_out(ssh_settings(_options(spec)), list(nodes), command, SIGNAL_TIMEOUT_S):
+    for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, SIGNAL_TIMEOUT_S):
         try:
             if json.loads(result.stdout.strip().splitlines()[-1])["running"]:
                 running.append(result.host)
@@ -181,4 +175,4 @@ class SshAgents(ChildAgents):
 
         for result in ssh.fan_out(self.settings, list(by_host), command, SIGNAL_TIMEOUT_S + grace_s):
             if not result.ok:
-                _say(f"launcher: could not signal the job on {result.error()}")
+                say(f"launcher: could not signal the job on {result.error()}")

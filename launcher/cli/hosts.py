@@ -1,0 +1,80 @@
+"""The commands on hosts rather than jobs: ``probe`` (this host's versions) and ``check`` (SSH hosts
+probed in parallel, their parity, and with ``--collective`` an all_reduce across them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from launcher.cli.flags import UsageError
+from launcher.job.spec import NetworkSpec
+from launcher.preflight.collective_report import CollectiveResult, format_table
+from launcher.preflight.parity import compare, diff_text, report_table
+from launcher.preflight.probe import main as probe_main
+from launcher.schedulers.ssh.hosts import ProbedHosts, collective, probe_job_hosts, route_hosts
+from launcher.schedulers.ssh.options import SshOptions
+from trainer.contract import EXIT_OK, EXIT_PARITY
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    return probe_main(["--json"] if args.json else [])
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Probe the hosts at once, print the table (or JSON), the diff, and with --collective the
+    all_reduce bandwidth. Exit 0 when they match, 3 (EXIT_PARITY) when not."""
+    opts = _ssh_options(args)
+    probed = probe_job_hosts(opts, args.nodes, args.gpus_per_node, args.python)
+    mismatches, shortfalls = compare(probed.probes, args.gpus_per_node)
+    report: dict[str, object] = {
+        "hosts": {h: p.model_dump(mode="json") for h, p in probed.probes.items()},
+        "probe_s": probed.probe_s,
+        "mismatches": [m.describe() for m in mismatches] + [s.describe() for s in shortfalls],
+    }
+    if not args.json:
+        print(report_table(probed.probes))
+        print(f"\n{len(probed.hosts)} host(s) probed in parallel in {probed.probe_s:.1f} s")
+        print(
+            diff_text(mismatches, shortfalls) if mismatches or shortfalls else "versions match on every host"
+        )
+    if args.collective and not (mismatches or shortfalls):
+        report["collective"] = _check_collective(args, opts, probed).model_dump(mode="json")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return EXIT_PARITY if mismatches or shortfalls else EXIT_OK
+
+
+def _ssh_options(args: argparse.Namespace) -> SshOptions:
+    try:
+        return SshOptions(
+            hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else [],
+            hostfile=args.hostfile,
+            ssh_opts=args.ssh_opt,
+            host_key_check=args.ssh_host_key_check,
+            connect_timeout_s=args.ssh_connect_timeout_s,
+        )
+    except ValueError as e:  # pydantic's ValidationError is one
+        raise UsageError(str(e)) from None
+
+
+def _check_collective(args: argparse.Namespace, opts: SshOptions, probed: ProbedHosts) -> CollectiveResult:
+    """The routes and rendezvous port an SSH job would get, then an all_reduce across the hosts."""
+    try:
+        network = NetworkSpec(
+            gloo_socket_ifname=args.gloo_socket_ifname, nccl_socket_ifname=args.nccl_socket_ifname
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    plan = route_hosts(probed, None, args.python)
+    env = network.as_env()
+    if not args.json:
+        forced = env.get("GLOO_SOCKET_IFNAME")
+        chosen = ", ".join(f"{h}: {forced or i}" for h, i in plan.ifnames.items())
+        print(
+            f"\nall_reduce across {len(plan.hosts)} host(s), master_addr {plan.master_addr}:{plan.port}, "
+            f"interfaces {chosen}"
+        )
+    result = collective(opts, plan, args.python, env, args.collective_timeout_s)
+    if not args.json:
+        print(format_table(result))
+    return result

@@ -1,0 +1,138 @@
+"""The commands on jobs that exist: ``list``, ``status``, ``logs``, ``wait`` and ``cancel``, and the
+one follow loop that attached submits share with them. They read the job record and ask its
+scheduler, importing no torch: they answer at once."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from launcher.cli.flags import UsageError
+from launcher.job.console import say
+from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
+from launcher.schedulers import get_scheduler
+from launcher.schedulers.base import Scheduler
+from trainer.contract import EXIT_OK
+
+
+def follow(
+    scheduler: Scheduler[Any],
+    record: JobRecord,
+    out: TextIO | None,
+    node: int | None = None,
+    attached: bool = False,
+) -> JobStatus:
+    """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
+    output to ``out`` (None: discard it) until the job reaches a terminal state; return that status.
+    If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
+    owns the job), anything else stops following and returns the status then."""
+    _copy(scheduler.logs(record, node, follow=True), out, attached)
+    return scheduler.state(record)
+
+
+def _copy(lines: Iterator[str], out: TextIO | None, keep_reading: bool = False) -> None:
+    """Write ``lines`` to ``out``; when ``out`` breaks, stop (or, ``keep_reading``, drain quietly)."""
+    for line in lines:
+        if out is None:
+            continue
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            out = None
+            _silence_stdout()
+            if not keep_reading:
+                return
+
+
+def _silence_stdout() -> None:
+    """After stdout broke, point it at /dev/null so that Python's exit-time flush stays quiet."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def summary(job_id: str, status: JobStatus) -> str:
+    took = (status.ended_at or time.time()) - (status.started_at or status.created_at)
+    detail = f": {status.message}" if status.message else ""
+    return f"launcher: job {job_id} {status.state} after {took:.1f} s{detail}"
+
+
+def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler[Any]]:
+    record = JobRecord.open(args.job, args.jobs_root)
+    return record, _scheduler_of(record)
+
+
+def _scheduler_of(record: JobRecord) -> Scheduler[Any]:
+    name = record.plan().scheduler
+    try:
+        return get_scheduler(name)
+    except KeyError:
+        raise JobError(
+            f"{record.dir} was submitted to scheduler {name!r}, which this launcher lacks"
+        ) from None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    print(f"{'JOB ID':40} {'STATE':13} {'NODES':>5} {'PROCS':>5} {'CREATED (UTC)':20} {'SECONDS':>8}")
+    for record in list_jobs(args.jobs_root):
+        try:
+            plan = record.plan()
+            st = _scheduler_of(record).state(record)
+        except (OSError, ValueError, JobError) as e:  # ValidationError is a ValueError
+            say(f"launcher: skipping {record.dir}: unreadable job record ({type(e).__name__}): {e}")
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.created_at))
+        secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st.started_at else "-"
+        print(
+            f"{plan.job_id:40} {st.state:13} {plan.nnodes:>5} {plan.nproc_per_node:>5} {created:20} {secs:>8}"
+        )
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    st, plan = scheduler.state(record), record.plan()
+    if args.json:
+        print(json.dumps(st.model_dump(mode="json"), indent=2))
+        return EXIT_OK
+    print(f"job {plan.job_id}: {st.state}")
+    print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {record.dir}")
+    print(f"  run dir {plan.run_dir}")
+    if st.state.is_terminal:
+        print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
+    elif st.message:
+        print(f"  {st.message}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    if args.node is not None and not 0 <= args.node < record.plan().nnodes:
+        raise UsageError(f"--node {args.node}: the job has nodes 0..{record.plan().nnodes - 1}")
+    if args.follow:
+        follow(scheduler, record, sys.stdout, args.node)
+    else:
+        _copy(scheduler.logs(record, args.node, follow=False), sys.stdout)
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    final = follow(scheduler, record, None)
+    say(summary(record.job_id, final))
+    return final.job_exit_code
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    record, scheduler = _open(args)
+    status = scheduler.cancel(record)
+    print(f"job {record.job_id}: {status.state}" + (f" ({status.message})" if status.message else ""))
+    return EXIT_OK

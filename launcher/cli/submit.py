@@ -1,0 +1,167 @@
+"""``launcher submit`` and ``launcher render``: the trainer's arguments checked, the Plan rendered,
+the record written, the job handed to its scheduler and, attached, followed to its end. User mistakes
+raise UsageError (exit 2) before anything is written."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from launcher.cli.flags import UsageError, build_spec
+from launcher.cli.jobs import follow, summary
+from launcher.job.console import say
+from launcher.job.plan import Plan
+from launcher.job.record import JobRecord, JobStatus, new_job_id
+from launcher.job.spec import JobSpec, check_text
+from launcher.schedulers import get_scheduler
+from launcher.schedulers.base import Scheduler
+from launcher.supervisor import procs
+from trainer.contract import EXIT_INTERRUPTED, EXIT_OK
+
+
+def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
+    """Validate the trainer's arguments before anything is written or started: flags, values, that the
+    global batch splits over this job's world_size and, when the nodes see this machine's files
+    (``files_here``), the data files and resume checkpoint. Raises UsageError."""
+    from trainer.precheck import InvalidTrainerArgs, check_train_args
+
+    # Relative paths among them are the trainer's, resolved in its working directory (when it is here).
+    where = contextlib.chdir(workdir) if files_here else contextlib.nullcontext()
+    try:
+        with where:
+            check_train_args(spec.trainer_args, world_size=spec.world_size, files_here=files_here)
+    except InvalidTrainerArgs as e:
+        raise UsageError(f"trainer arguments: {e}") from None
+    except SystemExit as e:
+        if e.code == 0:  # `-- --help` printed the trainer's help
+            raise
+        # argparse already printed which flag it did not know
+        raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
+
+
+def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:
+    try:
+        check_text(str(args.jobs_root), "--jobs-root")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    spec = build_spec(args, trainer_args)
+    scheduler = get_scheduler(spec.scheduler.kind)
+    facts = scheduler.resolve(spec)
+    check_trainer_args(spec, Path(facts.workdir), scheduler.files_here)
+    job_id = new_job_id(spec.name)
+    job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
+    return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir
+
+
+def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    _, _, plan, _ = _plan(args, trainer_args)
+    print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    if args.dry_run:
+        return cmd_render(args, trainer_args)
+    if args.detach and args.wait:
+        raise UsageError("--detach and --wait contradict each other: keep one")
+    spec, scheduler, plan, job_dir = _plan(args, trainer_args)
+    scheduler.preflight(spec, plan)
+    status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
+    try:
+        record = JobRecord.create(job_dir, spec, plan, status)
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(
+            f"cannot write the job record in {job_dir} ({e.strerror}): "
+            "pass a writable --jobs-root or --job-dir"
+        ) from None
+    if args.detach or scheduler.queued:
+        return _submit_detached(scheduler, plan, record, wait=args.wait)
+    say(
+        f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
+        f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
+    )
+    with _CancelOnSignal(scheduler, record) as stopper:
+        _submit_or_discard(scheduler, plan, record, detach=False)
+        stopper.job_started()
+        final = follow(scheduler, record, sys.stdout, attached=True)
+    say(summary(plan.job_id, final))
+    return final.job_exit_code
+
+
+def _submit_or_discard(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, *, detach: bool) -> None:
+    try:
+        scheduler.submit(plan, record, detach=detach)
+    except BaseException:  # refused or interrupted before it was accepted: no record of a job never run
+        if not record.has_handle():
+            record.discard()
+        raise
+
+
+def _submit_detached(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool) -> int:
+    """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
+    then stops following, not the job)."""
+    _submit_or_discard(scheduler, plan, record, detach=True)
+    status = scheduler.state(record)
+    if status.state.is_terminal:  # it could not start
+        say(summary(plan.job_id, status))
+        return status.job_exit_code
+    print(plan.job_id, flush=True)
+    if not wait:
+        say(
+            f"launcher: job {plan.job_id} submitted to {plan.scheduler} ({status.message or status.state}); "
+            f"follow it with `launcher logs -f {plan.job_id}`, wait for it with `launcher wait {plan.job_id}`"
+        )
+        return EXIT_OK
+    say(
+        f"launcher: following job {plan.job_id} ({status.message or status.state}); Ctrl-C stops following, "
+        f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
+    )
+    try:
+        final = follow(scheduler, record, sys.stdout)
+    except KeyboardInterrupt:
+        say(f"launcher: stopped following job {plan.job_id}; it goes on")
+        return EXIT_INTERRUPTED
+    say(summary(plan.job_id, final))
+    return final.job_exit_code
+
+
+class _CancelOnSignal:
+    """While attached: Ctrl-C, SIGTERM or SIGHUP (terminal closed) ask the job to stop (the ranks
+    checkpoint); a second one stops it at once. A signal that arrives while the job is being started
+    is acted on once it has started. A signal ignored by whoever started us (nohup) stays ignored."""
+
+    def __init__(self, scheduler: Scheduler[Any], record: JobRecord) -> None:
+        self.scheduler, self.record = scheduler, record
+        self.started, self.pending = False, 0
+
+    def __enter__(self) -> _CancelOnSignal:
+        watched = [sig for sig in procs.STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in watched}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        say(
+            f"launcher: {signal.Signals(signum).name}: stopping the job (ranks checkpoint, then exit; "
+            "again to stop at once)"
+        )
+        if self.started:
+            self.scheduler.cancel(self.record, wait=False)
+        else:
+            self.pending += 1
+
+    def job_started(self) -> None:
+        self.started = True
+        for _ in range(self.pending):
+            self.scheduler.cancel(self.record, wait=False)

@@ -1,0 +1,121 @@
+"""What the collective preflight reports, read by the launcher without importing torch: the
+``GPTLAUNCH_COLLECTIVE`` result line and the ``GPTLAUNCH_COLLECTIVE_ERROR`` line a failing rank prints
+(``launcher.preflight.collective``), how to find them in mixed torchrun output, the bandwidth formula
+and the table for humans.
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw * 2(n-1)/n for
+all_reduce, which is the bandwidth each link needs and so comparable with the hardware's peak,
+whatever the number of ranks n. Units: GB/s = 1e9 bytes/s, time in microseconds per call, the slowest
+rank's (as nccl-tests reports).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+MARKER = "GPTLAUNCH_COLLECTIVE"
+ERROR_MARKER = "GPTLAUNCH_COLLECTIVE_ERROR"
+
+Phase = Literal["init", "collective", "check"]
+
+
+class _Line(BaseModel):
+    # Unknown fields are ignored: a launcher older than the workers still reads their lines.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SizeResult(_Line):
+    """One message size: the slowest rank's time per all_reduce call and the bandwidths it gives."""
+
+    bytes: int  # size of the float32 tensor, bytes
+    time_us: float  # microseconds per call, max over ranks
+    algbw_gbs: float  # bytes / time, GB/s (1e9 bytes/s)
+    busbw_gbs: float  # algbw * 2(n-1)/n, GB/s
+
+
+class CollectiveResult(_Line):
+    """What rank 0 prints after a successful run (the ``GPTLAUNCH_COLLECTIVE`` line)."""
+
+    backend: str  # gloo or nccl, as resolved from --backend
+    world_size: int
+    hosts: list[str]  # distinct host names, in rank order of first appearance
+    ifname: dict[str, str | None]  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME on rank 0, None if unset
+    master: str  # MASTER_ADDR:MASTER_PORT as rank 0 saw it
+    torch: str  # torch version on rank 0
+    iters: int
+    warmup: int
+    init_s: float  # rank 0's seconds in init_process_group: includes waiting for the last rank
+    results: list[SizeResult]
+
+
+class CollectiveError(_Line):
+    """What a failing rank prints (the ``GPTLAUNCH_COLLECTIVE_ERROR`` line)."""
+
+    rank: int
+    host: str
+    backend: str
+    ifname: dict[str, str | None]
+    master: str
+    phase: Phase  # init: the group did not form; collective: a call failed; check: a wrong sum
+    message: str  # one line, names the backend, the interface setting and MASTER_ADDR:MASTER_PORT
+
+
+def bus_bandwidth(size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s) of an all_reduce of ``size_bytes`` taking ``time_s``
+    seconds over ``world_size`` ranks, by nccl-tests' definition (doc/PERFORMANCE.md): algbw =
+    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link)."""
+    if size_bytes < 0 or time_s <= 0 or world_size < 1:
+        raise ValueError(
+            f"need size_bytes >= 0, time_s > 0 and world_size >= 1, got {size_bytes}, {time_s}, {world_size}"
+        )
+    algbw = size_bytes / time_s / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+_Model = TypeVar("_Model", bound=_Line)
+
+
+def _find_lines(output: str, marker: str, model: type[_Model]) -> list[_Model]:
+    """Every well-formed ``marker {json}`` line of ``output``, in order. The marker may follow a
+    prefix (torchrun's ``[rank0]:`` or ``[default0]:``) but not a word character, so
+    GPTLAUNCH_COLLECTIVE never matches inside GPTLAUNCH_COLLECTIVE_ERROR; broken lines are skipped."""
+    pattern = re.compile(rf"(?<!\w){re.escape(marker)} (\{{.*\}})\s*$")
+    found = []
+    for line in output.splitlines():
+        match = pattern.search(line)
+        if match is None:
+            continue
+        try:
+            found.append(model.model_validate_json(match.group(1)))
+        except ValidationError:
+            continue  # cut off or interleaved with another rank's output
+    return found
+
+
+def parse_result(output: str) -> CollectiveResult | None:
+    """The result line in ``output`` (mixed text, e.g. torchrun's), the last one if several, or
+    None when there is none."""
+    found = _find_lines(output, MARKER, CollectiveResult)
+    return found[-1] if found else None
+
+
+def parse_errors(output: str) -> list[CollectiveError]:
+    """Every rank's error line in ``output``, in order (empty when there is none)."""
+    return _find_lines(output, ERROR_MARKER, CollectiveError)
+
+
+def format_table(result: CollectiveResult) -> str:
+    """The result for humans: a title line, then one row per size (bytes, µs per call, GB/s)."""
+    ifnames = ", ".join(f"{k}={v}" for k, v in result.ifname.items() if v) or "no *_SOCKET_IFNAME set"
+    title = (
+        f"all_reduce sum float32, {result.backend}, {result.world_size} rank(s) on "
+        f"{len(result.hosts)} host(s), {ifnames}, init {result.init_s:.2f} s"
+    )
+    header = f"{'size (B)':>12} {'time (µs)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+    rows = [
+        f"{r.bytes:>12} {r.time_us:>12.1f} {r.algbw_gbs:>13.3f} {r.busbw_gbs:>13.3f}" for r in result.results
+    ]
+    return "\n".join([title, header, *rows])
