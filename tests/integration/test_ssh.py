@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from importlib.metadata import version
 from pathlib import Path
 
@@ -142,13 +143,17 @@ def test_a_workdir_missing_on_one_host_refuses_the_launch_naming_that_host(
     """/var/lib/gptlaunch-ssh/local is host-local: the workdir made there on gl-h1 only."""
     hosts = first_hosts(hostfile, 2, tmp_path)
     first, second = host_names(hosts)
-    workdir = f"workdir-{tmp_path.name}"
-    (STATE / "hosts" / first / "local" / workdir).mkdir()
+    workdir = f"workdir-{uuid.uuid4().hex}"
+    there = STATE / "hosts" / first / "local" / workdir
+    there.mkdir()
     jobs = tmp_path / "jobs"
-    proc = launcher(
-        jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--workdir", str(STATE / "local" / workdir), "--", "--max-steps", "1",
-    )  # fmt: skip
+    try:
+        proc = launcher(
+            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+            "--workdir", str(STATE / "local" / workdir), "--", "--max-steps", "1",
+        )  # fmt: skip
+    finally:
+        there.rmdir()
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"is not a directory on {second}:" in proc.stderr and "--workdir" in proc.stderr, proc.stderr
     assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
