@@ -1,6 +1,7 @@
 """The contract between the trainer and whatever launches it (our launcher, bare torchrun, a scheduler).
 
-Exit codes, the stop-marker file, the ``GPTLAUNCH_*`` environment variables and atomic file writes.
+Exit codes, the stop-marker file, the ``GPTLAUNCH_*`` environment variables, atomic file writes and
+the progress heartbeat's format.
 It imports no torch (nor numpy): the launcher's read-only commands (``status``, ``cancel``, ...) use it
 and must answer in a fraction of a second.
 """
@@ -8,11 +9,13 @@ and must answer in a fraction of a second.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -110,3 +113,52 @@ def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:
 
 def clear_stop_marker(run_dir: Path) -> None:
     (run_dir / STOP_MARKER).unlink(missing_ok=True)
+
+
+# Progress heartbeats: each rank replaces ``<dir>/rank-<rank>.json`` (dir from HEARTBEAT_DIR_ENV, one
+# per node, set by the launcher) with a ``Beat`` when its phase changes and at most every
+# BEAT_INTERVAL_S while it advances; the watcher on its node reads them. A file, not the rendezvous
+# store: reading it needs no connection, works while the store's host is the one that hangs, and
+# costs the ranks no network round trip.
+HEARTBEAT_DIR_ENV = "GPTLAUNCH_HEARTBEAT_DIR"
+BEAT_INTERVAL_S = 0.5
+PHASES = ("startup", "step", "eval", "checkpoint")  # startup: until the first step ends (compile too)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
+    seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
+    steps' compute time (seconds; 0 before the first)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    step: int
+    phase: str
+    phase_since: float
+    time: float
+    slowest_step_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+def write_beat(directory: Path, beat: Beat) -> None:
+    """Replace ``beat``'s file in ``directory`` (no fsync: a beat need not survive a crash, and a
+    rename is atomic for its reader). Raises OSError."""
+    tmp = directory / f".rank-{beat.rank}.json.tmp"
+    tmp.write_text(beat.to_json())
+    os.replace(tmp, directory / f"rank-{beat.rank}.json")
+
+
+def read_beats(directory: Path) -> list[Beat]:
+    """Every rank's latest beat in ``directory``, by rank; a file that is unreadable or of another
+    format is skipped (empty when the directory is missing)."""
+    beats = []
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            beats.append(Beat(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(beats, key=lambda b: b.rank)

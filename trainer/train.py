@@ -29,6 +29,7 @@ from trainer.contract import EXIT_CHECKPOINTED, EXIT_OK, FAULT_ENV, clear_stop_m
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError
+from trainer.heartbeat import Heartbeat
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.optim import lr_at
 from trainer.precheck import check_config
@@ -77,6 +78,7 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
 
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
+    beat = Heartbeat.from_env(env)  # first: start-up (data, rendezvous, compile) has its own budget
     if env.is_main:  # under the run-dir lock: no other run is writing here
         clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
         checkpoint.remove_partial_saves(cfg.run_dir)
@@ -100,12 +102,12 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     try:
         run = setup(cfg, env, device, manifest)
         with StopRequest(cfg.stop_signals) as stop:
-            return loop(run, stop)
+            return loop(run, stop, beat)
     finally:
         distributed.shutdown()
 
 
-def loop(run: Run, stop: StopRequest) -> int:
+def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
     """Train from ``run.start_step`` to ``max_steps``. Collective. Returns EXIT_OK, or EXIT_CHECKPOINTED
     once the checkpoint of a stop signal is saved. Raises TrainingError when the loss diverges."""
     cfg = run.cfg
@@ -118,18 +120,23 @@ def loop(run: Run, stop: StopRequest) -> int:
             fault.check(step)
             t0 = time.perf_counter()
             loss, stopping = agree(run, step, train_step(run, step), stop.requested)
-            meter.add(time.perf_counter() - t0)  # step time only: evaluation and checkpoints excluded
+            step_s = time.perf_counter() - t0
+            meter.add(step_s)  # step time only: evaluation and checkpoints excluded
             done = step + 1
-            report.step(done, loss, _record(run, cadence, meter, step, loss))
+            beat.step_done(done, step_s)
+            report.step(done, loss, _record(run, cadence, meter, step, loss, beat))
             if stopping or cadence.checkpoints(done):
-                save(run, done, stopping, stop.received.name if stop.received else None)
+                with beat.phase_of("checkpoint"):
+                    save(run, done, stopping, stop.received.name if stop.received else None)
             if stopping:
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
     return EXIT_OK
 
 
-def _record(run: Run, cadence: Cadence, meter: Throughput, step: int, loss: float) -> dict[str, Any]:
+def _record(
+    run: Run, cadence: Cadence, meter: Throughput, step: int, loss: float, beat: Heartbeat
+) -> dict[str, Any]:
     """The metrics record after ``step`` (``step + 1`` done): throughput when a log line is due, the
     validation loss when an evaluation is (collective then); empty when neither is."""
     done = step + 1
@@ -138,7 +145,8 @@ def _record(run: Run, cadence: Cadence, meter: Throughput, step: int, loss: floa
         lr = lr_at(step, run.cfg)
         record = {"step": done, "loss": loss, "lr": lr, **meter.take(), "world_size": run.env.world_size}
     if cadence.evaluates(done):
-        val = evaluate(run)
+        with beat.phase_of("eval"):
+            val = evaluate(run)
         record |= {"step": done, "loss": loss, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
     return record
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from launcher.job.hang import HangSpec
 from launcher.job.options import SchedulerOptions
 from launcher.job.registry import DEFAULT_KIND, options_models, options_union, scheduler_kinds
 
@@ -178,6 +179,7 @@ class JobSpec(_Strict):
     grace_period_s: float = Field(
         45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
     )
+    hang: HangSpec = Field(default_factory=HangSpec, description="the hang watchdog's budgets")
     secret_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SECRETS),
         description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "

@@ -31,6 +31,7 @@ from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
 from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
+from launcher.supervisor.watchdog import HangWatch
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
@@ -190,9 +191,12 @@ class _Job:
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     grace_s: float = field(init=False)  # the job's grace period (seconds): read once
+    hang: HangWatch = field(init=False)
 
     def __post_init__(self) -> None:
-        self.grace_s = self.record.spec().grace_period_s
+        spec = self.record.spec()
+        self.grace_s = spec.grace_period_s
+        self.hang = HangWatch(self.plan, spec.hang, self.record.dir)
 
 
 def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
@@ -253,6 +257,8 @@ class _Watch:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 first = min(failed, key=lambda k: killed_by(codes[k]) is None)
                 return self._failed(first, codes[first])
+            elif (hang := job.hang.check()) is not None:
+                return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=hang)
             time.sleep(POLL_S)
 
     def _begin_stop(self) -> None:

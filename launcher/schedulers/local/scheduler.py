@@ -21,6 +21,7 @@ from launcher.job.torchrun import agent_env, node_agents, with_run_dir
 from launcher.schedulers.local.options import LocalOptions
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import ChildAgents, Transport
+from trainer.contract import HEARTBEAT_DIR_ENV
 
 
 class LocalFacts(Facts):
@@ -81,8 +82,8 @@ class LocalScheduler(SupervisedScheduler):
         host = spec.rendezvous.endpoint or "127.0.0.1"
         user_env = os.environ | spec.network.env  # --env wins over the shell
         threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
-        assert isinstance(spec.scheduler, LocalOptions)
-        gpus = spec.scheduler.gpus if spec.scheduler.gpus is not None else visible_gpus(user_env)
+        opts = spec.options(LocalOptions)
+        gpus = opts.gpus if opts.gpus is not None else visible_gpus(user_env)
         if gpus and spec.world_size > len(gpus):
             raise SpecError(
                 f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) need {spec.world_size} GPUs, "
@@ -108,6 +109,7 @@ class LocalScheduler(SupervisedScheduler):
             if facts.gpus:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device
                 first = k * spec.nproc_per_node
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(facts.gpus[first : first + spec.nproc_per_node])
+            node_env[HEARTBEAT_DIR_ENV] = str(job_dir / "heartbeat" / f"node-{k}")  # the watchdog reads it
             nodes.append(NodeCommand(host="localhost", argv=argv, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 

@@ -1,0 +1,110 @@
+"""The hang watchdog's pure parts: budgets per phase, the stall verdict, reading a py-spy stack and
+the one-line cause; and the trainer's heartbeat file, written and read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.job.hang import FLOOR_S, STEP_FACTOR, HangSpec, Stall, stalled
+from launcher.supervisor.watchdog import RankStack, hang_message, waits_in
+from trainer.contract import Beat, read_beats, write_beat
+from trainer.distributed import DistEnv
+from trainer.heartbeat import Heartbeat
+
+
+def _beat(rank: int, t: float, phase: str = "step", slowest: float = 0.1, step: int = 7) -> Beat:
+    return Beat(rank=rank, local_rank=0, pid=100 + rank, step=step, phase=phase, phase_since=0.0, time=t,
+                slowest_step_s=slowest)  # fmt: skip
+
+
+def test_the_automatic_step_budget_has_a_floor_and_follows_the_slowest_recent_step() -> None:
+    spec = HangSpec()
+    assert spec.budget(_beat(0, 0, slowest=0.5)) == FLOOR_S
+    assert spec.budget(_beat(0, 0, slowest=60.0)) == STEP_FACTOR * 60.0
+    assert spec.budget(_beat(0, 0, phase="startup")) == spec.startup_s
+    assert (
+        spec.budget(_beat(0, 0, phase="eval")) == spec.budget(_beat(0, 0, phase="checkpoint")) == spec.phase_s
+    )
+    assert HangSpec(timeout_s=5).budget(_beat(0, 0, slowest=60.0)) == 5
+
+
+def test_a_stall_needs_every_rank_silent_past_its_budget() -> None:
+    spec = HangSpec(timeout_s=10)
+    now = 1000.0
+    assert stalled(spec, [_beat(0, now - 11), _beat(1, now - 12)], expected=2, now=now) == Stall(
+        beats=[_beat(0, now - 11), _beat(1, now - 12)], silent_s=11.0, budget_s=10.0
+    )
+    assert stalled(spec, [_beat(0, now - 11), _beat(1, now - 9)], expected=2, now=now) is None  # 1 advances
+    assert stalled(spec, [_beat(0, now - 11)], expected=2, now=now) is None  # rank 1 has not started
+    assert stalled(spec, [_beat(0, now - 11), _beat(1, now - 11, phase="eval")], 2, now) is None  # eval
+    assert stalled(HangSpec(timeout_s=0), [_beat(0, 0), _beat(1, 0)], expected=2, now=now) is None  # off
+
+
+PY_SPY = """Process 1: python -m trainer.cli train
+Python v3.11.7
+
+Thread 1 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2950)
+    wrapper (torch/distributed/c10d_logger.py:81)
+    agree (trainer/step.py:70)
+Thread 2 (idle): "Thread-1"
+    barrier (torch/distributed/distributed_c10d.py:4000)
+"""
+
+
+def test_the_collective_is_read_from_the_main_threads_innermost_torch_distributed_frame() -> None:
+    assert waits_in(PY_SPY) == "all_reduce"
+    assert waits_in(PY_SPY.replace("all_reduce (", "my_reduce (")) is None  # the other thread's barrier
+    ddp = 'Thread 1 (idle): "MainThread"\n    backward (torch/autograd/__init__.py:395)\n    step (a.py:1)\n'
+    assert waits_in(ddp) == "backward (DDP's gradient all_reduce)"
+    assert waits_in("no stack: the process is gone") is None
+
+
+def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Path) -> None:
+    beats = [_beat(r, 0.0, step=1233 + (r == 0)) for r in range(4)]
+    ranks = [
+        RankStack(beats[0], 0, "gl-h1", "sleeping", PY_SPY, "all_reduce"),
+        RankStack(beats[1], 1, "gl-h2", "stopped", "", None),
+        RankStack(beats[2], 2, "gl-h3", "sleeping", PY_SPY, "all_reduce"),
+        RankStack(beats[3], 3, "gl-h4", "disk-sleep", "", None),
+    ]
+    message = hang_message(Stall(beats, 124.4, 120.0), ranks, tmp_path / "hang")
+    assert message == (
+        "hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is stopped "
+        "(SIGSTOP?); rank 3 (node 3, gl-h4) is in uninterruptible sleep (state D: I/O, a driver); "
+        f"ranks 0, 2 wait in all_reduce; stacks in {tmp_path / 'hang'}/"
+    )
+
+
+def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monkeypatch) -> None:
+    clock = iter(range(1000, 2000))
+    monkeypatch.setattr("trainer.heartbeat.time.time", lambda: float(next(clock)) / 10)  # 0.1 s a call
+    beat = Heartbeat(DistEnv(rank=3, local_rank=1, world_size=4), tmp_path / "node-1")
+    (startup,) = read_beats(tmp_path / "node-1")
+    assert (startup.rank, startup.local_rank, startup.phase, startup.step) == (3, 1, "startup", 0)
+    beat.step_done(1, 0.25)  # leaving start-up is always published
+    assert read_beats(tmp_path / "node-1")[0].phase == "step"
+    beat.step_done(2, 2.0)  # within BEAT_INTERVAL_S of the last write: not yet
+    assert read_beats(tmp_path / "node-1")[0].step == 1
+    for step in range(3, 8):
+        beat.step_done(step, 0.5)
+    latest = read_beats(tmp_path / "node-1")[0]
+    assert latest.step > 2 and latest.slowest_step_s == 2.0
+    with beat.phase_of("checkpoint"):
+        assert read_beats(tmp_path / "node-1")[0].phase == "checkpoint"
+    assert read_beats(tmp_path / "node-1")[0].phase == "step"
+
+
+def test_without_a_heartbeat_dir_nothing_is_written_and_bad_files_are_skipped(tmp_path: Path) -> None:
+    Heartbeat(DistEnv(), None).step_done(1, 0.1)
+    write_beat(tmp_path, _beat(0, 5.0))
+    (tmp_path / "rank-1.json").write_text("{not json")
+    assert read_beats(tmp_path) == [_beat(0, 5.0)]
+    assert read_beats(tmp_path / "missing") == []
+
+
+def test_a_negative_hang_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        HangSpec(timeout_s=-1)

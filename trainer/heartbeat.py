@@ -1,0 +1,83 @@
+"""This rank's progress for the launcher's hang watchdog: a ``trainer.contract.Beat`` in the node's
+heartbeat directory (``GPTLAUNCH_HEARTBEAT_DIR``), replaced when the phase changes and at most every
+``BEAT_INTERVAL_S`` while steps complete. Without that variable (bare torchrun) it does nothing.
+
+Cost: a check of the clock per step, and a file write at most twice a second: no collective, no
+fsync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainer.contract import BEAT_INTERVAL_S, HEARTBEAT_DIR_ENV, Beat, write_beat
+from trainer.distributed import DistEnv
+
+RECENT_STEPS = 20  # the window of "the slowest recent step"
+
+
+class Heartbeat:
+    def __init__(self, env: DistEnv, directory: Path | None) -> None:
+        self.env, self.directory = env, directory
+        self.step, self.phase, self.phase_since = 0, "startup", time.time()
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._written = 0.0
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                directory.mkdir(parents=True, exist_ok=True)
+        self._publish()
+
+    @classmethod
+    def from_env(cls, env: DistEnv) -> Heartbeat:
+        directory = os.environ.get(HEARTBEAT_DIR_ENV)
+        return cls(env, Path(directory) if directory else None)
+
+    def step_done(self, done: int, step_s: float) -> None:
+        """Optimizer step ``done`` finished after ``step_s`` seconds of compute."""
+        self.step = done
+        self._recent.append(step_s)
+        if self.phase != "step":
+            self._enter("step")
+        elif time.time() - self._written >= BEAT_INTERVAL_S:
+            self._publish()
+
+    @contextlib.contextmanager
+    def phase_of(self, name: str) -> Iterator[None]:
+        """Within: ``name`` (eval, checkpoint), which has its own budget; then back to steps."""
+        before = self.phase
+        self._enter(name)
+        try:
+            yield
+        finally:
+            self._enter(before)
+
+    def _enter(self, phase: str) -> None:
+        self.phase, self.phase_since = phase, time.time()
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.directory is None:
+            return
+        now = time.time()
+        beat = Beat(
+            rank=self.env.rank,
+            local_rank=self.env.local_rank,
+            pid=os.getpid(),
+            step=self.step,
+            phase=self.phase,
+            phase_since=self.phase_since,
+            time=now,
+            slowest_step_s=max(self._recent, default=0.0),
+        )
+        try:
+            write_beat(self.directory, beat)
+        except OSError as e:  # a full or gone disk must not stop training: the watchdog goes blind
+            print(f"warning: heartbeat not written to {self.directory}: {e}", file=sys.stderr, flush=True)
+            self.directory = None
+        self._written = now
