@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
@@ -64,6 +64,7 @@ class Config:
     threads_per_rank: int
     flags: tuple[str, ...] = ()  # extra ``trainer train`` flags
     torchrun: bool = False  # launch with ``python -m torch.distributed.run``
+    env: tuple[tuple[str, str], ...] = ()  # extra environment; ``{run_dir}`` is the run's directory
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ def run_config(config: Config, settings: Settings, round_no: int) -> RunResult:
     cmd = train_command(config, settings, run_dir)
     if settings.quiet_wait_s > 0:
         wait_for_quiet(settings.quiet_wait_s, settings.quiet_load)
-    start = run_process(cmd, child_env(config.threads_per_rank), run_dir / "output.log", settings.timeout_s)
+    env = child_env(config.threads_per_rank) | {k: v.format(run_dir=run_dir) for k, v in config.env}
+    start = run_process(cmd, env, run_dir / "output.log", settings.timeout_s)
     end = CpuSample.now()
     try:
         tps, mfu = read_metrics(run_dir / "metrics.jsonl", settings, config.world_size)
@@ -328,8 +330,16 @@ def as_json(series: dict[str, Series], comparisons: list[dict[str, Any]], meta: 
     return json.dumps({**meta, "configurations": configs, "comparisons": comparisons}, indent=2)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def parse_args(
+    argv: Sequence[str] | None,
+    description: str | None = None,
+    extend: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """The flags of a throughput benchmark (this one's, or another's: ``description`` and ``extend``
+    add its own). Exits 2 through argparse on bad input."""
+    p = argparse.ArgumentParser(description=description or (__doc__.split("\n\n")[0] if __doc__ else None))
+    if extend is not None:
+        extend(p)
     p.add_argument(
         "--steps", type=int, default=40, help="measured steps per run, after warm-up (default: 40)"
     )
@@ -358,30 +368,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def measure(
+    args: argparse.Namespace, configs: list[Config], comparisons: Sequence[Comparison], prefix: str
+) -> tuple[dict[str, Series], list[dict[str, Any]], dict[str, Any]]:
+    """Prepare the data, run ``configs`` in interleaved rounds and compute ``comparisons``: (series,
+    comparison values, metadata). Raises BenchError when a run fails."""
     start = time.perf_counter()
-    configs = configurations(args.threads)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_trainer-") as tmp:
-            work = Path(tmp)
-            settings = Settings(
-                args.text_files,
-                work / "data",
-                work,
-                args.warmup_steps,
-                args.steps,
-                args.log_interval,
-                args.timeout,
-                args.quiet_wait,
-                args.quiet_load,
-            )
-            prepare(settings)
-            series = run_rounds(configs, settings, args.repeats)
-    except BenchError as e:
-        print(f"bench: error: run failed: {e}", file=sys.stderr, flush=True)
-        return 1
-    comparisons = [comparison_values(c, series) for c in COMPARISONS]
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        settings = Settings(
+            args.text_files,
+            work / "data",
+            work,
+            args.warmup_steps,
+            args.steps,
+            args.log_interval,
+            args.timeout,
+            args.quiet_wait,
+            args.quiet_load,
+        )
+        prepare(settings)
+        series = run_rounds(configs, settings, args.repeats)
+    values = [comparison_values(c, series) for c in comparisons]
     loads = [r.other_load for s in series.values() for r in s.runs]
     meta = {
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -397,6 +405,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "other_load_max": max(loads),
         "wall_time_s": time.perf_counter() - start,
     }
+    return series, values, meta
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        series, comparisons, meta = measure(args, configurations(args.threads), COMPARISONS, "bench_trainer-")
+    except BenchError as e:
+        print(f"bench: error: run failed: {e}", file=sys.stderr, flush=True)
+        return 1
     print(as_json(series, comparisons, meta) if args.json else markdown(series, comparisons, meta))
     return 0
 

@@ -138,6 +138,11 @@ class TrainConfig(BaseModel):
     eval_iters: int = Field(10, ge=1, description="validation micro-batches per rank")
     checkpoint_interval: int = Field(100, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    straggler_check: bool = Field(
+        True,
+        description="at each log interval, share every rank's own compute time (one small all-reduce) and "
+        "name a rank slower than 1.25× the median for 3 intervals in a row",
+    )
     resume: str = Field(
         "auto", description="auto (newest checkpoint in the run dir), never, or a checkpoint path"
     )

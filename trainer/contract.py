@@ -129,7 +129,7 @@ PHASES = ("startup", "step", "eval", "checkpoint")  # startup: until the first s
 class Beat:
     """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
     seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
-    steps' compute time (seconds; 0 before the first)."""
+    steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``)."""
 
     rank: int
     local_rank: int
@@ -139,6 +139,7 @@ class Beat:
     phase_since: float
     time: float
     slowest_step_s: float = 0.0
+    straggler_ratio: float | None = None  # its compute time over the median's, while it is a straggler
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -108,6 +108,15 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` for one process. Collective."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

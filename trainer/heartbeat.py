@@ -28,6 +28,7 @@ class Heartbeat:
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
+        self._straggler: float | None = None
         if directory is not None:
             with contextlib.suppress(OSError):
                 directory.mkdir(parents=True, exist_ok=True)
@@ -45,6 +46,12 @@ class Heartbeat:
         if self.phase != "step":
             self._enter("step")
         elif time.time() - self._written >= BEAT_INTERVAL_S:
+            self._publish()
+
+    def straggler(self, ratio: float | None) -> None:
+        """This rank is a straggler at ``ratio`` × the median compute time (None: it is not)."""
+        if ratio != self._straggler:
+            self._straggler = ratio
             self._publish()
 
     @contextlib.contextmanager
@@ -74,6 +81,7 @@ class Heartbeat:
             phase_since=self.phase_since,
             time=now,
             slowest_step_s=max(self._recent, default=0.0),
+            straggler_ratio=self._straggler,
         )
         try:
             write_beat(self.directory, beat)

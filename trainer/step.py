@@ -19,6 +19,7 @@ from trainer.data.batches import blocks_to_batch, eval_block_ids
 from trainer.errors import TrainingError
 from trainer.optim import lr_at
 from trainer.run import Run
+from trainer.stragglers import ComputeClock
 
 
 def _compute(run: Run) -> contextlib.ExitStack:
@@ -33,8 +34,10 @@ def _compute(run: Run) -> contextlib.ExitStack:
     return stack
 
 
-def train_step(run: Run, step: int) -> torch.Tensor:
-    """One optimizer step; returns this rank's mean micro-batch loss (a 0-d tensor, not synced)."""
+def train_step(run: Run, step: int, clock: ComputeClock | None = None) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean micro-batch loss (a 0-d tensor, not synced).
+    ``clock`` times the forward passes (this rank's own compute, see ``trainer.stragglers``)."""
+    timed = clock.forward if clock is not None else contextlib.nullcontext
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, run.cfg)
     accum = run.batches.plan.grad_accum_steps
@@ -45,7 +48,7 @@ def train_step(run: Run, step: int) -> torch.Tensor:
         last = micro == accum - 1
         sync = contextlib.nullcontext() if run.ddp is None or last else run.ddp.no_sync()
         with sync:
-            with _compute(run):
+            with _compute(run), timed():
                 _, loss = run.step_model(x, y)
             loss_sum += loss.detach()
             scaled = loss / accum

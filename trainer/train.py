@@ -36,6 +36,7 @@ from trainer.precheck import check_config
 from trainer.run import Run, save, setup
 from trainer.signals import StopRequest
 from trainer.step import agree, evaluate, train_step
+from trainer.stragglers import StragglerWatch, describe
 
 
 def train(cfg: TrainConfig) -> int:
@@ -113,20 +114,19 @@ def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
     cfg = run.cfg
     cadence = Cadence(cfg, run.start_step)
     fault = FaultInjection.from_env(run.env)
-    meter = Throughput(run)
+    stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
+    obs = Observers(Throughput(run), beat, stragglers)
     with Report(run) as report:
-        report.log(_start_line(run, meter.tokens_per_step))
+        report.log(_start_line(run, obs.meter.tokens_per_step))
         for step in range(run.start_step, cfg.max_steps):
             fault.check(step)
             t0 = time.perf_counter()
-            loss, stopping = agree(run, step, train_step(run, step), stop.requested)
-            step_s = time.perf_counter() - t0
-            meter.add(step_s)  # step time only: evaluation and checkpoints excluded
+            loss, stopping = agree(run, step, train_step(run, step, obs.stragglers.clock), stop.requested)
             done = step + 1
-            beat.step_done(done, step_s)
-            report.step(done, loss, _record(run, cadence, meter, step, loss, beat))
+            obs.step_done(done, time.perf_counter() - t0)
+            report.step(done, loss, _record(run, cadence, obs, step, loss))
             if stopping or cadence.checkpoints(done):
-                with beat.phase_of("checkpoint"):
+                with obs.beat.phase_of("checkpoint"):
                     save(run, done, stopping, stop.received.name if stop.received else None)
             if stopping:
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
@@ -134,21 +134,37 @@ def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
     return EXIT_OK
 
 
-def _record(
-    run: Run, cadence: Cadence, meter: Throughput, step: int, loss: float, beat: Heartbeat
-) -> dict[str, Any]:
-    """The metrics record after ``step`` (``step + 1`` done): throughput when a log line is due, the
-    validation loss when an evaluation is (collective then); empty when neither is."""
+def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) -> dict[str, Any]:
+    """The metrics record after ``step`` (``step + 1`` done): throughput and stragglers when a log
+    line is due, the validation loss when an evaluation is (collective then); empty when neither is."""
     done = step + 1
     record: dict[str, Any] = {}
     if cadence.logs(done):
         lr = lr_at(step, run.cfg)
-        record = {"step": done, "loss": loss, "lr": lr, **meter.take(), "world_size": run.env.world_size}
+        record = {"step": done, "loss": loss, "lr": lr, **obs.meter.take(), "world_size": run.env.world_size}
+        stragglers = obs.stragglers.interval()
+        obs.beat.straggler(obs.stragglers.named.get(run.env.rank))
+        if stragglers:
+            record["stragglers"] = stragglers
     if cadence.evaluates(done):
-        with beat.phase_of("eval"):
+        with obs.beat.phase_of("eval"):
             val = evaluate(run)
         record |= {"step": done, "loss": loss, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
     return record
+
+
+@dataclass(frozen=True)
+class Observers:
+    """What watches each step without changing it: throughput, the heartbeat, the straggler check."""
+
+    meter: Throughput
+    beat: Heartbeat
+    stragglers: StragglerWatch
+
+    def step_done(self, done: int, step_s: float) -> None:
+        self.meter.add(step_s)  # step time only: evaluation and checkpoints excluded
+        self.stragglers.clock.step_done()
+        self.beat.step_done(done, step_s)
 
 
 @dataclass(frozen=True)
@@ -225,6 +241,7 @@ class Report:
         self._total = run.cfg.max_steps
         self._writer = MetricsWriter(run.cfg.run_dir, run.start_step) if main else None
         self._progress = Progress(run.cfg.max_steps, run.start_step, enabled=main)
+        self._stragglers: set[int] = set()  # the ranks named on the console, while they stay slow
 
     def __enter__(self) -> Report:
         return self
@@ -244,6 +261,11 @@ class Report:
         if record and self._writer is not None:
             self._writer.write(record)
             self._progress.log(_format(record, self._total))
+            named = {s["rank"]: s for s in record.get("stragglers", [])}
+            for rank in named.keys() - self._stragglers:  # on the console once, when first named
+                self._progress.log(describe(named[rank]))
+            if "tokens_per_s" in record:  # a log interval's record: the current verdict
+                self._stragglers = set(named)
         self._progress.update(done, f"loss {loss:.3f}")
 
 

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from launcher.cli.flags import UsageError
 from launcher.job.console import say
+from launcher.job.progress import node_progress
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
@@ -100,8 +101,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
     st, plan = scheduler.state(record), record.plan()
+    # Per node while it runs: step, heartbeat age, stall and stragglers (where the beats are readable).
+    nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, time.time())
     if args.json:
-        print(json.dumps(st.model_dump(mode="json"), indent=2))
+        nodes_json = [n.model_dump(mode="json") for n in nodes]
+        print(json.dumps({**st.model_dump(mode="json"), "nodes": nodes_json}, indent=2))
         return EXIT_OK
     print(f"job {plan.job_id}: {st.state}")
     print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {record.dir}")
@@ -110,6 +114,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
     elif st.message:
         print(f"  {st.message}")
+    for node in nodes:
+        print(f"  {node.describe()}")
     return EXIT_OK
 
 

@@ -1,9 +1,12 @@
-"""How a job ended: the root cause of a failure, from torchelastic's per-rank error files, or the
-checkpoint of a stop, from the trainer's stop marker.
+"""How a job ended: the root cause of a failure, or the checkpoint of a stop (the trainer's stop marker).
 
-``@record`` on the trainer's entry point makes each failing worker write
-``<log dir>/<run id>/attempt_<n>/<local rank>/error.json`` with its exception and a timestamp; the
-earliest one across nodes is the root cause (later failures are usually peers losing a connection).
+One cause per failure, deduplicated across nodes, by what it says about the job rather than by time
+alone: an agent killed by a signal, then a lost host (the transport's explanation), then a worker
+killed by a signal (torchrun's failure summary in its node log: such a worker writes no error file),
+then a rank's own error, and last a peer's "connection closed / reset / timed out", which is what the
+healthy ranks see when another one dies. Within a class, the earliest wins. Worker errors come from
+``@record`` on the trainer's entry point: ``<log dir>/<run id>/attempt_<n>/<local rank>/error.json``.
+The peers' errors stay in the node logs.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.job.hang import HangReport, hang_message, write_stacks
 from launcher.job.plan import Plan
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, read_stop_marker
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,44 @@ def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[Rank
             if written_ns >= since * 1e9:
                 found.append(RankError(node, int(path.parent.name), ts, written_ns, text))
     return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
+
+
+# What a healthy rank reports when a peer died or hung: a consequence, not a cause (gloo, NCCL, c10d).
+_PEER_ERROR = re.compile(
+    r"connection (?:closed|reset|refused)|closed by peer|broken pipe|timed out|timeout|"
+    r"socket (?:closed|error)|ECONNRESET|EPIPE|communicator was aborted|watchdog|"
+    r"rendezvous.*(?:closed|shut down)|peer",
+    re.IGNORECASE,
+)
+# torchrun's failure summary: "rank      : 3 (local_rank: 1)" then "exitcode  : -9 (pid: 1234)".
+_SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def is_peer_error(message: str) -> bool:
+    """Whether a rank's error is what a peer's death or hang looks like from a healthy rank."""
+    return _PEER_ERROR.search(message) is not None
+
+
+@dataclass(frozen=True)
+class WorkerDeath:
+    node_rank: int
+    rank: int
+    local_rank: int
+    signum: int
+
+
+def worker_deaths(record: JobRecord, nnodes: int) -> list[WorkerDeath]:
+    """The workers torchrun reported killed by a signal (a negative exit code in its failure summary),
+    by node."""
+    found = []
+    for node in range(nnodes):
+        log = record.node_log(node)
+        if not log.is_file():
+            continue
+        for rank, local_rank, code in _SUMMARY.findall(log.read_text(errors="replace")):
+            if int(code) < 0:
+                found.append(WorkerDeath(node, int(rank), int(local_rank), -int(code)))
+    return list(dict.fromkeys(found))  # the summary repeats the root cause: once each
 
 
 def _global_rank(log: Path, local_rank: int) -> int | None:
@@ -88,8 +130,20 @@ def root_cause(
             exit_code=exit_code,
             error=f"{transport_error}; see {record.node_log(failed_node)}",
         )
+    deaths = worker_deaths(record, nnodes)
+    if deaths:
+        first_death = deaths[0]
+        return Failure(
+            node_rank=first_death.node_rank,
+            host=hosts.get(first_death.node_rank),
+            local_rank=first_death.local_rank,
+            rank=first_death.rank,
+            exit_code=exit_code,
+            error=f"rank {first_death.rank} was killed by {signal_name(first_death.signum)}; its peers' "
+            f"errors follow from it; see {record.node_log(first_death.node_rank)}",
+        )
     if errors:
-        first = errors[0]
+        first = min(errors, key=lambda e: is_peer_error(e.message))  # stable: earliest of its class
         return Failure(
             node_rank=first.node_rank,
             host=hosts.get(first.node_rank),
@@ -116,6 +170,14 @@ def killed_by(exit_code: int | None) -> int | None:
     return -exit_code if exit_code < 0 else exit_code - 128
 
 
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 42`` for a number without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def stop_outcome(plan: Plan, since: float) -> Outcome:
     """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
     "cancelled" (exit 130)."""
@@ -128,3 +190,9 @@ def stop_outcome(plan: Plan, since: float) -> Outcome:
         f"submitting again with -- --run-dir {plan.run_dir}"
     )
     return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)
+
+
+def hang_outcome(job_dir: Path, report: HangReport) -> Outcome:
+    """A hang as the job's end: every rank's stack kept in ``job_dir/hang/``, the suspect named."""
+    message = hang_message(report, write_stacks(job_dir, report))
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)

@@ -1,17 +1,25 @@
-"""When a job is hung: the watchdog's budgets and its verdict on the ranks' heartbeats (pure).
+"""When a job is hung: the watchdog's budgets, its verdict on the ranks' heartbeats, and the report a
+node's watchdog gives (pure: the processes are inspected in ``launcher.supervisor.watchdog``).
 
 Each rank publishes a ``trainer.contract.Beat``: its step, its phase (start-up, steps, evaluation,
 checkpoint) and when it last advanced. A node is hung when none of its ranks has advanced within the
 budget of the phase it is in: ``timeout_s`` for steps (default max(120 s, 10 × the slowest recent
 step), armed after the first completed step), and larger, separate budgets for start-up (data
 preparation, rendezvous, compilation), evaluation and checkpointing. ``timeout_s`` 0 turns it off.
+
+A watchdog that is not the launcher's own process (the SSH host agent) prints its ``HangReport`` as
+one ``GPTLAUNCH_HANG {json}`` line into its node log and exits ``EXIT_HANG``; the launcher reads the
+reports of every node from the logs (``read_reports``), keeps each rank's stack in the job record
+(``write_stacks``) and names the suspect (``hang_message``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainer.contract import Beat
 
@@ -72,3 +80,132 @@ def stalled(spec: HangSpec, beats: list[Beat], expected: int, now: float) -> Sta
     if any(now - b.time < budget for b, budget in zip(beats, budgets, strict=True)):
         return None
     return Stall(beats=beats, silent_s=now - max(b.time for b in beats), budget_s=max(budgets))
+
+
+HANG_MARKER = "GPTLAUNCH_HANG"
+EXIT_HANG = 124  # a node's watchdog ended its ranks after reporting a hang (as `timeout` does)
+HANG_DIR = "hang"
+_SUSPECT_STATES = {
+    "stopped": "is stopped (SIGSTOP?)",
+    "tracing-stop": "is stopped by a tracer",
+    "disk-sleep": "is in uninterruptible sleep (state D: I/O, a driver)",
+    "zombie": "has exited (a zombie)",
+    "gone": "is gone",
+}
+
+
+class RankReport(BaseModel):
+    """One rank at the moment of the hang."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    rank: int
+    local_rank: int
+    pid: int
+    node: int
+    host: str
+    step: int
+    phase: str
+    state: str  # psutil's status (running, sleeping, stopped, disk-sleep, ...) or "gone"
+    waits_in: str | None  # the collective its main thread is blocked in, if any
+    stack: str  # py-spy's dump, or why there is none
+
+    @property
+    def suspect(self) -> str | None:
+        """Why this rank is suspect, or None when it waits in a collective like a healthy peer."""
+        if self.state in _SUSPECT_STATES:
+            return _SUSPECT_STATES[self.state]
+        if self.waits_in is None:
+            return f"is not in a collective ({self.phase} phase, step {self.step})"
+        return None
+
+    def describe(self) -> str:
+        return f"rank {self.rank} (node {self.node}, {self.host})"
+
+
+class HangReport(BaseModel):
+    """What a watchdog found: how long its ranks had been silent, against which budget, and each one."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    silent_s: float
+    budget_s: float
+    step: int
+    ranks: list[RankReport]
+    time: float = 0.0  # when it was found, epoch seconds
+
+    def line(self) -> str:
+        return f"{HANG_MARKER} {self.model_dump_json()}"
+
+
+_LINE = re.compile(rf"(?<!\w){HANG_MARKER} (\{{.*\}})\s*$", re.MULTILINE)
+
+
+def read_reports(logs: list[Path], since: float = 0.0) -> list[HangReport]:
+    """The last hang report in each of ``logs`` that has one found at or after ``since`` (epoch
+    seconds: a requeued job's node logs hold its earlier runs too)."""
+    found = []
+    for log in logs:
+        try:
+            lines = _LINE.findall(log.read_text(errors="replace"))
+        except OSError:
+            continue
+        for text in reversed(lines):
+            try:
+                report = HangReport.model_validate_json(text)
+            except ValidationError:
+                continue
+            if report.time >= since:
+                found.append(report)
+            break
+    return found
+
+
+def merge(reports: list[HangReport], hosts: dict[int, str] | None = None) -> HangReport:
+    """One report of the job from its nodes' reports; ``hosts`` (node -> the job's name for its host)
+    replaces the names the nodes gave themselves. Raises ValueError for none."""
+    if not reports:
+        raise ValueError("no hang report to merge")
+    ranks = sorted((rank for r in reports for rank in r.ranks), key=lambda rank: rank.rank)
+    if hosts:
+        ranks = [r.model_copy(update={"host": hosts.get(r.node, r.host)}) for r in ranks]
+    return HangReport(
+        silent_s=max(r.silent_s for r in reports),
+        budget_s=max(r.budget_s for r in reports),
+        step=max(r.step for r in reports),
+        ranks=ranks,
+        time=min(r.time for r in reports),
+    )
+
+
+def write_stacks(job_dir: Path, report: HangReport) -> Path:
+    """``job_dir/hang/node<k>-rank<r>.txt`` for each rank: its state and beat, then its stack."""
+    out = job_dir / HANG_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for r in report.ranks:
+        header = (
+            f"{r.describe()}, pid {r.pid}: state {r.state}; last advanced at step {r.step} in the {r.phase} "
+            f"phase; waits in: {r.waits_in or '-'}\n\n"
+        )
+        (out / f"node{r.node}-rank{r.rank}.txt").write_text(header + r.stack)
+    return out
+
+
+def _waiting(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} waits"
+    return f"ranks {', '.join(map(str, ranks))} wait"
+
+
+def hang_message(report: HangReport, stacks_dir: Path) -> str:
+    """One line: how long, at which step, the suspects and what the others wait in, where the stacks
+    are. E.g. ``hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is
+    stopped (SIGSTOP?); ranks 0, 2, 3 wait in all_reduce; stacks in JOB/hang/``."""
+    suspects = [f"{r.describe()} {r.suspect}" for r in report.ranks if r.suspect]
+    waiting: dict[str, list[int]] = {}
+    for r in report.ranks:
+        if r.suspect is None and r.waits_in is not None:
+            waiting.setdefault(r.waits_in, []).append(r.rank)
+    parts = [*suspects, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
+    return (
+        f"hang: no progress for {report.silent_s:.0f} s (budget {report.budget_s:.0f} s) at step "
+        f"{report.step:,}: " + "; ".join(parts or ["no rank stands out"]) + f"; stacks in {stacks_dir}/"
+    )

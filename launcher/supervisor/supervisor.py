@@ -26,16 +26,18 @@ from typing import NoReturn, Protocol
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from launcher.job.failures import killed_by, root_cause, stop_outcome
+from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
+from launcher.job.hang import EXIT_HANG, merge, read_reports
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
 from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
-from launcher.supervisor.watchdog import HangWatch
+from launcher.supervisor.watchdog import Watchdog, plan_watchdog
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
+HANG_REPORTS_S = 30.0  # after one node reports a hang, how long the others get to report theirs
 
 
 class SupervisorHandle(BaseModel):
@@ -191,12 +193,12 @@ class _Job:
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     grace_s: float = field(init=False)  # the job's grace period (seconds): read once
-    hang: HangWatch = field(init=False)
+    watchdog: Watchdog = field(init=False)
 
     def __post_init__(self) -> None:
         spec = self.record.spec()
         self.grace_s = spec.grace_period_s
-        self.hang = HangWatch(self.plan, spec.hang, self.record.dir)
+        self.watchdog = plan_watchdog(self.plan, spec.hang)
 
 
 def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
@@ -257,8 +259,8 @@ class _Watch:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 first = min(failed, key=lambda k: killed_by(codes[k]) is None)
                 return self._failed(first, codes[first])
-            elif (hang := job.hang.check()) is not None:
-                return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=hang)
+            elif (hang := job.watchdog.check()) is not None:
+                return hang_outcome(job.record.dir, hang)
             time.sleep(POLL_S)
 
     def _begin_stop(self) -> None:
@@ -273,7 +275,13 @@ class _Watch:
             # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
             psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
             return stop_outcome(job.plan, since=job.started)
+        if code == EXIT_HANG:  # that node's watchdog reported a hang: so will the others', soon
+            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], HANG_REPORTS_S)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        reports = read_reports([job.record.dir / n.log for n in job.plan.nodes])
+        if reports:
+            hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
+            return hang_outcome(job.record.dir, merge(reports, hosts))
         refusal = job.transport.refusal(job.record, job.started)
         if refusal is not None:
             return refusal

@@ -1,8 +1,9 @@
-"""The hang watchdog's action, once ``launcher.job.hang`` finds the ranks stalled: before anything is
-killed, dump every rank's Python stack (``py-spy dump``; ``--nonblocking`` where a stopped process
-refuses the default mode), keep them in the job record (``hang/node<k>-rank<r>.txt``), and name the
-suspect: a rank that is stopped (state T), in uninterruptible sleep (D) or gone, else one that is not
-waiting in a collective, against the ranks that wait in one.
+"""The hang watchdog's eyes on the processes, once ``launcher.job.hang`` finds the ranks stalled:
+before anything is killed, each rank's state (psutil) and Python stack (``py-spy dump``;
+``--nonblocking`` where a stopped process refuses the default mode), and the collective it waits in.
+
+``Watchdog`` watches heartbeat directories on this machine: the local scheduler's supervisor gives it
+every node's, the SSH host agent its own node's.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 
 import psutil
 
-from launcher.job.hang import HangSpec, Stall, stalled
+from launcher.job.hang import HangReport, HangSpec, RankReport, stalled
 from launcher.job.plan import Plan
 from trainer.contract import HEARTBEAT_DIR_ENV, Beat, read_beats
 
 DUMP_TIMEOUT_S = 30.0
-HANG_DIR = "hang"
-# torch.distributed's Python entry points a blocked rank sits in, innermost frame first.
+POLL_S = 1.0
+# torch.distributed's Python entry points a blocked rank sits in.
 COLLECTIVES = frozenset(
     [
         "all_reduce",
@@ -46,37 +47,6 @@ COLLECTIVES = frozenset(
     ]
 )
 _FRAME = re.compile(r"^\s+(?P<name>[\w<>.]+) \((?P<file>[^:()]+):\d+\)")
-_SUSPECT_STATES = {
-    psutil.STATUS_STOPPED: "is stopped (SIGSTOP?)",
-    psutil.STATUS_TRACING_STOP: "is stopped by a tracer",
-    psutil.STATUS_DISK_SLEEP: "is in uninterruptible sleep (state D: I/O, a driver)",
-    psutil.STATUS_ZOMBIE: "has exited (a zombie)",
-    "gone": "is gone",
-}
-
-
-@dataclass(frozen=True)
-class RankStack:
-    """One rank at the moment of the hang."""
-
-    beat: Beat
-    node: int
-    host: str
-    state: str  # psutil's status (running, sleeping, stopped, disk-sleep, ...) or "gone"
-    stack: str  # py-spy's dump, or why there is none
-    waits_in: str | None  # the collective its main thread is blocked in, if any
-
-    @property
-    def suspect(self) -> str | None:
-        """Why this rank is suspect, or None when it waits in a collective like a healthy peer."""
-        if self.state in _SUSPECT_STATES:
-            return _SUSPECT_STATES[self.state]
-        if self.waits_in is None:
-            return f"is not in a collective ({self.beat.phase} phase, step {self.beat.step})"
-        return None
-
-    def describe(self) -> str:
-        return f"rank {self.beat.rank} (node {self.node}, {self.host})"
 
 
 def py_spy_dump(pid: int) -> str:
@@ -88,19 +58,15 @@ def py_spy_dump(pid: int) -> str:
         return "no stack: py-spy is not installed on this host (pip install py-spy)"
     errors = []
     for extra in ([], ["--nonblocking"]):
+        argv = [exe, "dump", "--pid", str(pid), *extra]
         try:
-            proc = subprocess.run(
-                [exe, "dump", "--pid", str(pid), *extra],
-                capture_output=True,
-                text=True,
-                timeout=DUMP_TIMEOUT_S,
-            )
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            errors.append(f"py-spy dump {' '.join(extra)}: no answer within {DUMP_TIMEOUT_S:.0f} s")
+            errors.append(f"{' '.join(argv[1:])}: no answer within {DUMP_TIMEOUT_S:.0f} s")
             continue
         if proc.returncode == 0 and proc.stdout.strip():
             return proc.stdout
-        errors.append(f"py-spy dump {' '.join(extra)}: {(proc.stderr or proc.stdout).strip()}")
+        errors.append(f"{' '.join(argv[1:])}: {(proc.stderr or proc.stdout).strip()}")
     return "no stack:\n" + "\n".join(errors)
 
 
@@ -127,72 +93,88 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def inspect(beat: Beat, node: int, host: str) -> RankStack:
+def inspect(beat: Beat, node: int, host: str) -> RankReport:
     """The rank of ``beat`` (a process on this machine): its state, then its stack."""
     state = _state(beat.pid)
     stack = py_spy_dump(beat.pid) if state != "gone" else "no stack: the process is gone"
-    return RankStack(beat, node, host, state, stack, waits_in(stack))
-
-
-def write_stacks(job_dir: Path, ranks: list[RankStack]) -> Path:
-    """``job_dir/hang/node<k>-rank<r>.txt`` for each rank: its state and beat, then its stack."""
-    out = job_dir / HANG_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    for r in ranks:
-        b = r.beat
-        header = (
-            f"{r.describe()}, pid {b.pid}: state {r.state}; last advanced at step {b.step} in the {b.phase} "
-            f"phase; waits in: {r.waits_in or '-'}\n\n"
-        )
-        (out / f"node{r.node}-rank{b.rank}.txt").write_text(header + r.stack)
-    return out
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} waits"
-    return f"ranks {', '.join(map(str, ranks))} wait"
-
-
-def hang_message(stall: Stall, ranks: list[RankStack], stacks_dir: Path) -> str:
-    """One line: how long, at which step, the suspects and what the others wait in, where the stacks
-    are. E.g. ``hang: no progress for 124 s at step 1,234: rank 1 (node 1, gl-h2) is stopped
-    (SIGSTOP?); ranks 0, 2, 3 wait in all_reduce; stacks in JOB/hang/``."""
-    suspects = [f"{r.describe()} {r.suspect}" for r in ranks if r.suspect]
-    waiting: dict[str, list[int]] = {}
-    for r in ranks:
-        if r.suspect is None and r.waits_in is not None:
-            waiting.setdefault(r.waits_in, []).append(r.beat.rank)
-    waits = [f"{_ranks(rs)} in {what}" for what, rs in waiting.items()]
-    parts = [*suspects, *waits] or ["no rank stands out"]
-    return (
-        f"hang: no progress for {stall.silent_s:.0f} s (budget {stall.budget_s:.0f} s) at step "
-        f"{stall.step:,}: " + "; ".join(parts) + f"; stacks in {stacks_dir}/"
+    return RankReport(
+        rank=beat.rank,
+        local_rank=beat.local_rank,
+        pid=beat.pid,
+        node=node,
+        host=host,
+        step=beat.step,
+        phase=beat.phase,
+        state=state,
+        waits_in=waits_in(stack),
+        stack=stack,
     )
 
 
-class HangWatch:
-    """The watchdog of a job whose ranks all run on this machine (the local scheduler): it reads the
-    heartbeat directory each node's environment names, at most every ``poll_s`` seconds."""
+@dataclass(frozen=True)
+class WatchedNode:
+    node: int
+    host: str
+    heartbeat_dir: Path
+    nproc: int  # ranks expected to beat there
 
-    def __init__(self, plan: Plan, spec: HangSpec, job_dir: Path, poll_s: float = 1.0) -> None:
-        self.spec, self.job_dir, self.poll_s = spec, job_dir, poll_s
-        self.nodes = [
-            (n.node_rank, n.host, Path(n.env[HEARTBEAT_DIR_ENV]))
-            for n in plan.nodes
-            if HEARTBEAT_DIR_ENV in n.env
-        ]
-        self.expected = plan.nproc_per_node * len(self.nodes)
+
+class Watchdog:
+    """Watches the heartbeats of ``nodes`` (all on this machine) at most every ``poll_s`` seconds; a
+    stall of all their ranks is a hang, reported once with every rank's state and stack."""
+
+    def __init__(self, nodes: list[WatchedNode], spec: HangSpec, poll_s: float = POLL_S) -> None:
+        self.nodes, self.spec, self.poll_s = nodes, spec, poll_s
         self._next = 0.0
 
-    def check(self) -> str | None:
-        """The hang's message once the ranks are stalled (after dumping their stacks), else None."""
+    def check(self) -> HangReport | None:
+        """The hang's report once the ranks are stalled (after dumping their stacks), else None."""
         if not self.nodes or time.monotonic() < self._next:
             return None
         self._next = time.monotonic() + self.poll_s
-        beats = [(k, host, b) for k, host, d in self.nodes for b in read_beats(d)]
-        stall = stalled(self.spec, [b for _, _, b in beats], self.expected, time.time())
+        beats = [(n, b) for n in self.nodes for b in read_beats(n.heartbeat_dir)]
+        expected = sum(n.nproc for n in self.nodes)
+        stall = stalled(self.spec, [b for _, b in beats], expected, time.time())
         if stall is None:
             return None
-        ranks = [inspect(b, k, host) for k, host, b in beats]
-        return hang_message(stall, ranks, write_stacks(self.job_dir, ranks))
+        ranks = [inspect(b, n.node, n.host) for n, b in beats]
+        return HangReport(
+            silent_s=stall.silent_s, budget_s=stall.budget_s, step=stall.step, ranks=ranks, time=time.time()
+        )
+
+
+def plan_watchdog(plan: Plan, spec: HangSpec) -> Watchdog:
+    """The watchdog of every node of ``plan`` whose heartbeat directory its environment names (the
+    local scheduler's: all on this machine)."""
+    nodes = [
+        WatchedNode(
+            n.node_rank, n.named_host or "localhost", Path(n.env[HEARTBEAT_DIR_ENV]), plan.nproc_per_node
+        )
+        for n in plan.nodes
+        if HEARTBEAT_DIR_ENV in n.env
+    ]
+    return Watchdog(nodes, spec)
+
+
+@dataclass(frozen=True)
+class NodeWatch:
+    """The hang watchdog of one node, run by the process that waits for its torchrun agent (the SSH
+    host agent, SLURM's node task): its budgets and how many ranks the node runs."""
+
+    spec: HangSpec
+    nproc: int
+
+    def watchdog(self, node: int, host: str, heartbeat_dir: Path) -> Watchdog:
+        return Watchdog([WatchedNode(node, host, heartbeat_dir, self.nproc)], self.spec)
+
+
+def wait_watching(child: subprocess.Popen[bytes], watchdog: Watchdog | None) -> tuple[int, HangReport | None]:
+    """Wait for ``child`` to exit: (its exit code, None); or for ``watchdog`` to report a hang of its
+    ranks first: (-1, the report), ``child`` still running."""
+    while True:
+        try:
+            return child.wait(timeout=POLL_S if watchdog is not None else None), None
+        except subprocess.TimeoutExpired:
+            assert watchdog is not None  # no timeout without one
+            if (hang := watchdog.check()) is not None:
+                return -1, hang

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import missing_component
+from trainer.contract import Beat, read_beats
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -182,3 +183,14 @@ def cpu_image(
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Step 1/" in proc.stderr, "the build's steps are shown as it goes"
     return dict(json.loads(record.read_text()))
+
+
+def wait_for_steps(beat_dirs: list[Path], step: int, timeout_s: float = 180) -> list[Beat]:
+    """Every rank's beat once each is past ``step`` in the step phase (polls the real files)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        beats = [b for d in beat_dirs for b in read_beats(d)]
+        if len(beats) == 2 and all(b.phase == "step" and b.step >= step for b in beats):
+            return beats
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks did not reach step {step} within {timeout_s} s: {beats}")

@@ -16,7 +16,7 @@ from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
-from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of
+from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of, wait_for_steps
 from trainer.contract import EXIT_PARITY
 
 TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
@@ -36,6 +36,24 @@ def test_a_failing_rank_stops_the_whole_job_fast_and_is_named(prepared_data, tmp
     assert processes_of(job_id) == []
     status = json.loads((jobs / job_id / "status.json").read_text())
     assert status["state"] == "failed" and status["failure"]["rank"] == 1
+
+
+def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--nodes", "2", "--", *prepared_data, *FAST, "--max-steps", "100000"
+    )
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job_dir = jobs / only_job_id(jobs)
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=2)
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 120, poll_s=0.1)
+    assert final is not None and final.state == "failed" and final.failure is not None, final
+    assert (final.failure.node_rank, final.failure.rank) == (1, 1), final.failure
+    assert "rank 1 was killed by SIGKILL" in final.message, final.message
+    print(f"\n{final.message}")
 
 
 def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -13,21 +13,10 @@ from pathlib import Path
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from tests.integration.conftest import FAST, launcher, only_job_id, processes_of
-from trainer.contract import Beat, read_beats
+from tests.integration.conftest import FAST, launcher, only_job_id, processes_of, wait_for_steps
+from trainer.contract import read_beats
 
 HANG_TIMEOUT_S = 10.0
-
-
-def _wait_for_steps(beat_dirs: list[Path], step: int, timeout_s: float = 180) -> list[Beat]:
-    """Every rank's beat once each is past ``step`` in the step phase (polls the real files)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        beats = [b for d in beat_dirs for b in read_beats(d)]
-        if len(beats) == 2 and all(b.phase == "step" and b.step >= step for b in beats):
-            return beats
-        time.sleep(0.2)
-    raise AssertionError(f"the ranks did not reach step {step} within {timeout_s} s: {beats}")
 
 
 def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tmp_path: Path) -> None:
@@ -40,7 +29,7 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     assert submit.returncode == 0, submit.stderr[-3000:]
     job_id = only_job_id(jobs)
     job_dir = jobs / job_id
-    beats = _wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=3)
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=3)
     rank1 = next(b for b in beats if b.rank == 1)
     frozen = time.monotonic()
     os.kill(rank1.pid, signal.SIGSTOP)
@@ -63,3 +52,26 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     assert processes_of(job_id) == []
     print(f"\n{message}\nreported {took:.1f} s after the freeze\n{stacks['node0-rank0.txt'][:1500]}")
     assert json.loads((job_dir / "status.json").read_text())["exit_code"] == 1
+
+
+def test_long_evaluations_under_a_tight_step_budget_are_not_a_hang(prepared_data, tmp_path: Path) -> None:
+    """``--hang-timeout-s 2`` bounds steps only: each evaluation takes longer (observed here in the
+    heartbeats, not assumed), within its own budget, and the job runs to its end."""
+    jobs = tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--nodes", "2", "--hang-timeout-s", "2", "--",
+        *prepared_data, *FAST, "--max-steps", "6", "--eval-interval", "3", "--eval-iters", "40",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job_dir = jobs / only_job_id(jobs)
+    record, longest = JobRecord(job_dir), {"startup": 0.0, "eval": 0.0}  # seconds seen in each phase
+    deadline = time.monotonic() + 300
+    while not LocalScheduler().state(record).state.is_terminal and time.monotonic() < deadline:
+        for beat in (b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")):
+            if beat.phase in longest:
+                longest[beat.phase] = max(longest[beat.phase], time.time() - beat.phase_since)
+        time.sleep(0.1)
+    status = LocalScheduler().state(record)
+    assert status.state == "succeeded", status
+    assert longest["eval"] > 2 * 2, longest  # well past the step budget
+    print(f"\nlongest phases seen: { {k: round(v, 1) for k, v in longest.items()} }")

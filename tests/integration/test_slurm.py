@@ -3,6 +3,7 @@ slurmctld, slurmdbd with MariaDB, two slurmd. Under CI=true a missing cluster fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.conftest import (
@@ -254,3 +256,34 @@ def test_slurm_refusals_are_clear_errors_and_leave_no_record(
     assert "SLURM refused the job" in proc.stderr and needle in proc.stderr.lower()
     assert "Traceback" not in proc.stderr
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_path: Path) -> None:
+    """Each node's task watches its ranks' heartbeats (in the shared job record); both report and the
+    job ends as a hang naming the stopped rank, with every rank's stack kept."""
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = _trainer_args(prepared_data, run_dir, 100000)
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--hang-timeout-s", "10", "--", *args, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
+    (rank1,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    frozen = time.monotonic()
+    rank1.suspend()  # SIGSTOP
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    try:
+        status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 150)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            rank1.resume()
+    took = time.monotonic() - frozen
+    assert status["state"] == "failed", status
+    message = status["message"]
+    assert "rank 1 (node " in message and ") is stopped (SIGSTOP?)" in message, message
+    assert "rank 0 waits in " in message, message
+    assert sorted(p.name.split("-")[1] for p in (jobs / job_id / "hang").iterdir()) == [
+        "rank0.txt",
+        "rank1.txt",
+    ]
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+    print(f"\n{message}\nreported {took:.1f} s after the freeze")

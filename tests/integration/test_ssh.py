@@ -6,6 +6,7 @@ the job record) but each sees its own directory at ``/var/lib/gptlaunch-ssh/loca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,9 +19,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.job.follow import wait_terminal
+from launcher.job.record import JobRecord
+from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
     launcher,
+    losses,
     make_other_venv,
     metrics,
     missing_component,
@@ -197,9 +202,12 @@ def test_collective_preflight_reports_bandwidth_and_names_a_wrong_interface(
     assert took < 20 + 60, f"the failing preflight took {took:.0f} s"
 
 
-def test_killed_agent_on_one_host_ends_the_job_everywhere(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+@pytest.mark.parametrize("victim", ["agent", "rank"])
+def test_a_kill_on_host_2_ends_the_job_everywhere_and_names_host_2(
+    victim: str, hostfile: Path, prepared_data: list[str], tmp_path: Path
 ) -> None:
+    """SIGKILL of host 2's torchrun agent, or of its rank: host 2 is the cause, not the healthy peer on
+    host 1 that saw the connection close."""
     hosts = first_hosts(hostfile, 2, tmp_path)
     run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
     argv = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit",
@@ -218,8 +226,12 @@ def test_killed_agent_on_one_host_ends_the_job_everywhere(
         job = only_job_id(jobs)
         ranks = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]]
         assert ranks and all(p.environ().get("HF_TOKEN") == CANARY for p in ranks)  # the secret arrived
-        (agent,) = [p for p in processes_of(job) if _is_agent(p, node=1)]
-        agent.kill()
+        if victim == "agent":
+            (agent,) = [p for p in processes_of(job) if _is_agent(p, node=1)]
+            agent.kill()
+        else:
+            (rank,) = [p for p in ranks if p.environ().get("GPTLAUNCH_HOST_NODE") == "1"]
+            rank.kill()
         _, err = submit.communicate(timeout=90)
     finally:
         if submit.poll() is None:
@@ -228,7 +240,9 @@ def test_killed_agent_on_one_host_ends_the_job_everywhere(
     assert "host gl-h2" in err, err[-3000:]
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     status = json.loads((jobs / job / "status.json").read_text())
-    assert status["state"] == "failed" and status["failure"]["host"] == "gl-h2"
+    assert status["state"] == "failed" and status["failure"]["host"] == "gl-h2", status
+    if victim == "rank":
+        assert status["failure"]["rank"] == 1 and "killed by SIGKILL" in status["failure"]["error"], status
 
 
 def _is_agent(proc: psutil.Process, node: int) -> bool:
@@ -267,3 +281,38 @@ def test_hostile_host_names_are_rejected(hosts: str, tmp_path: Path) -> None:
         proc = launcher(tmp_path, command, *extra, f"--hosts={hosts.format(tmp=tmp_path)}")
         assert proc.returncode == 2 and "is not a host name" in proc.stderr, proc.stderr
     assert not list(tmp_path.glob("PWNED*"))
+
+
+def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
+    hostfile: Path, prepared_data: list[str], tmp_path: Path
+) -> None:
+    """Each host agent watches its own ranks' heartbeats; both report, the launcher names rank 1 on
+    gl-h2 and keeps every rank's stack in the job record."""
+    hosts = first_hosts(hostfile, 2, tmp_path)
+    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--hang-timeout-s", "10", "--", *train_args(prepared_data, run_dir, 100000),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job = only_job_id(jobs)
+    wait_for(lambda: max(losses(run_dir), default=0) >= 3, 300, "step 3")
+    (rank1,) = [
+        p for p in processes_of(job)
+        if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
+    ]  # fmt: skip
+    frozen = time.monotonic()
+    rank1.suspend()  # SIGSTOP
+    try:
+        final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 10 + 120, poll_s=0.2)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            rank1.resume()
+    took = time.monotonic() - frozen
+    assert final is not None and final.state == "failed", final
+    assert "rank 1 (node 1, gl-h2) is stopped (SIGSTOP?)" in final.message, final.message
+    assert "rank 0 waits in " in final.message, final.message
+    stacks = sorted(p.name for p in (jobs / job / "hang").iterdir())
+    assert stacks == ["node0-rank0.txt", "node1-rank1.txt"]
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    print(f"\n{final.message}\nreported {took:.1f} s after the freeze")

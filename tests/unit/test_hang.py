@@ -7,8 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.hang import FLOOR_S, STEP_FACTOR, HangSpec, Stall, stalled
-from launcher.supervisor.watchdog import RankStack, hang_message, waits_in
+from launcher.job.hang import (
+    FLOOR_S,
+    STEP_FACTOR,
+    HangReport,
+    HangSpec,
+    RankReport,
+    Stall,
+    hang_message,
+    merge,
+    read_reports,
+    stalled,
+)
+from launcher.supervisor.watchdog import waits_in
 from trainer.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
 from trainer.heartbeat import Heartbeat
@@ -62,20 +73,39 @@ def test_the_collective_is_read_from_the_main_threads_innermost_torch_distribute
     assert waits_in("no stack: the process is gone") is None
 
 
+def _rank(rank: int, host: str, state: str, waits: str | None, step: int = 1233) -> RankReport:
+    return RankReport(rank=rank, local_rank=0, pid=100 + rank, node=rank, host=host, step=step, phase="step",
+                      state=state, waits_in=waits, stack=PY_SPY if waits else "")  # fmt: skip
+
+
 def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Path) -> None:
-    beats = [_beat(r, 0.0, step=1233 + (r == 0)) for r in range(4)]
     ranks = [
-        RankStack(beats[0], 0, "gl-h1", "sleeping", PY_SPY, "all_reduce"),
-        RankStack(beats[1], 1, "gl-h2", "stopped", "", None),
-        RankStack(beats[2], 2, "gl-h3", "sleeping", PY_SPY, "all_reduce"),
-        RankStack(beats[3], 3, "gl-h4", "disk-sleep", "", None),
+        _rank(0, "gl-h1", "sleeping", "all_reduce", step=1234),
+        _rank(1, "gl-h2", "stopped", None),
+        _rank(2, "gl-h3", "sleeping", "all_reduce"),
+        _rank(3, "gl-h4", "disk-sleep", None),
     ]
-    message = hang_message(Stall(beats, 124.4, 120.0), ranks, tmp_path / "hang")
+    message = hang_message(
+        HangReport(silent_s=124.4, budget_s=120.0, step=1234, ranks=ranks), tmp_path / "hang"
+    )
     assert message == (
         "hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is stopped "
         "(SIGSTOP?); rank 3 (node 3, gl-h4) is in uninterruptible sleep (state D: I/O, a driver); "
         f"ranks 0, 2 wait in all_reduce; stacks in {tmp_path / 'hang'}/"
     )
+
+
+def test_each_nodes_report_line_is_read_back_from_its_log_and_merged(tmp_path: Path) -> None:
+    node0 = HangReport(silent_s=31, budget_s=30, step=8, ranks=[_rank(0, "gl-h1", "sleeping", "all_reduce")])
+    node1 = HangReport(silent_s=33, budget_s=30, step=7, ranks=[_rank(1, "gl-h2", "stopped", None)])
+    logs = [tmp_path / "node-0.log", tmp_path / "node-1.log", tmp_path / "node-2.log"]
+    logs[0].write_text(f"[rank0]: step 8\n{node0.line()}\n")
+    logs[1].write_text(f"noise\n{node1.line()[:50]}\n{node1.line()}\ntorchrun: exit\n")  # a cut line first
+    logs[2].write_text("no report here\n")
+    reports = read_reports([*logs, tmp_path / "missing.log"])
+    assert reports == [node0, node1]
+    job = merge(reports)
+    assert (job.silent_s, job.step, [r.rank for r in job.ranks]) == (33, 8, [0, 1])
 
 
 def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monkeypatch) -> None:

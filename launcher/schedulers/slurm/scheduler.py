@@ -34,6 +34,7 @@ from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
+from launcher.supervisor.watchdog import NodeWatch
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
@@ -201,6 +202,7 @@ class SlurmScheduler:
             job_dir=str(record.dir),
             run_dir=plan.run_dir,
             grace_s=spec.grace_period_s,
+            watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
         )
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from launcher.job.failures import read_errors, root_cause, stop_outcome
+from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
+from launcher.job.hang import merge, read_reports
 from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.preflight.parity_step import read_failure
 from launcher.schedulers.slurm.task import failed_name
@@ -122,6 +123,9 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+    reports = read_reports([record.node_log(k) for k in range(plan.nnodes)], since)
+    if reports:  # the nodes' watchdogs found the ranks hung, took their stacks and ended them
+        return hang_outcome(record.dir, merge(reports))
     first = _first_failed_node(record, plan.nnodes, since)
     if read_errors(record, plan.nnodes, since) or first is not None:
         node, code = first or (0, info.exit_code)

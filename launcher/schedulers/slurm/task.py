@@ -8,20 +8,35 @@ run directory's checkpoint.
 
 Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM state reflect:
 0 when the node's ranks finished; 75 on node 0 when the ranks stopped on request with a checkpoint
-(other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed.
+(other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed;
+124 when its hang watchdog found the ranks stalled (their stacks and the report are in the node log).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, atomic_write_text, read_stop_marker
+import psutil
+
+from launcher.job.hang import EXIT_HANG, HangReport, read_reports
+from launcher.supervisor import procs
+from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from trainer.contract import (
+    EXIT_CHECKPOINTED,
+    EXIT_FAILED,
+    HEARTBEAT_DIR_ENV,
+    atomic_write_text,
+    read_stop_marker,
+)
+
+HANG_REPORTS_S = 30.0  # after this node's hang report, how long the others get to write theirs
 
 # The torchrun agent of this process, for checkpoint(): module state, so the task itself stays picklable.
 _agent: subprocess.Popen[bytes] | None = None
@@ -39,20 +54,26 @@ class NodeTask:
     job_dir: str
     run_dir: str
     grace_s: float  # seconds the ranks get to checkpoint after a stop signal
+    watch: NodeWatch | None = None  # the hang watchdog of this node's ranks (None: off)
 
     def __call__(self) -> int:
         global _agent
         node = int(os.environ.get("SLURM_NODEID", "0"))
         started = time.time()
-        with open(Path(self.job_dir) / f"node-{node}.log", "ab") as log:  # appended to across requeues
+        log_path = Path(self.job_dir) / f"node-{node}.log"  # appended to across requeues
+        env = os.environ | self.env  # the node command changes to the workdir itself
+        watchdog = None
+        if self.watch is not None:
+            beats = Path(self.job_dir) / "heartbeat" / f"node-{node}"
+            env[HEARTBEAT_DIR_ENV] = str(beats)
+            watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
+        with open(log_path, "ab") as log:
             _agent = subprocess.Popen(
-                self.argv,
-                env=os.environ | self.env,  # the node command changes to the workdir itself
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
-        code = _agent.wait()
+        code, hang = wait_watching(_agent, watchdog)
+        if hang is not None:
+            self._hung(_agent, hang, log_path)
         if code == 0:
             return 0
         if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
@@ -63,6 +84,23 @@ class NodeTask:
         failed = {"exit_code": code, "time": time.time()}
         atomic_write_text(Path(self.job_dir) / failed_name(node), json.dumps(failed))
         raise SystemExit(EXIT_FAILED)
+
+    def _hung(self, agent: subprocess.Popen[bytes], hang: HangReport, log_path: Path) -> NoReturn:
+        """After this node's stacks are taken: its report in its log, its ranks ended. The other nodes'
+        watchdogs report too: srun ends every task once one fails, so wait (a bound) for their reports
+        in the shared job record before failing."""
+        procs.terminate([psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)], 0.0)
+        agent.wait()
+        with open(log_path, "a") as log:
+            log.write(hang.line() + "\n")
+        nnodes = int(os.environ.get("SLURM_NNODES", "1"))
+        logs = [Path(self.job_dir) / f"node-{k}.log" for k in range(nnodes)]
+        deadline = time.monotonic() + HANG_REPORTS_S
+        while (
+            len(read_reports(logs, since=hang.time - HANG_REPORTS_S)) < nnodes and time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+        raise SystemExit(EXIT_HANG)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's hook on SIGUSR2 (node 0): the ranks got the signal too and are saving a checkpoint;

@@ -11,6 +11,10 @@ that the job does not hang on the connection that started it:
   launcher writes into the job record). A dropped connection neither kills nor orphans the job: the
   agent notices the broken pipe, keeps logging on the host, and ``signal``/``status`` still reach it.
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk).
+- With ``--nproc-per-node N`` (and the ``--hang-*`` budgets), the hang watchdog follows the ranks'
+  heartbeats (``<state>/<job>/node-<k>.heartbeat/``): when none advances within its budget it dumps
+  their stacks, ends ARGV's tree, prints the report as one ``GPTLAUNCH_HANG {json}`` line and exits
+  124 (``launcher.job.hang.EXIT_HANG``).
 - SIGTERM/SIGINT ask ARGV to stop (torchrun forwards it; the ranks checkpoint); SIGHUP is ignored.
   Once ARGV exits, whatever of its tree is left is terminated; the exit code is written to
   ``node-<k>.exit`` and returned.
@@ -23,9 +27,11 @@ whole tree now (TERM, then KILL after ``--grace-s``). ``status``: one JSON line,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,10 +40,12 @@ from types import FrameType
 
 import psutil
 
+from launcher.job.hang import EXIT_HANG, HangReport, HangSpec
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
-from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV
+from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_ENV
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 KILL_GRACE_S = 5.0
@@ -57,7 +65,7 @@ def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
     return base.with_suffix(".pid"), base.with_suffix(".exit"), base.with_suffix(".log")
 
 
-def run(job_id: str, node: int, argv: list[str]) -> int:
+def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None) -> int:
     pid_file, exit_file, log_file = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
@@ -71,6 +79,11 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection is not a stop request
     pid_file.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
     env = os.environ | secrets | {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
+    watchdog = None
+    if watch is not None:
+        beats = state_dir(job_id) / f"node-{node}.heartbeat"
+        env[HEARTBEAT_DIR_ENV] = str(beats)
+        watchdog = watch.watchdog(node, socket.gethostname(), beats)
     try:
         child = subprocess.Popen(
             argv,
@@ -87,7 +100,14 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
     stop.follow(child)
     pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
     pump.start()
-    code = child.wait()
+    code, hang = wait_watching(child, watchdog)
+    if hang is not None:  # the stacks are taken: end the node's ranks now, then say why
+        procs.terminate(me.children(recursive=True), 0.0)
+        child.wait()
+        pump.join(timeout=5)
+        _report(hang, log_file)
+        exit_file.write_text(str(EXIT_HANG))
+        return EXIT_HANG
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
     # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans must
@@ -97,6 +117,15 @@ def run(job_id: str, node: int, argv: list[str]) -> int:
     code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     exit_file.write_text(str(code))
     return code
+
+
+def _report(hang: HangReport, log_file: Path) -> None:
+    """The hang report as one line, to the host log and (while it holds) the launcher's connection."""
+    line = (hang.line() + "\n").encode()
+    with open(log_file, "ab") as log:
+        log.write(line)
+    with contextlib.suppress(OSError):
+        os.write(sys.stdout.fileno(), line)
 
 
 class _Forward:
@@ -186,13 +215,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
+    p.add_argument("--nproc-per-node", type=int, help="run: watch this many ranks for hangs")
+    p.add_argument("--hang-timeout-s", type=float, help="run: see `launcher submit --help`")
+    p.add_argument("--hang-startup-s", type=float, default=HangSpec().startup_s)
+    p.add_argument("--hang-phase-s", type=float, default=HangSpec().phase_s)
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = p.parse_args(argv[:split]), argv[split + 1 :]
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
-        return run(args.job, args.node, command)
+        watch = None
+        if args.nproc_per_node:
+            spec = HangSpec(
+                timeout_s=args.hang_timeout_s, startup_s=args.hang_startup_s, phase_s=args.hang_phase_s
+            )
+            watch = NodeWatch(spec, args.nproc_per_node) if spec.enabled else None
+        return run(args.job, args.node, command, watch)
     if command:
         p.error(f"{args.action} takes no command")
     if args.action == "signal":

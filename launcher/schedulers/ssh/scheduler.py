@@ -90,7 +90,7 @@ class SshScheduler(SupervisedScheduler):
         nodes = [
             NodeCommand(
                 host=host,
-                argv=[*_hostagent_argv(spec.python, "run", job_id, k), "--", *agent],
+                argv=[*_hostagent_argv(spec.python, "run", job_id, k), *_watch_args(spec), "--", *agent],
                 env=env | hosts.env(host, env),
             )
             for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True))
@@ -110,6 +110,18 @@ class SshScheduler(SupervisedScheduler):
         SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}).kill(
             record.job_id, grace_s
         )
+
+
+def _watch_args(spec: JobSpec) -> list[str]:
+    """The host agent's hang watchdog (``launcher.schedulers.ssh.hostagent run``): none when it is off."""
+    hang = spec.hang
+    if not hang.enabled:
+        return []
+    timeout = ["--hang-timeout-s", f"{hang.timeout_s:g}"] if hang.timeout_s is not None else []
+    return [
+        *("--nproc-per-node", str(spec.nproc_per_node), *timeout),
+        *("--hang-startup-s", f"{hang.startup_s:g}", "--hang-phase-s", f"{hang.phase_s:g}"),
+    ]
 
 
 def _hostagent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:

@@ -1,0 +1,60 @@
+"""Where a running job's nodes are, from their ranks' heartbeats (``trainer.contract.Beat``): for
+``launcher status``. Only nodes whose heartbeat directory this machine can read are reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.job.hang import HangSpec, stalled
+from launcher.job.plan import Plan
+from trainer.contract import HEARTBEAT_DIR_ENV, read_beats
+
+
+class NodeProgress(BaseModel):
+    """One node's ranks as of their last beats. Ages in seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    node_rank: int
+    host: str | None
+    ranks: int  # ranks that have published a beat
+    step: int  # the furthest rank's step
+    phase: str  # the phase of the rank that beat last
+    heartbeat_age_s: float  # since the node's most recent beat
+    stalled_s: float | None  # seconds without progress past the hang budget, else None
+    stragglers: dict[int, float]  # rank -> its compute time over the median's
+
+    def describe(self) -> str:
+        where = f"node {self.node_rank}" + (f" ({self.host})" if self.host else "")
+        text = f"{where}: step {self.step:,} ({self.phase}), heartbeat {self.heartbeat_age_s:.0f} s ago"
+        if self.stalled_s is not None:
+            text += f", NO PROGRESS for {self.stalled_s:.0f} s (over the hang budget)"
+        for rank, ratio in sorted(self.stragglers.items()):
+            text += f", straggler: rank {rank} at {ratio:.1f}× the median step time"
+        return text
+
+
+def node_progress(plan: Plan, hang: HangSpec, now: float) -> list[NodeProgress]:
+    """Each node's progress whose heartbeat directory is readable here (``now``: epoch seconds)."""
+    found = []
+    for node in plan.nodes:
+        directory = node.env.get(HEARTBEAT_DIR_ENV)
+        beats = read_beats(Path(directory)) if directory else []
+        if not beats:
+            continue
+        last = max(beats, key=lambda b: b.time)
+        stall = stalled(hang, beats, plan.nproc_per_node, now)
+        found.append(
+            NodeProgress(
+                node_rank=node.node_rank,
+                host=node.named_host,
+                ranks=len(beats),
+                step=max(b.step for b in beats),
+                phase=last.phase,
+                heartbeat_age_s=max(0.0, now - last.time),
+                stalled_s=stall.silent_s if stall else None,
+                stragglers={b.rank: b.straggler_ratio for b in beats if b.straggler_ratio is not None},
+            )
+        )
+    return found

@@ -1,0 +1,92 @@
+"""One root cause per failure across nodes: a worker killed by a signal, then a rank's own error, and
+only last a peer's "connection closed / timed out" (what healthy ranks see when another one dies)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.job.failures import is_peer_error, root_cause, worker_deaths
+from launcher.job.record import JobRecord, JobStatus
+from launcher.job.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+
+# torchrun's failure summary as it prints it into a node log (torch 2.13, a worker killed by SIGKILL).
+SUMMARY = """[rank1]: step 3 | loss 8.1
+E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 26428)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+trainer.cli FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_14:43:20
+  host      : gl-h2
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 26428)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 26428
+============================================================
+"""
+PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.231.0.12]:4242"
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> JobRecord:
+    spec = JobSpec.model_validate({"nnodes": 2})
+    facts = LocalFacts(
+        workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=29500, omp_num_threads=1, gpus=[]
+    )
+    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    return JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time() - 60))
+
+
+def _error_file(record: JobRecord, node: int, message: str, when: float) -> None:
+    path = record.torchelastic_dir(node) / "run" / "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": int(when)}}}))
+
+
+def test_a_killed_worker_is_the_cause_not_the_peer_that_saw_it_go(record: JobRecord) -> None:
+    _error_file(record, 0, PEER, time.time() - 10)  # the peer's error is the only error file
+    record.node_log(1).write_text(SUMMARY)
+    assert worker_deaths(record, 2)[0].rank == 1
+    failure = root_cause(record, 2, failed_node=0, exit_code=1)
+    assert (failure.node_rank, failure.rank, failure.local_rank) == (1, 1, 0)
+    assert "rank 1 was killed by SIGKILL" in failure.summary()
+
+
+def test_a_ranks_own_error_wins_over_an_earlier_peer_error(record: JobRecord) -> None:
+    now = time.time()
+    _error_file(record, 0, PEER, now - 20)
+    _error_file(record, 1, "RuntimeError: injected fault on rank 1 at step 3", now - 10)
+    failure = root_cause(record, 2, failed_node=0, exit_code=1)
+    assert failure.node_rank == 1 and "injected fault" in failure.error
+
+
+def test_with_only_peer_errors_the_earliest_is_named(record: JobRecord) -> None:
+    now = time.time()
+    _error_file(record, 1, "RuntimeError: Socket Timeout", now - 20)
+    _error_file(record, 0, PEER, now - 10)
+    assert root_cause(record, 2, failed_node=0, exit_code=1).node_rank == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "peer"),
+    [
+        (PEER, True),
+        ("RuntimeError: Connection reset by peer", True),
+        ("DistBackendError: [Rank 0] Watchdog caught collective operation timeout", True),
+        ("RuntimeError: injected fault on rank 1 at step 3", False),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", False),
+        ("ValueError: loss is nan at step 12", False),
+    ],
+)
+def test_peer_errors_are_told_from_causes(message: str, peer: bool) -> None:
+    assert is_peer_error(message) is peer

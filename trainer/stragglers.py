@@ -1,0 +1,135 @@
+"""Stragglers: ranks whose own compute is slower than the others', which sets the pace of all.
+
+Each rank times its forward passes (``ComputeClock``): DDP's forward holds no collective here (the
+model has no buffers to broadcast), so this is the rank's own compute, not time spent waiting for a
+slow peer, which every rank's whole step includes. At each log interval the ranks share their mean
+per step with one small all-reduce (``share``: a vector with one slot per rank; nothing per step).
+A rank slower than ``THRESHOLD`` × the median for ``INTERVALS`` intervals in a row is a straggler
+(``Stragglers``); every rank computes the same verdict from the same numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from trainer import distributed
+
+THRESHOLD = 1.25
+INTERVALS = 3
+
+
+class ComputeClock:
+    """This rank's forward seconds since the last ``take``; on CUDA through events (no sync per step)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.cuda, self.enabled = device.type == "cuda", enabled
+        self._seconds, self._steps = 0.0, 0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        if not self.enabled:  # nothing recorded: CUDA events would pile up with nobody to take them
+            yield
+        elif self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._seconds += time.perf_counter() - t0
+
+    def step_done(self) -> None:
+        self._steps += 1
+
+    def take(self) -> float:
+        """Mean forward seconds per step since the last call (0 when no step ran); starts anew."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1e3  # ms -> s
+        mean = self._seconds / self._steps if self._steps else 0.0
+        self._seconds, self._steps, self._events = 0.0, 0, []
+        return mean
+
+
+def share(seconds: float, rank: int, world_size: int, device: torch.device) -> list[float]:
+    """Every rank's ``seconds``, in rank order: one all-reduce of a world_size vector. Collective."""
+    slots = torch.zeros(world_size, dtype=torch.float64, device=device)
+    slots[rank] = seconds
+    return [float(v) for v in distributed.all_reduce_sum(slots).tolist()]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    ratio: float  # its compute time per step over the median rank's
+
+
+class Stragglers:
+    """The ranks slower than THRESHOLD × the median for INTERVALS log intervals in a row."""
+
+    def __init__(self, world_size: int) -> None:
+        self._streak = [0] * world_size
+
+    def update(self, seconds: list[float]) -> list[Straggler]:
+        """Feed one interval's per-rank compute seconds; return the stragglers now named."""
+        median = statistics.median(seconds)
+        if median <= 0:
+            return []
+        ratios = [s / median for s in seconds]
+        self._streak = [n + 1 if r > THRESHOLD else 0 for n, r in zip(self._streak, ratios, strict=True)]
+        return [Straggler(k, ratios[k]) for k, n in enumerate(self._streak) if n >= INTERVALS]
+
+
+class StragglerWatch:
+    """The straggler check of one rank: its clock, the shared verdict, and where each rank runs."""
+
+    def __init__(self, device: torch.device, rank: int, world_size: int, enabled: bool = True) -> None:
+        self.clock = ComputeClock(device, enabled)
+        self.enabled = enabled
+        self.device, self.rank, self.world_size = device, rank, world_size
+        self._verdict = Stragglers(world_size)
+        self._places: list[tuple[int, str]] | None = None
+        self.named: dict[int, float] = {}  # rank -> ratio, as of the last interval
+
+    def interval(self) -> list[dict[str, object]]:
+        """At a log interval (every rank, collective): share the compute times and return the
+        stragglers as records ``{"rank", "node", "host", "ratio"}`` (empty when there are none or the
+        check is off, which costs no collective)."""
+        if not self.enabled:
+            return []
+        found = self._verdict.update(share(self.clock.take(), self.rank, self.world_size, self.device))
+        self.named = {s.rank: s.ratio for s in found}
+        if not found:
+            return []
+        if self._places is None:  # once, and only once there is someone to name: same on every rank
+            self._places = distributed.all_gather_object(
+                (int(os.environ.get("GROUP_RANK", "0")), socket.gethostname())
+            )
+        return [
+            {
+                "rank": s.rank,
+                "node": self._places[s.rank][0],
+                "host": self._places[s.rank][1],
+                "ratio": s.ratio,
+            }
+            for s in found
+        ]
+
+
+def describe(straggler: dict[str, object]) -> str:
+    """``straggler: rank 1 on node 1 (gl-h2) at 1.9× the median step time``."""
+    return (
+        f"straggler: rank {straggler['rank']} on node {straggler['node']} ({straggler['host']}) at "
+        f"{straggler['ratio']:.1f}× the median step time (its own compute, forward passes)"
+    )
