@@ -296,7 +296,9 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-3000:]
     job = only_job_id(jobs)
-    wait_for(lambda: max(losses(run_dir), default=0) >= 3, 300, "step 3")
+    wait_for(
+        lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 3, 300, "step 3"
+    )
     (rank1,) = [
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
