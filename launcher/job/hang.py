@@ -7,14 +7,16 @@ budget of the phase it is in: ``timeout_s`` for steps (default max(120 s, 10 × 
 step), armed after the first completed step), and larger, separate budgets for start-up (data
 preparation, rendezvous, compilation), evaluation and checkpointing. ``timeout_s`` 0 turns it off.
 
-A watchdog that is not the launcher's own process (the SSH host agent) prints its ``HangReport`` as
-one ``GPTLAUNCH_HANG {json}`` line into its node log and exits ``EXIT_HANG``; the launcher reads the
+A watchdog that is not the launcher's own process (the SSH host agent, SLURM's node task, a compose
+container's entry) prints its ``HangReport`` as one ``GPTLAUNCH_HANG {json}`` line into its node log
+and exits ``EXIT_HANG``; the launcher reads the
 reports of every node from the logs (``read_reports``), keeps each rank's stack in the job record
 (``write_stacks``) and names the suspect (``hang_message``).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,39 @@ class HangSpec(BaseModel):
         if self.timeout_s is not None:
             return self.timeout_s
         return max(FLOOR_S, STEP_FACTOR * beat.slowest_step_s)
+
+
+def heartbeat_dir(job_dir: Path, node: int) -> Path:
+    """Where node ``node``'s ranks beat when the node sees the job record (local, SLURM, compose):
+    ``launcher status`` reads them there. (An SSH host keeps its own, in the host agent's state.)"""
+    return job_dir / "heartbeat" / f"node-{node}"
+
+
+def watch_args(spec: HangSpec, nproc_per_node: int) -> list[str]:
+    """The flags that hand ``spec`` to a node-side watchdog (``add_watch_flags``); none when it is off."""
+    if not spec.enabled:
+        return []
+    timeout = ["--hang-timeout-s", f"{spec.timeout_s:g}"] if spec.timeout_s is not None else []
+    return [
+        *("--nproc-per-node", str(nproc_per_node), *timeout),
+        *("--hang-startup-s", f"{spec.startup_s:g}", "--hang-phase-s", f"{spec.phase_s:g}"),
+    ]
+
+
+def add_watch_flags(parser: argparse.ArgumentParser) -> None:
+    """The node side of ``watch_args``."""
+    parser.add_argument("--nproc-per-node", type=int, help="watch this many ranks for hangs")
+    parser.add_argument("--hang-timeout-s", type=float, help="see `launcher submit --help`")
+    parser.add_argument("--hang-startup-s", type=float, default=HangSpec().startup_s)
+    parser.add_argument("--hang-phase-s", type=float, default=HangSpec().phase_s)
+
+
+def watch_of(args: argparse.Namespace) -> tuple[HangSpec, int] | None:
+    """(budgets, ranks to watch) from ``add_watch_flags``' arguments, or None: no watchdog."""
+    if not args.nproc_per_node:
+        return None
+    spec = HangSpec(timeout_s=args.hang_timeout_s, startup_s=args.hang_startup_s, phase_s=args.hang_phase_s)
+    return (spec, args.nproc_per_node) if spec.enabled else None
 
 
 @dataclass(frozen=True)

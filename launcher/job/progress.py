@@ -1,5 +1,5 @@
 """Where a running job's nodes are, from their ranks' heartbeats (``trainer.contract.Beat``): for
-``launcher status``. Only nodes whose heartbeat directory this machine can read are reported."""
+``launcher status``. Only nodes whose heartbeats are in the job record are reported."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.job.hang import HangSpec, stalled
+from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
-from trainer.contract import HEARTBEAT_DIR_ENV, read_beats
+from trainer.contract import read_beats
 
 
 class NodeProgress(BaseModel):
@@ -35,12 +35,12 @@ class NodeProgress(BaseModel):
         return text
 
 
-def node_progress(plan: Plan, hang: HangSpec, now: float) -> list[NodeProgress]:
-    """Each node's progress whose heartbeat directory is readable here (``now``: epoch seconds)."""
+def node_progress(plan: Plan, hang: HangSpec, job_dir: Path, now: float) -> list[NodeProgress]:
+    """Each node's progress whose heartbeats are readable here: in the job record (``heartbeat_dir``:
+    local, SLURM, compose), not on an SSH host. ``now``: epoch seconds."""
     found = []
     for node in plan.nodes:
-        directory = node.env.get(HEARTBEAT_DIR_ENV)
-        beats = read_beats(Path(directory)) if directory else []
+        beats = read_beats(heartbeat_dir(job_dir, node.node_rank))
         if not beats:
             continue
         last = max(beats, key=lambda b: b.time)

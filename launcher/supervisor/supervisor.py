@@ -278,7 +278,7 @@ class _Watch:
         if code == EXIT_HANG:  # that node's watchdog reported a hang: so will the others', soon
             psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], HANG_REPORTS_S)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
-        reports = read_reports([job.record.dir / n.log for n in job.plan.nodes])
+        reports = read_reports([job.record.dir / n.log for n in job.plan.nodes], since=job.started)
         if reports:
             hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
             return hang_outcome(job.record.dir, merge(reports, hosts))

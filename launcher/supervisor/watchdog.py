@@ -23,6 +23,7 @@ from launcher.job.plan import Plan
 from trainer.contract import HEARTBEAT_DIR_ENV, Beat, read_beats
 
 DUMP_TIMEOUT_S = 30.0
+NONBLOCKING_TRIES = 5
 POLL_S = 1.0
 # torch.distributed's Python entry points a blocked rank sits in.
 COLLECTIVES = frozenset(
@@ -51,34 +52,38 @@ _FRAME = re.compile(r"^\s+(?P<name>[\w<>.]+) \((?P<file>[^:()]+):\d+\)")
 
 def py_spy_dump(pid: int) -> str:
     """``py-spy dump`` of ``pid``: the blocking mode first (consistent stacks), then ``--nonblocking``
-    (works on a stopped process). Never raises: a failure is described in the text."""
+    (works on a stopped process, and where ptrace is not allowed), retried while the sample of a
+    running process catches its main thread between frames. Never raises: a failure is described."""
     beside = Path(sys.executable).parent / "py-spy"  # this environment's, when it is not on PATH
     exe = str(beside) if beside.is_file() else shutil.which("py-spy")
     if exe is None:
         return "no stack: py-spy is not installed on this host (pip install py-spy)"
-    errors = []
-    for extra in ([], ["--nonblocking"]):
+    errors, sample = [], ""
+    for extra in ([], *[["--nonblocking"]] * NONBLOCKING_TRIES):
         argv = [exe, "dump", "--pid", str(pid), *extra]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             errors.append(f"{' '.join(argv[1:])}: no answer within {DUMP_TIMEOUT_S:.0f} s")
             continue
-        if proc.returncode == 0 and proc.stdout.strip():
+        if proc.returncode == 0 and _main_frames(proc.stdout):
             return proc.stdout
-        errors.append(f"{' '.join(argv[1:])}: {(proc.stderr or proc.stdout).strip()}")
-    return "no stack:\n" + "\n".join(errors)
+        sample = proc.stdout if proc.returncode == 0 else sample
+        errors.append(f"{' '.join(argv[1:])}: {(proc.stderr or proc.stdout).strip()[:500]}")
+    return sample or "no stack:\n" + "\n".join(errors)
+
+
+def _main_frames(stack: str) -> list[tuple[str, str]]:
+    """(function, file) of the main thread's frames in a py-spy dump, innermost first."""
+    main = stack.split('"MainThread"', 1)[1] if '"MainThread"' in stack else ""
+    frames = (_FRAME.match(line) for line in main.split("\nThread ", 1)[0].splitlines())
+    return [(f["name"], f["file"]) for f in frames if f is not None]
 
 
 def waits_in(stack: str) -> str | None:
     """The collective the main thread's innermost torch.distributed frame is, or None. A rank blocked
     in DDP's backward waits for its gradient all_reduce, which runs in C++ under ``backward``."""
-    main = stack.split('"MainThread"', 1)[-1].split("\nThread ", 1)[0]
-    for line in main.splitlines():
-        frame = _FRAME.match(line)
-        if frame is None:
-            continue
-        name, file = frame["name"], frame["file"]
+    for name, file in _main_frames(stack):
         if name in COLLECTIVES and "torch/distributed" in file:
             return name
         if name in ("backward", "run_backward") and "torch/" in file:

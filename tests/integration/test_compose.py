@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.integration.conftest import FAST, TAG, docker, launcher, metrics, only_job_id, wait_for
+from tests.integration.conftest import (
+    FAST,
+    TAG,
+    docker,
+    launcher,
+    metrics,
+    only_job_id,
+    processes_of,
+    wait_for,
+)
 
 SECRET = "hf_compose_canary_40d2a7"
 
@@ -192,3 +201,49 @@ def test_a_missing_image_or_engine_is_refused_and_writes_nothing(
     assert proc.returncode == 2 and "cannot reach the Docker engine" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not jobs.exists() or not any(jobs.iterdir())
+
+
+def test_a_stopped_rank_is_a_hang_named_by_the_container_entry(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    """Each container's entry watches its ranks' heartbeats; the job ends as a hang naming the stopped
+    rank, with every rank's stack (dumped inside its container) in the job record."""
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"]}
+    proc = launcher(
+        jobs, *submit_args(prepared_data, run_dir, 100000, "--detach", "--hang-timeout-s", "10"), env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.strip()
+    wait_for(
+        lambda: (
+            training_started(jobs, run_dir) and max((m["step"] for m in metrics(run_dir)), default=0) >= 3
+        ),
+        600,
+        "step 3",
+    )
+    (rank1,) = [
+        p for p in processes_of(job)
+        if "trainer.cli" in p.cmdline() and "torch.distributed.run" not in p.cmdline()
+        and p.environ().get("RANK") == "1"
+    ]  # fmt: skip
+    os.kill(rank1.pid, signal.SIGSTOP)
+
+    seen: list[dict[str, Any]] = []
+
+    def ended() -> bool:
+        seen.append(json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout))
+        return seen[-1]["state"] not in ("created", "pending", "running")
+
+    try:
+        wait_for(ended, 150, "the job to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank1.pid, signal.SIGCONT)
+    status = seen[-1]
+    assert status["state"] == "failed", status
+    assert "rank 1 (node " in status["message"] and "is stopped (SIGSTOP?)" in status["message"], status
+    assert "rank 0 waits in " in status["message"], status["message"]
+    assert len(list((jobs / job / "hang").iterdir())) == 2
+    wait_for(lambda: left_of(engine, job) == ("", ""), 60, "the containers and network to go")
+    print(f"\n{status['message']}")

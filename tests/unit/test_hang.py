@@ -15,10 +15,14 @@ from launcher.job.hang import (
     RankReport,
     Stall,
     hang_message,
+    heartbeat_dir,
     merge,
     read_reports,
     stalled,
 )
+from launcher.job.progress import node_progress
+from launcher.job.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor.watchdog import waits_in
 from trainer.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
@@ -138,3 +142,19 @@ def test_without_a_heartbeat_dir_nothing_is_written_and_bad_files_are_skipped(tm
 def test_a_negative_hang_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="timeout_s"):
         HangSpec(timeout_s=-1)
+
+
+def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate({"nnodes": 2})
+    facts = LocalFacts(workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=1, omp_num_threads=1, gpus=[])
+    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    now = 1000.0
+    for k in (0, 1):
+        heartbeat_dir(tmp_path / "job", k).mkdir(parents=True)
+    write_beat(heartbeat_dir(tmp_path / "job", 0), _beat(0, now - 3, step=41))
+    slow = Beat(**{**_beat(1, now - 200, step=40).__dict__, "straggler_ratio": 1.9})
+    write_beat(heartbeat_dir(tmp_path / "job", 1), slow)
+    node0, node1 = node_progress(plan, HangSpec(timeout_s=60), tmp_path / "job", now)
+    assert (node0.step, node0.heartbeat_age_s, node0.stalled_s) == (41, 3.0, None)
+    assert (node1.step, node1.stalled_s, node1.stragglers) == (40, 200.0, {1: 1.9})
+    assert "NO PROGRESS for 200 s" in node1.describe() and "straggler: rank 1 at 1.9×" in node1.describe()

@@ -7,7 +7,11 @@
    there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
    SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
    records it in ``D/parity.json`` (the job's exit code and message).
-3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own.
+3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own; with the
+   hang watchdog (``--nproc-per-node`` and the ``--hang-*`` budgets) this process stays instead, as the
+   container's init: it forwards SIGTERM/SIGINT to torchrun, follows the ranks' heartbeats and, on a
+   hang, dumps their stacks, ends torchrun's tree, prints the report as one ``GPTLAUNCH_HANG {json}``
+   line and exits 124 (``launcher.job.hang.EXIT_HANG``).
 """
 
 from __future__ import annotations
@@ -15,14 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
+
+from launcher.job.hang import EXIT_HANG, add_watch_flags, heartbeat_dir, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
 from launcher.preflight.probe import collect
+from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
-from trainer.contract import EXIT_FAILED, atomic_write_text
+from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from trainer.contract import EXIT_FAILED, HEARTBEAT_DIR_ENV, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
 POLL_S = 0.2
@@ -49,6 +61,22 @@ def _secrets() -> dict[str, str]:
     return secrets
 
 
+def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_dir: Path, node: int) -> int:
+    """Run torchrun as a child under the hang watchdog; its exit code (128 + N for signal N), or
+    EXIT_HANG after the hang report. Raises OSError when it cannot start."""
+    beats = heartbeat_dir(job_dir, node)  # the job record is mounted; the pids in it are this container's
+    child = subprocess.Popen(command, env=env | {HEARTBEAT_DIR_ENV: str(beats)})
+    for sig in (signal.SIGTERM, signal.SIGINT):  # as the container's init, nothing else passes them on
+        signal.signal(sig, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
+    if hang is None:
+        return code if code >= 0 else 128 - code
+    procs.terminate([psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)], 0.0)
+    child.wait()
+    os.write(sys.stdout.fileno(), (hang.line() + "\n").encode())  # one write: one line in the node log
+    return EXIT_HANG
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.schedulers.compose.node", description=__doc__.split("\n\n")[0]
@@ -58,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--skip-parity", action="store_true")
+    add_watch_flags(parser)
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
@@ -74,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.job_dir / RESULT, json.dumps(failure.__dict__))
         print(failure.message, file=sys.stderr, flush=True)
         return failure.exit_code
+    watch = watch_of(args)
     try:
+        if watch is not None:
+            return _run_watched(command, os.environ | secrets, NodeWatch(*watch), args.job_dir, args.node)
         os.execvpe(command[0], command, os.environ | secrets)
     except OSError as e:
         print(f"compose_node: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr, flush=True)

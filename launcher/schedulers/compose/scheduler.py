@@ -27,6 +27,7 @@ import psutil
 from docker.errors import DockerException
 
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
+from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
@@ -115,7 +116,8 @@ class ComposeScheduler(SupervisedScheduler):
             return [
                 CONTAINER_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir),
                 "--node", str(k), "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
-                *(["--skip-parity"] if spec.options(ComposeOptions).skip_parity else []), "--",
+                *(["--skip-parity"] if spec.options(ComposeOptions).skip_parity else []),
+                *watch_args(spec.hang, spec.nproc_per_node), "--",
             ]  # fmt: skip
 
         nodes = [  # host: the engine's machine; the service is node{k}

@@ -14,6 +14,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
@@ -109,7 +110,7 @@ class LocalScheduler(SupervisedScheduler):
             if facts.gpus:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device
                 first = k * spec.nproc_per_node
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(facts.gpus[first : first + spec.nproc_per_node])
-            node_env[HEARTBEAT_DIR_ENV] = str(job_dir / "heartbeat" / f"node-{k}")  # the watchdog reads it
+            node_env[HEARTBEAT_DIR_ENV] = str(heartbeat_dir(job_dir, k))  # the supervisor's watchdog reads it
             nodes.append(NodeCommand(host="localhost", argv=argv, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 

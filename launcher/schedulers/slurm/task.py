@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 import psutil
 
-from launcher.job.hang import EXIT_HANG, HangReport, read_reports
+from launcher.job.hang import EXIT_HANG, HangReport, heartbeat_dir, read_reports
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, wait_watching
 from trainer.contract import (
@@ -64,7 +64,7 @@ class NodeTask:
         env = os.environ | self.env  # the node command changes to the workdir itself
         watchdog = None
         if self.watch is not None:
-            beats = Path(self.job_dir) / "heartbeat" / f"node-{node}"
+            beats = heartbeat_dir(Path(self.job_dir), node)
             env[HEARTBEAT_DIR_ENV] = str(beats)
             watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
         with open(log_path, "ab") as log:

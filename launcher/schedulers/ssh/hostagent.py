@@ -40,7 +40,7 @@ from types import FrameType
 
 import psutil
 
-from launcher.job.hang import EXIT_HANG, HangReport, HangSpec
+from launcher.job.hang import EXIT_HANG, HangReport, add_watch_flags, watch_of
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
@@ -215,22 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
-    p.add_argument("--nproc-per-node", type=int, help="run: watch this many ranks for hangs")
-    p.add_argument("--hang-timeout-s", type=float, help="run: see `launcher submit --help`")
-    p.add_argument("--hang-startup-s", type=float, default=HangSpec().startup_s)
-    p.add_argument("--hang-phase-s", type=float, default=HangSpec().phase_s)
+    add_watch_flags(p)
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = p.parse_args(argv[:split]), argv[split + 1 :]
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
-        watch = None
-        if args.nproc_per_node:
-            spec = HangSpec(
-                timeout_s=args.hang_timeout_s, startup_s=args.hang_startup_s, phase_s=args.hang_phase_s
-            )
-            watch = NodeWatch(spec, args.nproc_per_node) if spec.enabled else None
+        watch = NodeWatch(*found) if (found := watch_of(args)) else None
         return run(args.job, args.node, command, watch)
     if command:
         p.error(f"{args.action} takes no command")

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from launcher.job.console import say
+from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
@@ -90,7 +91,12 @@ class SshScheduler(SupervisedScheduler):
         nodes = [
             NodeCommand(
                 host=host,
-                argv=[*_hostagent_argv(spec.python, "run", job_id, k), *_watch_args(spec), "--", *agent],
+                argv=[
+                    *_hostagent_argv(spec.python, "run", job_id, k),
+                    *watch_args(spec.hang, spec.nproc_per_node),
+                    "--",
+                    *agent,
+                ],
                 env=env | hosts.env(host, env),
             )
             for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True))
@@ -110,18 +116,6 @@ class SshScheduler(SupervisedScheduler):
         SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}).kill(
             record.job_id, grace_s
         )
-
-
-def _watch_args(spec: JobSpec) -> list[str]:
-    """The host agent's hang watchdog (``launcher.schedulers.ssh.hostagent run``): none when it is off."""
-    hang = spec.hang
-    if not hang.enabled:
-        return []
-    timeout = ["--hang-timeout-s", f"{hang.timeout_s:g}"] if hang.timeout_s is not None else []
-    return [
-        *("--nproc-per-node", str(spec.nproc_per_node), *timeout),
-        *("--hang-startup-s", f"{hang.startup_s:g}", "--hang-phase-s", f"{hang.phase_s:g}"),
-    ]
 
 
 def _hostagent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
