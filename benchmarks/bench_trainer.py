@@ -255,6 +255,9 @@ def comparison_values(comp: Comparison, series: dict[str, Series]) -> dict[str, 
     value = num.tokens_per_s / (comp.scale * den.tokens_per_s)
     return {
         "name": comp.name,
+        "numerator": comp.numerator,
+        "denominator": comp.denominator,
+        "percent": comp.percent,
         "value": value,
         "min": min(per_round),
         "max": max(per_round),
@@ -270,14 +273,14 @@ def fmt_ratio(value: float, percent: bool) -> str:
 
 def ratio_cell(key: str, comparisons: list[dict[str, Any]]) -> str:
     """The ratio column of one configuration's row."""
-    for comp, vals in zip(COMPARISONS, comparisons, strict=True):
-        if key == comp.denominator:
+    for vals in comparisons:
+        if key == vals["denominator"]:
             return "baseline"
-        if key == comp.numerator:
-            f = comp.percent
+        if key == vals["numerator"]:
+            f = vals["percent"]
             return (
-                f"{comp.name} = **{fmt_ratio(vals['value'], f)}** (rounds {fmt_ratio(vals['min'], f)}–"
-                f"{fmt_ratio(vals['max'], f)}; target ≥ {fmt_ratio(comp.target, f)}: "
+                f"{vals['name']} = **{fmt_ratio(vals['value'], f)}** (rounds {fmt_ratio(vals['min'], f)}–"
+                f"{fmt_ratio(vals['max'], f)}; target ≥ {fmt_ratio(vals['target'], f)}: "
                 f"{'met' if vals['met'] else 'NOT met'})"
             )
     return ""
@@ -338,8 +341,6 @@ def parse_args(
     """The flags of a throughput benchmark (this one's, or another's: ``description`` and ``extend``
     add its own). Exits 2 through argparse on bad input."""
     p = argparse.ArgumentParser(description=description or (__doc__.split("\n\n")[0] if __doc__ else None))
-    if extend is not None:
-        extend(p)
     p.add_argument(
         "--steps", type=int, default=40, help="measured steps per run, after warm-up (default: 40)"
     )
@@ -359,6 +360,8 @@ def parse_args(
     )
     add_run_flags(p, timeout_s=900.0, quiet_wait_s=20.0)
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the Markdown table")
+    if extend is not None:  # last: its set_defaults must override the defaults above
+        extend(p)
     args = p.parse_args(argv)
     if min(args.steps, args.warmup_steps, args.log_interval, args.repeats, args.threads) < 1:
         p.error("--steps, --warmup-steps, --log-interval, --repeats and --threads must be >= 1")
