@@ -96,6 +96,16 @@ def terminate(procs: list[psutil.Process], grace_s: float) -> list[psutil.Proces
     return alive
 
 
+def kill_tree(pid: int) -> None:
+    """End ``pid`` and every descendant now: SIGTERM, then SIGKILL at once (a hung node's ranks, once
+    their stacks are taken: a stopped process never acts on the SIGTERM)."""
+    try:
+        root = psutil.Process(pid)
+        terminate([root, *root.children(recursive=True)], 0.0)
+    except psutil.NoSuchProcess:
+        pass
+
+
 def sweep(job_id: str, grace_s: float = 2.0) -> int:
     """Stop every remaining process of ``job_id`` (SIGTERM, then SIGKILL). Returns how many there were."""
     procs = job_processes(job_id)

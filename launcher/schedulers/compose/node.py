@@ -26,8 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from launcher.job.hang import EXIT_HANG, add_watch_flags, heartbeat_dir, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
 from launcher.preflight.probe import collect
@@ -71,7 +69,7 @@ def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_
     code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
     if hang is None:
         return code if code >= 0 else 128 - code
-    procs.terminate([psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)], 0.0)
+    procs.kill_tree(child.pid)
     child.wait()
     os.write(sys.stdout.fileno(), (hang.line() + "\n").encode())  # one write: one line in the node log
     return EXIT_HANG

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import psutil
-
 from launcher.job.hang import EXIT_HANG, HangReport, heartbeat_dir, read_reports
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, wait_watching
@@ -89,7 +87,7 @@ class NodeTask:
         """After this node's stacks are taken: its report in its log, its ranks ended. The other nodes'
         watchdogs report too: srun ends every task once one fails, so wait (a bound) for their reports
         in the shared job record before failing."""
-        procs.terminate([psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)], 0.0)
+        procs.kill_tree(agent.pid)
         agent.wait()
         with open(log_path, "a") as log:
             log.write(hang.line() + "\n")
