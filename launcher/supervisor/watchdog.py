@@ -48,6 +48,7 @@ COLLECTIVES = frozenset(
     ]
 )
 _FRAME = re.compile(r"^\s+(?P<name>[\w<>.]+) \((?P<file>[^:()]+):\d+\)")
+_NATIVE = re.compile(r"^\s+(?P<name>\S.*) \((?P<file>[^()]+\.so[.\d]*)\)$")  # `--native`: no line
 
 
 def py_spy_dump(pid: int) -> str:
@@ -59,7 +60,8 @@ def py_spy_dump(pid: int) -> str:
     if exe is None:
         return "no stack: py-spy is not installed on this host (pip install py-spy)"
     errors, sample = [], ""
-    for extra in ([], *[["--nonblocking"]] * NONBLOCKING_TRIES):
+    # Last, --native: where no Python frame shows (a rank spinning in C++), the C++ stack still names it.
+    for extra in ([], *[["--nonblocking"]] * NONBLOCKING_TRIES, ["--native"]):
         argv = [exe, "dump", "--pid", str(pid), *extra]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S)
@@ -74,9 +76,12 @@ def py_spy_dump(pid: int) -> str:
 
 
 def _main_frames(stack: str) -> list[tuple[str, str]]:
-    """(function, file) of the main thread's frames in a py-spy dump, innermost first."""
+    """(function, file or library) of the main thread's frames in a py-spy dump (Python frames, and
+    C/C++ ones from ``--native``), innermost first."""
     main = stack.split('"MainThread"', 1)[1] if '"MainThread"' in stack else ""
-    frames = (_FRAME.match(line) for line in main.split("\nThread ", 1)[0].splitlines())
+    frames = (
+        _FRAME.match(line) or _NATIVE.match(line) for line in main.split("\nThread ", 1)[0].splitlines()
+    )
     return [(f["name"], f["file"]) for f in frames if f is not None]
 
 
@@ -86,8 +91,12 @@ def waits_in(stack: str) -> str | None:
     for name, file in _main_frames(stack):
         if name in COLLECTIVES and "torch/distributed" in file:
             return name
-        if name in ("backward", "run_backward") and "torch/" in file:
+        if (
+            name in ("backward", "run_backward") and "torch/" in file
+        ) or "Reducer::finalize_backward" in name:
             return "backward (DDP's gradient all_reduce)"
+        if name.startswith(("c10d::", "gloo::")) and "libtorch" in file:
+            return f"a collective ({name.split('(')[0]})"
     return None
 
 

@@ -75,6 +75,16 @@ def test_the_collective_is_read_from_the_main_threads_innermost_torch_distribute
     ddp = 'Thread 1 (idle): "MainThread"\n    backward (torch/autograd/__init__.py:395)\n    step (a.py:1)\n'
     assert waits_in(ddp) == "backward (DDP's gradient all_reduce)"
     assert waits_in("no stack: the process is gone") is None
+    native = (  # `py-spy dump --native` of a rank waiting for its peer's gradients (torch 2.13, CPU)
+        'Thread 1506 (idle): "MainThread"\n    0x7fb7d90a3f16 (libc.so.6)\n'
+        "    pthread_cond_wait (libc.so.6)\n"
+        "    c10d::Reducer::finalize_backward (libtorch_cpu.so)\n"
+        "    torch::autograd::Engine::thread_main (libtorch_cpu.so)\n"
+        "    _engine_run_backward (torch/autograd/graph.py:979)\n"
+    )
+    assert waits_in(native) == "backward (DDP's gradient all_reduce)"
+    spinning = 'Thread 9 (active+gil): "MainThread"\n    gloo::transport::tcp::Pair::recv (libtorch_cpu.so)\n'
+    assert waits_in(spinning) == "a collective (gloo::transport::tcp::Pair::recv)"
 
 
 def _rank(rank: int, host: str, state: str, waits: str | None, step: int = 1233) -> RankReport:
