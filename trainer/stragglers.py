@@ -96,7 +96,6 @@ class StragglerWatch:
 
     def __init__(self, device: torch.device, rank: int, world_size: int, enabled: bool = True) -> None:
         self.clock = ComputeClock(device, enabled)
-        self.enabled = enabled
         self.device, self.rank, self.world_size = device, rank, world_size
         self._verdict = Stragglers(world_size)
         self._places: list[tuple[int, str]] | None = None
@@ -106,7 +105,7 @@ class StragglerWatch:
         """At a log interval (every rank, collective): share the compute times and return the
         stragglers as records ``{"rank", "node", "host", "ratio"}`` (empty when there are none or the
         check is off, which costs no collective)."""
-        if not self.enabled:
+        if not self.clock.enabled:
             return []
         found = self._verdict.update(share(self.clock.take(), self.rank, self.world_size, self.device))
         self.named = {s.rank: s.ratio for s in found}

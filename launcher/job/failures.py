@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.job.hang import HangReport, hang_message, write_stacks
+from launcher.job.logs import log_end
 from launcher.job.plan import Plan
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
@@ -80,10 +81,7 @@ def worker_deaths(record: JobRecord, nnodes: int) -> list[WorkerDeath]:
     by node."""
     found = []
     for node in range(nnodes):
-        log = record.node_log(node)
-        if not log.is_file():
-            continue
-        for rank, local_rank, code in _SUMMARY.findall(log.read_text(errors="replace")):
+        for rank, local_rank, code in _SUMMARY.findall(log_end(record.node_log(node))):
             if int(code) < 0:
                 found.append(WorkerDeath(node, int(rank), int(local_rank), -int(code)))
     return list(dict.fromkeys(found))  # the summary repeats the root cause: once each
@@ -92,10 +90,8 @@ def worker_deaths(record: JobRecord, nnodes: int) -> list[WorkerDeath]:
 def _global_rank(log: Path, local_rank: int) -> int | None:
     """The global rank of ``local_rank`` on a node, from torchrun's failure summary in the node log
     (``rank      : 3 (local_rank: 1)``)."""
-    if not log.is_file():
-        return None
     pattern = re.compile(rf"rank\s*:\s*(\d+)\s*\(local_rank:\s*{local_rank}\)")
-    matches = pattern.findall(log.read_text(errors="replace"))
+    matches = pattern.findall(log_end(log))
     return int(matches[-1]) if matches else None
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from launcher.job.logs import log_end
 from trainer.contract import Beat
 
 FLOOR_S = 120.0  # the automatic step budget is never below this
@@ -179,11 +180,7 @@ def read_reports(logs: list[Path], since: float = 0.0) -> list[HangReport]:
     seconds: a requeued job's node logs hold its earlier runs too)."""
     found = []
     for log in logs:
-        try:
-            lines = _LINE.findall(log.read_text(errors="replace"))
-        except OSError:
-            continue
-        for text in reversed(lines):
+        for text in reversed(_LINE.findall(log_end(log))):
             try:
                 report = HangReport.model_validate_json(text)
             except ValidationError:

@@ -9,6 +9,18 @@ from pathlib import Path
 from typing import TextIO
 
 POLL_S = 0.1  # how often followed files are read again when nothing new came
+END_BYTES = 8 << 20  # what end-of-job readers look at: a days-long run's node log can be gigabytes
+
+
+def log_end(path: Path, max_bytes: int = END_BYTES) -> str:
+    """The last ``max_bytes`` bytes of ``path`` as text (where torchrun's failure summary and a hang
+    report are: the end of a node log), "" when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda: False) -> Iterator[str]:

@@ -13,13 +13,15 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from launcher.job.hang import HangReport, HangSpec, RankReport, stalled
+from launcher.job.hang import EXIT_HANG, HangReport, HangSpec, RankReport, stalled
 from launcher.job.plan import Plan
+from launcher.supervisor import procs
 from trainer.contract import HEARTBEAT_DIR_ENV, Beat, read_beats
 
 DUMP_TIMEOUT_S = 30.0
@@ -180,6 +182,16 @@ class NodeWatch:
 
     def watchdog(self, node: int, host: str, heartbeat_dir: Path) -> Watchdog:
         return Watchdog([WatchedNode(node, host, heartbeat_dir, self.nproc)], self.spec)
+
+
+def end_hung(child: subprocess.Popen[bytes], hang: HangReport, write: Callable[[bytes], object]) -> int:
+    """After a node's watchdog took its ranks' stacks: end ``child``'s tree now (a stopped rank never
+    acts on SIGTERM), then hand ``write`` the report as one line (one write: one line in a shared log).
+    Returns EXIT_HANG, the node's exit code."""
+    procs.kill_tree(child.pid)
+    child.wait()
+    write((hang.line() + "\n").encode())
+    return EXIT_HANG
 
 
 def wait_watching(child: subprocess.Popen[bytes], watchdog: Watchdog | None) -> tuple[int, HangReport | None]:

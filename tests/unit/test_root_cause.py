@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.job.failures import is_peer_error, root_cause, worker_deaths
+from launcher.job.logs import log_end
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
@@ -90,3 +91,10 @@ def test_with_only_peer_errors_the_earliest_is_named(record: JobRecord) -> None:
 )
 def test_peer_errors_are_told_from_causes(message: str, peer: bool) -> None:
     assert is_peer_error(message) is peer
+
+
+def test_end_of_job_readers_look_only_at_the_end_of_a_long_node_log(tmp_path: Path) -> None:
+    log = tmp_path / "node-1.log"
+    log.write_text("[rank1]: step\n" * 100_000 + SUMMARY)  # ~1.5 MB of training output, then the summary
+    assert log_end(log, len(SUMMARY)) == SUMMARY
+    assert log_end(tmp_path / "missing.log") == ""

@@ -37,7 +37,9 @@ def test_the_clock_times_only_what_runs_inside_forward() -> None:
         time.sleep(0.05)  # outside: a backward that waits for a slow peer
         clock.step_done()
     mean = clock.take()
-    assert 0.02 <= mean < 0.05, mean
+    # At least the 0.02 s inside; below 0.02 + 0.05, which counting the time outside would reach
+    # (a loaded machine only lengthens each sleep, so the bound holds whatever the overshoot inside).
+    assert 0.02 <= mean < 0.07, mean
     assert clock.take() == 0.0  # a new interval, no step yet
 
 

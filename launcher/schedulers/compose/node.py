@@ -26,12 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.job.hang import EXIT_HANG, add_watch_flags, heartbeat_dir, watch_of
+from launcher.job.hang import add_watch_flags, heartbeat_dir, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
 from launcher.preflight.probe import collect
-from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 from trainer.contract import EXIT_FAILED, HEARTBEAT_DIR_ENV, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
@@ -69,10 +68,7 @@ def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_
     code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
     if hang is None:
         return code if code >= 0 else 128 - code
-    procs.kill_tree(child.pid)
-    child.wait()
-    os.write(sys.stdout.fileno(), (hang.line() + "\n").encode())  # one write: one line in the node log
-    return EXIT_HANG
+    return end_hung(child, hang, lambda line: os.write(sys.stdout.fileno(), line))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from launcher.job.hang import EXIT_HANG, HangReport, heartbeat_dir, read_reports
-from launcher.supervisor import procs
-from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 from trainer.contract import (
     EXIT_CHECKPOINTED,
     EXIT_FAILED,
@@ -87,10 +86,8 @@ class NodeTask:
         """After this node's stacks are taken: its report in its log, its ranks ended. The other nodes'
         watchdogs report too: srun ends every task once one fails, so wait (a bound) for their reports
         in the shared job record before failing."""
-        procs.kill_tree(agent.pid)
-        agent.wait()
-        with open(log_path, "a") as log:
-            log.write(hang.line() + "\n")
+        with open(log_path, "ab") as log:
+            end_hung(agent, hang, log.write)
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
         logs = [Path(self.job_dir) / f"node-{k}.log" for k in range(nnodes)]
         deadline = time.monotonic() + HANG_REPORTS_S

@@ -40,11 +40,11 @@ from types import FrameType
 
 import psutil
 
-from launcher.job.hang import EXIT_HANG, HangReport, add_watch_flags, watch_of
+from launcher.job.hang import add_watch_flags, watch_of
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch, wait_watching
+from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_ENV
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
@@ -102,12 +102,9 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     pump.start()
     code, hang = wait_watching(child, watchdog)
     if hang is not None:  # the stacks are taken: end the node's ranks now, then say why
-        procs.terminate(me.children(recursive=True), 0.0)
-        child.wait()
-        pump.join(timeout=5)
-        _report(hang, log_file)
-        exit_file.write_text(str(EXIT_HANG))
-        return EXIT_HANG
+        code = end_hung(child, hang, lambda line: _report(line, log_file, pump))
+        exit_file.write_text(str(code))
+        return code
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
     # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans must
@@ -119,9 +116,10 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     return code
 
 
-def _report(hang: HangReport, log_file: Path) -> None:
-    """The hang report as one line, to the host log and (while it holds) the launcher's connection."""
-    line = (hang.line() + "\n").encode()
+def _report(line: bytes, log_file: Path, pump: threading.Thread) -> None:
+    """The hang report's line, after the last of ARGV's output: to the host log and (while it holds)
+    the launcher's connection."""
+    pump.join(timeout=5)
     with open(log_file, "ab") as log:
         log.write(line)
     with contextlib.suppress(OSError):
