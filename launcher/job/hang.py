@@ -143,6 +143,7 @@ class RankReport(BaseModel):
     phase: str
     state: str  # psutil's status (running, sleeping, stopped, disk-sleep, ...) or "gone"
     waits_in: str | None  # the collective its main thread is blocked in, if any
+    python_frames: int = 0  # of its main thread in the stack (0: caught in C/C++, nothing to read)
     stack: str  # py-spy's dump, or why there is none
 
     @property
@@ -150,9 +151,9 @@ class RankReport(BaseModel):
         """Why this rank is suspect, or None when it waits in a collective like a healthy peer."""
         if self.state in _SUSPECT_STATES:
             return _SUSPECT_STATES[self.state]
-        if self.waits_in is None:
+        if self.waits_in is None and self.python_frames:
             return f"is not in a collective ({self.phase} phase, step {self.step})"
-        return None
+        return None  # waits in a collective, or its stack tells nothing either way
 
     def describe(self) -> str:
         return f"rank {self.rank} (node {self.node}, {self.host})"
@@ -236,7 +237,12 @@ def hang_message(report: HangReport, stacks_dir: Path) -> str:
     for r in report.ranks:
         if r.suspect is None and r.waits_in is not None:
             waiting.setdefault(r.waits_in, []).append(r.rank)
+    unread = [r.rank for r in report.ranks if r.suspect is None and r.waits_in is None]
     parts = [*suspects, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
+    if unread:
+        parts.append(
+            f"no frame readable for rank{'s' if len(unread) > 1 else ''} {', '.join(map(str, unread))}"
+        )
     return (
         f"hang: no progress for {report.silent_s:.0f} s (budget {report.budget_s:.0f} s) at step "
         f"{report.step:,}: " + "; ".join(parts or ["no rank stands out"]) + f"; stacks in {stacks_dir}/"

@@ -123,6 +123,7 @@ def inspect(beat: Beat, node: int, host: str) -> RankReport:
         phase=beat.phase,
         state=state,
         waits_in=waits_in(stack),
+        python_frames=sum(file.endswith(".py") for _, file in _main_frames(stack)),
         stack=stack,
     )
 

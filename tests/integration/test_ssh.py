@@ -317,6 +317,6 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     # Python frame. Here: the suspect, and a stack taken of every rank on its own host.
     stacks = {p.name: p.read_text() for p in (jobs / job / "hang").iterdir()}
     assert sorted(stacks) == ["node0-rank0.txt", "node1-rank1.txt"]
-    assert all('"MainThread"' in text for text in stacks.values()), stacks
+    assert all(text.count("Process ") >= 1 and "Python v" in text for text in stacks.values()), stacks
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")

@@ -88,8 +88,9 @@ def test_the_collective_is_read_from_the_main_threads_innermost_torch_distribute
 
 
 def _rank(rank: int, host: str, state: str, waits: str | None, step: int = 1233) -> RankReport:
+    stack = PY_SPY if waits else ""
     return RankReport(rank=rank, local_rank=0, pid=100 + rank, node=rank, host=host, step=step, phase="step",
-                      state=state, waits_in=waits, stack=PY_SPY if waits else "")  # fmt: skip
+                      state=state, waits_in=waits, stack=stack, python_frames=3)  # fmt: skip
 
 
 def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Path) -> None:
@@ -106,6 +107,22 @@ def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Pa
         "hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is stopped "
         "(SIGSTOP?); rank 3 (node 3, gl-h4) is in uninterruptible sleep (state D: I/O, a driver); "
         f"ranks 0, 2 wait in all_reduce; stacks in {tmp_path / 'hang'}/"
+    )
+
+
+def test_a_rank_whose_stack_shows_no_python_frame_is_not_made_a_suspect(tmp_path: Path) -> None:
+    spinning = _rank(0, "gl-h1", "running", None).model_copy(update={"python_frames": 0})
+    busy = _rank(2, "gl-h3", "running", None)  # Python frames, none of them a collective
+    report = HangReport(
+        silent_s=31, budget_s=30, step=9, ranks=[spinning, _rank(1, "gl-h2", "stopped", None), busy]
+    )
+    message = hang_message(report, tmp_path)
+    assert (
+        spinning.suspect is None and "rank 0 (" not in message and "no frame readable for rank 0" in message
+    )
+    assert (
+        "rank 1 (node 1, gl-h2) is stopped" in message
+        and "rank 2 (node 2, gl-h3) is not in a collective" in message
     )
 
 
