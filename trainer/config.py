@@ -141,7 +141,7 @@ class TrainConfig(BaseModel):
     straggler_check: bool = Field(
         True,
         description="at each log interval, share every rank's own compute time (one small all-reduce) and "
-        "name a rank slower than 1.25× the median for 3 intervals in a row",
+        "name a rank slower than 1.25× the median of the other ranks for 3 intervals in a row",
     )
     resume: str = Field(
         "auto", description="auto (newest checkpoint in the run dir), never, or a checkpoint path"

@@ -4,8 +4,8 @@ Each rank times its forward passes (``ComputeClock``): DDP's forward holds no co
 model has no buffers to broadcast), so this is the rank's own compute, not time spent waiting for a
 slow peer, which every rank's whole step includes. At each log interval the ranks share their mean
 per step with one small all-reduce (``share``: a vector with one slot per rank; nothing per step).
-A rank slower than ``THRESHOLD`` × the median for ``INTERVALS`` intervals in a row is a straggler
-(``Stragglers``); every rank computes the same verdict from the same numbers.
+A rank slower than ``THRESHOLD`` × the median of the other ranks for ``INTERVALS`` intervals in a
+row is a straggler (``Stragglers``); every rank computes the same verdict from the same numbers.
 """
 
 from __future__ import annotations
@@ -83,10 +83,15 @@ class Stragglers:
 
     def update(self, seconds: list[float]) -> list[Straggler]:
         """Feed one interval's per-rank compute seconds; return the stragglers now named."""
-        median = statistics.median(seconds)
-        if median <= 0:
+        # Against the median of the *other* ranks: a slow rank does not pull its own baseline up (with two
+        # ranks the plain median is their mean, and a rank at half speed would show as only 1.33×).
+        others = [
+            statistics.median(seconds[:k] + seconds[k + 1 :]) if len(seconds) > 1 else s
+            for k, s in enumerate(seconds)
+        ]
+        if min(others) <= 0:
             return []
-        ratios = [s / median for s in seconds]
+        ratios = [s / m for s, m in zip(seconds, others, strict=True)]
         self._streak = [n + 1 if r > THRESHOLD else 0 for n, r in zip(self._streak, ratios, strict=True)]
         return [Straggler(k, ratios[k]) for k, n in enumerate(self._streak) if n >= INTERVALS]
 

@@ -14,14 +14,14 @@ def test_a_rank_is_named_after_three_slow_intervals_in_a_row_and_forgotten_when_
     slow = [1.0, 1.9, 1.0, 1.1]
     for _ in range(INTERVALS - 1):
         assert verdict.update(slow) == []
-    assert verdict.update(slow) == [Straggler(rank=1, ratio=1.9 / 1.05)]
+    assert verdict.update(slow) == [Straggler(rank=1, ratio=1.9 / 1.0)]  # the others' median: 1.0
     assert verdict.update([1.0, 1.0, 1.0, 1.0]) == []  # recovered: the streak starts over
     assert verdict.update(slow) == []
 
 
 def test_an_interrupted_streak_or_a_ratio_at_the_threshold_names_nobody() -> None:
     verdict = Stragglers(world_size=3)
-    at_threshold = [1.0, THRESHOLD, 1.0]  # median 1.0: exactly at the threshold is not slower
+    at_threshold = [1.0, THRESHOLD, 1.0]  # the others' median 1.0: exactly at the threshold is not slower
     for _ in range(INTERVALS + 2):
         assert verdict.update(at_threshold) == []
     for seconds in ([1.0, 2.0, 1.0], [1.0, 2.0, 1.0], [1.0, 1.1, 1.0], [1.0, 2.0, 1.0]):
