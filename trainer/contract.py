@@ -129,7 +129,8 @@ PHASES = ("startup", "step", "eval", "checkpoint")  # startup: until the first s
 class Beat:
     """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
     seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
-    steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``)."""
+    steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``); ``debug_socket``,
+    where torch's worker server answers for it (``trainer.flight_recorder``)."""
 
     rank: int
     local_rank: int
@@ -140,6 +141,7 @@ class Beat:
     time: float
     slowest_step_s: float = 0.0
     straggler_ratio: float | None = None  # its compute time over the median's, while it is a straggler
+    debug_socket: str | None = None  # its flight recorder's server (``trainer.flight_recorder``)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

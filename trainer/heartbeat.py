@@ -3,7 +3,7 @@ heartbeat directory (``GPTLAUNCH_HEARTBEAT_DIR``), replaced when the phase chang
 ``BEAT_INTERVAL_S`` while steps complete. Without that variable (bare torchrun) it does nothing.
 
 Cost: a check of the clock per step, and a file write at most twice a second: no collective, no
-fsync.
+fsync. Watched, the rank's flight recorder is on and served too (``trainer.flight_recorder``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainer import flight_recorder
 from trainer.contract import BEAT_INTERVAL_S, HEARTBEAT_DIR_ENV, Beat, write_beat
 from trainer.distributed import DistEnv
 
@@ -29,9 +30,11 @@ class Heartbeat:
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
         self._straggler: float | None = None
+        self._socket: str | None = None
         if directory is not None:
             with contextlib.suppress(OSError):
                 directory.mkdir(parents=True, exist_ok=True)
+            self._socket = flight_recorder.start(directory, env.rank)
         self._publish()
 
     @classmethod
@@ -82,6 +85,7 @@ class Heartbeat:
             time=now,
             slowest_step_s=max(self._recent, default=0.0),
             straggler_ratio=self._straggler,
+            debug_socket=self._socket,
         )
         try:
             write_beat(self.directory, beat)

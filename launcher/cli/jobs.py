@@ -102,7 +102,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
     st, plan = scheduler.state(record), record.plan()
     # Per node while it runs: step, heartbeat age, stall and stragglers (where the beats are readable).
-    nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, record.dir, time.time())
+    nodes = []
+    if not st.state.is_terminal:
+        nodes = node_progress(plan, record.spec().hang, scheduler.heartbeats(record), time.time())
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
         print(json.dumps({**st.model_dump(mode="json"), "nodes": nodes_json}, indent=2))

@@ -2,9 +2,10 @@
 
 One cause per failure, deduplicated across nodes, by what it says about the job rather than by time
 alone: an agent killed by a signal, then a lost host (the transport's explanation), then a worker
-killed by a signal (torchrun's failure summary in its node log: such a worker writes no error file),
-then a rank's own error, and last a peer's "connection closed / reset / timed out", which is what the
-healthy ranks see when another one dies. Within a class, the earliest wins. Worker errors come from
+killed by a signal (torchrun's failure summary in its node log) that wrote no error file, then a
+rank's own error (one that then died by a signal, e.g. SIGABRT at exit, is named by its error), and
+last a peer's "connection closed / reset / timed out", which is what the healthy ranks see when
+another one dies. Within a class, the earliest wins. Worker errors come from
 ``@record`` on the trainer's entry point: ``<log dir>/<run id>/attempt_<n>/<local rank>/error.json``.
 The peers' errors stay in the node logs.
 """
@@ -126,7 +127,9 @@ def root_cause(
             exit_code=exit_code,
             error=f"{transport_error}; see {record.node_log(failed_node)}",
         )
-    deaths = worker_deaths(record, nnodes)
+    # A worker that wrote its own error died of it (then, e.g., aborted at exit): that error tells more.
+    wrote = {(e.node_rank, e.local_rank) for e in errors}
+    deaths = [d for d in worker_deaths(record, nnodes) if (d.node_rank, d.local_rank) not in wrote]
     if deaths:
         first_death = deaths[0]
         return Failure(

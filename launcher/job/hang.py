@@ -11,7 +11,9 @@ A watchdog that is not the launcher's own process (the SSH host agent, SLURM's n
 container's entry) prints its ``HangReport`` as one ``GPTLAUNCH_HANG {json}`` line into its node log
 and exits ``EXIT_HANG``; the launcher reads the
 reports of every node from the logs (``read_reports``), keeps each rank's stack in the job record
-(``write_stacks``) and names the suspect (``hang_message``).
+(``write_stacks``) and names the suspect (``hang_message``): a rank stopped, in uninterruptible sleep
+or outside any collective, or one whose flight recorder shows it short of a collective the others
+reached (``Collective``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from launcher.job.logs import log_end
+from launcher.job.logs import END_BYTES, log_end
 from trainer.contract import Beat
 
 FLOOR_S = 120.0  # the automatic step budget is never below this
@@ -119,6 +121,9 @@ def stalled(spec: HangSpec, beats: list[Beat], expected: int, now: float) -> Sta
 
 
 HANG_MARKER = "GPTLAUNCH_HANG"
+# What is read of a node log while polling for reports: a report (every rank's stack) is tens of KB,
+# and after it the hung ranks write little.
+REPORT_TAIL = 1 << 20
 EXIT_HANG = 124  # a node's watchdog ended its ranks after reporting a hang (as `timeout` does)
 HANG_DIR = "hang"
 _SUSPECT_STATES = {
@@ -128,6 +133,19 @@ _SUSPECT_STATES = {
     "zombie": "has exited (a zombie)",
     "gone": "is gone",
 }
+
+
+class Collective(BaseModel):
+    """The last collective a rank's flight recorder holds (``launcher.supervisor.flight``)."""
+
+    model_config = ConfigDict(frozen=True)
+    pg: int  # the process group's id (0: the default group)
+    seq: int  # its sequence number within that group: the same on every rank for the same call
+    op: str  # e.g. gloo:all_reduce, nccl:all_reduce
+    done: bool
+
+    def describe(self) -> str:
+        return f"{self.op} #{self.seq}" + ("" if self.pg == 0 else f" of process group {self.pg}")
 
 
 class RankReport(BaseModel):
@@ -144,7 +162,8 @@ class RankReport(BaseModel):
     state: str  # psutil's status (running, sleeping, stopped, disk-sleep, ...) or "gone"
     waits_in: str | None  # the collective its main thread is blocked in, if any
     python_frames: int = 0  # of its main thread in the stack (0: caught in C/C++, nothing to read)
-    stack: str  # py-spy's dump, or why there is none
+    collective: Collective | None = None  # from its flight recorder, when it answered
+    stack: str  # py-spy's dump (and the flight recorder's last collectives), or why there is none
 
     @property
     def suspect(self) -> str | None:
@@ -176,12 +195,12 @@ class HangReport(BaseModel):
 _LINE = re.compile(rf"(?<!\w){HANG_MARKER} (\{{.*\}})\s*$", re.MULTILINE)
 
 
-def read_reports(logs: list[Path], since: float = 0.0) -> list[HangReport]:
+def read_reports(logs: list[Path], since: float = 0.0, tail: int = END_BYTES) -> list[HangReport]:
     """The last hang report in each of ``logs`` that has one found at or after ``since`` (epoch
-    seconds: a requeued job's node logs hold its earlier runs too)."""
+    seconds: a requeued job's node logs hold its earlier runs too), within its last ``tail`` bytes."""
     found = []
     for log in logs:
-        for text in reversed(_LINE.findall(log_end(log))):
+        for text in reversed(_LINE.findall(log_end(log, tail))):
             try:
                 report = HangReport.model_validate_json(text)
             except ValidationError:
@@ -222,6 +241,25 @@ def write_stacks(job_dir: Path, report: HangReport) -> Path:
     return out
 
 
+def behind(ranks: list[RankReport]) -> dict[int, str]:
+    """Ranks whose flight recorder holds an earlier collective of a process group than another
+    rank's (a collective the others entered and this one never called), with why; by rank."""
+    found = {}
+    for r in ranks:
+        if r.collective is None:
+            continue
+        mine = r.collective
+        ahead = [
+            o.collective
+            for o in ranks
+            if o.collective is not None and o.collective.pg == mine.pg and o.collective.seq > mine.seq
+        ]
+        if ahead:
+            top = max(ahead, key=lambda c: c.seq)
+            found[r.rank] = f"is behind: its last collective is #{mine.seq}, others are in {top.describe()}"
+    return found
+
+
 def _waiting(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]} waits"
@@ -232,12 +270,14 @@ def hang_message(report: HangReport, stacks_dir: Path) -> str:
     """One line: how long, at which step, the suspects and what the others wait in, where the stacks
     are. E.g. ``hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is
     stopped (SIGSTOP?); ranks 0, 2, 3 wait in all_reduce; stacks in JOB/hang/``."""
-    suspects = [f"{r.describe()} {r.suspect}" for r in report.ranks if r.suspect]
+    late = behind(report.ranks)
+    why = {r.rank: r.suspect or late.get(r.rank) for r in report.ranks}
+    suspects = [f"{r.describe()} {why[r.rank]}" for r in report.ranks if why[r.rank]]
     waiting: dict[str, list[int]] = {}
     for r in report.ranks:
-        if r.suspect is None and r.waits_in is not None:
+        if why[r.rank] is None and r.waits_in is not None:
             waiting.setdefault(r.waits_in, []).append(r.rank)
-    unread = [r.rank for r in report.ranks if r.suspect is None and r.waits_in is None]
+    unread = [r.rank for r in report.ranks if why[r.rank] is None and r.waits_in is None]
     parts = [*suspects, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
     if unread:
         parts.append(

@@ -1,5 +1,6 @@
 """Where a running job's nodes are, from their ranks' heartbeats (``trainer.contract.Beat``): for
-``launcher status``. Only nodes whose heartbeats are in the job record are reported."""
+``launcher status``. Each scheduler finds the beats (``Scheduler.heartbeats``): in the job record
+(``recorded_beats``: local, SLURM, compose) or on the hosts (SSH)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
-from trainer.contract import read_beats
+from trainer.contract import Beat, read_beats
 
 
 class NodeProgress(BaseModel):
@@ -35,12 +36,19 @@ class NodeProgress(BaseModel):
         return text
 
 
-def node_progress(plan: Plan, hang: HangSpec, job_dir: Path, now: float) -> list[NodeProgress]:
-    """Each node's progress whose heartbeats are readable here: in the job record (``heartbeat_dir``:
-    local, SLURM, compose), not on an SSH host. ``now``: epoch seconds."""
+def recorded_beats(plan: Plan, job_dir: Path) -> dict[int, list[Beat]]:
+    """Each node's beats in the job record (``heartbeat_dir``), by node_rank."""
+    return {n.node_rank: read_beats(heartbeat_dir(job_dir, n.node_rank)) for n in plan.nodes}
+
+
+def node_progress(
+    plan: Plan, hang: HangSpec, beats_of: dict[int, list[Beat]], now: float
+) -> list[NodeProgress]:
+    """The progress of each node of ``plan`` with beats in ``beats_of`` (by node_rank). ``now``:
+    epoch seconds."""
     found = []
     for node in plan.nodes:
-        beats = read_beats(heartbeat_dir(job_dir, node.node_rank))
+        beats = beats_of.get(node.node_rank, [])
         if not beats:
             continue
         last = max(beats, key=lambda b: b.time)

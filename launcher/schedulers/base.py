@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from launcher.job.plan import Facts, Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
+from trainer.contract import Beat
 
 FactsT = TypeVar("FactsT", bound=Facts)
 
@@ -55,6 +56,11 @@ class Scheduler(Protocol[FactsT]):
 
     def state(self, record: JobRecord) -> JobStatus:
         """The job's status now; a terminal status never changes again."""
+        ...
+
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        """The latest beat of each rank of the running job (``trainer.contract.Beat``), by node_rank,
+        where they can be read; a node that cannot be reached is left out."""
         ...
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:

@@ -19,10 +19,11 @@ from pathlib import Path
 from launcher.job.failures import stop_outcome
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.plan import Plan
+from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcome
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, Transport, start_supervisor
-from trainer.contract import EXIT_FAILED, read_stop_marker
+from trainer.contract import EXIT_FAILED, Beat, read_stop_marker
 
 
 class SupervisedScheduler(ABC):
@@ -42,6 +43,10 @@ class SupervisedScheduler(ABC):
     def sweep(self, record: JobRecord, grace_s: float) -> None:
         """Stop every process of the job: SIGTERM, SIGKILL after ``grace_s`` seconds."""
         procs.sweep(record.job_id, grace_s)
+
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        """From the job record, where the nodes' ranks write them."""
+        return recorded_beats(record.plan(), record.dir)
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         return start_supervisor(plan, record, self.transport(plan, record), detach=detach)

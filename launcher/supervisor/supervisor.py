@@ -27,7 +27,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
-from launcher.job.hang import EXIT_HANG, merge, read_reports
+from launcher.job.hang import EXIT_HANG, REPORT_TAIL, merge, read_reports
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
 from launcher.preflight.parity_step import read_failure
@@ -38,6 +38,7 @@ from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
 HANG_REPORTS_S = 30.0  # after one node reports a hang, how long the others get to report theirs
+REPORT_READ_S = 1.0  # how often the node logs are read for hang reports
 
 
 class SupervisorHandle(BaseModel):
@@ -242,6 +243,10 @@ class _Watch:
         self.job, self.stop = job, stop
         self.stop_at: float | None = None
         self.stop_asked = 0.0  # wall-clock time of the stop request
+        # Nodes that watch themselves (SSH, compose) report a hang in their logs and hold their ranks.
+        self.node_watched = job.record.spec().hang.enabled and not job.watchdog.nodes
+        self.next_read = 0.0
+        self.first_report: float | None = None
 
     def run(self) -> Outcome:
         job = self.job
@@ -261,7 +266,28 @@ class _Watch:
                 return self._failed(first, codes[first])
             elif (hang := job.watchdog.check()) is not None:
                 return hang_outcome(job.record.dir, hang)
+            elif self.node_watched and (outcome := self._node_reports()) is not None:
+                return outcome
             time.sleep(POLL_S)
+
+    def _node_reports(self) -> Outcome | None:
+        """The hang the nodes' own watchdogs report (read every REPORT_READ_S): once every node has
+        reported, or HANG_REPORTS_S after the first, the job ends as a hang (which releases the ranks
+        the nodes hold for each other's dumps)."""
+        job = self.job
+        if time.monotonic() < self.next_read:
+            return None
+        self.next_read = time.monotonic() + REPORT_READ_S
+        logs = [job.record.dir / n.log for n in job.plan.nodes]
+        reports = read_reports(logs, since=job.started, tail=REPORT_TAIL)
+        if not reports:
+            return None
+        self.first_report = self.first_report or time.monotonic()
+        if len(reports) < job.plan.nnodes and time.monotonic() - self.first_report < HANG_REPORTS_S:
+            return None
+        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
+        return hang_outcome(job.record.dir, merge(reports, hosts))
 
     def _begin_stop(self) -> None:
         self.stop_at, self.stop_asked = time.monotonic(), time.time()

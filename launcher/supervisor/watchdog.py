@@ -1,6 +1,7 @@
 """The hang watchdog's eyes on the processes, once ``launcher.job.hang`` finds the ranks stalled:
 before anything is killed, each rank's state (psutil) and Python stack (``py-spy dump``;
-``--nonblocking`` where a stopped process refuses the default mode), and the collective it waits in.
+``--nonblocking`` where a stopped process refuses the default mode), the collective it waits in, and
+its flight recorder's last collectives (``launcher.supervisor.flight``).
 
 ``Watchdog`` watches heartbeat directories on this machine: the local scheduler's supervisor gives it
 every node's, the SSH host agent its own node's.
@@ -19,12 +20,15 @@ from pathlib import Path
 
 import psutil
 
-from launcher.job.hang import EXIT_HANG, HangReport, HangSpec, RankReport, stalled
+from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
 from launcher.job.plan import Plan
-from launcher.supervisor import procs
+from launcher.supervisor import flight, procs
 from trainer.contract import HEARTBEAT_DIR_ENV, Beat, read_beats
 
 DUMP_TIMEOUT_S = 30.0
+# How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past
+# the launcher's wait for every node's report (``launcher.supervisor.supervisor.HANG_REPORTS_S``).
+HOLD_S = 60.0
 NONBLOCKING_TRIES = 5
 POLL_S = 1.0
 # torch.distributed's Python entry points a blocked rank sits in.
@@ -109,10 +113,31 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+_CANNOT_ANSWER = ("stopped", "tracing-stop", "zombie", "gone")
+
+
+def recorder(beat: Beat, state: str) -> tuple[Collective | None, str]:
+    """The last collective in the flight recorder of ``beat``'s rank, and its last few as text for
+    the stack file (where the rank serves none, or cannot answer: why not)."""
+    if beat.debug_socket is None:
+        return None, "not served (the rank predates it, or its torch has no worker server)"
+    if state in _CANNOT_ANSWER:
+        return None, f"not asked (the process is {state})"
+    trace = flight.fetch(beat.debug_socket)
+    if isinstance(trace, str):
+        return None, trace
+    return flight.last_collective(trace), "the last collectives:\n" + flight.describe(trace)
+
+
 def inspect(beat: Beat, node: int, host: str) -> RankReport:
-    """The rank of ``beat`` (a process on this machine): its state, then its stack."""
+    """The rank of ``beat`` (a process on this machine): its state, its stack, its flight recorder."""
     state = _state(beat.pid)
     stack = py_spy_dump(beat.pid) if state != "gone" else "no stack: the process is gone"
+    collective, recorded = recorder(beat, state)
+    python_frames = sum(file.endswith(".py") for _, file in _main_frames(stack))
+    waits = waits_in(stack)
+    if waits is None and not python_frames and collective is not None and not collective.done:
+        waits = collective.describe()  # no Python frame to read: what its recorder says it waits in
     return RankReport(
         rank=beat.rank,
         local_rank=beat.local_rank,
@@ -122,9 +147,10 @@ def inspect(beat: Beat, node: int, host: str) -> RankReport:
         step=beat.step,
         phase=beat.phase,
         state=state,
-        waits_in=waits_in(stack),
-        python_frames=sum(file.endswith(".py") for _, file in _main_frames(stack)),
-        stack=stack,
+        waits_in=waits,
+        python_frames=python_frames,
+        collective=collective,
+        stack=f"{stack}\n\nFlight recorder: {recorded}\n",
     )
 
 
@@ -185,13 +211,24 @@ class NodeWatch:
         return Watchdog([WatchedNode(node, host, heartbeat_dir, self.nproc)], self.spec)
 
 
-def end_hung(child: subprocess.Popen[bytes], hang: HangReport, write: Callable[[bytes], object]) -> int:
-    """After a node's watchdog took its ranks' stacks: end ``child``'s tree now (a stopped rank never
-    acts on SIGTERM), then hand ``write`` the report as one line (one write: one line in a shared log).
-    Returns EXIT_HANG, the node's exit code."""
+def end_hung(
+    child: subprocess.Popen[bytes],
+    hang: HangReport,
+    write: Callable[[bytes], object],
+    released: Callable[[], bool],
+    hold_s: float = HOLD_S,
+) -> int:
+    """After a node's watchdog took its ranks' stacks: hand ``write`` the report as one line (one
+    write: one line in a shared log), then keep the ranks as they are until ``released()`` (every
+    node has reported, or the launcher ends the job) or ``hold_s`` seconds: killed now, they would
+    wake their peers on other nodes with a connection error before those nodes' watchdogs took their
+    stacks. Then end ``child``'s tree (a stopped rank never acts on SIGTERM). Returns EXIT_HANG."""
+    write((hang.line() + "\n").encode())
+    deadline = time.monotonic() + hold_s
+    while child.poll() is None and not released() and time.monotonic() < deadline:
+        time.sleep(POLL_S / 4)
     procs.kill_tree(child.pid)
     child.wait()
-    write((hang.line() + "\n").encode())
     return EXIT_HANG
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.integration.conftest import (
     FAST,
     TAG,
@@ -127,6 +129,33 @@ def test_a_killed_container_ends_the_job_everywhere(
     assert status["state"] == "failed" and status["failure"]["node_rank"] == 1
 
 
+def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    with attached(engine, jobs, run_dir, prepared_data) as (submit, job):
+        (rank1,) = [p for p in processes_of(job) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+        node = _node_of(rank1)
+        rank1.kill()  # the container's processes are this machine's
+        _, err = submit.communicate(timeout=120)
+    assert submit.returncode == 1, err[-3000:]
+    assert f"node {node}, rank 1" in err and "killed by SIGKILL" in err, err[-3000:]
+    failure = json.loads((jobs / job / "status.json").read_text())["failure"]
+    assert (failure["node_rank"], failure["rank"]) == (node, 1) and "SIGKILL" in failure["error"], failure
+    assert left_of(engine, job) == ("", "")
+
+
+def _node_of(rank: psutil.Process) -> int:
+    """The job's node (not torchrun's group rank, which is the order of joining) a rank runs on: its
+    heartbeat directory is ``JOB/heartbeat/node-<k>``."""
+    return int(rank.environ()["GPTLAUNCH_HEARTBEAT_DIR"].rsplit("-", 1)[1])
+
+
+def _is_rank(cmdline: list[str]) -> bool:
+    """A training process (torchrun's worker), not the torchrun agent that started it."""
+    return "trainer.cli" in cmdline and "torch.distributed.run" not in cmdline
+
+
 def test_a_detached_job_is_followed_and_cancelled_like_any_other(
     engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
 ) -> None:
@@ -222,11 +251,7 @@ def test_a_stopped_rank_is_a_hang_named_by_the_container_entry(
         600,
         "step 3",
     )
-    (rank1,) = [
-        p for p in processes_of(job)
-        if "trainer.cli" in p.cmdline() and "torch.distributed.run" not in p.cmdline()
-        and p.environ().get("RANK") == "1"
-    ]  # fmt: skip
+    (rank1,) = [p for p in processes_of(job) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
     os.kill(rank1.pid, signal.SIGSTOP)
 
     seen: list[dict[str, Any]] = []

@@ -49,6 +49,10 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     assert set(stacks) == {"node0-rank0.txt", "node1-rank1.txt"}
     assert "state stopped" in stacks["node1-rank1.txt"] and "MainThread" in stacks["node1-rank1.txt"]
     assert "waits in: -" not in stacks["node0-rank0.txt"] and "MainThread" in stacks["node0-rank0.txt"]
+    # The healthy rank's flight recorder, read from its worker server: the all_reduce it waits in.
+    recorder = stacks["node0-rank0.txt"].split("Flight recorder: the last collectives:\n")[1].splitlines()
+    assert "gloo:all_reduce #" in recorder[-1] and "NOT DONE" in recorder[-1], recorder
+    assert "Flight recorder: not asked (the process is stopped)" in stacks["node1-rank1.txt"]
     assert processes_of(job_id) == []
     print(f"\n{message}\nreported {took:.1f} s after the freeze\n{stacks['node0-rank0.txt'][:1500]}")
     assert json.loads((job_dir / "status.json").read_text())["exit_code"] == 1

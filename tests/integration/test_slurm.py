@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
     launcher,
@@ -83,9 +84,11 @@ def _trainer_args(prepared_data: list[str], run_dir: Path, max_steps: int) -> li
     ]
 
 
-def _sbatch_rendered(jobs: Path, tmp_path: Path, args: list[str]) -> str:
-    """Render the job's sbatch script, submit it with plain sbatch; the SLURM job id."""
-    (tmp_path / "job.sbatch").write_text(launcher(jobs, "render", *SLURM_2x1, "--", *args, check=True).stdout)
+def _sbatch_rendered(jobs: Path, tmp_path: Path, args: list[str], *flags: str) -> str:
+    """Render the job's sbatch script (``flags``: more launcher flags), submit it with plain sbatch;
+    the SLURM job id."""
+    script = launcher(jobs, "render", *SLURM_2x1, *flags, "--", *args, check=True).stdout
+    (tmp_path / "job.sbatch").write_text(script)
     assert not jobs.exists()  # rendering writes nothing
     out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
     return out.strip().split(";")[0]
@@ -100,6 +103,12 @@ def _until_ended(slurm_id: str, timeout: float = 180.0) -> None:
 
 def _reached(run_dir: Path, step: int) -> bool:
     return (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= step
+
+
+def _node_of(rank: psutil.Process) -> int:
+    """The job's node (not torchrun's group rank, which is the order of joining) a rank runs on: its
+    heartbeat directory is ``JOB/heartbeat/node-<k>``."""
+    return int(rank.environ()["GPTLAUNCH_HEARTBEAT_DIR"].rsplit("-", 1)[1])
 
 
 def _is_rank(cmdline: list[str]) -> bool:
@@ -135,6 +144,31 @@ def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_pa
     assert max(losses(run_dir)) == 20 and list(run_dir.glob("*20*.pt"))
     (job_dir,) = jobs.iterdir()
     assert sorted(p.name for p in job_dir.glob("node-*.log")) == ["node-0.log", "node-1.log"]
+
+
+def test_the_sbatch_scripts_node_tasks_report_a_stopped_rank_as_a_hang(prepared_data, tmp_path: Path) -> None:
+    """Without the launcher to gather the nodes' reports, the node tasks of the plain sbatch script
+    write the stacks and the cause themselves, and the job ends with the hang's exit code."""
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = _trainer_args(prepared_data, run_dir, 100000)
+    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--hang-timeout-s", "10")
+    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
+    (job_dir,) = jobs.iterdir()
+    (rank1,) = [
+        p for p in processes_of(job_dir.name) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"
+    ]
+    rank1.suspend()  # SIGSTOP
+    try:
+        _until_ended(slurm_id, timeout=150)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            rank1.resume()
+    assert _sacct(slurm_id, "State,ExitCode") == [["FAILED", f"{EXIT_HANG}:0"]]
+    logs = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))
+    assert "task: hang: no progress for " in logs and ") is stopped (SIGSTOP?)" in logs, logs[-3000:]
+    stacks = sorted(p.name.split("-")[1] for p in (job_dir / "hang").iterdir())
+    assert stacks == ["rank0.txt", "rank1.txt"]
+    _until("no process of the job", lambda: not processes_of(job_dir.name), timeout=60)
 
 
 def test_the_sbatch_script_requeues_on_the_warning_signal_and_resumes(prepared_data, tmp_path: Path) -> None:
@@ -220,6 +254,25 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_pa
     assert failure["rank"] == 1 and f"node {node}, rank 1" in proc.stderr
     assert "rank 1/2 " in (jobs / job_id / f"node-{node}.log").read_text()
     _until("no process of the job", lambda: not processes_of(job_id), timeout=30)
+
+
+def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--", *_trainer_args(prepared_data, run_dir, 100000))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
+    (rank1,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    node = _node_of(rank1)
+    rank1.kill()
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 150)
+    failure = status["failure"]
+    assert status["state"] == "failed" and (failure["node_rank"], failure["rank"]) == (node, 1), status
+    assert "killed by SIGKILL" in failure["error"], status
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
 def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, tmp_path: Path) -> None:

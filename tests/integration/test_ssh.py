@@ -299,6 +299,12 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     wait_for(
         lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 3, 300, "step 3"
     )
+    # `launcher status` asks each host's agent for its ranks' heartbeats.
+    nodes = json.loads(launcher(jobs, "status", "--json", job, check=True).stdout)["nodes"]
+    assert [(n["node_rank"], n["host"], n["ranks"]) for n in nodes] == [(0, "gl-h1", 1), (1, "gl-h2", 1)], (
+        nodes
+    )
+    assert all(n["step"] >= 1 and n["heartbeat_age_s"] < 10 and n["stalled_s"] is None for n in nodes), nodes
     (rank1,) = [
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"

@@ -10,6 +10,7 @@ import pytest
 from launcher.job.hang import (
     FLOOR_S,
     STEP_FACTOR,
+    Collective,
     HangReport,
     HangSpec,
     RankReport,
@@ -20,7 +21,7 @@ from launcher.job.hang import (
     read_reports,
     stalled,
 )
-from launcher.job.progress import node_progress
+from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor.watchdog import waits_in
@@ -126,6 +127,26 @@ def test_a_rank_whose_stack_shows_no_python_frame_is_not_made_a_suspect(tmp_path
     )
 
 
+def test_a_rank_short_of_the_collective_the_others_wait_in_is_named_behind(tmp_path: Path) -> None:
+    """Nothing readable in any stack (spinning in C++): the flight recorders tell. Ranks 0 and 2 wait
+    in all_reduce #6, rank 1 finished #5 and never called #6; a side group's numbers are not compared."""
+
+    def rank(r: int, seq: int, done: bool, pg: int = 0) -> RankReport:
+        blind = _rank(r, f"gl-h{r + 1}", "running", None).model_copy(update={"python_frames": 0})
+        last = Collective(pg=pg, seq=seq, op="gloo:all_reduce", done=done)
+        return blind.model_copy(update={"collective": last})
+
+    waiting = Collective(pg=0, seq=6, op="gloo:all_reduce", done=False).describe()
+    ranks = [rank(0, 6, False), rank(1, 5, True), rank(2, 6, False), rank(3, 2, True, pg=1)]
+    ranks = [r.model_copy(update={"waits_in": waiting}) if not r.collective.done else r for r in ranks]
+    message = hang_message(HangReport(silent_s=31, budget_s=30, step=9, ranks=ranks), tmp_path)
+    assert (
+        "rank 1 (node 1, gl-h2) is behind: its last collective is #5, others are in gloo:all_reduce #6;"
+        in message
+    ), message
+    assert "ranks 0, 2 wait in gloo:all_reduce #6" in message and "no frame readable for rank 3" in message
+
+
 def test_each_nodes_report_line_is_read_back_from_its_log_and_merged(tmp_path: Path) -> None:
     node0 = HangReport(silent_s=31, budget_s=30, step=8, ranks=[_rank(0, "gl-h1", "sleeping", "all_reduce")])
     node1 = HangReport(silent_s=33, budget_s=30, step=7, ranks=[_rank(1, "gl-h2", "stopped", None)])
@@ -142,9 +163,12 @@ def test_each_nodes_report_line_is_read_back_from_its_log_and_merged(tmp_path: P
 def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monkeypatch) -> None:
     clock = iter(range(1000, 2000))
     monkeypatch.setattr("trainer.heartbeat.time.time", lambda: float(next(clock)) / 10)  # 0.1 s a call
+    served = []  # the flight recorder's server (tested against torch in test_flight_recorder)
+    monkeypatch.setattr("trainer.flight_recorder.start", lambda d, rank: served.append(rank) or "/fr.sock")
     beat = Heartbeat(DistEnv(rank=3, local_rank=1, world_size=4), tmp_path / "node-1")
     (startup,) = read_beats(tmp_path / "node-1")
     assert (startup.rank, startup.local_rank, startup.phase, startup.step) == (3, 1, "startup", 0)
+    assert served == [3] and startup.debug_socket == "/fr.sock"
     beat.step_done(1, 0.25)  # leaving start-up is always published
     assert read_beats(tmp_path / "node-1")[0].phase == "step"
     beat.step_done(2, 2.0)  # within BEAT_INTERVAL_S of the last write: not yet
@@ -181,7 +205,8 @@ def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) ->
     write_beat(heartbeat_dir(tmp_path / "job", 0), _beat(0, now - 3, step=41))
     slow = Beat(**{**_beat(1, now - 200, step=40).__dict__, "straggler_ratio": 1.9})
     write_beat(heartbeat_dir(tmp_path / "job", 1), slow)
-    node0, node1 = node_progress(plan, HangSpec(timeout_s=60), tmp_path / "job", now)
+    beats = recorded_beats(plan, tmp_path / "job")
+    node0, node1 = node_progress(plan, HangSpec(timeout_s=60), beats, now)
     assert (node0.step, node0.heartbeat_age_s, node0.stalled_s) == (41, 3.0, None)
     assert (node1.step, node1.stalled_s, node1.stragglers) == (40, 200.0, {1: 1.9})
     assert "NO PROGRESS for 200 s" in node1.describe() and "straggler: rank 1 at 1.9×" in node1.describe()

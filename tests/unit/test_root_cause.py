@@ -63,6 +63,20 @@ def test_a_killed_worker_is_the_cause_not_the_peer_that_saw_it_go(record: JobRec
     assert "rank 1 was killed by SIGKILL" in failure.summary()
 
 
+def test_a_worker_that_wrote_its_error_then_aborted_is_named_by_its_error(record: JobRecord) -> None:
+    """torch 2.13 under gloo: a rank raises, writes its error file, then aborts at exit (SIGABRT,
+    "terminate called without an active exception"): its error is the cause, not the signal."""
+    now = time.time()
+    _error_file(record, 0, PEER, now - 20)
+    _error_file(record, 1, "RuntimeError: injected fault on rank 1 at step 3", now - 10)
+    record.node_log(1).write_text(
+        SUMMARY.replace("-9 (pid", "-6 (pid").replace("Signal 9 (SIGKILL)", "Signal 6")
+    )
+    assert worker_deaths(record, 2)[0].signum == 6
+    failure = root_cause(record, 2, failed_node=1, exit_code=1)
+    assert (failure.node_rank, failure.rank) == (1, 1) and "injected fault" in failure.error, failure
+
+
 def test_a_ranks_own_error_wins_over_an_earlier_peer_error(record: JobRecord) -> None:
     now = time.time()
     _error_file(record, 0, PEER, now - 20)

@@ -10,8 +10,9 @@
 3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own; with the
    hang watchdog (``--nproc-per-node`` and the ``--hang-*`` budgets) this process stays instead, as the
    container's init: it forwards SIGTERM/SIGINT to torchrun, follows the ranks' heartbeats and, on a
-   hang, dumps their stacks, ends torchrun's tree, prints the report as one ``GPTLAUNCH_HANG {json}``
-   line and exits 124 (``launcher.job.hang.EXIT_HANG``).
+   hang, dumps their stacks, prints the report as one ``GPTLAUNCH_HANG {json}`` line, keeps the ranks
+   until the launcher stops the container (it has every node's report) or a bound, ends torchrun's
+   tree and exits 124 (``launcher.job.hang.EXIT_HANG``).
 """
 
 from __future__ import annotations
@@ -63,12 +64,19 @@ def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_
     EXIT_HANG after the hang report. Raises OSError when it cannot start."""
     beats = heartbeat_dir(job_dir, node)  # the job record is mounted; the pids in it are this container's
     child = subprocess.Popen(command, env=env | {HEARTBEAT_DIR_ENV: str(beats)})
+    stopped = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        child.send_signal(signal.SIGTERM)
+
     for sig in (signal.SIGTERM, signal.SIGINT):  # as the container's init, nothing else passes them on
-        signal.signal(sig, lambda signum, frame: child.send_signal(signal.SIGTERM))
+        signal.signal(sig, stop)
     code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
     if hang is None:
         return code if code >= 0 else 128 - code
-    return end_hung(child, hang, lambda line: os.write(sys.stdout.fileno(), line))
+    # Released when the launcher, having every node's report, stops the containers.
+    return end_hung(child, hang, lambda line: os.write(sys.stdout.fileno(), line), lambda: bool(stopped))
 
 
 def main(argv: list[str] | None = None) -> int:

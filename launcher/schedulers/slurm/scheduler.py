@@ -25,7 +25,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from launcher.job.follow import node_logs, wait_terminal
+from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
+from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
@@ -35,6 +37,7 @@ from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_s
 from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
+from trainer.contract import Beat
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
@@ -161,10 +164,13 @@ class SlurmScheduler:
         )
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
         parity = _parity_lines(spec, facts, job_dir)
+        # The script runs each node's command under the node task, as submitit does: watched for hangs.
+        task = [spec.python, "-m", "launcher.schedulers.slurm.task", "--job-dir", str(job_dir)]
+        task += ["--run-dir", plan.run_dir, *watch_args(spec.hang, spec.nproc_per_node), "--"]
         script = sbatch_script(
             job_id=job_id,
             options=options,
-            node=plan.nodes[0],
+            node=plan.nodes[0].model_copy(update={"argv": [*task, *plan.nodes[0].argv]}),
             job_dir=str(job_dir),
             run_dir=plan.run_dir,
             max_requeues=opts.max_requeues,
@@ -244,6 +250,10 @@ class SlurmScheduler:
         if all(getattr(status, k) == v for k, v in changes.items()):
             return status
         return record.update_status(**changes)
+
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        """From the job record (shared with the nodes), where the nodes' ranks write them."""
+        return recorded_beats(record.plan(), record.dir)
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
         return node_logs(self, record, node, follow)

@@ -2,8 +2,9 @@
 sbatch script that `launcher render --scheduler slurm` prints.
 
 The script behaves as a job submitted through submitit does: one task per node, each running the node's
-command (a torchrun agent behind ``python -m launcher.job.node``, which fills in the first host, the
-rendezvous port and id from SLURM's variables), node logs in the job directory, fail-fast
+command (the node task with its hang watchdog, ``launcher.schedulers.slurm.task``, starting a torchrun
+agent behind ``python -m launcher.job.node``, which fills in the first host, the rendezvous port and id
+from SLURM's variables), node logs in the job directory, fail-fast
 (``srun --kill-on-bad-exit=1``), and on SLURM's warning signal (SIGUSR2, ``--signal=USR2@T``) the ranks
 checkpoint and the script requeues the job, which resumes from that checkpoint. Every value comes out
 shell-quoted; secrets are never in it (SLURM exports the submitting shell's environment to the job).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 
+from launcher.job.hang import EXIT_HANG
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
@@ -134,6 +136,10 @@ def sbatch_script(
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
         "  fi",
         f'  echo "batch: stopped after a checkpoint; submit again to resume"; exit {EXIT_CHECKPOINTED}',
+        "fi",
+        f"if [ $code -eq {EXIT_HANG} ]; then",
+        '  echo "batch: the ranks hung (no progress): the cause is in $job_dir/node-*.log, stacks in '
+        '$job_dir/hang/"; exit $code',
         "fi",
         'echo "batch: a node failed (srun exit $code); see $job_dir/node-*.log"',
         "exit $code",

@@ -1,4 +1,5 @@
-"""What submitit runs on each node of a SLURM job: that node's command, its output in the job record.
+"""What runs on each node of a SLURM job: that node's command, its output in the job record, under
+the node's hang watchdog.
 
 submitit pickles a ``NodeTask`` (the Plan's command, environment and paths: no secret, they come from the
 environment SLURM exports) and calls it once per node, one task per node. On SLURM's warning signal
@@ -10,20 +11,39 @@ Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM
 0 when the node's ranks finished; 75 on node 0 when the ranks stopped on request with a checkpoint
 (other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed;
 124 when its hang watchdog found the ranks stalled (their stacks and the report are in the node log).
+
+The standalone sbatch script runs the same task from its command line, ``python -m
+launcher.schedulers.slurm.task --job-dir D --run-dir R [--nproc-per-node N --hang-*] -- ARGV``: srun
+writes its output to the node log, and with no launcher to gather the nodes' reports, the task writes
+the stacks to ``D/hang/`` and the one-line cause to the log itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
-from launcher.job.hang import EXIT_HANG, HangReport, heartbeat_dir, read_reports
+from launcher.job.hang import (
+    EXIT_HANG,
+    REPORT_TAIL,
+    HangReport,
+    add_watch_flags,
+    hang_message,
+    heartbeat_dir,
+    merge,
+    read_reports,
+    watch_of,
+    write_stacks,
+)
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 from trainer.contract import (
     EXIT_CHECKPOINTED,
@@ -52,25 +72,31 @@ class NodeTask:
     run_dir: str
     grace_s: float  # seconds the ranks get to checkpoint after a stop signal
     watch: NodeWatch | None = None  # the hang watchdog of this node's ranks (None: off)
+    standalone: bool = False  # run by the sbatch script: srun writes stdout to the node log
 
     def __call__(self) -> int:
-        global _agent
         node = int(os.environ.get("SLURM_NODEID", "0"))
+        if self.standalone:
+            return self._run(node, sys.stdout.buffer)
+        with open(Path(self.job_dir) / f"node-{node}.log", "ab") as log:  # appended to across requeues
+            return self._run(node, log)
+
+    def _run(self, node: int, log: BinaryIO) -> int:
+        global _agent
         started = time.time()
-        log_path = Path(self.job_dir) / f"node-{node}.log"  # appended to across requeues
         env = os.environ | self.env  # the node command changes to the workdir itself
         watchdog = None
         if self.watch is not None:
             beats = heartbeat_dir(Path(self.job_dir), node)
             env[HEARTBEAT_DIR_ENV] = str(beats)
             watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
-        with open(log_path, "ab") as log:
-            _agent = subprocess.Popen(
-                self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
+        log.flush()
+        _agent = subprocess.Popen(
+            self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
         code, hang = wait_watching(_agent, watchdog)
         if hang is not None:
-            self._hung(_agent, hang, log_path)
+            self._hung(_agent, hang, log)
         if code == 0:
             return 0
         if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
@@ -82,19 +108,24 @@ class NodeTask:
         atomic_write_text(Path(self.job_dir) / failed_name(node), json.dumps(failed))
         raise SystemExit(EXIT_FAILED)
 
-    def _hung(self, agent: subprocess.Popen[bytes], hang: HangReport, log_path: Path) -> NoReturn:
-        """After this node's stacks are taken: its report in its log, its ranks ended. The other nodes'
-        watchdogs report too: srun ends every task once one fails, so wait (a bound) for their reports
-        in the shared job record before failing."""
-        with open(log_path, "ab") as log:
-            end_hung(agent, hang, log.write)
+    def _hung(self, agent: subprocess.Popen[bytes], hang: HangReport, log: BinaryIO) -> NoReturn:
+        """After this node's stacks are taken: its report in its log; its ranks kept until every node's
+        report is in the shared job record (a bound), then ended (srun then ends the other tasks).
+        Standalone, the task then says what they found."""
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
         logs = [Path(self.job_dir) / f"node-{k}.log" for k in range(nnodes)]
-        deadline = time.monotonic() + HANG_REPORTS_S
-        while (
-            len(read_reports(logs, since=hang.time - HANG_REPORTS_S)) < nnodes and time.monotonic() < deadline
-        ):
-            time.sleep(0.5)
+        reports = [hang]
+
+        def everyone() -> bool:
+            nonlocal reports
+            reports = read_reports(logs, since=hang.time - HANG_REPORTS_S, tail=REPORT_TAIL) or reports
+            return len(reports) >= nnodes
+
+        end_hung(agent, hang, lambda line: os.write(log.fileno(), line), everyone, HANG_REPORTS_S)
+        if self.standalone:
+            found = merge(reports)
+            stacks = write_stacks(Path(self.job_dir), found)
+            os.write(log.fileno(), f"task: {hang_message(found, stacks)}\n".encode())
         raise SystemExit(EXIT_HANG)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -119,3 +150,29 @@ def _wait_exited(pid: int, timeout_s: float) -> None:
         except ChildProcessError:  # already reaped
             return
         time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The sbatch script's entry (see the module docstring)."""
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.slurm.task", description="One node of a SLURM job, watched."
+    )
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--run-dir", required=True)
+    add_watch_flags(p)
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = p.parse_args(argv[:split]), argv[split + 1 :]
+    if not command:
+        p.error("the node's command goes after --")
+    # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel): the
+    # ranks act on them; this task only waits for them (a Python handler: reset in the child by exec).
+    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    watch = NodeWatch(*found) if (found := watch_of(args)) else None
+    task = NodeTask(command, {}, args.job_dir, args.run_dir, grace_s=0.0, watch=watch, standalone=True)
+    return task()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,8 +13,9 @@ that the job does not hang on the connection that started it:
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk).
 - With ``--nproc-per-node N`` (and the ``--hang-*`` budgets), the hang watchdog follows the ranks'
   heartbeats (``<state>/<job>/node-<k>.heartbeat/``): when none advances within its budget it dumps
-  their stacks, ends ARGV's tree, prints the report as one ``GPTLAUNCH_HANG {json}`` line and exits
-  124 (``launcher.job.hang.EXIT_HANG``).
+  their stacks, prints the report as one ``GPTLAUNCH_HANG {json}`` line, keeps the ranks until the
+  launcher (with every node's report) stops it or a bound passes, ends ARGV's tree and exits 124
+  (``launcher.job.hang.EXIT_HANG``).
 - SIGTERM/SIGINT ask ARGV to stop (torchrun forwards it; the ranks checkpoint); SIGHUP is ignored.
   Once ARGV exits, whatever of its tree is left is terminated; the exit code is written to
   ``node-<k>.exit`` and returned.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -45,7 +47,7 @@ from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
-from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_ENV
+from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_ENV, read_beats
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 KILL_GRACE_S = 5.0
@@ -65,6 +67,10 @@ def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
     return base.with_suffix(".pid"), base.with_suffix(".exit"), base.with_suffix(".log")
 
 
+def _heartbeat_dir(job_id: str, node: int) -> Path:
+    return state_dir(job_id) / f"node-{node}.heartbeat"
+
+
 def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None) -> int:
     pid_file, exit_file, log_file = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
@@ -81,7 +87,7 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     env = os.environ | secrets | {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     watchdog = None
     if watch is not None:
-        beats = state_dir(job_id) / f"node-{node}.heartbeat"
+        beats = _heartbeat_dir(job_id, node)
         env[HEARTBEAT_DIR_ENV] = str(beats)
         watchdog = watch.watchdog(node, socket.gethostname(), beats)
     try:
@@ -101,8 +107,8 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
     pump.start()
     code, hang = wait_watching(child, watchdog)
-    if hang is not None:  # the stacks are taken: end the node's ranks now, then say why
-        code = end_hung(child, hang, lambda line: _report(line, log_file, pump))
+    if hang is not None:  # the stacks are taken: say so, keep the ranks until the launcher stops us
+        code = end_hung(child, hang, lambda line: _report(line, log_file), lambda: stop.requested)
         exit_file.write_text(str(code))
         return code
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -116,10 +122,8 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     return code
 
 
-def _report(line: bytes, log_file: Path, pump: threading.Thread) -> None:
-    """The hang report's line, after the last of ARGV's output: to the host log and (while it holds)
-    the launcher's connection."""
-    pump.join(timeout=5)
+def _report(line: bytes, log_file: Path) -> None:
+    """The hang report's line, to the host log and (while it holds) the launcher's connection."""
     with open(log_file, "ab") as log:
         log.write(line)
     with contextlib.suppress(OSError):
@@ -196,12 +200,14 @@ def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
 
 
 def status(job_id: str, node: int) -> dict[str, object]:
+    """Whether the node runs, its exit code once it has ended, and its ranks' latest beats."""
     _, exit_file, _ = _files(job_id, node)
     running = _agent(job_id, node) is not None
     code: int | None = None
     if not running and exit_file.is_file():
         code = int(exit_file.read_text().strip() or EXIT_FAILED)
-    return {"running": running, "exit_code": code}
+    beats = [dataclasses.asdict(b) for b in read_beats(_heartbeat_dir(job_id, node))]
+    return {"running": running, "exit_code": code, "beats": beats}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,10 +11,12 @@ the node, and ``hostagent signal`` stops it (the ranks checkpoint) or ends it (T
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -31,6 +33,7 @@ from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import ChildAgents, start_client
+from trainer.contract import Beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
 
@@ -107,6 +110,15 @@ class SshScheduler(SupervisedScheduler):
         spec = record.spec()
         return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here())
 
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        """From each host's agent (one connection per host, all at once)."""
+        nodes = {n.host: n.node_rank for n in record.plan().nodes}
+        found = {}
+        for host, status in _host_status(record).items():
+            with contextlib.suppress(TypeError, AttributeError):  # an agent of an older release
+                found[nodes[host]] = [Beat(**b) for b in (status or {}).get("beats", [])]
+        return found
+
     def remaining(self, record: JobRecord) -> str:
         running = _hosts_running(record)
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
@@ -126,23 +138,28 @@ def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) ->
     return f"cd / && {shlex.join([*_hostagent_argv(python, action, job_id, node), *extra])}"
 
 
-def _hosts_running(record: JobRecord) -> list[str]:
-    """The hosts where a node of the job still runs, all asked at once. A host that cannot be reached
-    counts as running: nothing says its node is gone."""
+def _host_status(record: JobRecord) -> dict[str, dict[str, Any] | None]:
+    """Each host's ``hostagent status`` of its node of the job, all asked at once: None where the host
+    could not be reached, {} where its answer could not be read."""
     spec, nodes = record.spec(), {n.host: n.node_rank for n in record.plan().nodes}
 
     def command(host: str) -> str:
         return _hostagent(spec.python, "status", record.job_id, nodes[host])
 
-    running = []
+    found: dict[str, dict[str, Any] | None] = {}
     for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, SIGNAL_TIMEOUT_S):
         try:
-            if json.loads(result.stdout.strip().splitlines()[-1])["running"]:
-                running.append(result.host)
-        except (ValueError, IndexError, KeyError):
-            if result.returncode is None or result.returncode == ssh.SSH_FAILED:
-                running.append(result.host)
-    return running
+            found[result.host] = dict(json.loads(result.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError, TypeError):
+            unreachable = result.returncode is None or result.returncode == ssh.SSH_FAILED
+            found[result.host] = None if unreachable else {}
+    return found
+
+
+def _hosts_running(record: JobRecord) -> list[str]:
+    """The hosts where a node of the job still runs. A host that cannot be reached counts as running:
+    nothing says its node is gone."""
+    return [host for host, status in _host_status(record).items() if status is None or status.get("running")]
 
 
 class SshAgents(ChildAgents):
