@@ -2,7 +2,8 @@
 with them off, and how long a frozen rank takes to be reported.
 
 1. Cost: (e) two torchrun ranks (tiny preset, one thread each) with no heartbeat directory and
-   ``--no-straggler-check`` vs (f) the same with ``GPTLAUNCH_HEARTBEAT_DIR`` set and the straggler
+   ``--no-straggler-check`` vs (f) the same with ``GPTLAUNCH_HEARTBEAT_DIR`` set (which also turns on
+   the flight recorder and its server, ``trainer.flight_recorder``) and the straggler
    check on, interleaved round by round like ``bench_trainer.py`` (whose machinery this reuses).
    Reports f/e tokens/s (target >= 99%). With ``--log-interval 1`` (the default here) the straggler
    all-reduce runs every step: the worst case; by default the trainer runs it every 10 steps.
@@ -39,7 +40,7 @@ CONFIGS = [
     Config("off", "(e) 2 ranks, heartbeat and straggler check off", 2, 1, ("--no-straggler-check",), True),
     Config(
         "on",
-        "(f) 2 ranks, heartbeat file + straggler all-reduce each log interval",
+        "(f) 2 ranks, heartbeat file + flight recorder + straggler all-reduce each log interval",
         2,
         1,
         torchrun=True,

@@ -27,10 +27,11 @@ _servers: list[object] = []
 
 
 def socket_path(heartbeat_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` of the node whose heartbeats go to ``heartbeat_dir`` serves: in the temp
-    directory, not the job record, since a Unix socket's path must stay under 108 bytes."""
+    """Where rank ``rank`` of the node whose heartbeats go to ``heartbeat_dir`` serves: in a directory
+    of this user's in the temp directory (the server answers anyone who can connect), not the job
+    record, since a Unix socket's path must stay under 108 bytes."""
     digest = hashlib.sha1(str(heartbeat_dir.resolve()).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"gptlaunch-fr-{digest}-{rank}.sock"
+    return Path(tempfile.gettempdir()) / f"gptlaunch-{os.getuid()}" / f"fr-{digest}-{rank}.sock"
 
 
 def start(heartbeat_dir: Path, rank: int) -> str | None:
@@ -43,6 +44,9 @@ def start(heartbeat_dir: Path, rank: int) -> str | None:
     try:
         from torch._C._distributed_c10d import _WorkerServer
 
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        if path.parent.stat().st_uid != os.getuid() or path.parent.stat().st_mode & 0o077:
+            raise OSError(f"{path.parent} is not private to this user")
         path.unlink(missing_ok=True)  # a previous run's
         server = _WorkerServer(str(path))
     except (ImportError, RuntimeError, OSError) as e:
