@@ -155,6 +155,12 @@ def write_beat(directory: Path, beat: Beat) -> None:
     os.replace(tmp, directory / f"rank-{beat.rank}.json")
 
 
+def clear_beats(directory: Path) -> None:
+    """Remove the beats in ``directory`` (an earlier run's: a requeue or a retry), if any."""
+    for path in directory.glob("rank-*.json"):
+        path.unlink(missing_ok=True)
+
+
 def read_beats(directory: Path) -> list[Beat]:
     """Every rank's latest beat in ``directory``, by rank; a file that is unreadable or of another
     format is skipped (empty when the directory is missing)."""

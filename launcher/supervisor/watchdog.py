@@ -23,7 +23,7 @@ import psutil
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
 from launcher.job.plan import Plan
 from launcher.supervisor import flight, procs
-from trainer.contract import HEARTBEAT_DIR_ENV, Beat, read_beats
+from trainer.contract import HEARTBEAT_DIR_ENV, Beat, clear_beats, read_beats
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past
@@ -169,6 +169,8 @@ class Watchdog:
     def __init__(self, nodes: list[WatchedNode], spec: HangSpec, poll_s: float = POLL_S) -> None:
         self.nodes, self.spec, self.poll_s = nodes, spec, poll_s
         self._next = 0.0
+        for node in nodes:  # an earlier run's beats (a requeue, a retry) would look like a hang at once
+            clear_beats(node.heartbeat_dir)
 
     def check(self) -> HangReport | None:
         """The hang's report once the ranks are stalled (after dumping their stacks), else None."""

@@ -3,6 +3,7 @@ the one-line cause; and the trainer's heartbeat file, written and read back."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from launcher.job.hang import (
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
-from launcher.supervisor.watchdog import waits_in
+from launcher.supervisor.watchdog import NodeWatch, waits_in
 from trainer.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
 from trainer.heartbeat import Heartbeat
@@ -180,6 +181,13 @@ def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monk
     with beat.phase_of("checkpoint"):
         assert read_beats(tmp_path / "node-1")[0].phase == "checkpoint"
     assert read_beats(tmp_path / "node-1")[0].phase == "step"
+
+
+def test_a_new_watchdog_forgets_an_earlier_runs_beats(tmp_path: Path) -> None:
+    """A requeued or retried job: the last run's beats are old, and would be a hang at the first look."""
+    write_beat(tmp_path, _beat(0, time.time() - 3600))
+    watchdog = NodeWatch(HangSpec(timeout_s=10), nproc=1).watchdog(0, "h", tmp_path)
+    assert read_beats(tmp_path) == [] and watchdog.check() is None
 
 
 def test_without_a_heartbeat_dir_nothing_is_written_and_bad_files_are_skipped(tmp_path: Path) -> None:
