@@ -35,6 +35,8 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--hang-timeout-s",), "hang.timeout_s", "hang watchdog"),
     (("--hang-startup-s",), "hang.startup_s", "hang watchdog"),
     (("--hang-phase-s",), "hang.phase_s", "hang watchdog"),
+    (("--retries",), "retries", "recovery"),
+    (("--retry-backoff-s",), "retry_backoff_s", "recovery"),
     (("--rdzv-backend",), "rendezvous.backend", "rendezvous"),
     (("--rdzv-endpoint",), "rendezvous.endpoint", "rendezvous"),
     (("--rdzv-port",), "rendezvous.port", "rendezvous"),

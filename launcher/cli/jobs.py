@@ -116,6 +116,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
     elif st.message:
         print(f"  {st.message}")
+    retries = record.spec().retries
+    if retries:
+        print(f"  attempt {st.attempt} of {retries + 1}")
+    for attempt in st.attempts:
+        print(f"    {attempt.describe()}")
     for node in nodes:
         print(f"  {node.describe()}")
     return EXIT_OK

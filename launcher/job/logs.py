@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,14 @@ def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda:
             handle.close()
 
 
+def _replaced(path: Path, handle: TextIO) -> bool:
+    """Whether ``path`` no longer names the file ``handle`` reads (moved away, or another in its place)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return True
+
+
 def _new_lines(path: Path, handles: dict[Path, TextIO], partial: dict[Path, str]) -> list[str]:
     handle = handles.get(path)
     if handle is None:
@@ -58,6 +67,10 @@ def _new_lines(path: Path, handles: dict[Path, TextIO], partial: dict[Path, str]
         handle = handles[path] = open(path, errors="replace")  # noqa: SIM115
     chunk = handle.read()
     if not chunk:
+        if _replaced(path, handle):  # archived (a retried job's attempt): follow the new file next
+            handle.close()
+            del handles[path]
+            return [partial.pop(path)] if partial.get(path) else []
         return []
     *lines, rest = (partial.pop(path, "") + chunk).split("\n")
     if rest:

@@ -106,6 +106,25 @@ class Outcome(BaseModel):
     failure: Failure | None = None
 
 
+class Attempt(BaseModel):
+    """One ended attempt of a job that retries (``JobSpec.retries``). Times are epoch seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    number: int  # 1 for the first
+    started_at: float
+    ended_at: float
+    exit_code: int
+    cause: str  # one line: the failure's summary, the hang, ...
+    step: int | None = None  # the furthest step its ranks reported, where known
+    failure: Failure | None = None
+    replaced: dict[str, str] = {}  # host -> the spare the next attempt runs on instead
+
+    def describe(self) -> str:
+        at = f" at step {self.step:,}" if self.step is not None else ""
+        spares = "".join(f"; {old} → replaced by {new}" for old, new in self.replaced.items())
+        return f"attempt {self.number}{at}: {self.cause}{spares}"
+
+
 class JobStatus(BaseModel):
     """Where a job is. Times are epoch seconds."""
 
@@ -119,6 +138,8 @@ class JobStatus(BaseModel):
     stop_requested_at: float | None = None  # when `launcher cancel` first asked it to stop
     failure: Failure | None = None
     message: str = ""
+    attempt: int = 1  # the attempt running (or the last one)
+    attempts: list[Attempt] = []  # the attempts that ended before it, oldest first
 
     @property
     def job_exit_code(self) -> int:
@@ -186,6 +207,10 @@ class JobRecord:
 
     def plan(self) -> Plan:
         return Plan.model_validate_json((self.dir / "plan.json").read_text())
+
+    def write_plan(self, plan: Plan) -> None:
+        """Replace the Plan (a retry onto other hosts); atomic for its readers."""
+        atomic_write_text(self.dir / "plan.json", plan.to_json())
 
     def status(self) -> JobStatus:
         """The recorded status. Raises OSError if unreadable, ValidationError if malformed."""

@@ -180,6 +180,19 @@ class JobSpec(_Strict):
         45.0, gt=0, description="seconds between SIGTERM (checkpoint and exit) and SIGKILL on cancel"
     )
     hang: HangSpec = Field(default_factory=HangSpec, description="the hang watchdog's budgets")
+    retries: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="attempts after the first when the job fails for a reason that is not the user's (a "
+        "rank killed by a signal, a lost node or connection, a hang, a peer's NCCL/gloo error): each "
+        "starts from the last checkpoint after a backoff. Not retried: invalid input, a parity or "
+        "preflight refusal, a stop on request, the same error at the same step twice. (torchrun's "
+        "--max-restarts instead restarts the ranks in place, on the same nodes.)",
+    )
+    retry_backoff_s: float = Field(
+        10.0, ge=0, le=3600, description="seconds before the first retry, doubled for each further one"
+    )
     secret_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SECRETS),
         description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "

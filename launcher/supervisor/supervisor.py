@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -29,7 +30,9 @@ from pydantic import BaseModel, ConfigDict
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, REPORT_TAIL, merge, read_reports
 from launcher.job.plan import NodePlan, Plan
-from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
+from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
+from launcher.job.retry import archive, backoff_s, furthest_step, refusal
+from launcher.job.spec import JobSpec
 from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
 from launcher.supervisor.watchdog import Watchdog, plan_watchdog
@@ -76,6 +79,12 @@ class Transport(Protocol):
         inside the nodes) recorded since ``since``, or None."""
         ...
 
+    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+        """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
+        place of ``failed_host`` (the host the failure was named on, if any); a new Plan when the
+        hosts change, else None. Raises OSError when the next attempt cannot run."""
+        ...
+
 
 class ChildAgents:
     """Agents that are child processes of the supervisor, on this machine (a base for transports)."""
@@ -93,6 +102,10 @@ class ChildAgents:
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         return None
 
+    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+        """Nothing to do: the agents are processes started anew on the same nodes."""
+        return None
+
     def refusal(self, record: JobRecord, since: float) -> Outcome | None:
         # A node's parity step (compose's container entry, or any node that runs it) records a refusal
         # in the job record: that is the job's exit code and message, not the agent's exit.
@@ -104,10 +117,6 @@ class ChildAgents:
 
 class _StopAtOnce(Exception):
     """A second stop request: stop waiting for checkpoints."""
-
-
-class _StartFailed(Exception):
-    """An agent could not be started; the message names the node."""
 
 
 def start_supervisor(
@@ -186,43 +195,46 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
 
 @dataclass
 class _Job:
-    """The job a supervisor follows: its Plan, record and transport; its agents once started."""
+    """The job a supervisor follows: its Plan, record and transport; the current attempt's agents and
+    start time, and the attempts that ended before it."""
 
     plan: Plan
     record: JobRecord
     transport: Transport
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
-    grace_s: float = field(init=False)  # the job's grace period (seconds): read once
+    attempts: list[Attempt] = field(default_factory=list)
+    spec: JobSpec = field(init=False)  # read once
+    grace_s: float = field(init=False)  # the job's grace period (seconds)
     watchdog: Watchdog = field(init=False)
 
     def __post_init__(self) -> None:
-        spec = self.record.spec()
-        self.grace_s = spec.grace_period_s
-        self.watchdog = plan_watchdog(self.plan, spec.hang)
+        self.spec = self.record.spec()
+        self.grace_s = self.spec.grace_period_s
+        self.watchdog = plan_watchdog(self.plan, self.spec.hang)
+
+    def next_attempt(self) -> None:
+        self.agents, self.started = [], time.time()
+        self.watchdog = plan_watchdog(self.plan, self.spec.hang)
 
 
 def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
     procs.become_subreaper()
     handle = SupervisorHandle(scheduler=job.plan.scheduler, supervisor=procs.process_ref())
     job.record.write_handle(handle)
-    try:
-        try:
-            for node in job.plan.nodes:
-                job.agents.append(job.transport.start(node, job.record))
-        except OSError as e:  # bad cwd, interpreter gone, out of resources
-            raise _StartFailed(f"node {len(job.agents)} could not start: {e}") from e
+    ready = [ready_fd]
+
+    def started() -> None:  # every agent of an attempt started: `launcher submit` may return
         job.record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in job.agents]}))
-        if job.record.update_status(state=JobState.RUNNING, started_at=job.started).state.is_terminal:
-            stop.requested = True  # cancelled while starting: stop what was started
-        os.close(ready_fd)
-        ready_fd = -1
-        outcome = _Watch(job, stop).run()
+        if ready[0] >= 0:
+            os.close(ready[0])
+            ready[0] = -1
+
+    try:
+        outcome = _attempts(job, stop, started)
     except _StopAtOnce:
         message = "stopped at once on a second request, without waiting for checkpoints"
         outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    except _StartFailed as e:
-        outcome = Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=str(e))
     except Exception as e:  # the supervisor itself broke: record it, never leave "running" behind
         traceback.print_exc()
         message = f"launcher error: {e!r}"
@@ -231,9 +243,85 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
         stop.ignore()  # cleanup must not be cut short by another signal
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
     final = job.record.finish(outcome)
-    if ready_fd >= 0:
-        os.close(ready_fd)
+    if ready[0] >= 0:
+        os.close(ready[0])
     return final.job_exit_code
+
+
+def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+    """Run the job's attempts until one ends for good (``launcher.job.retry``); its outcome."""
+    total = job.spec.retries + 1
+    while True:
+        outcome = _attempt(job, stop, started)
+        step = furthest_step(job.record)
+        why_not = refusal(outcome, step, job.attempts, job.spec.retries)
+        if stop.requested or why_not is not None:
+            if job.spec.retries and outcome.state == JobState.FAILED and not stop.requested:
+                note = f" (attempt {len(job.attempts) + 1} of {total}; not retried: {why_not})"
+                outcome = outcome.model_copy(update={"message": outcome.message + note})
+            return outcome
+        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        cause = outcome.failure.summary() if outcome.failure else outcome.message
+        try:
+            plan = job.transport.renew(job.record, outcome.failure.host if outcome.failure else None)
+        except OSError as e:
+            message = f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {cause}"
+            return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+        ended = Attempt(
+            number=len(job.attempts) + 1,
+            started_at=job.started,
+            ended_at=time.time(),
+            exit_code=outcome.exit_code,
+            cause=cause,
+            step=step,
+            failure=outcome.failure,
+            replaced=_replaced(job.plan, plan),
+        )
+        ended = archive(job.record, ended)
+        job.attempts.append(ended)
+        if plan is not None:
+            job.plan = plan
+            job.record.write_plan(plan)
+        wait = backoff_s(job.spec.retry_backoff_s, ended.number)
+        message = f"{ended.describe()}; attempt {ended.number + 1} of {total} starts in {wait:.0f} s"
+        print(f"supervisor: {message}", flush=True)
+        job.record.update_status(attempt=ended.number + 1, attempts=job.attempts, message=message)
+        if _stop_within(stop, wait):
+            message = f"cancelled before attempt {ended.number + 1} of {total} started; {ended.describe()}"
+            return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+        job.next_attempt()
+        job.record.update_status(message=f"attempt {ended.number + 1} of {total}; {ended.describe()}")
+
+
+def _replaced(old: Plan, new: Plan | None) -> dict[str, str]:
+    """host -> its replacement, between two Plans of the same job."""
+    if new is None:
+        return {}
+    return {a.host: b.host for a, b in zip(old.nodes, new.nodes, strict=True) if a.host != b.host}
+
+
+def _stop_within(stop: _StopOnSignal, seconds: float) -> bool:
+    """Wait ``seconds`` unless a stop is requested first; whether it was."""
+    deadline = time.monotonic() + seconds
+    while not stop.requested and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return stop.requested
+
+
+def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+    """Start every node's agent and follow them to this attempt's end."""
+    try:
+        for node in job.plan.nodes:
+            job.agents.append(job.transport.start(node, job.record))
+    except OSError as e:  # bad cwd, interpreter gone, out of resources
+        message = f"node {len(job.agents)} could not start: {e}"
+        return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    finally:
+        started()
+    first_start = job.record.status().started_at or job.started
+    if job.record.update_status(state=JobState.RUNNING, started_at=first_start).state.is_terminal:
+        stop.requested = True  # cancelled while starting: stop what was started
+    return _Watch(job, stop).run()
 
 
 class _Watch:

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from launcher.job.follow import wait_terminal
+from launcher.job.plan import Plan
 from launcher.job.record import JobRecord
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
@@ -326,3 +327,42 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     assert all(text.count("Process ") >= 1 and "Python v" in text for text in stacks.values()), stacks
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")
+
+
+def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
+    hostfile: Path, prepared_data: list[str], tmp_path: Path
+) -> None:
+    """3 hosts in the hostfile, 2 nodes, --retries 2: attempt 2 runs on gl-h1 and the spare gl-h3 from
+    the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2 keeps nothing."""
+    hosts = first_hosts(hostfile, 3, tmp_path)
+    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--retries", "2", "--retry-backoff-s", "1",
+        "--", *train_args(prepared_data, run_dir, 40),
+        "--checkpoint-interval", "10", "--eval-interval", "100000",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job = only_job_id(jobs)
+    wait_for(
+        lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12,
+        300,
+        "step 12",
+    )
+    (rank,) = [
+        p for p in processes_of(job)
+        if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
+    ]  # fmt: skip
+    rank.kill()
+    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    assert final is not None and final.state == "succeeded", final
+    (first,) = final.attempts
+    assert first.replaced == {"gl-h2": "gl-h3"} and "killed by SIGKILL" in first.cause, first
+    assert [n.host for n in JobRecord(jobs / job).plan().nodes] == ["gl-h1", "gl-h3"]
+    before = Plan.model_validate_json((jobs / job / "attempts" / "1" / "plan.json").read_text())
+    assert [n.host for n in before.nodes] == ["gl-h1", "gl-h2"]
+    assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
+    text = launcher(jobs, "status", job, check=True).stdout
+    assert "attempt 2 of 3" in text and "gl-h2 → replaced by gl-h3" in text, text
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    print(f"\n{text}")

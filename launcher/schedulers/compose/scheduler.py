@@ -310,6 +310,13 @@ class ComposeAgents(ChildAgents):
             except DockerError as e:  # the end of the grace period kills them all (kill below)
                 print(f"stopping the containers: {e}", file=sys.stderr, flush=True)
 
+    def renew(self, record: JobRecord, failed_host: str | None) -> None:
+        """The containers anew (``kill`` removed them), on the same engine. Raises OSError."""
+        try:
+            self.compose.create()
+        except DockerError as e:
+            raise OSError(str(e)) from None
+
     def kill(self, job_id: str, grace_s: float) -> None:
         try:
             self.compose.down(grace_s)

@@ -130,6 +130,11 @@ class SlurmScheduler:
     def resolve(self, spec: JobSpec) -> SlurmFacts:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
+        if spec.retries:
+            raise SpecError(
+                "--retries is not supported on slurm yet: a preempted job requeues and resumes "
+                "(--max-requeues); resubmit a failed job to resume it from its last checkpoint"
+            )
         opts = spec.options(SlurmOptions)
         gpus = opts.gpus
         if gpus is None:

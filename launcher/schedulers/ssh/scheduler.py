@@ -15,6 +15,7 @@ import contextlib
 import json
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
 from launcher.preflight.collective_report import format_table
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.hosts import HostPlan, collective, plan_hosts, ssh_settings
+from launcher.schedulers.ssh.hosts import HostPlan, collective, hosts_of, plan_hosts, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
@@ -36,6 +37,8 @@ from launcher.supervisor.supervisor import ChildAgents, start_client
 from trainer.contract import Beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
+REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
+REJOIN_POLL_S = 10.0
 
 
 class SshFacts(Facts):
@@ -108,7 +111,7 @@ class SshScheduler(SupervisedScheduler):
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
         spec = record.spec()
-        return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here())
+        return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here(), self)
 
     def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
         """From each host's agent (one connection per host, all at once)."""
@@ -125,7 +128,7 @@ class SshScheduler(SupervisedScheduler):
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
         spec = record.spec()
-        SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}).kill(
+        SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}, self).kill(
             record.job_id, grace_s
         )
 
@@ -165,8 +168,66 @@ def _hosts_running(record: JobRecord) -> list[str]:
 class SshAgents(ChildAgents):
     """The supervisor's transport for SSH: one ``ssh host hostagent run ...`` client per node."""
 
-    def __init__(self, plan: Plan, settings: ssh.SshSettings, python: str, secrets: dict[str, str]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        settings: ssh.SshSettings,
+        python: str,
+        secrets: dict[str, str],
+        scheduler: SshScheduler,
+    ) -> None:
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
+        self.scheduler = scheduler
+        self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
+
+    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+        """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
+        check of a submit, in place of ``failed_host``; with none, the same hosts once they all answer
+        again (every REJOIN_POLL_S, for at most REJOIN_WAIT_S). The new Plan (None: ``failed_host``
+        is not one of the job's). Raises OSError when no set of hosts can run the next attempt."""
+        current = [n.host for n in self.plan.nodes]
+        if failed_host not in current:
+            return None
+        spec = record.spec()
+        opts = spec.options(SshOptions)
+        self.failed.add(failed_host)
+        spares = [h for h in hosts_of(opts) if h not in current and h not in self.failed]
+        for spare in spares:
+            try:
+                return self._replan(record, [spare if h == failed_host else h for h in current])
+            except SpecError as e:
+                say(f"launcher: spare host {spare} cannot take over from {failed_host}: {e}")
+        deadline = time.monotonic() + REJOIN_WAIT_S
+        while True:
+            try:
+                return self._replan(record, current)
+            except SpecError as e:
+                if time.monotonic() > deadline:
+                    raise OSError(
+                        f"no spare host in the hostfile could replace {failed_host}, and the job's hosts did "
+                        f"not all answer within {REJOIN_WAIT_S:.0f} s: {e}"
+                    ) from None
+                time.sleep(REJOIN_POLL_S)
+
+    def _replan(self, record: JobRecord, hosts: list[str]) -> Plan:
+        """The job's Plan on ``hosts``, after the checks of a submit (probes, parity, workdir, routes,
+        port). Raises SpecError."""
+        spec = record.spec()
+        opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
+        workdir = SshFacts.model_validate(self.plan.facts).workdir
+        found = plan_hosts(
+            opts, len(hosts), spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, say
+        )
+        facts = SshFacts(
+            workdir=workdir,
+            hosts=found.hosts,
+            master_addr=found.master_addr,
+            rdzv_port=found.port,
+            ifnames=found.ifnames,
+            omp_num_threads=spec.omp_num_threads,
+        )
+        self.plan = self.scheduler.render(spec, facts, record.job_id, record.dir)
+        return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         # The secrets travel inside the encrypted channel, read once by the hostagent.

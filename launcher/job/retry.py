@@ -1,0 +1,93 @@
+"""Job-level retries (``JobSpec.retries``): whether a failed attempt is tried again, after how long,
+and what of it is kept.
+
+An attempt that failed for a reason that is not the user's (a rank killed by a signal, a lost node, a
+hang, a peer's NCCL/gloo error) is retried from the last checkpoint, which the trainer resumes from on
+its own (``--resume auto``). Never retried: invalid input (exit 2), a parity or preflight refusal
+(exit 3), a stop on request (75, 130), and an error that repeats with the same cause at the same step
+in two attempts in a row (a bug, bad data, a NaN: a new node would not help).
+
+Each ended attempt is archived in ``JOB/attempts/<k>/``: its node logs, torchrun's error files, the
+hang stacks and heartbeats, its Plan and ``attempt.json`` (``record.Attempt``). The next attempt writes fresh
+ones in their usual places, so every reader of "this attempt" (root cause, hang reports, following)
+stays as it was.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from launcher.job.hang import HANG_DIR
+from launcher.job.progress import recorded_beats
+from launcher.job.record import Attempt, JobRecord, JobState, Outcome
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_PARITY, EXIT_USAGE
+
+ATTEMPTS_DIR = "attempts"
+MAX_BACKOFF_S = 300.0
+_NEVER = {
+    EXIT_USAGE: "invalid input",
+    EXIT_PARITY: "the nodes were refused before training",
+    EXIT_CHECKPOINTED: "stopped on request",
+    EXIT_INTERRUPTED: "stopped on request",
+}
+
+
+def backoff_s(base_s: float, ended: int) -> float:
+    """Seconds to wait after the ``ended``-th failed attempt: ``base_s`` doubled for each one before
+    it, at most MAX_BACKOFF_S (or ``base_s``, if that is longer)."""
+    return min(base_s * 2 ** (ended - 1), max(base_s, MAX_BACKOFF_S))
+
+
+def _signature(cause: str) -> str:
+    """A cause with its numbers (pids, ports, times, addresses) masked: what repeats in a bug."""
+    return re.sub(r"\d+", "#", cause)
+
+
+def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries: int) -> str | None:
+    """Why the attempt that ended with ``outcome`` at ``step`` is not retried (None: it is), after
+    the attempts in ``history`` (oldest first) and with ``retries`` allowed in all."""
+    if outcome.state != JobState.FAILED:
+        return "it did not fail"
+    if outcome.exit_code in _NEVER:
+        return _NEVER[outcome.exit_code]
+    if len(history) >= retries:
+        return f"no retries left (--retries {retries})"
+    last = history[-1] if history else None
+    cause = outcome.failure.summary() if outcome.failure else outcome.message
+    repeated = last is not None and last.step == step and _signature(last.cause) == _signature(cause)
+    if step is not None and repeated:
+        return f"the same error at step {step:,} in two attempts in a row: a bug, bad data or a NaN"
+    return None
+
+
+def furthest_step(record: JobRecord) -> int | None:
+    """The furthest step the ranks of the current attempt reported in the job record's heartbeats
+    (None where they beat elsewhere, e.g. on SSH hosts, or never beat)."""
+    beats = [b for node in recorded_beats(record.plan(), record.dir).values() for b in node]
+    return max((b.step for b in beats), default=None)
+
+
+def archive(record: JobRecord, attempt: Attempt) -> Attempt:
+    """Move the attempt's node logs, error files, hang stacks and heartbeats into
+    ``JOB/attempts/<k>/`` with a copy of its Plan and ``attempt.json``; returns the attempt with the
+    paths in its cause moved along."""
+    out = record.dir / ATTEMPTS_DIR / str(attempt.number)
+    out.mkdir(parents=True, exist_ok=True)
+    moved = [n.log for n in record.plan().nodes] + ["torchelastic", HANG_DIR, "heartbeat"]
+    for name in moved:
+        if (record.dir / name).exists():
+            shutil.move(record.dir / name, out / name)
+    shutil.copy2(record.dir / "plan.json", out / "plan.json")  # its hosts: a retry may change them
+
+    def along(text: str) -> str:
+        for name in moved:
+            text = text.replace(str(record.dir / name), str(out / name))
+        return text
+
+    failure = attempt.failure
+    if failure is not None:
+        failure = failure.model_copy(update={"error": along(failure.error)})
+    attempt = attempt.model_copy(update={"cause": along(attempt.cause), "failure": failure})
+    (out / "attempt.json").write_text(attempt.model_dump_json(indent=2) + "\n")
+    return attempt

@@ -1,0 +1,101 @@
+"""Job-level retries on the local scheduler with real faults: a rank killed by SIGKILL and a frozen
+rank (a hang) are retried from the last checkpoint and the job succeeds with exactly the losses of an
+uninterrupted run; an error that repeats at the same step stops after two attempts; a cancel during
+the backoff ends the job and nothing starts afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from launcher.job.follow import wait_terminal
+from launcher.job.record import Attempt, JobRecord
+from launcher.schedulers.local.scheduler import LocalScheduler
+from tests.integration.conftest import (
+    FAST,
+    launcher,
+    losses,
+    only_job_id,
+    processes_of,
+    wait_for,
+    wait_for_steps,
+)
+
+STEPS = 30
+CKPT = ["--checkpoint-interval", "10", "--eval-interval", "100000"]
+
+
+def _submit(
+    jobs: Path, run_dir: Path, data: list[str], *flags: str, env: dict[str, str] | None = None
+) -> Path:
+    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *CKPT]
+    proc = launcher(jobs, *argv, "--max-steps", str(STEPS), "--run-dir", str(run_dir), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return jobs / only_job_id(jobs)
+
+
+def _status(job_dir: Path) -> dict:
+    return dict(json.loads((job_dir / "status.json").read_text()))
+
+
+def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrupted_run(
+    prepared_data, tmp_path: Path
+) -> None:
+    reference = tmp_path / "reference"
+    ref = _submit(tmp_path / "ref-jobs", reference, prepared_data)
+    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
+
+    run_dir = tmp_path / "run"
+    job_dir = _submit(tmp_path / "jobs", run_dir, prepared_data, "--retries", "2", "--retry-backoff-s", "1",
+                      "--hang-timeout-s", "5")  # fmt: skip
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=12)
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)  # after the checkpoint of step 10
+    wait_for(lambda: (job_dir / "attempts" / "1").is_dir(), 120, "attempt 1 to end")
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=14)
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGSTOP)  # a hang in attempt 2
+    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    assert final is not None and final.state == "succeeded", final
+    first, second = (
+        Attempt.model_validate_json((job_dir / "attempts" / k / "attempt.json").read_text()) for k in "12"
+    )
+    assert "rank 1 was killed by SIGKILL" in first.cause and first.step is not None and first.step >= 12, (
+        first
+    )
+    assert second.cause.startswith("hang: no progress") and "is stopped (SIGSTOP?)" in second.cause, second
+    assert (final.attempt, [a.number for a in final.attempts]) == (3, [1, 2])
+    assert sorted((job_dir / "attempts" / "2" / "hang").iterdir())  # each attempt keeps its own stacks
+    assert "resumed from" in (job_dir / "node-0.log").read_text()  # attempt 3 from the checkpoint
+    # Every step logged once, and the same losses bit for bit as the run that was never interrupted.
+    steps = [m["step"] for m in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
+             if "tokens_per_s" in m]  # fmt: skip
+    assert steps == list(range(1, STEPS + 1))
+    assert losses(run_dir) == losses(reference)
+    text = launcher(tmp_path / "jobs", "status", job_dir.name, check=True).stdout
+    assert "attempt 3 of 3" in text and "attempt 1 at step" in text and "attempt 2 at step" in text, text
+    assert processes_of(job_dir.name) == []
+
+
+def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp_path: Path) -> None:
+    job_dir = _submit(tmp_path / "jobs", tmp_path / "run", prepared_data, "--retries", "3",
+                      "--retry-backoff-s", "0", env={"GPTLAUNCH_FAULT": "1:3"})  # fmt: skip
+    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    assert final is not None and final.state == "failed" and final.exit_code == 1, final
+    assert "injected fault on rank 1 at step 3" in final.message, final.message
+    assert "attempt 2 of 4; not retried: the same error at step" in final.message, final.message
+    assert [a.number for a in final.attempts] == [1] and not (job_dir / "attempts" / "2").exists()
+
+
+def test_a_cancel_during_the_backoff_ends_the_job_and_nothing_starts(prepared_data, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    job_dir = _submit(jobs, tmp_path / "run", prepared_data, "--retries", "1", "--retry-backoff-s", "600",
+                      env={"GPTLAUNCH_FAULT": "1:3"})  # fmt: skip
+    wait_for(lambda: "starts in 600 s" in _status(job_dir)["message"], 120, "the backoff")
+    cancel = launcher(jobs, "cancel", job_dir.name)
+    assert cancel.returncode == 0, cancel.stderr
+    status = _status(job_dir)
+    assert (
+        status["state"] == "cancelled" and "cancelled before attempt 2 of 2 started" in status["message"]
+    ), status
+    assert processes_of(job_dir.name) == [] and not (job_dir / "node-0.log").exists()  # no attempt 2

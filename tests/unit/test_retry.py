@@ -1,0 +1,78 @@
+"""Job-level retries: which failures are tried again, the backoff, and what of an attempt is kept."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.job.logs import tail
+from launcher.job.record import Attempt, Failure, JobRecord, JobState, JobStatus, Outcome
+from launcher.job.retry import MAX_BACKOFF_S, archive, backoff_s, refusal
+from launcher.job.spec import JobSpec
+from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+
+KILLED = Failure(node_rank=1, rank=1, error="rank 1 was killed by SIGKILL; see JOB/node-1.log")
+FAULT = Failure(node_rank=1, rank=1, error="RuntimeError: injected fault on rank 1 at step 3 (pid 4242)")
+
+
+def _failed(failure: Failure | None, exit_code: int = 1) -> Outcome:
+    return Outcome(state=JobState.FAILED, exit_code=exit_code, failure=failure, message="m")
+
+
+def _attempt(failure: Failure, step: int | None) -> Attempt:
+    return Attempt(number=1, started_at=0, ended_at=1, exit_code=1, cause=failure.summary(), step=step)
+
+
+@pytest.mark.parametrize(
+    ("code", "why"), [(2, "invalid input"), (3, "refused"), (75, "on request"), (130, "on request")]
+)
+def test_the_users_failures_and_stops_are_never_retried(code: int, why: str) -> None:
+    assert why in (refusal(_failed(None, code), 5, [], retries=3) or "")
+
+
+def test_a_killed_rank_is_retried_until_the_retries_are_spent() -> None:
+    assert refusal(_failed(KILLED), 7, [], retries=1) is None
+    assert refusal(_failed(KILLED), 9, [_attempt(KILLED, 7)], retries=1) == "no retries left (--retries 1)"
+    assert refusal(Outcome(state=JobState.SUCCEEDED, exit_code=0), 9, [], retries=1) == "it did not fail"
+
+
+def test_the_same_error_at_the_same_step_twice_is_a_bug_not_a_node() -> None:
+    again = FAULT.model_copy(update={"error": FAULT.error.replace("4242", "5151")})  # another pid
+    assert "the same error at step 3" in (refusal(_failed(again), 3, [_attempt(FAULT, 3)], retries=5) or "")
+    assert refusal(_failed(again), 4, [_attempt(FAULT, 3)], retries=5) is None  # another step
+    assert refusal(_failed(KILLED), 3, [_attempt(FAULT, 3)], retries=5) is None  # another cause
+    assert refusal(_failed(again), None, [_attempt(FAULT, None)], retries=5) is None  # step unknown
+
+
+def test_the_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(10, k) for k in (1, 2, 3)] == [10, 20, 40]
+    assert backoff_s(10, 30) == MAX_BACKOFF_S and backoff_s(600, 2) == 600  # a longer base is kept
+
+
+def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate({"nnodes": 2})
+    facts = LocalFacts(workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=1, omp_num_threads=1, gpus=[])
+    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
+    for k in (0, 1):
+        record.node_log(k).write_text(f"attempt 1 node {k}\n")
+    (record.torchelastic_dir(1) / "x").mkdir(parents=True)
+    follow = tail([("node0", record.node_log(0))], keep_going=lambda: True)
+    assert next(follow) == "node0 | attempt 1 node 0\n"
+    killed = KILLED.model_copy(update={"error": f"rank 1 was killed; see {record.node_log(1)}"})
+    kept = archive(record, _attempt(killed, 7).model_copy(update={"failure": killed}))
+    out = record.dir / "attempts" / "1"
+    assert kept.cause.endswith(f"see {out / 'node-1.log'}") and kept.failure.error.endswith(
+        f"see {out / 'node-1.log'}"
+    )
+    assert (out / "node-1.log").read_text() == "attempt 1 node 1\n" and (
+        out / "torchelastic" / "node-1" / "x"
+    ).is_dir()
+    assert (
+        not record.node_log(0).exists()
+        and Attempt.model_validate_json((out / "attempt.json").read_text()).step == 7
+    )
+    record.node_log(0).write_text("attempt 2 node 0\n")
+    assert next(follow) == "node0 | attempt 2 node 0\n"  # the follower found the new file
