@@ -272,3 +272,37 @@ def test_a_stopped_rank_is_a_hang_named_by_the_container_entry(
     assert len(stacks) == 2 and all("Python v" in text for text in stacks), stacks
     wait_for(lambda: left_of(engine, job) == ("", ""), 60, "the containers and network to go")
     print(f"\n{status['message']}")
+
+
+def test_a_killed_rank_is_retried_in_new_containers(
+    engine: dict[str, str], cpu_image: dict[str, Any], prepared_data: list[str], tmp_path: Path
+) -> None:
+    """--retries 1: the containers are made anew for attempt 2, which resumes from the checkpoint."""
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    env = os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"]}
+    flags = ["--detach", "--retries", "1", "--retry-backoff-s", "1"]
+    proc = launcher(
+        jobs, *submit_args(prepared_data, run_dir, 30, *flags), "--checkpoint-interval", "10", env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = proc.stdout.strip()
+    wait_for(
+        lambda: (
+            training_started(jobs, run_dir) and max((m["step"] for m in metrics(run_dir)), default=0) >= 12
+        ),
+        600,
+        "step 12",
+    )
+    (rank1,) = [p for p in processes_of(job) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    rank1.kill()
+    final: dict[str, Any] = {}
+
+    def ended() -> bool:
+        final.update(json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout))
+        return final["state"] not in ("created", "pending", "running")
+
+    wait_for(ended, 600, "the job to end")
+    assert final["state"] == "succeeded" and final["attempt"] == 2, final
+    assert "killed by SIGKILL" in final["attempts"][0]["cause"], final
+    assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 31))
+    assert left_of(engine, job) == ("", "")
