@@ -112,7 +112,8 @@ class Attempt(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     number: int  # 1 for the first
     started_at: float
-    ended_at: float
+    ended_at: float  # when its end was known (the failure detected)
+    cleaned_at: float | None = None  # when its processes were gone and the next nodes chosen
     exit_code: int
     cause: str  # one line: the failure's summary, the hang, ...
     step: int | None = None  # the furthest step its ranks reported, where known

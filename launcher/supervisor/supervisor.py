@@ -253,6 +253,7 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
     total = job.spec.retries + 1
     while True:
         outcome = _attempt(job, stop, started)
+        detected = time.time()
         step = furthest_step(job.record)
         why_not = refusal(outcome, step, job.attempts, job.spec.retries)
         if stop.requested or why_not is not None:
@@ -270,7 +271,8 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         ended = Attempt(
             number=len(job.attempts) + 1,
             started_at=job.started,
-            ended_at=time.time(),
+            ended_at=detected,
+            cleaned_at=time.time(),
             exit_code=outcome.exit_code,
             cause=cause,
             step=step,

@@ -1,0 +1,147 @@
+"""How long a retried job loses to one failure: from SIGKILL of a rank to the next attempt's first
+step, and on to the step the failed attempt had reached, split into its parts.
+
+Each round: a local 2-node job (tiny preset, one thread per rank) with ``--retries 1``, a checkpoint
+every ``--checkpoint-interval`` steps; once both ranks are past ``--kill-step``, rank 1 is killed
+with SIGKILL. From the attempt record (``JOB/attempts/1/attempt.json``) and the heartbeats of the next
+attempt:
+
+- detection: the kill → the supervisor knows the attempt failed (torchrun reports the dead worker);
+- teardown: → every process of the attempt is gone and the next nodes are chosen;
+- backoff: ``--retry-backoff-s`` (the wait before the next attempt);
+- start-up: → the next attempt's first step is done (interpreter, data, rendezvous, resume from the
+  checkpoint);
+- recompute: → the next attempt is back at the step the failed one had reached (the steps since the
+  checkpoint, redone).
+
+Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]``.
+Progress goes to stderr, Markdown to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from common import text_files
+from procs import BenchError, child_env, log
+
+from launcher.job.follow import wait_terminal
+from launcher.job.record import Attempt, JobRecord
+from launcher.schedulers.local.scheduler import LocalScheduler
+from trainer.contract import Beat, read_beats
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("detection", "teardown", "backoff", "start-up", "recompute")
+
+
+def _beats(job_dir: Path) -> list[Beat]:
+    return [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
+
+
+def _until(what: str, found: Callable[[], object], timeout_s: float = 600) -> None:
+    """Poll ``found()`` every 50 ms until true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if found():
+            return
+        time.sleep(0.05)
+    raise BenchError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
+    """The parts of one failure's cost, in seconds."""
+    jobs = tmp / f"jobs-{k}"
+    cmd = [
+        sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
+        "--nodes", "2", "--retries", "1", "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
+        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
+        "--no-compile", "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
+        "--checkpoint-interval", str(args.checkpoint_interval), "--eval-interval", "1000000",
+        "--run-dir", str(tmp / f"run-{k}"),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if out.returncode != 0:
+        raise BenchError(f"submit failed: {out.stderr[-2000:]}")
+    job_dir = jobs / out.stdout.strip().splitlines()[-1]
+    _until(
+        "the kill step", lambda: len(b := _beats(job_dir)) == 2 and min(x.step for x in b) >= args.kill_step
+    )
+    rank1 = next(b for b in _beats(job_dir) if b.rank == 1)
+    killed = time.time()
+    os.kill(rank1.pid, signal.SIGKILL)
+    attempt_file = job_dir / "attempts" / "1" / "attempt.json"
+    _until("attempt 1 archived", attempt_file.is_file)
+    attempt = Attempt.model_validate_json(attempt_file.read_text())
+    if attempt.cleaned_at is None or attempt.step is None:
+        raise BenchError(f"{attempt_file}: no cleanup time or step")
+    first: list[float] = []
+    reached: list[float] = []
+
+    def stepped() -> bool:
+        beats = _beats(job_dir)
+        if len(beats) == 2 and all(b.phase == "step" for b in beats) and not first:
+            first.append(max(b.time for b in beats))
+        if first and len(beats) == 2 and min(b.step for b in beats) >= attempt.step:
+            reached.append(max(b.time for b in beats))
+        return bool(reached)
+
+    _until("attempt 2 back at the failed step", stepped)
+    status = wait_terminal(LocalScheduler(), JobRecord(job_dir), 600, poll_s=0.2)
+    if status is None or status.state != "succeeded":
+        raise BenchError(f"{job_dir}: did not succeed: {status}")
+    restart = attempt.cleaned_at + args.retry_backoff_s
+    parts = {
+        "detection": attempt.ended_at - killed,
+        "teardown": attempt.cleaned_at - attempt.ended_at,
+        "backoff": args.retry_backoff_s,
+        "start-up": first[0] - restart,
+        "recompute": reached[0] - first[0],
+    }
+    said = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
+    log(f"round {k + 1}: {said} (killed at step {attempt.step})")
+    return parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--retry-backoff-s", type=float, default=10.0)
+    p.add_argument("--kill-step", type=int, default=25, help="kill rank 1 once both ranks are past it")
+    p.add_argument("--checkpoint-interval", type=int, default=20)
+    p.add_argument("--text-files", nargs="+", help="input text (default: WikiText-2 valid.txt in ../shared)")
+    args = p.parse_args(argv)
+    args.text_files = text_files(args.text_files, p)
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_recovery-") as tmp:
+            rounds = [one_round(args, Path(tmp), k) for k in range(args.rounds)]
+    except BenchError as e:
+        print(f"bench: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    rows = ["| part | seconds (median) | range |", "| --- | ---: | --- |"]
+    for part in PARTS:
+        values = [r[part] for r in rounds]
+        rows.append(f"| {part} | {statistics.median(values):.1f} | {min(values):.1f}–{max(values):.1f} |")
+    totals = [sum(r.values()) for r in rounds]
+    rows.append(f"| **total** | **{statistics.median(totals):.1f}** | {min(totals):.1f}–{max(totals):.1f} |")
+    print("\n".join(rows))
+    print(
+        f"\n{args.rounds} rounds, rank 1 SIGKILLed past step {args.kill_step}, a checkpoint every "
+        f"{args.checkpoint_interval} steps, `--retry-backoff-s {args.retry_backoff_s:g}`; "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, total {time.monotonic() - started:.0f} s · "
+        "`python benchmarks/bench_recovery.py`"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
