@@ -14,13 +14,19 @@ attempt:
 - recompute: → the next attempt is back at the step the failed one had reached (the steps since the
   checkpoint, redone).
 
-Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]``.
+With ``--goodput-minutes M``: instead, one local 2-node job with the trainer's default checkpoint
+and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds;
+its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
+
+Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]``,
+``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -111,16 +117,73 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     return parts
 
 
+def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """The goodput of one long job with a rank killed every ``args.kill_every_s`` seconds."""
+    jobs = tmp / "jobs"
+    minutes = args.goodput_minutes
+    cmd = [
+        sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
+        "--nodes", "2", "--retries", "100", "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
+        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
+        "--no-compile", "--max-steps", "100000000", "--run-dir", str(tmp / "run"),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if out.returncode != 0:
+        raise BenchError(f"submit failed: {out.stderr[-2000:]}")
+    job = out.stdout.strip().splitlines()[-1]
+    job_dir = jobs / job
+    started = time.monotonic()
+    kills = 0
+    while time.monotonic() - started < minutes * 60:
+        time.sleep(1)
+        due = int((time.monotonic() - started) // args.kill_every_s)
+        beats = _beats(job_dir)
+        if due > kills and len(beats) == 2 and all(b.phase == "step" for b in beats):
+            os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+            kills += 1
+            log(f"{time.monotonic() - started:.0f} s: rank 1 killed ({kills})")
+    status = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "status"]
+    text = subprocess.run([*status, job], capture_output=True, text=True, cwd=ROOT).stdout
+    data = json.loads(
+        subprocess.run([*status, "--json", job], capture_output=True, text=True, cwd=ROOT).stdout
+    )
+    subprocess.run([*status[:-1], "cancel", job], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    log(text)
+    return dict(data["goodput"])
+
+
+def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
+    print("| part | seconds | share |\n| --- | ---: | ---: |")
+    for key in ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s"):
+        print(f"| {key[:-2]} | {g[key]:.0f} | {g[key] / g['wall_s']:.1%} |")
+    print(
+        f"\n**goodput {g['ratio']:.1%}** over {g['wall_s']:.0f} s with {g['failures']:.0f} failures (rank 1 "
+        f"SIGKILLed every {args.kill_every_s:g} s), `--retry-backoff-s {args.retry_backoff_s:g}`; "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} · `python benchmarks/bench_recovery.py "
+        f"--goodput-minutes {args.goodput_minutes:g} --kill-every-s {args.kill_every_s:g}`"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--retry-backoff-s", type=float, default=10.0)
     p.add_argument("--kill-step", type=int, default=25, help="kill rank 1 once both ranks are past it")
     p.add_argument("--checkpoint-interval", type=int, default=20)
+    p.add_argument("--goodput-minutes", type=float, help="measure goodput over one job this long instead")
+    p.add_argument("--kill-every-s", type=float, default=300.0)
     p.add_argument("--text-files", nargs="+", help="input text (default: WikiText-2 valid.txt in ../shared)")
     args = p.parse_args(argv)
     args.text_files = text_files(args.text_files, p)
     started = time.monotonic()
+    if args.goodput_minutes:
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench_recovery-") as tmp:
+                _print_goodput(args, goodput_run(args, Path(tmp)))
+        except BenchError as e:
+            print(f"bench: error: {e}", file=sys.stderr, flush=True)
+            return 1
+        return 0
     try:
         with tempfile.TemporaryDirectory(prefix="bench_recovery-") as tmp:
             rounds = [one_round(args, Path(tmp), k) for k in range(args.rounds)]

@@ -130,7 +130,8 @@ class Beat:
     """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
     seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
     steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``); ``debug_socket``,
-    where torch's worker server answers for it (``trainer.flight_recorder``)."""
+    where torch's worker server answers for it (``trainer.flight_recorder``); ``start_step``, the step
+    the process resumed at, and ``phase_s``, the seconds it has spent in each phase (for goodput)."""
 
     rank: int
     local_rank: int
@@ -142,6 +143,8 @@ class Beat:
     slowest_step_s: float = 0.0
     straggler_ratio: float | None = None  # its compute time over the median's, while it is a straggler
     debug_socket: str | None = None  # its flight recorder's server (``trainer.flight_recorder``)
+    start_step: int = 0  # the step this process started (resumed) at
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -27,6 +27,8 @@ class Heartbeat:
     def __init__(self, env: DistEnv, directory: Path | None) -> None:
         self.env, self.directory = env, directory
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
+        self.start_step = 0
+        self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
         self._straggler: float | None = None
@@ -41,6 +43,14 @@ class Heartbeat:
     def from_env(cls, env: DistEnv) -> Heartbeat:
         directory = os.environ.get(HEARTBEAT_DIR_ENV)
         return cls(env, Path(directory) if directory else None)
+
+    def flush(self) -> None:
+        """Publish now, whatever the throttle (e.g. the step a failing rank reached)."""
+        self._publish()
+
+    def resumed(self, step: int) -> None:
+        """The run starts at ``step`` (a checkpoint's, or 0)."""
+        self.step = self.start_step = step
 
     def step_done(self, done: int, step_s: float) -> None:
         """Optimizer step ``done`` finished after ``step_s`` seconds of compute."""
@@ -68,7 +78,9 @@ class Heartbeat:
             self._enter(before)
 
     def _enter(self, phase: str) -> None:
-        self.phase, self.phase_since = phase, time.time()
+        now = time.time()
+        self._phase_s[self.phase] = self._phase_s.get(self.phase, 0.0) + now - self.phase_since
+        self.phase, self.phase_since = phase, now
         self._publish()
 
     def _publish(self) -> None:
@@ -86,6 +98,8 @@ class Heartbeat:
             slowest_step_s=max(self._recent, default=0.0),
             straggler_ratio=self._straggler,
             debug_socket=self._socket,
+            start_step=self.start_step,
+            phase_s=self._phase_s | {self.phase: self._phase_s.get(self.phase, 0.0) + now - self.phase_since},
         )
         try:
             write_beat(self.directory, beat)

@@ -104,6 +104,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         run = setup(cfg, env, device, manifest)
         with StopRequest(cfg.stop_signals) as stop:
             return loop(run, stop, beat)
+    except BaseException:
+        beat.flush()  # the step it failed at, not throttled: the launcher's retry rule compares it
+        raise
     finally:
         distributed.shutdown()
 
@@ -116,6 +119,7 @@ def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
     fault = FaultInjection.from_env(run.env)
     stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
     obs = Observers(Throughput(run), beat, stragglers)
+    beat.resumed(run.start_step)
     with Report(run) as report:
         report.log(_start_line(run, obs.meter.tokens_per_step))
         for step in range(run.start_step, cfg.max_steps):

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from launcher.cli.flags import UsageError
 from launcher.job.console import say
+from launcher.job.goodput import account, archived_beats, rank0
 from launcher.job.progress import node_progress
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
@@ -102,12 +103,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
     st, plan = scheduler.state(record), record.plan()
     # Per node while it runs: step, heartbeat age, stall and stragglers (where the beats are readable).
-    nodes = []
-    if not st.state.is_terminal:
-        nodes = node_progress(plan, record.spec().hang, scheduler.heartbeats(record), time.time())
+    beats = scheduler.heartbeats(record) if st.started_at is not None else {}
+    nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
+    goodput = None
+    if st.started_at is not None:
+        last = rank0([b for node in beats.values() for b in node])
+        wall = (st.ended_at or time.time()) - st.started_at
+        goodput = account([*archived_beats(record.dir, len(st.attempts)), last], wall)
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
-        print(json.dumps({**st.model_dump(mode="json"), "nodes": nodes_json}, indent=2))
+        extra = {"nodes": nodes_json, "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio}}
+        print(json.dumps({**st.model_dump(mode="json"), **extra}, indent=2))
         return EXIT_OK
     print(f"job {plan.job_id}: {st.state}")
     print(f"  scheduler {plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}, record {record.dir}")
@@ -123,6 +129,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"    {attempt.describe()}")
     for node in nodes:
         print(f"  {node.describe()}")
+    if goodput is not None:
+        print(f"  {goodput.describe()}")
     return EXIT_OK
 
 

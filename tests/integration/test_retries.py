@@ -74,6 +74,14 @@ def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrup
     assert losses(run_dir) == losses(reference)
     text = launcher(tmp_path / "jobs", "status", job_dir.name, check=True).stdout
     assert "attempt 3 of 3" in text and "attempt 1 at step" in text and "attempt 2 at step" in text, text
+    # Goodput: both failures' cost is at least their backoffs (1 s, then 2 s), and the parts add up.
+    goodput = json.loads(launcher(tmp_path / "jobs", "status", "--json", job_dir.name, check=True).stdout)[
+        "goodput"
+    ]
+    assert goodput["failures"] == 2 and goodput["lost_s"] > 1 + 2 and 0 < goodput["ratio"] < 1, goodput
+    parts = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s")
+    assert abs(sum(goodput[k] for k in parts) - goodput["wall_s"]) < 1e-6 * goodput["wall_s"], goodput
+    assert "lost" in text and "to 2 failures" in text, text
     assert processes_of(job_dir.name) == []
 
 

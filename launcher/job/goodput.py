@@ -1,0 +1,116 @@
+"""Goodput: the share of a job's wall time that went into training steps that count.
+
+Each rank's heartbeat (``trainer.contract.Beat``) carries the seconds its process spent in each phase
+(start-up, step, eval, checkpoint) and the step it resumed at; a retried job keeps every attempt's
+last beats in ``JOB/attempts/<k>/heartbeat/``. From rank 0's last beat of each attempt:
+
+- training: step time, less the steps a later attempt redid (those after the checkpoint it resumed
+  from, in proportion to the attempt's step time per step);
+- start-up: the first attempt's start-up (interpreters, data, rendezvous, compile);
+- lost to failures: for each failed attempt, from its last beat to the next attempt's first step
+  (detection, teardown, backoff, the next start-up), plus the steps redone;
+- checkpoints, evaluation: their phases, in every attempt;
+- other: the rest of the wall time (the launcher before the first rank started, attempts whose
+  beats stayed on a host: SSH's earlier attempts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from launcher.job.retry import ATTEMPTS_DIR
+from trainer.contract import Beat, read_beats
+
+STARTUP, STEP, EVAL, CHECKPOINT = "startup", "step", "eval", "checkpoint"
+
+
+class Goodput(BaseModel):
+    """Where a job's wall time went, in seconds."""
+
+    model_config = ConfigDict(frozen=True)
+    wall_s: float
+    training_s: float
+    startup_s: float
+    lost_s: float
+    checkpoint_s: float
+    eval_s: float
+    other_s: float
+    failures: int
+
+    @property
+    def ratio(self) -> float:
+        return self.training_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def describe(self) -> str:
+        """E.g. ``goodput 91%: 3 h 10 min training of 3 h 29 min; start-up 2 min; lost 12 min to 2
+        failures; checkpoints 3 min; evaluation 1 min; other 1 min``."""
+        parts = [
+            f"goodput {self.ratio:.0%}: {_span(self.training_s)} training of {_span(self.wall_s)}",
+            f"start-up {_span(self.startup_s)}",
+        ]
+        if self.failures:
+            parts.append(f"lost {_span(self.lost_s)} to {self.failures} failure{'s' * (self.failures > 1)}")
+        parts += [f"checkpoints {_span(self.checkpoint_s)}", f"evaluation {_span(self.eval_s)}"]
+        parts.append(f"other {_span(self.other_s)}")
+        return "; ".join(parts)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def _first_step_at(beat: Beat) -> float:
+    """When ``beat``'s process finished its start-up: its start (its time less all its phases) plus
+    its start-up."""
+    return beat.time - sum(beat.phase_s.values()) + beat.phase_s.get(STARTUP, 0.0)
+
+
+def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
+    """The goodput of a job whose attempts' last beats (rank 0's, oldest first; None where none was
+    kept) are ``attempts``, over ``wall_s`` seconds of wall time."""
+    training = startup = lost = checkpoint = evaluation = 0.0
+    for k, beat in enumerate(attempts):
+        if beat is None:
+            continue
+        nxt = attempts[k + 1] if k + 1 < len(attempts) else None
+        steps = beat.step - beat.start_step
+        step_s = beat.phase_s.get(STEP, 0.0)
+        redone = max(0, beat.step - nxt.start_step) if nxt is not None else 0
+        redone_s = step_s * min(redone, steps) / steps if steps > 0 else 0.0
+        training += step_s - redone_s
+        checkpoint += beat.phase_s.get(CHECKPOINT, 0.0)
+        evaluation += beat.phase_s.get(EVAL, 0.0)
+        if k == 0:
+            startup += beat.phase_s.get(STARTUP, 0.0)
+        if nxt is not None:  # this attempt failed: from its last beat to the next one's first step
+            lost += redone_s + max(0.0, _first_step_at(nxt) - beat.time)
+    counted = training + startup + lost + checkpoint + evaluation
+    return Goodput(
+        wall_s=wall_s,
+        training_s=training,
+        startup_s=startup,
+        lost_s=lost,
+        checkpoint_s=checkpoint,
+        eval_s=evaluation,
+        other_s=max(0.0, wall_s - counted),
+        failures=len(attempts) - 1,
+    )
+
+
+def rank0(beats: list[Beat]) -> Beat | None:
+    return next((b for b in beats if b.rank == 0), None)
+
+
+def archived_beats(job_dir: Path, attempts: int) -> list[Beat | None]:
+    """Rank 0's last beat in each of the first ``attempts`` archived attempts (None where none)."""
+    found = []
+    for k in range(1, attempts + 1):
+        beats_dir = job_dir / ATTEMPTS_DIR / str(k) / "heartbeat"
+        found.append(rank0([b for d in sorted(beats_dir.glob("node-*")) for b in read_beats(d)]))
+    return found
