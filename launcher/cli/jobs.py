@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from launcher.cli.flags import UsageError
 from launcher.job.console import say
 from launcher.job.goodput import account, archived_beats, rank0
-from launcher.job.progress import node_progress
+from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
@@ -103,7 +103,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
     st, plan = scheduler.state(record), record.plan()
     # Per node while it runs: step, heartbeat age, stall and stragglers (where the beats are readable).
-    beats = scheduler.heartbeats(record) if st.started_at is not None else {}
+    # Running: from the nodes (SSH asks each host). Ended: only what the job record holds, so that the
+    # status of an old job never waits on hosts that may be gone.
+    beats = recorded_beats(plan, record.dir) if st.state.is_terminal else scheduler.heartbeats(record)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = None
     if st.started_at is not None:

@@ -181,6 +181,12 @@ def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monk
     with beat.phase_of("checkpoint"):
         assert read_beats(tmp_path / "node-1")[0].phase == "checkpoint"
     assert read_beats(tmp_path / "node-1")[0].phase == "step"
+    # For goodput: the seconds spent in each phase so far (a fake clock of 0.1 s a call), and the resume.
+    beat.resumed(40)
+    beat.flush()
+    latest = read_beats(tmp_path / "node-1")[0]
+    assert latest.start_step == 40 and set(latest.phase_s) == {"startup", "step", "checkpoint"}
+    assert all(v > 0 for v in latest.phase_s.values()) and latest.phase_s["checkpoint"] < latest.phase_s["step"]
 
 
 def test_a_new_watchdog_forgets_an_earlier_runs_beats(tmp_path: Path) -> None:

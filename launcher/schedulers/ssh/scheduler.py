@@ -51,6 +51,18 @@ class SshFacts(Facts):
     def host_plan(self) -> HostPlan:
         return HostPlan(self.hosts, self.master_addr, self.rdzv_port, self.ifnames, {})
 
+    @classmethod
+    def of(cls, workdir: str, hosts: HostPlan, spec: JobSpec) -> SshFacts:
+        """The facts of ``spec`` on the checked ``hosts``."""
+        return cls(
+            workdir=workdir,
+            hosts=hosts.hosts,
+            master_addr=hosts.master_addr,
+            rdzv_port=hosts.port,
+            ifnames=hosts.ifnames,
+            omp_num_threads=spec.omp_num_threads,
+        )
+
 
 class SshScheduler(SupervisedScheduler):
     name = "ssh"
@@ -69,14 +81,7 @@ class SshScheduler(SupervisedScheduler):
         hosts = plan_hosts(
             opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, warn=say
         )
-        return SshFacts(
-            workdir=workdir,
-            hosts=hosts.hosts,
-            master_addr=hosts.master_addr,
-            rdzv_port=hosts.port,
-            ifnames=hosts.ifnames,
-            omp_num_threads=spec.omp_num_threads,
-        )
+        return SshFacts.of(workdir, hosts, spec)
 
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
         """With ``--preflight``: a short all_reduce across the hosts with the job's backend settings
@@ -218,15 +223,7 @@ class SshAgents(ChildAgents):
         found = plan_hosts(
             opts, len(hosts), spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, say
         )
-        facts = SshFacts(
-            workdir=workdir,
-            hosts=found.hosts,
-            master_addr=found.master_addr,
-            rdzv_port=found.port,
-            ifnames=found.ifnames,
-            omp_num_threads=spec.omp_num_threads,
-        )
-        self.plan = self.scheduler.render(spec, facts, record.job_id, record.dir)
+        self.plan = self.scheduler.render(spec, SshFacts.of(workdir, found, spec), record.job_id, record.dir)
         return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
