@@ -186,7 +186,7 @@ def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monk
     beat.flush()
     latest = read_beats(tmp_path / "node-1")[0]
     assert latest.start_step == 40 and set(latest.phase_s) == {"startup", "step", "checkpoint"}
-    assert all(v > 0 for v in latest.phase_s.values()) and latest.phase_s["checkpoint"] < latest.phase_s["step"]
+    assert all(v > 0 for v in latest.phase_s.values()), latest.phase_s
 
 
 def test_a_new_watchdog_forgets_an_earlier_runs_beats(tmp_path: Path) -> None:
