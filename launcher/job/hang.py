@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,16 @@ def add_watch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-timeout-s", type=float, help="see `launcher submit --help`")
     parser.add_argument("--hang-startup-s", type=float, default=HangSpec().startup_s)
     parser.add_argument("--hang-phase-s", type=float, default=HangSpec().phase_s)
+
+
+def parse_with_command(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[str]]:
+    """A node-side entry's ``FLAGS -- COMMAND...`` (``sys.argv[1:]`` when ``argv`` is None): its parsed
+    flags and the command after ``--`` (empty when there is none)."""
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1 :]
 
 
 def watch_of(args: argparse.Namespace) -> tuple[HangSpec, int] | None:

@@ -334,7 +334,7 @@ class _Watch:
         self.stop_at: float | None = None
         self.stop_asked = 0.0  # wall-clock time of the stop request
         # Nodes that watch themselves (SSH, compose) report a hang in their logs and hold their ranks.
-        self.node_watched = job.record.spec().hang.enabled and not job.watchdog.nodes
+        self.node_watched = job.spec.hang.enabled and not job.watchdog.nodes
         self.next_read = 0.0
         self.first_report: float | None = None
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.job.hang import add_watch_flags, heartbeat_dir, watch_of
+from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
 from launcher.preflight.probe import collect
 from launcher.supervisor.secrets import receive
@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--skip-parity", action="store_true")
     add_watch_flags(parser)
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
+    args, command = parse_with_command(parser, argv)
     if not command:
         parser.error("the command to run (torchrun ...) goes after --")
     secrets = _secrets()

@@ -40,6 +40,7 @@ from launcher.job.hang import (
     hang_message,
     heartbeat_dir,
     merge,
+    parse_with_command,
     read_reports,
     watch_of,
     write_stacks,
@@ -160,9 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-dir", required=True)
     p.add_argument("--run-dir", required=True)
     add_watch_flags(p)
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, command = p.parse_args(argv[:split]), argv[split + 1 :]
+    args, command = parse_with_command(p, argv)
     if not command:
         p.error("the node's command goes after --")
     # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel): the

@@ -42,7 +42,7 @@ from types import FrameType
 
 import psutil
 
-from launcher.job.hang import add_watch_flags, watch_of
+from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
@@ -220,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
     add_watch_flags(p)
-    argv = sys.argv[1:] if argv is None else argv
-    split = argv.index("--") if "--" in argv else len(argv)
-    args, command = p.parse_args(argv[:split]), argv[split + 1 :]
+    args, command = parse_with_command(p, argv)
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
