@@ -110,7 +110,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     goodput = None
     if st.started_at is not None:
         last = rank0([b for node in beats.values() for b in node])
-        wall = (st.ended_at or time.time()) - st.started_at
+        # From the first attempt's start: a requeued SLURM job's started_at is its last run's.
+        started = min([st.started_at, *(a.started_at for a in st.attempts)])
+        wall = (st.ended_at or time.time()) - started
         goodput = account([*archived_beats(record.dir, len(st.attempts)), last], wall)
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]

@@ -18,7 +18,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.job.hang import HangReport, hang_message, write_stacks
+from launcher.job.hang import HangReport, hang_message, suspects, write_stacks
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
@@ -194,4 +194,5 @@ def stop_outcome(plan: Plan, since: float) -> Outcome:
 def hang_outcome(job_dir: Path, report: HangReport) -> Outcome:
     """A hang as the job's end: every rank's stack kept in ``job_dir/hang/``, the suspect named."""
     message = hang_message(report, write_stacks(job_dir, report))
-    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    nodes = sorted({r.node for r in report.ranks if r.rank in suspects(report)})
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message, suspect_nodes=nodes)

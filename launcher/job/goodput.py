@@ -60,6 +60,8 @@ class Goodput(BaseModel):
 def _span(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
+    if seconds < 600:  # minutes and seconds while the seconds still matter
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"

@@ -277,19 +277,26 @@ def _waiting(ranks: list[int]) -> str:
     return f"ranks {', '.join(map(str, ranks))} wait"
 
 
+def suspects(report: HangReport) -> dict[int, str]:
+    """The ranks that stand out in a hang (stopped, not in a collective, behind the others), with
+    why; by rank."""
+    late = behind(report.ranks)
+    why = {r.rank: r.suspect or late.get(r.rank) for r in report.ranks}
+    return {rank: reason for rank, reason in why.items() if reason}
+
+
 def hang_message(report: HangReport, stacks_dir: Path) -> str:
     """One line: how long, at which step, the suspects and what the others wait in, where the stacks
     are. E.g. ``hang: no progress for 124 s (budget 120 s) at step 1,234: rank 1 (node 1, gl-h2) is
     stopped (SIGSTOP?); ranks 0, 2, 3 wait in all_reduce; stacks in JOB/hang/``."""
-    late = behind(report.ranks)
-    why = {r.rank: r.suspect or late.get(r.rank) for r in report.ranks}
-    suspects = [f"{r.describe()} {why[r.rank]}" for r in report.ranks if why[r.rank]]
+    why = suspects(report)
+    named = [f"{r.describe()} {why[r.rank]}" for r in report.ranks if r.rank in why]
     waiting: dict[str, list[int]] = {}
     for r in report.ranks:
-        if why[r.rank] is None and r.waits_in is not None:
+        if r.rank not in why and r.waits_in is not None:
             waiting.setdefault(r.waits_in, []).append(r.rank)
-    unread = [r.rank for r in report.ranks if why[r.rank] is None and r.waits_in is None]
-    parts = [*suspects, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
+    unread = [r.rank for r in report.ranks if r.rank not in why and r.waits_in is None]
+    parts = [*named, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
     if unread:
         parts.append(
             f"no frame readable for rank{'s' if len(unread) > 1 else ''} {', '.join(map(str, unread))}"

@@ -104,6 +104,11 @@ class Outcome(BaseModel):
     exit_code: int
     message: str = ""
     failure: Failure | None = None
+    suspect_nodes: list[int] = []  # a hang's: the nodes of the ranks that stand out (node ranks)
+
+    def blamed_nodes(self) -> list[int]:
+        """The node ranks a retry should avoid: the failed rank's node, else a hang's suspects'."""
+        return [self.failure.node_rank] if self.failure is not None else self.suspect_nodes
 
 
 class Attempt(BaseModel):
@@ -119,11 +124,13 @@ class Attempt(BaseModel):
     step: int | None = None  # the furthest step its ranks reported, where known
     failure: Failure | None = None
     replaced: dict[str, str] = {}  # host -> the spare the next attempt runs on instead
+    excluded: list[str] = []  # hosts the next attempt may not run on (SLURM: --exclude)
 
     def describe(self) -> str:
         at = f" at step {self.step:,}" if self.step is not None else ""
         spares = "".join(f"; {old} → replaced by {new}" for old, new in self.replaced.items())
-        return f"attempt {self.number}{at}: {self.cause}{spares}"
+        excluded = f"; {', '.join(self.excluded)} excluded" if self.excluded else ""
+        return f"attempt {self.number}{at}: {self.cause}{spares}{excluded}"
 
 
 class JobStatus(BaseModel):

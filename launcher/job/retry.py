@@ -61,6 +61,15 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     return None
 
 
+def not_retried(outcome: Outcome, why: str, attempts: list[Attempt], retries: int) -> Outcome:
+    """The job's outcome when the attempt that ended with ``outcome`` is not retried, for ``why``:
+    a failure of a job that retries says which attempt it was and why it is the last."""
+    if not retries or outcome.state != JobState.FAILED:
+        return outcome
+    note = f" (attempt {len(attempts) + 1} of {retries + 1}; not retried: {why})"
+    return outcome.model_copy(update={"message": outcome.message + note})
+
+
 def furthest_step(record: JobRecord) -> int | None:
     """The furthest step the ranks of the current attempt reported in the job record's heartbeats
     (None where they beat elsewhere, e.g. on SSH hosts, or never beat)."""

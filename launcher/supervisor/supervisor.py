@@ -31,7 +31,7 @@ from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outc
 from launcher.job.hang import EXIT_HANG, REPORT_TAIL, merge, read_reports
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import archive, backoff_s, furthest_step, refusal
+from launcher.job.retry import archive, backoff_s, furthest_step, not_retried, refusal
 from launcher.job.spec import JobSpec
 from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
@@ -81,7 +81,7 @@ class Transport(Protocol):
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
-        place of ``failed_host`` (the host the failure was named on, if any); a new Plan when the
+        place of ``failed_host`` (the failed rank's host, or a hang suspect's, if any); a new Plan when the
         hosts change, else None. Raises OSError when the next attempt cannot run."""
         ...
 
@@ -256,15 +256,15 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         detected = time.time()
         step = furthest_step(job.record)
         why_not = refusal(outcome, step, job.attempts, job.spec.retries)
-        if stop.requested or why_not is not None:
-            if job.spec.retries and outcome.state == JobState.FAILED and not stop.requested:
-                note = f" (attempt {len(job.attempts) + 1} of {total}; not retried: {why_not})"
-                outcome = outcome.model_copy(update={"message": outcome.message + note})
+        if stop.requested:
             return outcome
+        if why_not is not None:
+            return not_retried(outcome, why_not, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         cause = outcome.failure.summary() if outcome.failure else outcome.message
         try:
-            plan = job.transport.renew(job.record, outcome.failure.host if outcome.failure else None)
+            hosts = [job.plan.nodes[n].host for n in outcome.blamed_nodes() if n < len(job.plan.nodes)]
+            plan = job.transport.renew(job.record, hosts[0] if hosts else None)
         except OSError as e:
             message = f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {cause}"
             return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)

@@ -1,5 +1,6 @@
 """The SLURM scheduler against a real SLURM cluster on this machine (deploy/slurm/dev-cluster.sh): munge,
-slurmctld, slurmdbd with MariaDB, two slurmd. Under CI=true a missing cluster fails these tests."""
+slurmctld, slurmdbd with MariaDB, three slurmd (the jobs use two; the retry test moves off one). Under
+CI=true a missing cluster fails these tests."""
 
 from __future__ import annotations
 
@@ -33,16 +34,23 @@ SLURM_2x1 = ["--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "1", "--
 
 @pytest.fixture(scope="module", autouse=True)
 def slurm_cluster() -> None:
-    """A running dev cluster with 2 idle nodes: started here if it is not (root only)."""
-    if run(["bash", str(DEV_CLUSTER), "status"], timeout=60).returncode == 0:
+    """A running dev cluster with 3 idle nodes: started here if it is not (root only)."""
+    if run(["bash", str(DEV_CLUSTER), "status"], timeout=60).returncode == 0 and len(_hostnames("ALL")) >= 3:
         return
     why = "needs root to start the dev SLURM cluster"
     if os.geteuid() == 0:
-        up = run(["bash", str(DEV_CLUSTER), "up", "--nodes", "2"], timeout=600)
+        up = run(["bash", str(DEV_CLUSTER), "up", "--nodes", "3"], timeout=600)
         if up.returncode == 0:
             return
         why = f"the dev SLURM cluster did not start: {up.stderr[-2000:]}"
     missing_component(f"CI must run the SLURM tests: {why}")
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    """The hosts of a SLURM node list ("ALL": the cluster's nodes)."""
+    if nodelist == "ALL":
+        return run(["sinfo", "--noheader", "--Node", "--format=%N"], check=True).stdout.split()
+    return run(["scontrol", "show", "hostnames", nodelist], check=True).stdout.split()
 
 
 def _sacct(slurm_job_id: str, *fields: str, duplicates: bool = False) -> list[list[str]]:
@@ -337,3 +345,36 @@ def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_pat
     assert sorted(stacks) == ["rank0.txt", "rank1.txt"] and all("Python v" in t for t in stacks.values())
     _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
     print(f"\n{message}\nreported {took:.1f} s after the freeze")
+
+
+def test_a_failed_node_is_excluded_and_the_next_attempt_runs_on_the_two_others(
+    prepared_data, tmp_path: Path
+) -> None:
+    """``--retries 1``, a 2-node job on the 3-node cluster: the rank on one node is SIGKILLed after a
+    checkpoint; the batch script requeues the job without that node, and attempt 2 resumes from the
+    checkpoint on the two others and trains exactly ``--max-steps`` steps, each logged once."""
+    jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
+    args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(run_dir)]
+    args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
+    flags = ["--retries", "1", "--retry-backoff-s", "1"]
+    proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    _until("step 7", lambda: _reached(run_dir, 7), timeout=300)
+    (rank1,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    failed = rank1.environ()["SLURMD_NODENAME"]
+    rank1.kill()
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
+    assert status["state"] == "succeeded", status
+    (first,) = status["attempts"]
+    assert first["excluded"] == [failed] and "killed by SIGKILL" in first["cause"], first
+    (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]  # the last run's
+    assert failed not in _hostnames(nodelist) and len(_hostnames(nodelist)) == 2, nodelist
+    logged = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]
+    assert logged == list(range(1, steps + 1))
+    assert any("resumed from" in (jobs / job_id / f"node-{k}.log").read_text() for k in (0, 1))
+    assert (jobs / job_id / "attempts" / "1" / "node-0.log").is_file()  # attempt 1 keeps its logs
+    text = launcher(jobs, "status", job_id, check=True).stdout
+    assert "attempt 2 of 2" in text and f"{failed} excluded" in text, text
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)

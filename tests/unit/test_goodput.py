@@ -22,7 +22,7 @@ def test_a_failed_attempt_costs_the_gap_to_the_next_first_step_and_the_steps_red
     assert (g.startup_s, g.checkpoint_s, g.eval_s, g.failures) == (5, 1, 2, 1)
     assert g.other_s == 200 - (30 + 80 + 5 + 1 + 2)
     assert g.describe().startswith(
-        "goodput 15%: 30 s training of 3 min; start-up 5 s; lost 1 min to 1 failure"
+        "goodput 15%: 30 s training of 3 min 20 s; start-up 5 s; lost 1 min 20 s to 1 failure"
     )
 
 

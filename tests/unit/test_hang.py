@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job.failures import hang_outcome
 from launcher.job.hang import (
     FLOOR_S,
     STEP_FACTOR,
@@ -110,6 +111,9 @@ def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Pa
         "(SIGSTOP?); rank 3 (node 3, gl-h4) is in uninterruptible sleep (state D: I/O, a driver); "
         f"ranks 0, 2 wait in all_reduce; stacks in {tmp_path / 'hang'}/"
     )
+    # A retry avoids the suspects' nodes (SSH: a spare in place of gl-h2; SLURM: --exclude).
+    outcome = hang_outcome(tmp_path, HangReport(silent_s=124.4, budget_s=120.0, step=1234, ranks=ranks))
+    assert outcome.blamed_nodes() == [1, 3]
 
 
 def test_a_rank_whose_stack_shows_no_python_frame_is_not_made_a_suspect(tmp_path: Path) -> None:

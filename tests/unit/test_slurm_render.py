@@ -18,7 +18,13 @@ from launcher.job.plan import Plan
 from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.options import SlurmOptions, slurm_minutes
-from launcher.schedulers.slurm.scheduler import SCRIPT, SlurmFacts, SlurmScheduler
+from launcher.schedulers.slurm.scheduler import (
+    SCRIPT,
+    SUBMITIT_REQUEST,
+    SlurmFacts,
+    SlurmScheduler,
+    SubmititRequest,
+)
 from launcher.schedulers.slurm.state import job_state
 from trainer.contract import EXIT_USAGE
 
@@ -215,3 +221,23 @@ def test_pass_through_options_reach_the_script() -> None:
 )
 def test_slurm_states_map_to_the_common_states(word: str, state: JobState | None) -> None:
     assert job_state(word) == state
+
+
+def test_with_retries_the_batch_script_ends_in_the_retry_step_keeping_the_nodes_exit_status(
+    tmp_path: Path,
+) -> None:
+    """The submitit batch script's lines around the nodes' step, run by bash with a step that fails
+    (exit 7): the retry step runs and the script still exits 7 (what SLURM records for the attempt),
+    even where it cannot retry (here: no job record)."""
+    plan = _render(
+        _spec(python=sys.executable, retries=1), job_dir=str(tmp_path / "job"), workdir=os.getcwd()
+    )
+    request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
+    assert "--retries needs `launcher submit`" in plan.files[SCRIPT]  # the standalone script cannot
+    before = [line for line in request.setup if line.startswith("attempt_started=")]
+    script = "\n".join([*before, "(exit 7)", *request.teardown])
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout.startswith("batch: not retried:") and "job" in proc.stdout, proc.stdout
+    plain = SubmititRequest.model_validate_json(_render(_spec()).files[SUBMITIT_REQUEST])
+    assert plain.teardown == [] and not any("attempt_started" in line for line in plain.setup)

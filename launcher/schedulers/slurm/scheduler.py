@@ -33,8 +33,9 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
 from launcher.preflight.parity_step import batch_lines
 from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.schedulers.slurm.retry import batch_lines as retry_lines
 from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
-from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state
+from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
 from trainer.contract import Beat
@@ -75,6 +76,7 @@ class SubmititRequest(BaseModel):
     parameters: dict[str, str | int | bool | list[str]]
     additional_parameters: dict[str, str | bool]
     setup: list[str]
+    teardown: list[str] = []
 
 
 def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
@@ -89,7 +91,9 @@ def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
     )
 
 
-def _submitit_request(spec: JobSpec, options: dict[str, str], parity: list[str]) -> SubmititRequest:
+def _submitit_request(
+    spec: JobSpec, options: dict[str, str], parity: list[str], job_dir: Path, workdir: str
+) -> SubmititRequest:
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
         "job_name": options["job-name"],
@@ -103,7 +107,15 @@ def _submitit_request(spec: JobSpec, options: dict[str, str], parity: list[str])
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    return SubmititRequest(parameters=parameters, additional_parameters=extra, setup=[*BATCH_SETUP, *parity])
+    before, after = retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
+    if not spec.retries:
+        before, after = [], []
+    return SubmititRequest(
+        parameters=parameters,
+        additional_parameters=extra,
+        setup=[*BATCH_SETUP, *before, *parity],
+        teardown=after,
+    )
 
 
 def _partition_has_gpus(partition: str | None) -> bool | None:
@@ -130,11 +142,6 @@ class SlurmScheduler:
     def resolve(self, spec: JobSpec) -> SlurmFacts:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
-        if spec.retries:
-            raise SpecError(
-                "--retries is not supported on slurm yet: a preempted job requeues and resumes "
-                "(--max-requeues); resubmit a failed job to resume it from its last checkpoint"
-            )
         opts = spec.options(SlurmOptions)
         gpus = opts.gpus
         if gpus is None:
@@ -182,8 +189,9 @@ class SlurmScheduler:
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
             parity=parity,
+            retries=spec.retries,
         )
-        request = _submitit_request(spec, options, parity).model_dump_json(indent=2)
+        request = _submitit_request(spec, options, parity, job_dir, facts.workdir).model_dump_json(indent=2)
         return plan.model_copy(
             update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request + "\n"}, "primary": SCRIPT}
         )
@@ -204,7 +212,10 @@ class SlurmScheduler:
         )
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor.update_parameters(
-            **request.parameters, additional_parameters=request.additional_parameters, setup=request.setup
+            **request.parameters,
+            additional_parameters=request.additional_parameters,
+            setup=request.setup,
+            teardown=request.teardown,
         )
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
         task = NodeTask(
@@ -241,7 +252,7 @@ class SlurmScheduler:
         if state is None:
             return status
         if state.is_terminal:
-            return record.finish(end_outcome(info, record))
+            return record.finish(final_outcome(info, record))
         message = f"SLURM job {handle.slurm_job_id}: {info.state}"
         if state == JobState.PENDING and info.reason:
             message += f" ({info.reason})"

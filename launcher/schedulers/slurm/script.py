@@ -23,6 +23,7 @@ from trainer.contract import EXIT_CHECKPOINTED, EXIT_USAGE, STOP_MARKER, package
 # srun's file name patterns: %n is the node's index within the job (one log per node).
 NODE_LOG_PATTERN = "node-%n.log"
 SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fast)
+NO_RETRIES = "# --retries needs `launcher submit` (it keeps the job record): this script does not retry."
 
 
 def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node: int) -> dict[str, str]:
@@ -71,6 +72,7 @@ def sbatch_script(
     world: str,
     secrets: list[str],
     parity: list[str],
+    retries: int = 0,
 ) -> str:
     """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
     what differs is filled in on the node); ``world`` describes the job's size for the header;
@@ -100,6 +102,7 @@ def sbatch_script(
         "# below with this project (trainer, launcher.job.node) and torch installed; the login node, sbatch.",
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
+        *([NO_RETRIES] if retries else []),
         *(_sbatch_line(k, v) for k, v in options.items()),
         "#SBATCH --requeue",
         "#SBATCH --export=ALL",

@@ -17,6 +17,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
 from launcher.job.hang import merge, read_reports
 from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.job.retry import furthest_step, not_retried, refusal
 from launcher.preflight.parity_step import read_failure
 from launcher.schedulers.slurm.task import failed_name
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
@@ -137,3 +138,17 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
         f"see {record.dir}/node-*.log and submitit/*.out there"
     )
     return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+
+
+def final_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
+    """``end_outcome`` of a job SLURM reports ended; for a job that retries (its batch script
+    requeues it while it may, ``launcher.schedulers.slurm.retry``), with why the last attempt was not
+    retried."""
+    outcome = end_outcome(info, record)
+    spec, status = record.spec(), record.status()
+    if not spec.retries or outcome.state != JobState.FAILED:
+        return outcome
+    why = refusal(outcome, furthest_step(record), status.attempts, spec.retries)
+    return not_retried(
+        outcome, why or "the requeue failed: see the batch log in submitit/", status.attempts, spec.retries
+    )

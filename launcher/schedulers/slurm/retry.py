@@ -1,0 +1,127 @@
+"""Retries of a SLURM job (``--retries``): the job requeues itself, excluding the node it failed on.
+
+With ``--retries``, the batch script ends with ``python -m launcher.schedulers.slurm.retry --job-dir D
+--since T --exit-code $?``, run on the allocation's first node once every node's task has ended. For a
+failure that may be retried (``launcher.job.retry.refusal``) it archives the attempt in the job record
+and requeues the job under the same SLURM job id (``scontrol requeuehold``, then ``update
+ExcNodeList=... StartTime=now+backoff``, then ``release``); the next attempt resumes from the last
+checkpoint on nodes other than the ones it failed on.
+
+Why a requeue and not a new allocation: a queued job has nothing of ours running to submit one
+(``launcher submit`` returned long ago, and the retry must happen with no shell open), the job keeps
+its id (``squeue``, ``sacct``, ``scancel`` and the handle stay valid), and SLURM's own requeue is what
+preemption already uses. Why the hold: SLURM refuses to change the excluded nodes of a running job, so
+the job is first made pending and held, which also ends this batch step: SIGTERM to its processes,
+which this one ignores for the few seconds the update and release take (SIGKILL follows only after
+SLURM's KillWait, 30 s by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.job.record import Attempt, JobRecord
+from launcher.job.retry import archive, backoff_s, furthest_step, refusal
+from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
+
+
+def batch_lines(*, python: str, workdir: str, job_dir: str) -> tuple[list[str], list[str]]:
+    """The batch script's lines for retries: (before the nodes' step, after it). Bash, every value
+    shell-quoted; the script then exits with the nodes' step's status, as it would without them."""
+    argv = [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
+    retry = (
+        f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$attempt_started" --exit-code $code)'
+    )
+    return ["attempt_started=$(date +%s)"], ["code=$?", retry]
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    """The allocation's hosts by node index (SLURM_NODEID order), from ``scontrol show hostnames``."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout.split()
+
+
+def _scontrol(*args: str) -> None:
+    """Raises subprocess.CalledProcessError with scontrol's error."""
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60, check=True)
+
+
+def requeue(slurm_job_id: str, excluded: list[str], wait_s: float) -> str | None:
+    """Requeue the job to start again after ``wait_s`` seconds on nodes other than ``excluded``; why
+    the exclusion could not be set (the job then requeues without it), or None."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by scontrol: the hold ends this step
+    _scontrol("requeuehold", slurm_job_id)
+    why = None
+    try:
+        start = f"StartTime=now+{math.ceil(wait_s)}"
+        _scontrol("update", f"JobId={slurm_job_id}", f"ExcNodeList={','.join(excluded)}", start)
+    except subprocess.CalledProcessError as e:
+        why = e.stderr.strip() or str(e)
+    _scontrol("release", slurm_job_id)
+    return why
+
+
+def retry(record: JobRecord, exit_code: int, since: float) -> str:
+    """Decide on the attempt that ended with the batch step's ``exit_code`` (it started at ``since``,
+    epoch seconds) and requeue the job when it is retried; what was done, one line."""
+    spec, status = record.spec(), record.status()
+    detected = time.time()
+    outcome = end_outcome(AccountingInfo(state="FAILED", exit_code=exit_code, start=since), record)
+    step = furthest_step(record)
+    why_not = refusal(outcome, step, status.attempts, spec.retries)
+    if status.stop_requested_at is not None or why_not is not None:
+        return f"not retried: {why_not or 'stopped on request'}"
+    hosts = _hostnames(os.environ["SLURM_JOB_NODELIST"])
+    blamed = [hosts[n] for n in outcome.blamed_nodes() if n < len(hosts)]
+    ended = Attempt(
+        number=len(status.attempts) + 1,
+        started_at=since,
+        ended_at=detected,
+        cleaned_at=time.time(),
+        exit_code=outcome.exit_code,
+        cause=outcome.failure.summary() if outcome.failure else outcome.message,
+        step=step,
+        failure=outcome.failure,
+        excluded=blamed,
+    )
+    ended = archive(record, ended)
+    attempts = [*status.attempts, ended]
+    wait = max(backoff_s(spec.retry_backoff_s, ended.number), 1.0)
+    message = f"{ended.describe()}; attempt {ended.number + 1} of {spec.retries + 1} starts in {wait:.0f} s"
+    record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
+    excluded = sorted({host for a in attempts for host in a.excluded})
+    why = requeue(os.environ["SLURM_JOB_ID"], excluded, wait)
+    return message + (f" (could not exclude {', '.join(excluded)}: {why})" if why else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The batch script's last step; exits with ``--exit-code``, the batch step's, whatever happens
+    here (the job's SLURM state must stay the attempt's)."""
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.slurm.retry", description="Retry a failed SLURM job attempt."
+    )
+    p.add_argument("--job-dir", type=Path, required=True)
+    p.add_argument("--since", type=float, required=True, help="when the attempt started (epoch seconds)")
+    p.add_argument("--exit-code", type=int, required=True, help="the attempt's srun exit status")
+    args = p.parse_args(argv)
+    if args.exit_code == 0:
+        return 0
+    try:
+        print(f"batch: {retry(JobRecord(args.job_dir), args.exit_code, args.since)}", flush=True)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+        print(f"batch: not retried: {e}", flush=True)
+    return int(args.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
