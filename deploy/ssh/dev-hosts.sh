@@ -384,6 +384,10 @@ PrintLastLog no
 X11Forwarding no
 # As Debian's own sshd_config: the client's locale (Debian's ssh_config sends it).
 AcceptEnv LANG LC_*
+# The host agent's state (pid, exit and log files of a job's node) on this host's own disk, as on
+# separate machines: a spare that takes over node K must not share node K's files with the host
+# it replaces.
+SetEnv XDG_STATE_HOME=$LOCAL_MNT/state
 # scp uses the SFTP protocol since OpenSSH 9.0.
 Subsystem sftp internal-sftp
 # OpenSSH 9.x prefers the post-quantum sntrup761x25519 key exchange, which

@@ -366,3 +366,58 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     assert "attempt 2 of 3" in text and "gl-h2 → replaced by gl-h3" in text, text
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     print(f"\n{text}")
+
+
+def _on_host(proc: psutil.Process, host: str) -> bool:
+    """Whether ``proc`` runs on dev host ``host`` (in its network namespace)."""
+    try:
+        return os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(f"/run/netns/{host}").st_ino
+    except OSError:
+        return False
+
+
+def test_a_partitioned_host_is_replaced_by_the_spare_and_its_node_ends_itself(
+    hostfile: Path, prepared_data: list[str], tmp_path: Path
+) -> None:
+    """gl-h2's link is taken down mid-run (``ip link set glv2 down``: no packet in or out), 3 hosts in
+    the hostfile, 2 nodes, --retries 1: the job continues on the spare gl-h3 within 90 s; gl-h2's
+    host agent, which hears nothing from the launcher, ends its node, so when the link comes back
+    nothing of the job runs there."""
+    hosts = first_hosts(hostfile, 3, tmp_path)
+    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--retries", "1", "--retry-backoff-s", "1",
+        "--", *train_args(prepared_data, run_dir, 40),
+        "--checkpoint-interval", "10", "--eval-interval", "100000",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job = only_job_id(jobs)
+    wait_for(lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12, 300,
+             "step 12")  # fmt: skip
+    assert any(_on_host(p, "gl-h2") for p in processes_of(job))
+    run(["ip", "link", "set", "glv2", "down"], check=True)
+    down = time.monotonic()
+    try:
+        node_log = jobs / job / "node-0.log"  # attempt 2's (attempt 1's was moved to attempts/1/)
+        wait_for(
+            lambda: node_log.is_file() and "resumed from" in node_log.read_text()
+            and max(losses(run_dir), default=0) >= 11,
+            90,
+            "attempt 2's first step on gl-h1 and gl-h3",
+        )  # fmt: skip
+        took = time.monotonic() - down
+        wait_for(lambda: not any(_on_host(p, "gl-h2") for p in processes_of(job)), 60, "gl-h2's node to end")
+    finally:
+        run(["ip", "link", "set", "glv2", "up"], check=True)
+    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    assert final is not None and final.state == "succeeded", final
+    (first,) = final.attempts
+    assert first.replaced == {"gl-h2": "gl-h3"} and "ssh connection to node 1" in first.cause, first
+    assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
+    assert not any(_on_host(p, "gl-h2") for p in processes_of(job))  # the link is back: still nothing
+    agent_log = run(
+        ["ssh", "gl-h2", f"cat $XDG_STATE_HOME/gptlaunch/jobs/{job}/node-1.log"], check=True
+    ).stdout
+    assert "hostagent: no word from the launcher for 30 s" in agent_log, agent_log[-2000:]
+    print(f"\ncontinued on the spare {took:.0f} s after the link went down; {first.describe()}")

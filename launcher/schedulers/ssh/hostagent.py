@@ -8,9 +8,14 @@ that the job does not hang on the connection that started it:
   re-parent to it) and ARGV gets SIGTERM from the kernel if the agent dies. A pid file
   (``<state>/<job>/node-<k>.pid``: pid and create time) finds it again for ``signal``/``status``.
 - Output goes to a log on the host (``node-<k>.log``) and to stdout (the ssh channel, which the
-  launcher writes into the job record). A dropped connection neither kills nor orphans the job: the
-  agent notices the broken pipe, keeps logging on the host, and ``signal``/``status`` still reach it.
+  launcher writes into the job record).
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk).
+- With ``--lease-s L``, the launcher's word keeps the node alive: it writes a byte on stdin every few
+  seconds, and when none came for L seconds (a partition, the launcher frozen) or stdin closed (the
+  launcher or its connection is gone), the agent kills ARGV's tree at once (SIGKILL: no checkpoint,
+  which the job's next attempt may be writing). A launcher that lost a node has already failed or
+  replaced it: a node that lost its launcher must not run on beside the next attempt, nor come back
+  to life when the link does.
 - With ``--nproc-per-node N`` (and the ``--hang-*`` budgets), the hang watchdog follows the ranks'
   heartbeats (``<state>/<job>/node-<k>.heartbeat/``): when none advances within its budget it dumps
   their stacks, prints the report as one ``GPTLAUNCH_HANG {json}`` line, keeps the ranks until the
@@ -32,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -71,7 +77,7 @@ def _heartbeat_dir(job_id: str, node: int) -> Path:
     return state_dir(job_id) / f"node-{node}.heartbeat"
 
 
-def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None) -> int:
+def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None, lease_s: float = 0.0) -> int:
     pid_file, exit_file, log_file = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
@@ -106,6 +112,8 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     stop.follow(child)
     pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
     pump.start()
+    if lease_s > 0:
+        threading.Thread(target=_lease, args=(child, lease_s, log_file), daemon=True).start()
     code, hang = wait_watching(child, watchdog)
     if hang is not None:  # the stacks are taken: say so, keep the ranks until the launcher stops us
         code = end_hung(child, hang, lambda line: _report(line, log_file), lambda: stop.requested)
@@ -120,6 +128,25 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None)
     code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     exit_file.write_text(str(code))
     return code
+
+
+def _lease(child: subprocess.Popen[bytes], lease_s: float, log_file: Path) -> None:
+    """Kill ``child``'s tree once the launcher's word stops: no byte on stdin for ``lease_s`` seconds,
+    or stdin closed."""
+    fd = sys.stdin.fileno()
+    while child.poll() is None:
+        if not select.select([fd], [], [], lease_s)[0]:
+            why = f"no word from the launcher for {lease_s:.0f} s (the network or the launcher failed)"
+        elif not os.read(fd, 4096):
+            why = "the connection to the launcher closed"
+        else:
+            continue
+        with open(log_file, "ab") as log:
+            log.write(f"hostagent: {why}: ending this node, which the job has failed or replaced\n".encode())
+        with contextlib.suppress(psutil.Error):
+            procs.signal_all([*psutil.Process(child.pid).children(recursive=True)], signal.SIGKILL)
+        child.kill()
+        return
 
 
 def _report(line: bytes, log_file: Path) -> None:
@@ -161,7 +188,7 @@ def _pump(child: subprocess.Popen[bytes], log_file: Path) -> None:
                     os.write(out, chunk)
                 except OSError:  # the connection dropped: the job goes on, logged here
                     out = None
-                    log.write(b"hostagent: connection to the launcher lost; the job goes on\n")
+                    log.write(b"hostagent: connection to the launcher lost; output goes on here\n")
 
 
 def _agent(job_id: str, node: int) -> psutil.Process | None:
@@ -219,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
+    p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
     add_watch_flags(p)
     args, command = parse_with_command(p, argv)
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
         watch = NodeWatch(*found) if (found := watch_of(args)) else None
-        return run(args.job, args.node, command, watch)
+        return run(args.job, args.node, command, watch, args.lease_s)
     if command:
         p.error(f"{args.action} takes no command")
     if args.action == "signal":

@@ -15,6 +15,7 @@ import contextlib
 import json
 import shlex
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,12 @@ from trainer.contract import Beat
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
 REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
 REJOIN_POLL_S = 10.0
+# The hosts' lease (``hostagent --lease-s``): the supervisor writes a byte to every node's ssh stdin
+# each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
+# detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
+# a node before that node gives up on the launcher.
+LEASE_S = 30.0
+LEASE_RENEW_S = 5.0
 
 
 class SshFacts(Facts):
@@ -104,6 +111,7 @@ class SshScheduler(SupervisedScheduler):
                 host=host,
                 argv=[
                     *_hostagent_argv(spec.python, "run", job_id, k),
+                    f"--lease-s={LEASE_S:g}",
                     *watch_args(spec.hang, spec.nproc_per_node),
                     "--",
                     *agent,
@@ -184,6 +192,8 @@ class SshAgents(ChildAgents):
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
         self.scheduler = scheduler
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
+        self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
+        self.renewer: threading.Thread | None = None
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
@@ -227,9 +237,27 @@ class SshAgents(ChildAgents):
         return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        # The secrets travel inside the encrypted channel, read once by the hostagent.
+        # The secrets travel inside the encrypted channel, read once by the hostagent; stdin then
+        # carries the lease.
         argv = self.settings.argv(node.host, node.shell_command())
-        return start_client(argv, record.dir / node.log, self.secrets, keep_stdin=False)
+        client = start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True)
+        self.clients.append(client)
+        if self.renewer is None:
+            self.renewer = threading.Thread(target=self._renew_leases, daemon=True)
+            self.renewer.start()
+        return client
+
+    def _renew_leases(self) -> None:
+        """A byte to every live node every LEASE_RENEW_S, for the life of the supervisor."""
+        while True:
+            time.sleep(LEASE_RENEW_S)
+            for client in list(self.clients):
+                try:
+                    assert client.stdin is not None
+                    client.stdin.write(b"\n")
+                    client.stdin.flush()
+                except (OSError, ValueError):  # it ended (or was closed): its node is on its own
+                    self.clients.remove(client)
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         nodes = [n for n, a in zip(self.plan.nodes, agents, strict=False) if a.poll() is None]
