@@ -79,6 +79,11 @@ class Transport(Protocol):
         inside the nodes) recorded since ``since``, or None."""
         ...
 
+    def keep_beats(self, record: JobRecord) -> None:
+        """Copy the ranks' last heartbeats into the job record where they are kept elsewhere (SSH: on
+        the hosts), so that the attempt's step and goodput can be read from the record."""
+        ...
+
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
         place of ``failed_host`` (the failed rank's host, or a hang suspect's, if any); a new Plan when the
@@ -101,6 +106,9 @@ class ChildAgents:
 
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         return None
+
+    def keep_beats(self, record: JobRecord) -> None:
+        """Nothing to do: the ranks beat in the job record."""
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """Nothing to do: the agents are processes started anew on the same nodes."""
@@ -254,6 +262,7 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
     while True:
         outcome = _attempt(job, stop, started)
         detected = time.time()
+        job.transport.keep_beats(job.record)
         step = furthest_step(job.record)
         why_not = refusal(outcome, step, job.attempts, job.spec.retries)
         if stop.requested:

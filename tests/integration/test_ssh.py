@@ -358,12 +358,15 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     assert final is not None and final.state == "succeeded", final
     (first,) = final.attempts
     assert first.replaced == {"gl-h2": "gl-h3"} and "killed by SIGKILL" in first.cause, first
+    assert first.step is not None and first.step >= 12, first  # the hosts' beats, kept in the record
     assert [n.host for n in JobRecord(jobs / job).plan().nodes] == ["gl-h1", "gl-h3"]
     before = Plan.model_validate_json((jobs / job / "attempts" / "1" / "plan.json").read_text())
     assert [n.host for n in before.nodes] == ["gl-h1", "gl-h2"]
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
     text = launcher(jobs, "status", job, check=True).stdout
     assert "attempt 2 of 3" in text and "gl-h2 → replaced by gl-h3" in text, text
+    goodput = json.loads(launcher(jobs, "status", "--json", job, check=True).stdout)["goodput"]
+    assert goodput["failures"] == 1 and goodput["lost_s"] > 1 and goodput["training_s"] > 0, goodput
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     print(f"\n{text}")
 

@@ -17,13 +17,14 @@ import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from launcher.job.console import say
-from launcher.job.hang import watch_args
+from launcher.job.hang import heartbeat_dir, watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
@@ -35,7 +36,7 @@ from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import ChildAgents, start_client
-from trainer.contract import Beat
+from trainer.contract import Beat, write_beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
 REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
@@ -46,6 +47,7 @@ REJOIN_POLL_S = 10.0
 # a node before that node gives up on the launcher.
 LEASE_S = 30.0
 LEASE_RENEW_S = 5.0
+BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
 
 
 class SshFacts(Facts):
@@ -126,11 +128,14 @@ class SshScheduler(SupervisedScheduler):
         spec = record.spec()
         return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here(), self)
 
-    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
-        """From each host's agent (one connection per host, all at once)."""
+    def heartbeats(
+        self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
+    ) -> dict[int, list[Beat]]:
+        """From each host's agent but those in ``skip`` (one connection per host, all at once, each
+        for at most ``timeout_s`` seconds)."""
         nodes = {n.host: n.node_rank for n in record.plan().nodes}
         found = {}
-        for host, status in _host_status(record).items():
+        for host, status in _host_status(record, timeout_s, skip).items():
             with contextlib.suppress(TypeError, AttributeError):  # an agent of an older release
                 found[nodes[host]] = [Beat(**b) for b in (status or {}).get("beats", [])]
         return found
@@ -154,16 +159,20 @@ def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) ->
     return f"cd / && {shlex.join([*_hostagent_argv(python, action, job_id, node), *extra])}"
 
 
-def _host_status(record: JobRecord) -> dict[str, dict[str, Any] | None]:
-    """Each host's ``hostagent status`` of its node of the job, all asked at once: None where the host
-    could not be reached, {} where its answer could not be read."""
-    spec, nodes = record.spec(), {n.host: n.node_rank for n in record.plan().nodes}
+def _host_status(
+    record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
+) -> dict[str, dict[str, Any] | None]:
+    """Each host's ``hostagent status`` of its node of the job but those in ``skip``, all asked at
+    once (each for at most ``timeout_s`` seconds): None where the host could not be reached, {} where
+    its answer could not be read."""
+    spec = record.spec()
+    nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
 
     def command(host: str) -> str:
         return _hostagent(spec.python, "status", record.job_id, nodes[host])
 
     found: dict[str, dict[str, Any] | None] = {}
-    for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, SIGNAL_TIMEOUT_S):
+    for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
         try:
             found[result.host] = dict(json.loads(result.stdout.strip().splitlines()[-1]))
         except (ValueError, IndexError, TypeError):
@@ -193,6 +202,7 @@ class SshAgents(ChildAgents):
         self.scheduler = scheduler
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
         self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
+        self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
         self.renewer: threading.Thread | None = None
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
@@ -201,6 +211,7 @@ class SshAgents(ChildAgents):
         again (every REJOIN_POLL_S, for at most REJOIN_WAIT_S). The new Plan (None: ``failed_host``
         is not one of the job's). Raises OSError when no set of hosts can run the next attempt."""
         current = [n.host for n in self.plan.nodes]
+        self.lost = set()  # the next attempt's hosts answer again, or are replaced
         if failed_host not in current:
             return None
         spec = record.spec()
@@ -247,6 +258,15 @@ class SshAgents(ChildAgents):
             self.renewer.start()
         return client
 
+    def keep_beats(self, record: JobRecord) -> None:
+        """The hosts' last beats into ``JOB/heartbeat/`` (a host that does not answer within
+        BEATS_TIMEOUT_S is left out: a lost host must not hold up the next attempt)."""
+        for node, beats in self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=self.lost).items():
+            directory = heartbeat_dir(record.dir, node)
+            directory.mkdir(parents=True, exist_ok=True)
+            for beat in beats:
+                write_beat(directory, beat)
+
     def _renew_leases(self) -> None:
         """A byte to every live node every LEASE_RENEW_S, for the life of the supervisor."""
         while True:
@@ -270,13 +290,15 @@ class SshAgents(ChildAgents):
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         if exit_code != ssh.SSH_FAILED:
             return None
+        self.lost.add(node.host)
         return (
             f"the ssh connection to node {node.node_rank} failed or was lost (ssh exit code 255: the host "
             "went down or the network failed)"
         )
 
     def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
-        by_host = {n.host: n for n in nodes}
+        # A host whose connection was lost is not waited on: its node ends itself (the lease).
+        by_host = {n.host: n for n in nodes if n.host not in self.lost}
         extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
 
         def command(host: str) -> str:

@@ -1,0 +1,77 @@
+"""The SSH host agent's lease, with real processes: a node whose launcher goes silent, or whose
+connection closes, kills its command's tree; one that keeps hearing from it runs to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+LEASE_S = 1.0
+
+
+def _agent(tmp_path: Path, *command: str) -> subprocess.Popen[bytes]:
+    """``hostagent run`` of ``command`` with a lease of LEASE_S, its secrets line already sent."""
+    argv = [sys.executable, "-m", "launcher.schedulers.ssh.hostagent", "run", "--job", "j1", "--node", "0"]
+    env = os.environ | {"XDG_STATE_HOME": str(tmp_path)}
+    agent = subprocess.Popen([*argv, f"--lease-s={LEASE_S}", "--", *command], stdin=subprocess.PIPE, env=env)
+    assert agent.stdin is not None
+    agent.stdin.write(json.dumps({}).encode() + b"\n")
+    agent.stdin.flush()
+    return agent
+
+
+def _log(tmp_path: Path) -> str:
+    return (tmp_path / "gptlaunch" / "jobs" / "j1" / "node-0.log").read_text()
+
+
+def _sleeper_pid(agent: subprocess.Popen[bytes]) -> int:
+    """The pid of the agent's ``sleep`` child, once it runs."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = psutil.Process(agent.pid).children()
+        if children:
+            return children[0].pid
+        time.sleep(0.05)
+    raise AssertionError("the agent started no child within 30 s")
+
+
+def test_a_silent_launcher_ends_the_node_at_once(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, "sleep", "600")
+    sleeper = _sleeper_pid(agent)
+    started = time.monotonic()
+    code = agent.wait(timeout=60)
+    # The lease runs from the agent's start, which is before the child's: at most LEASE_S after it.
+    assert time.monotonic() - started <= LEASE_S + 5
+    assert code == 128 + 9 and not psutil.pid_exists(sleeper)  # SIGKILL: no chance to checkpoint
+    assert f"no word from the launcher for {LEASE_S:.0f} s" in _log(tmp_path)
+
+
+def test_a_closed_connection_ends_the_node(tmp_path: Path) -> None:
+    agent = _agent(tmp_path, "sleep", "600")
+    sleeper = _sleeper_pid(agent)
+    assert agent.stdin is not None
+    agent.stdin.close()
+    assert agent.wait(timeout=60) == 128 + 9 and not psutil.pid_exists(sleeper)
+    assert "the connection to the launcher closed" in _log(tmp_path)
+
+
+def test_a_node_that_keeps_hearing_from_the_launcher_runs_to_its_end(tmp_path: Path) -> None:
+    """A command that lasts 3 leases, a byte every half lease: it ends on its own, exit 0."""
+    agent = _agent(tmp_path, sys.executable, "-c", f"import time; time.sleep({3 * LEASE_S})")
+    assert agent.stdin is not None
+    while agent.poll() is None:
+        try:
+            agent.stdin.write(b"\n")
+            agent.stdin.flush()
+        except BrokenPipeError:  # it ended between poll() and the write
+            break
+        time.sleep(LEASE_S / 2)
+    agent.wait(timeout=60)
+    assert agent.returncode == 0, _log(tmp_path)
+    assert "launcher" not in _log(tmp_path)
