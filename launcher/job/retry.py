@@ -72,7 +72,7 @@ def not_retried(outcome: Outcome, why: str, attempts: list[Attempt], retries: in
 
 def furthest_step(record: JobRecord) -> int | None:
     """The furthest step the ranks of the current attempt reported in the job record's heartbeats
-    (None where they beat elsewhere, e.g. on SSH hosts, or never beat)."""
+    (SSH: copied there from the hosts, ``Transport.keep_beats``); None where none beat."""
     beats = [b for node in recorded_beats(record.plan(), record.dir).values() for b in node]
     return max((b.step for b in beats), default=None)
 

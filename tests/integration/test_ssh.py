@@ -329,26 +329,30 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")
 
 
+def _past_step_12_with_a_spare(hostfile: Path, prepared_data: list[str], tmp_path: Path, retries: int) -> str:
+    """A detached job of 40 steps (a checkpoint every 10) on 2 of 3 hosts, with ``retries``; its id once
+    it has logged step 12 (into ``tmp_path/run``; the record in ``tmp_path/jobs``)."""
+    hosts = first_hosts(hostfile, 3, tmp_path)
+    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--retries", str(retries), "--retry-backoff-s", "1",
+        "--", *train_args(prepared_data, run_dir, 40),
+        "--checkpoint-interval", "10", "--eval-interval", "100000",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    wait_for(lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12, 300,
+             "step 12")  # fmt: skip
+    return only_job_id(jobs)
+
+
 def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     hostfile: Path, prepared_data: list[str], tmp_path: Path
 ) -> None:
     """3 hosts in the hostfile, 2 nodes, --retries 2: attempt 2 runs on gl-h1 and the spare gl-h3 from
     the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2 keeps nothing."""
-    hosts = first_hosts(hostfile, 3, tmp_path)
     run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
-    submit = launcher(
-        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--retries", "2", "--retry-backoff-s", "1",
-        "--", *train_args(prepared_data, run_dir, 40),
-        "--checkpoint-interval", "10", "--eval-interval", "100000",
-    )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr[-3000:]
-    job = only_job_id(jobs)
-    wait_for(
-        lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12,
-        300,
-        "step 12",
-    )
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, tmp_path, retries=2)
     (rank,) = [
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
@@ -386,18 +390,8 @@ def test_a_partitioned_host_is_replaced_by_the_spare_and_its_node_ends_itself(
     the hostfile, 2 nodes, --retries 1: the job continues on the spare gl-h3 within 90 s; gl-h2's
     host agent, which hears nothing from the launcher, ends its node, so when the link comes back
     nothing of the job runs there."""
-    hosts = first_hosts(hostfile, 3, tmp_path)
     run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
-    submit = launcher(
-        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--retries", "1", "--retry-backoff-s", "1",
-        "--", *train_args(prepared_data, run_dir, 40),
-        "--checkpoint-interval", "10", "--eval-interval", "100000",
-    )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr[-3000:]
-    job = only_job_id(jobs)
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12, 300,
-             "step 12")  # fmt: skip
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, tmp_path, retries=1)
     assert any(_on_host(p, "gl-h2") for p in processes_of(job))
     run(["ip", "link", "set", "glv2", "down"], check=True)
     down = time.monotonic()

@@ -1,7 +1,8 @@
 """Retries of a SLURM job (``--retries``): the job requeues itself, excluding the node it failed on.
 
-With ``--retries``, the batch script ends with ``python -m launcher.schedulers.slurm.retry --job-dir D
---since T --exit-code $?``, run on the allocation's first node once every node's task has ended. For a
+With ``--retries``, submitit's batch script ends with ``python -m launcher.schedulers.slurm.retry
+--job-dir D --since T --exit-code $?`` (``batch_lines``), run on the allocation's first node once
+every node's task has ended. For a
 failure that may be retried (``launcher.job.retry.refusal``) it archives the attempt in the job record
 and requeues the job under the same SLURM job id (``scontrol requeuehold``, then ``update
 ExcNodeList=... StartTime=now+backoff``, then ``release``); the next attempt resumes from the last
@@ -33,14 +34,13 @@ from launcher.job.retry import archive, backoff_s, furthest_step, refusal
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 
 
-def batch_lines(*, python: str, workdir: str, job_dir: str) -> tuple[list[str], list[str]]:
-    """The batch script's lines for retries: (before the nodes' step, after it). Bash, every value
-    shell-quoted; the script then exits with the nodes' step's status, as it would without them."""
+def batch_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
+    """The batch script's lines after the nodes' step, for retries (bash, every value shell-quoted):
+    the script then exits with that step's status, as it would without them. ``$run_started`` is set
+    at the script's start (``scheduler.BATCH_SETUP``)."""
     argv = [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
-    retry = (
-        f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$attempt_started" --exit-code $code)'
-    )
-    return ["attempt_started=$(date +%s)"], ["code=$?", retry]
+    retry = f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$run_started" --exit-code $code)'
+    return ["code=$?", retry]
 
 
 def _hostnames(nodelist: str) -> list[str]:
@@ -76,7 +76,8 @@ def retry(record: JobRecord, exit_code: int, since: float) -> str:
     epoch seconds) and requeue the job when it is retried; what was done, one line."""
     spec, status = record.spec(), record.status()
     detected = time.time()
-    outcome = end_outcome(AccountingInfo(state="FAILED", exit_code=exit_code, start=since), record)
+    info = AccountingInfo(state="FAILED", exit_code=exit_code, start=since, job_id=os.environ["SLURM_JOB_ID"])
+    outcome = end_outcome(info, record)
     step = furthest_step(record)
     why_not = refusal(outcome, step, status.attempts, spec.retries)
     if status.stop_requested_at is not None or why_not is not None:

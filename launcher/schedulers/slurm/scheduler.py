@@ -35,7 +35,7 @@ from launcher.preflight.parity_step import batch_lines
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.retry import batch_lines as retry_lines
 from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
-from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
+from launcher.schedulers.slurm.state import ATTEMPT_MARKER, Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
 from trainer.contract import Beat
@@ -48,7 +48,11 @@ POLL_S = 0.5  # between state reads while waiting (each reads sacct at most ever
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
 NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
-BATCH_SETUP = ["trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2"]
+BATCH_SETUP = [
+    "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
+    # Where this run starts in the batch log (which a requeued job appends to), and when.
+    f'run_started=$(date +%s) && echo "{ATTEMPT_MARKER} $run_started"',
+]
 
 
 class SubmitRejected(SpecError):
@@ -107,14 +111,9 @@ def _submitit_request(
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    before, after = retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
-    if not spec.retries:
-        before, after = [], []
+    retries = retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir)) if spec.retries else []
     return SubmititRequest(
-        parameters=parameters,
-        additional_parameters=extra,
-        setup=[*BATCH_SETUP, *before, *parity],
-        teardown=after,
+        parameters=parameters, additional_parameters=extra, setup=[*BATCH_SETUP, *parity], teardown=retries
     )
 
 

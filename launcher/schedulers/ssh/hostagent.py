@@ -186,7 +186,7 @@ def _pump(child: subprocess.Popen[bytes], log_file: Path) -> None:
             if out is not None:
                 try:
                     os.write(out, chunk)
-                except OSError:  # the connection dropped: the job goes on, logged here
+                except OSError:  # the connection dropped: the output goes on in the host log
                     out = None
                     log.write(b"hostagent: connection to the launcher lost; output goes on here\n")
 
