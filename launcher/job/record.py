@@ -106,6 +106,11 @@ class Outcome(BaseModel):
     failure: Failure | None = None
     suspect_nodes: list[int] = []  # a hang's: the nodes of the ranks that stand out (node ranks)
 
+    @property
+    def cause(self) -> str:
+        """One line: the root cause's summary, else the message."""
+        return self.failure.summary() if self.failure is not None else self.message
+
     def blamed_nodes(self) -> list[int]:
         """The node ranks a retry should avoid: the failed rank's node, else a hang's suspects'."""
         return [self.failure.node_rank] if self.failure is not None else self.suspect_nodes

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
@@ -54,8 +55,7 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     if len(history) >= retries:
         return f"no retries left (--retries {retries})"
     last = history[-1] if history else None
-    cause = outcome.failure.summary() if outcome.failure else outcome.message
-    repeated = last is not None and last.step == step and _signature(last.cause) == _signature(cause)
+    repeated = last is not None and last.step == step and _signature(last.cause) == _signature(outcome.cause)
     if step is not None and repeated:
         return f"the same error at step {step:,} in two attempts in a row: a bug, bad data or a NaN"
     return None
@@ -75,6 +75,39 @@ def furthest_step(record: JobRecord) -> int | None:
     (SSH: copied there from the hosts, ``Transport.keep_beats``); None where none beat."""
     beats = [b for node in recorded_beats(record.plan(), record.dir).values() for b in node]
     return max((b.step for b in beats), default=None)
+
+
+def next_in(ended: Attempt, retries: int, wait_s: float) -> str:
+    """The status line while the next attempt waits ``wait_s`` seconds to start."""
+    return f"{ended.describe()}; attempt {ended.number + 1} of {retries + 1} starts in {wait_s:.0f} s"
+
+
+def end_attempt(
+    record: JobRecord,
+    outcome: Outcome,
+    *,
+    number: int,
+    started_at: float,
+    ended_at: float,
+    step: int | None,
+    replaced: dict[str, str] | None = None,
+    excluded: list[str] | None = None,
+) -> Attempt:
+    """Attempt ``number`` (epoch seconds: started, its end detected), which ended with ``outcome`` at
+    ``step``, archived (``archive``) now that its processes are gone and the next nodes chosen."""
+    attempt = Attempt(
+        number=number,
+        started_at=started_at,
+        ended_at=ended_at,
+        cleaned_at=time.time(),
+        exit_code=outcome.exit_code,
+        cause=outcome.cause,
+        step=step,
+        failure=outcome.failure,
+        replaced=replaced or {},
+        excluded=excluded or [],
+    )
+    return archive(record, attempt)
 
 
 def archive(record: JobRecord, attempt: Attempt) -> Attempt:

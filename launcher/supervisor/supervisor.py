@@ -31,7 +31,7 @@ from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outc
 from launcher.job.hang import EXIT_HANG, REPORT_TAIL, merge, read_reports
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import archive, backoff_s, furthest_step, not_retried, refusal
+from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, not_retried, refusal
 from launcher.job.spec import JobSpec
 from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
@@ -270,31 +270,22 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         if why_not is not None:
             return not_retried(outcome, why_not, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
-        cause = outcome.failure.summary() if outcome.failure else outcome.message
         try:
             hosts = [job.plan.nodes[n].host for n in outcome.blamed_nodes() if n < len(job.plan.nodes)]
             plan = job.transport.renew(job.record, hosts[0] if hosts else None)
         except OSError as e:
-            message = f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {cause}"
+            message = (
+                f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {outcome.cause}"
+            )
             return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
-        ended = Attempt(
-            number=len(job.attempts) + 1,
-            started_at=job.started,
-            ended_at=detected,
-            cleaned_at=time.time(),
-            exit_code=outcome.exit_code,
-            cause=cause,
-            step=step,
-            failure=outcome.failure,
-            replaced=_replaced(job.plan, plan),
-        )
-        ended = archive(job.record, ended)
+        ended = end_attempt(job.record, outcome, number=len(job.attempts) + 1, started_at=job.started,
+                            ended_at=detected, step=step, replaced=_replaced(job.plan, plan))  # fmt: skip
         job.attempts.append(ended)
         if plan is not None:
             job.plan = plan
             job.record.write_plan(plan)
         wait = backoff_s(job.spec.retry_backoff_s, ended.number)
-        message = f"{ended.describe()}; attempt {ended.number + 1} of {total} starts in {wait:.0f} s"
+        message = next_in(ended, job.spec.retries, wait)
         print(f"supervisor: {message}", flush=True)
         job.record.update_status(attempt=ended.number + 1, attempts=job.attempts, message=message)
         if _stop_within(stop, wait):

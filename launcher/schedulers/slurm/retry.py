@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.job.record import Attempt, JobRecord
-from launcher.job.retry import archive, backoff_s, furthest_step, refusal
+from launcher.job.record import JobRecord
+from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, refusal
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 
 
@@ -84,21 +84,11 @@ def retry(record: JobRecord, exit_code: int, since: float) -> str:
         return f"not retried: {why_not or 'stopped on request'}"
     hosts = _hostnames(os.environ["SLURM_JOB_NODELIST"])
     blamed = [hosts[n] for n in outcome.blamed_nodes() if n < len(hosts)]
-    ended = Attempt(
-        number=len(status.attempts) + 1,
-        started_at=since,
-        ended_at=detected,
-        cleaned_at=time.time(),
-        exit_code=outcome.exit_code,
-        cause=outcome.failure.summary() if outcome.failure else outcome.message,
-        step=step,
-        failure=outcome.failure,
-        excluded=blamed,
-    )
-    ended = archive(record, ended)
+    ended = end_attempt(record, outcome, number=len(status.attempts) + 1, started_at=since,
+                        ended_at=detected, step=step, excluded=blamed)  # fmt: skip
     attempts = [*status.attempts, ended]
     wait = max(backoff_s(spec.retry_backoff_s, ended.number), 1.0)
-    message = f"{ended.describe()}; attempt {ended.number + 1} of {spec.retries + 1} starts in {wait:.0f} s"
+    message = next_in(ended, spec.retries, wait)
     record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
     excluded = sorted({host for a in attempts for host in a.excluded})
     why = requeue(os.environ["SLURM_JOB_ID"], excluded, wait)
