@@ -27,7 +27,7 @@ readonly STOP_TIMEOUT=30        # seconds a daemon may take to exit on SIGTERM
 # for a step launch on one machine (the credential only has to reach slurmd).
 readonly CRED_EXPIRE=10
 readonly SCHED_INTERVAL=5
-readonly PACKAGES="slurm-wlm munge mariadb-server slurmdbd"
+readonly PACKAGES="slurm-wlm munge mariadb-server slurmdbd podman runc"  # podman: `--image` jobs
 
 readonly MUNGE_DIR="$STATE/munge"       # owned by munge: munged's pid and log
 readonly DB_RUN="$STATE/mariadb"        # owned by mysql: socket and pid file
@@ -154,7 +154,7 @@ spawn() {
 
 ensure_packages() {
     local missing=0 b
-    for b in slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db sacctmgr; do
+    for b in slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db sacctmgr podman runc; do
         command -v "$b" >/dev/null 2>&1 || [[ -x /usr/sbin/$b ]] || missing=1
     done
     ((missing)) || return 0
@@ -320,11 +320,47 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
+TaskProlog=$STATE/task-prolog.sh
 EOF
     for ((k = 1; k <= n; k++)); do
         echo "NodeName=n$k NodeHostname=$HOST Port=$((NODE_PORT_BASE + k)) CPUs=1 RealMemory=4000 State=UNKNOWN"
     done
     echo "PartitionName=debug Nodes=n[1-$n] Default=YES MaxTime=INFINITE State=UP"
+}
+
+# podman on the nodes (the container runtime of `launcher submit --image ... --container-runtime
+# podman`), set up as a site would: a TaskProlog exports the settings into every task. Each node keeps
+# its images on its own "disk" ($STATE/node-nK/containers), so that each node really pulls. runc, the
+# limits and no systemd: as for the SSH test hosts (deploy/ssh/dev-hosts.sh, render_containers_conf).
+render_task_prolog() {
+    cat <<EOF
+#!/bin/sh
+$MARKER
+echo "export CONTAINERS_CONF=$STATE/containers.conf"
+echo "export CONTAINERS_STORAGE_CONF=$STATE/storage-\$SLURMD_NODENAME.conf"
+EOF
+}
+
+render_containers_conf() {
+    cat <<EOF
+$MARKER
+[containers]
+default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+}
+
+render_storage_conf() {
+    cat <<EOF
+$MARKER
+[storage]
+driver = "overlay"
+graphroot = "$STATE/node-$1/containers"
+runroot = "/run/gptlaunch-podman/$1"
+EOF
 }
 
 # write_if_changed FILE MODE CONTENT: returns 0 if it (re)wrote FILE, 1 if the
@@ -485,6 +521,11 @@ cmd_up() {
         stop_pidfile "$STATE/slurmdbd.pid" slurmdbd
     fi
     write_if_changed "$SLURM_CONF" 0644 "$slurm_conf" || true
+    write_if_changed "$STATE/task-prolog.sh" 0755 "$(render_task_prolog)" || true
+    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf)" || true
+    for ((k = 1; k <= n; k++)); do
+        write_if_changed "$STATE/storage-n$k.conf" 0644 "$(render_storage_conf "n$k")" || true
+    done
     echo "$n" >"$STATE/nodes"
 
     ensure_slurmdbd

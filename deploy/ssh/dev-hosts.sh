@@ -47,7 +47,7 @@ readonly LOCAL_MNT="$STATE/local"                # the "node-local disk", same p
 readonly ANSWER_TIMEOUT=5                        # seconds a fresh sshd may take to accept a login
 readonly LOCK_TIMEOUT=60
 readonly STOP_TIMEOUT=5                          # seconds processes may take to exit on SIGTERM
-readonly PACKAGES_ALL="openssh-server openssh-client iproute2"
+readonly PACKAGES_ALL="openssh-server openssh-client iproute2 podman runc"
 
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
@@ -236,6 +236,9 @@ ensure_packages() {
     [[ -x $SSHD ]] || missing+=(openssh-server)
     command -v ssh >/dev/null && command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     command -v ip >/dev/null || missing+=(iproute2)
+    # The hosts' container runtime (images pulled by digest, `launcher submit --image`).
+    command -v podman >/dev/null || missing+=(podman)
+    command -v runc >/dev/null || missing+=(runc)
     if ((${#missing[@]})); then
         ((EUID == 0)) || die "missing packages; as root run: apt-get install -y $PACKAGES_ALL"
         install_packages "${missing[@]}"
@@ -358,6 +361,33 @@ detect_penalties() {
     fi
 }
 
+# podman on the hosts (ENGINEERING.md, "podman on the SSH test hosts"): runc, because crun 1.8
+# refuses this machine's hybrid cgroup v1/v2 layout; explicit limits, because podman's defaults raise
+# RLIMIT_NPROC/NOFILE past what these machines allow; no systemd (cgroupfs, events to a file).
+render_containers_conf() {
+    cat <<EOF
+$MARKER
+[containers]
+default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+}
+
+# render_storage_conf K: host K's image storage on its own disk; the run root is short (podman's
+# socket paths under it must fit 108 bytes) and per host.
+render_storage_conf() {
+    cat <<EOF
+$MARKER
+[storage]
+driver = "overlay"
+graphroot = "$LOCAL_MNT/containers/storage"
+runroot = "/run/gptlaunch-podman/$(host_name "$1")"
+EOF
+}
+
 render_sshd_config() {
     local k=$1 dir
     dir=$(host_dir "$k")
@@ -387,7 +417,9 @@ AcceptEnv LANG LC_*
 # The host agent's state (pid, exit and log files of a job's node) on this host's own disk, as on
 # separate machines: a spare that takes over node K must not share node K's files with the host
 # it replaces.
-SetEnv XDG_STATE_HOME=$LOCAL_MNT/state
+# podman's settings (containers.conf, storage.conf): the image storage on this host's own disk, so
+# that each host really pulls (one SetEnv line: sshd reads only the first).
+SetEnv XDG_STATE_HOME=$LOCAL_MNT/state CONTAINERS_CONF=$STATE/containers.conf CONTAINERS_STORAGE_CONF=$dir/storage.conf
 # scp uses the SFTP protocol since OpenSSH 9.0.
 Subsystem sftp internal-sftp
 # OpenSSH 9.x prefers the post-quantum sntrup761x25519 key exchange, which
@@ -597,10 +629,12 @@ EOF
     # local dir covers $LOCAL_MNT, and a UTS namespace so that `hostname` (and
     # torchrun's view of its own name) is gl-hK. sshd then daemonizes; every
     # login session inherits both namespaces.
+    # The network namespace is entered with nsenter, not `ip netns exec`: that remounts /sys for the
+    # namespace, which hides /sys/fs/cgroup, and podman on the host needs the cgroup mounts.
     # shellcheck disable=SC2016,SC2094  # $1.. expand in sh; sshd appends to the log it is also told about
     (
         close_fds
-        exec ip netns exec "$ns" unshare --mount --uts --propagation slave \
+        exec nsenter --net="/var/run/netns/$ns" unshare --mount --uts --propagation slave \
             sh -c 'hostname "$1" && mount --bind "$2" "$3" && exec "$4" -f "$5" -E "$6"' \
             sh "$ns" "$dir/local" "$LOCAL_MNT" "$SSHD" "$dir/sshd_config" "$dir/sshd.log" \
             </dev/null >>"$dir/sshd.log" 2>&1
@@ -650,6 +684,7 @@ cmd_up() {
     local -a rebuild=() keep=()
     for ((k = 1; k <= n; k++)); do
         ensure_host_key "$k"
+        write_if_changed "$(host_dir "$k")/storage.conf" 0644 "$(render_storage_conf "$k")" || true
         if write_if_changed "$(host_dir "$k")/sshd_config" 0644 "$(render_sshd_config "$k")"; then
             rebuild+=("$k")     # new host or changed config
         elif host_healthy "$k"; then
@@ -658,6 +693,7 @@ cmd_up() {
             rebuild+=("$k")
         fi
     done
+    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf)" || true
     write_if_changed "$STATE/known_hosts" 0644 "$(render_known_hosts "$n")" || true
     write_if_changed "$STATE/ssh_config" 0644 "$(render_ssh_config)" || true
     write_if_changed "$STATE/hostfile" 0644 "$(render_hostfile "$n")" || true
