@@ -9,6 +9,8 @@ calls this from the trainer's working directory. ``__all__`` is what a launcher 
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +30,7 @@ __all__ = [
     "check_train_args",
     "expand_text_files",
     "parse_train_args",
+    "paths_of",
 ]
 
 _READ_CHUNK = 1 << 16
@@ -95,3 +98,18 @@ def _check_resume_path(resume: str) -> None:
     """Raise ConfigError when ``resume`` names a checkpoint file that does not exist."""
     if resume not in ("auto", "never") and not Path(resume).is_file():
         raise ConfigError(f"--resume {resume}: no such checkpoint file; use auto, never or a path")
+
+
+def paths_of(argv: Sequence[str]) -> list[Path]:
+    """The directories ``trainer train`` with ``argv`` reads or writes: its run dir and data dir, the
+    directory of each text file (of a glob: the part before its first wildcard) and of a ``--resume``
+    checkpoint, as given (relative ones are the trainer's working directory's). For a container
+    runtime that mounts them. Raises what ``parse_train_args`` raises."""
+    cfg = parse_train_args(argv)
+    found = [Path(cfg.run_dir), Path(cfg.data_dir)]
+    for pattern in cfg.text_files:
+        literal = os.path.expanduser(re.split(r"[*?\[]", pattern, maxsplit=1)[0])
+        found.append(Path(os.path.dirname(literal) or "."))
+    if cfg.resume not in ("auto", "never"):
+        found.append(Path(cfg.resume).parent)
+    return found

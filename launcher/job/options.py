@@ -12,9 +12,10 @@ Flags are generated from the fields: ``--<field-name>`` by default; ``flag(...)`
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+import re
+from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class JobView(Protocol):
@@ -70,3 +71,70 @@ class ParityOptions(SchedulerOptions):
         "the job is refused (ssh) or ends before training (slurm, compose) with exit code 3",
         json_schema_extra=flag(group="version parity"),
     )
+
+
+IMAGE_GROUP = "container image"
+IMAGE_DESCRIPTION = (
+    "the training image every node runs (`launcher build`): NAME[:TAG] or NAME@sha256:…; ssh and slurm "
+    "pull it by digest on every node (a tag is resolved to its digest once, at submit) and, without it, "
+    "run the hosts' own Python; compose needs it (a local name or id will do there)"
+)
+_IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+
+
+def check_image_ref(ref: str) -> str:
+    """Return ``ref`` unchanged, or raise ValueError when it is not an image reference."""
+    if not _IMAGE_REF.fullmatch(ref):
+        raise ValueError(f"{ref!r} is not an image reference (name[:tag], name@sha256:..., or an id)")
+    return ref
+
+
+class ContainerOptions(ParityOptions):
+    """Options of a scheduler whose nodes may run the training image under a container runtime
+    (``runtimes``: the ones it can render)."""
+
+    runtimes: ClassVar[tuple[str, ...]]
+    image: str | None = Field(None, description=IMAGE_DESCRIPTION, json_schema_extra=flag(group=IMAGE_GROUP))
+    container_runtime: Literal["auto", "docker", "podman", "pyxis", "apptainer"] = Field(
+        "auto",
+        description="what runs the image: ssh: docker or podman (auto: podman, else docker, as each host "
+        "has); slurm: pyxis (srun --container-image), apptainer or podman (auto: pyxis when srun has it, "
+        "else apptainer, else podman)",
+        json_schema_extra=flag(group=IMAGE_GROUP),
+    )
+    container_mounts: list[str] = Field(
+        default_factory=list,
+        description="one more host directory, mounted at the same path in every container (repeatable; "
+        "the job record, run dir, workdir and the trainer's data paths are mounted already)",
+        json_schema_extra=flag("--container-mount", metavar="DIR", group=IMAGE_GROUP),
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith("/") and v.endswith(".sif")):  # an Apptainer image file
+            check_image_ref(v)
+        return v
+
+    @field_validator("container_runtime")
+    @classmethod
+    def _runtime(cls, v: str) -> str:
+        if v != "auto" and v not in cls.runtimes:
+            raise ValueError(f"{v!r} cannot run images on this scheduler: use {' or '.join(cls.runtimes)}")
+        return v
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not path.startswith("/") or any(c in path for c in ":,\n"):
+                raise ValueError(f"{path!r}: give an absolute directory, without ':' or ','")
+        return v
+
+    @model_validator(mode="after")
+    def _needs_image(self) -> ContainerOptions:
+        if self.image is None and (self.container_runtime != "auto" or self.container_mounts):
+            raise ValueError("--container-runtime and --container-mount need an image: pass --image REF")
+        if self.image is not None and self.image.endswith(".sif") and self.container_runtime != "apptainer":
+            raise ValueError(f"{self.image} is an Apptainer image file: pass --container-runtime apptainer")
+        return self

@@ -14,18 +14,29 @@ LOG_LINE_PREFIX = "[rank${rank}]: "
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 
 
+IMAGE_PYTHON = "python"  # the interpreter of the training image (the Dockerfile's venv, on its PATH)
+
+
 def torchrun_argv(
-    spec: JobSpec, *, node_rank: int | str, endpoint: str, rdzv_id: str, log_dir: str, trainer_args: list[str]
+    spec: JobSpec,
+    *,
+    node_rank: int | str,
+    endpoint: str,
+    rdzv_id: str,
+    log_dir: str,
+    trainer_args: list[str],
+    python: str | None = None,
 ) -> list[str]:
     """``python -m torch.distributed.run ... -m trainer.cli train ARGS`` for node ``node_rank``.
 
     ``endpoint`` is ``host:port`` of the rendezvous store. With the c10d backend the agents agree on
     node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
     it otherwise, with a warning). ``node_rank``, ``endpoint`` and ``rdzv_id`` may hold placeholders.
+    ``python`` is the interpreter (default: the spec's; ``IMAGE_PYTHON`` in the training image).
     """
     rdzv = spec.rendezvous
     argv = [
-        spec.python,
+        python or spec.python,
         "-m",
         "torch.distributed.run",
         f"--nnodes={spec.nnodes}",
@@ -48,7 +59,13 @@ def torchrun_argv(
 
 
 def node_agents(
-    spec: JobSpec, *, endpoint: str, job_id: str, job_dir: Path, trainer_args: list[str]
+    spec: JobSpec,
+    *,
+    endpoint: str,
+    job_id: str,
+    job_dir: Path,
+    trainer_args: list[str],
+    python: str | None = None,
 ) -> list[list[str]]:
     """``torchrun_argv`` of every node of a job that knows its node ranks at render time: node k's
     error files go to ``torchelastic_dir(job_dir, k)``; the rendezvous id is the spec's, else the job id."""
@@ -60,6 +77,7 @@ def node_agents(
             rdzv_id=spec.rendezvous.id or job_id,
             log_dir=str(torchelastic_dir(job_dir, k)),
             trainer_args=trainer_args,
+            python=python,
         )
         for k in range(spec.nnodes)
     ]

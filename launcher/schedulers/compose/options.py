@@ -7,7 +7,16 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import NO_FLAG, JobView, ParityOptions, check_gpus_once
+from launcher.job.options import (
+    IMAGE_DESCRIPTION,
+    IMAGE_GROUP,
+    NO_FLAG,
+    JobView,
+    ParityOptions,
+    check_gpus_once,
+    check_image_ref,
+    flag,
+)
 
 
 class ComposeOptions(ParityOptions):
@@ -21,11 +30,13 @@ class ComposeOptions(ParityOptions):
     image: str = Field(
         "",
         validate_default=True,
-        description="the training image every node runs (`launcher build`), by name or id (required)",
+        description=IMAGE_DESCRIPTION,
+        json_schema_extra=flag(group=IMAGE_GROUP),
     )
     shm_size: str = Field(
         "8g",
         description="shared memory of each container (Docker's 64m default breaks NCCL)",
+        json_schema_extra=flag(group=IMAGE_GROUP),
     )
     gpus: bool | None = Field(
         None,
@@ -42,9 +53,7 @@ class ComposeOptions(ParityOptions):
     def _image(cls, v: str) -> str:
         if not v:
             raise ValueError("the compose scheduler needs an image: pass --image REF (see `launcher build`)")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v):
-            raise ValueError(f"{v!r} is not an image reference (name[:tag], name@sha256:..., or an id)")
-        return v
+        return check_image_ref(v)
 
     @field_validator("shm_size")
     @classmethod

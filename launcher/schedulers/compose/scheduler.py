@@ -31,7 +31,7 @@ from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
 from launcher.schedulers.compose.options import ComposeOptions
@@ -41,7 +41,6 @@ from launcher.supervisor.supervisor import ChildAgents, SupervisorHandle, start_
 from trainer.contract import atomic_write_text
 from trainer.precheck import expand_text_files, parse_train_args
 
-CONTAINER_PYTHON = "python"  # the image's virtualenv is first on its PATH
 CONTAINER_IFNAME = "eth0"  # a container's interface on the job network
 DEFAULT_RDZV_PORT = 29500  # each container has its own ports: no need to look for a free one
 COMPOSE_TIMEOUT_S = 300.0
@@ -103,7 +102,7 @@ class ComposeScheduler(SupervisedScheduler):
     def render(self, spec: JobSpec, facts: ComposeFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{service_name(0)}:{facts.rdzv_port}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        inside = spec.model_copy(update={"python": CONTAINER_PYTHON})
+        inside = spec.model_copy(update={"python": IMAGE_PYTHON})
         env = agent_env(spec, job_id, facts.omp_num_threads) | {
             IMAGE_DIGEST_ENV: facts.image_id,
             "HOME": "/tmp",  # the submitting user has no home in the image
@@ -114,7 +113,7 @@ class ComposeScheduler(SupervisedScheduler):
 
         def entry(k: int) -> list[str]:
             return [
-                CONTAINER_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir),
+                IMAGE_PYTHON, "-m", "launcher.schedulers.compose.node", "--job-dir", str(job_dir),
                 "--node", str(k), "--nodes", str(spec.nnodes), "--gpus-per-node", str(gpus),
                 *(["--skip-parity"] if spec.options(ComposeOptions).skip_parity else []),
                 *watch_args(spec.hang, spec.nproc_per_node), "--",

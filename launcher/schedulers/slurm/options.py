@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import JobView, ParityOptions, check_gpus_once, flag
+from launcher.job.options import ContainerOptions, JobView, check_gpus_once, flag
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -58,10 +58,11 @@ def slurm_minutes(value: str) -> int:
     return math.ceil(seconds / 60)
 
 
-class SlurmOptions(ParityOptions):
+class SlurmOptions(ContainerOptions):
     """The SLURM scheduler: one allocation of ``nnodes`` nodes, one task (one torchrun agent) per node,
     submitted through submitit (or as a standalone sbatch script)."""
 
+    runtimes: ClassVar[tuple[str, ...]] = ("pyxis", "apptainer", "podman")
     scheduler: ClassVar[str] = "launcher.schedulers.slurm.scheduler:SlurmScheduler"
     kind: Literal["slurm"] = Field("slurm", description="where the job runs (slurm: a SLURM cluster)")
     partition: str | None = Field(None, description="SLURM partition (default: the cluster's default)")

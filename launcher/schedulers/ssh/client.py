@@ -202,9 +202,21 @@ def run(settings: SshSettings, host: str, command: str, timeout_s: float, stdin:
 
 
 def fan_out(
-    settings: SshSettings, hosts: Sequence[str], command: Callable[[str], str], timeout_s: float
+    settings: SshSettings,
+    hosts: Sequence[str],
+    command: Callable[[str], str],
+    timeout_s: float,
+    on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
     """``command(host)`` on every host at once (threads; each waits on its own ssh process), in the
-    order of ``hosts``. Wall time ≈ the slowest host, not the sum."""
+    order of ``hosts``; ``on_result`` sees each result as it comes (progress). Wall time ≈ the
+    slowest host, not the sum."""
+
+    def one(host: str) -> Result:
+        result = run(settings, host, command(host), timeout_s)
+        if on_result is not None:
+            on_result(result)
+        return result
+
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
-        return list(pool.map(lambda h: run(settings, h, command(h), timeout_s), hosts))
+        return list(pool.map(one, hosts))

@@ -25,6 +25,13 @@ that the job does not hang on the connection that started it:
   Once ARGV exits, whatever of its tree is left is terminated; the exit code is written to
   ``node-<k>.exit`` and returned.
 
+- With ``--image REF@sha256:… --runtime docker|podman`` (and ``--mount DIR``, ``--env-name NAME``),
+  ARGV runs inside a container of the image (``launcher.image.runtime.Container``: the host's
+  network, IPC and PID namespaces, the mounts at the same paths, the named variables, the secrets and
+  the node's own passed in), named ``gptlaunch-<job>-node<k>``. SIGTERM reaches torchrun through the
+  runtime's signal proxy (the ranks checkpoint); however the agent ends (the node done, the lease
+  lost, a hang, ``signal KILL``), the container is removed: none is left behind.
+
 ``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (as above); KILL ends its
 whole tree now (TERM, then KILL after ``--grace-s``). ``status``: one JSON line, ``{"running": bool,
 "exit_code": int | null}``. Imports no torch: it must start in a fraction of a second.
@@ -48,11 +55,12 @@ from types import FrameType
 
 import psutil
 
+from launcher.image.runtime import Container, has_gpus
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
+from launcher.supervisor.watchdog import NodeWatch, Watchdog, end_hung, wait_watching
 from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_ENV, read_beats
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
@@ -77,8 +85,42 @@ def _heartbeat_dir(job_id: str, node: int) -> Path:
     return state_dir(job_id) / f"node-{node}.heartbeat"
 
 
-def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None, lease_s: float = 0.0) -> int:
-    pid_file, exit_file, log_file = _files(job_id, node)
+def container_name(job_id: str, node: int) -> str:
+    """The name of node ``node``'s container of ``job_id`` on its host."""
+    return f"gptlaunch-{job_id}-node{node}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRun:
+    """How the node's command runs in the job's image: ``--image``, ``--runtime``, ``--mount``,
+    ``--env-name`` of ``run``."""
+
+    image: str
+    runtime: str
+    mounts: tuple[str, ...]
+    env_names: tuple[str, ...]
+
+    def container(self, job_id: str, node: int) -> Container:
+        # The node's state dir too: the ranks' heartbeats go there, for the hang watchdog outside.
+        mounts = (*self.mounts, str(state_dir(job_id)))
+        return Container(self.runtime, self.image, container_name(job_id, node), mounts, os.getcwd())
+
+    def argv(self, container: Container, argv: list[str], env_names: list[str]) -> list[str]:
+        for path in container.mounts:  # a run dir not made yet: a runtime refuses a missing source
+            os.makedirs(path, exist_ok=True)
+        names = [*self.env_names, *env_names]
+        return container.run_argv(argv, names, gpus=has_gpus(), user=f"{os.getuid()}:{os.getgid()}")
+
+
+def run(
+    job_id: str,
+    node: int,
+    argv: list[str],
+    watch: NodeWatch | None = None,
+    lease_s: float = 0.0,
+    image: ImageRun | None = None,
+) -> int:
+    pid_file, exit_file, _ = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
     assert secrets is not None  # no timeout: read until the line or EOF
@@ -89,13 +131,39 @@ def run(job_id: str, node: int, argv: list[str], watch: NodeWatch | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop.handle)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection is not a stop request
-    pid_file.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
-    env = os.environ | secrets | {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
+    container = image.container(job_id, node) if image is not None else None
+    ref: dict[str, object] = {"pid": me.pid, "started": me.create_time()}
+    if container is not None:
+        ref["container"] = [container.runtime, container.name]
+        container.remove()  # one an earlier attempt on this host left (the agent SIGKILLed with it)
+    pid_file.write_text(json.dumps(ref))
+    ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     watchdog = None
     if watch is not None:
         beats = _heartbeat_dir(job_id, node)
-        env[HEARTBEAT_DIR_ENV] = str(beats)
+        ours[HEARTBEAT_DIR_ENV] = str(beats)
         watchdog = watch.watchdog(node, socket.gethostname(), beats)
+    env = os.environ | secrets | ours
+    if image is not None and container is not None:
+        argv = image.argv(container, argv, [*secrets, *ours])
+    try:
+        return _supervise(job_id, node, argv, env, stop, watchdog, lease_s)
+    finally:
+        if container is not None:
+            container.remove()
+
+
+def _supervise(
+    job_id: str,
+    node: int,
+    argv: list[str],
+    env: dict[str, str],
+    stop: _Forward,
+    watchdog: Watchdog | None,
+    lease_s: float,
+) -> int:
+    _, exit_file, log_file = _files(job_id, node)
+    me = psutil.Process()
     try:
         child = subprocess.Popen(
             argv,
@@ -215,6 +283,14 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
         return {}
 
 
+def _container(job_id: str, node: int) -> Container | None:
+    """The node's container, as its agent recorded it in the pid file (None for a bare node)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        runtime, name = json.loads(_files(job_id, node)[0].read_text())["container"]
+        return Container(str(runtime), "", str(name))
+    return None
+
+
 def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
     agent = _agent(job_id, node)
     if sig == "TERM":
@@ -222,7 +298,11 @@ def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
             procs.signal_all([agent], signal.SIGTERM)
         return 0
     tree = [*agent.children(recursive=True), agent] if agent is not None else []
+    # The container's processes are no children of the agent; they carry the node's environment.
     procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
+    container = _container(job_id, node)
+    if container is not None:
+        container.remove()
     return 0
 
 
@@ -247,13 +327,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
     p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
+    p.add_argument("--image", help="run: the image (pinned by digest) the command runs in")
+    p.add_argument("--runtime", choices=["docker", "podman"], default="podman", help="run: with --image")
+    p.add_argument("--mount", action="append", default=[], help="run: a directory the container mounts")
+    p.add_argument("--env-name", action="append", default=[], help="run: a variable the container gets")
     add_watch_flags(p)
     args, command = parse_with_command(p, argv)
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
         watch = NodeWatch(*found) if (found := watch_of(args)) else None
-        return run(args.job, args.node, command, watch, args.lease_s)
+        image = None
+        if args.image:
+            image = ImageRun(args.image, args.runtime, tuple(args.mount), tuple(args.env_name))
+        return run(args.job, args.node, command, watch, args.lease_s, image)
     if command:
         p.error(f"{args.action} takes no command")
     if args.action == "signal":

@@ -8,6 +8,7 @@ slowest host, not the sum. Each failure raises SpecError (or ParityError) naming
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher.image.runtime import PULL_TIMEOUT_S
 from launcher.job.spec import SpecError
 from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
 from launcher.preflight.parity import compare, diff_text
@@ -89,17 +91,72 @@ def _python(python: str) -> str:
     return f"cd / && {shlex.quote(python)}"
 
 
+@dataclass(frozen=True)
+class HostImage:
+    """The job's image (pinned by digest) and the runtime each host runs it with."""
+
+    image: str
+    runtimes: dict[str, str]
+
+
+def pull_image(
+    settings: ssh.SshSettings,
+    hosts: list[str],
+    python: str,
+    image: str,
+    runtime: str,
+    say: Callable[[str], None],
+) -> HostImage:
+    """Every host pulls ``image`` with ``runtime`` ("auto": podman, else docker) at once, each named
+    as it finishes. Raises SpecError naming every host that could not pull, with the registry's (or
+    the runtime's) error."""
+
+    def command(host: str) -> str:
+        pull = f"pull --runtime {runtime} --image {shlex.quote(image)}"
+        return f"{_python(python)} -m launcher.image.runtime {pull}"
+
+    def done(result: ssh.Result) -> None:
+        if result.ok:
+            say(f"launcher: {result.host}: image pulled in {result.seconds:.1f} s")
+
+    say(f"launcher: pulling {image} on {', '.join(hosts)} ...")
+    results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PULL_TIMEOUT_S, done)
+    runtimes, errors = {}, []
+    for result in results:
+        try:
+            runtimes[result.host] = str(json.loads(result.stdout.strip().splitlines()[-1])["runtime"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            why = result.stderr.strip().splitlines()[-1:] if result.returncode == 1 else []
+            errors.append(f"{result.host}: {why[0].removeprefix('error: ')}" if why else result.error())
+    if errors:
+        raise SpecError(
+            f"cannot pull the image {image} on every host:\n  " + "\n  ".join(errors) + "\n  check that "
+            "the registry is reachable from those hosts and trusted by their runtime (its CA in "
+            "/etc/containers/certs.d or /etc/docker/certs.d), and that they are logged in where it needs it"
+        )
+    return HostImage(image, runtimes)
+
+
 def probe_hosts(
-    settings: ssh.SshSettings, hosts: list[str], python: str, master_addr: str | None = None
+    settings: ssh.SshSettings,
+    hosts: list[str],
+    python: str,
+    master_addr: str | None = None,
+    image: HostImage | None = None,
 ) -> dict[str, Probe]:
-    """Run the probe on every host at once; host 0 also reports a free port. Raises SpecError listing
-    every host that could not be reached or probed."""
+    """Run the probe on every host at once (inside ``image`` when given: the image's versions, the
+    host's network and GPUs); host 0 also reports a free port. Raises SpecError listing every host
+    that could not be reached or probed."""
 
     def command(host: str) -> str:
         extra = ["--route-to", master_addr, "--resolve", master_addr] if master_addr else []
         if host == hosts[0]:
             extra.append("--free-port")
-        return f"{_python(python)} -m launcher.preflight.probe --json {shlex.join(extra)}"
+        probe = f"-m launcher.preflight.probe --json {shlex.join(extra)}"
+        if image is None:
+            return f"{_python(python)} {probe}"
+        runtime = f"--runtime {image.runtimes[host]} --image {shlex.quote(image.image)}"
+        return f"{_python(python)} -m launcher.image.runtime exec {runtime} -- python {probe}"
 
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
     probes, errors = {}, []
@@ -192,6 +249,7 @@ class HostPlan:
     port: int
     ifnames: dict[str, str]
     probes: dict[str, Probe]
+    image: HostImage | None = None
 
     def env(self, host: str, user_env: dict[str, str]) -> dict[str, str]:
         """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for ``host``, unless the user set them."""
@@ -208,17 +266,29 @@ class ProbedHosts:
     master_addr: str
     probes: dict[str, Probe]
     probe_s: float  # wall time of the parallel probe, seconds
+    image: HostImage | None = None
 
 
-def probe_job_hosts(opts: SshOptions, nnodes: int | None, nproc_per_node: int, python: str) -> ProbedHosts:
-    """The hosts (``hosts_of``), the master address and every host's probe, in parallel. Raises
-    SpecError naming each host that could not be reached or probed."""
+def probe_job_hosts(
+    opts: SshOptions,
+    nnodes: int | None,
+    nproc_per_node: int,
+    python: str,
+    image: str | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> ProbedHosts:
+    """The hosts (``hosts_of``), the master address and every host's probe, in parallel; with
+    ``image`` (pinned by digest), every host pulls it first and the probe runs inside it. Raises
+    SpecError naming each host that could not be reached, pull or be probed."""
     settings = ssh_settings(opts)
     hosts = hosts_of(opts, nnodes, nproc_per_node)
     master = master_address(settings, hosts[0])
+    pulled = None
+    if image is not None:
+        pulled = pull_image(settings, hosts, python, image, opts.container_runtime, say)
     started = time.monotonic()
-    probes = probe_hosts(settings, hosts, python, master)
-    return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started)
+    probes = probe_hosts(settings, hosts, python, master, pulled)
+    return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started, pulled)
 
 
 def route_hosts(probed: ProbedHosts, port: int | None, python: str) -> HostPlan:
@@ -230,7 +300,7 @@ def route_hosts(probed: ProbedHosts, port: int | None, python: str) -> HostPlan:
     if chosen_port is None:
         raise SpecError(f"host {hosts[0]} reported no free port: pass --rdzv-port")
     check_port(probed.settings, hosts, python, probed.master_addr, chosen_port)
-    return HostPlan(hosts, probed.master_addr, chosen_port, ifnames, probed.probes)
+    return HostPlan(hosts, probed.master_addr, chosen_port, ifnames, probed.probes, probed.image)
 
 
 def check_workdir(settings: ssh.SshSettings, hosts: list[str], workdir: str) -> None:
@@ -257,10 +327,12 @@ def plan_hosts(
     port: int | None,
     workdir: str,
     warn: Callable[[str], None],
+    image: str | None = None,
 ) -> HostPlan:
-    """Every check before an SSH job, in order: hosts, probes (in parallel), parity, the workdir,
-    master address resolution and routes, rendezvous port. Raises SpecError / ParityError."""
-    probed = probe_job_hosts(opts, nnodes, nproc_per_node, python)
+    """Every check before an SSH job, in order: hosts, the pull of ``image`` (pinned by digest) and
+    probes inside it (in parallel), parity, the workdir, master address resolution and routes,
+    rendezvous port. Raises SpecError / ParityError."""
+    probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
     enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
     check_workdir(probed.settings, probed.hosts, workdir)
     return route_hosts(probed, port, python)

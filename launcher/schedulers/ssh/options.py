@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.job.options import ParityOptions, flag
+from launcher.job.options import ContainerOptions, flag
 from launcher.schedulers.ssh.client import SSH_OPT_RE, check_host
 
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
@@ -25,9 +25,10 @@ SSH_MANAGED = {
 }
 
 
-class SshOptions(ParityOptions):
+class SshOptions(ContainerOptions):
     """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client."""
 
+    runtimes: ClassVar[tuple[str, ...]] = ("docker", "podman")
     scheduler: ClassVar[str] = "launcher.schedulers.ssh.scheduler:SshScheduler"
     kind: Literal["ssh"] = Field("ssh", description="where the job runs (ssh: hosts reached by ssh)")
     hosts: list[str] = Field(

@@ -22,16 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import Field
 
+from launcher.image.reference import resolve as resolve_image
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir, watch_args
+from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
 from launcher.preflight.collective_report import format_table
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.hosts import HostPlan, collective, hosts_of, plan_hosts, ssh_settings
+from launcher.schedulers.ssh.hosts import HostImage, HostPlan, collective, hosts_of, plan_hosts, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
@@ -56,9 +59,12 @@ class SshFacts(Facts):
     rdzv_port: int
     ifnames: dict[str, str]  # each host's interface towards master_addr
     omp_num_threads: int | None
+    image: str | None = None  # pinned by digest: what every host pulled and runs
+    runtimes: dict[str, str] = Field(default_factory=dict)  # with an image: each host's container runtime
 
     def host_plan(self) -> HostPlan:
-        return HostPlan(self.hosts, self.master_addr, self.rdzv_port, self.ifnames, {})
+        image = HostImage(self.image, self.runtimes) if self.image else None
+        return HostPlan(self.hosts, self.master_addr, self.rdzv_port, self.ifnames, {}, image)
 
     @classmethod
     def of(cls, workdir: str, hosts: HostPlan, spec: JobSpec) -> SshFacts:
@@ -70,6 +76,8 @@ class SshFacts(Facts):
             rdzv_port=hosts.port,
             ifnames=hosts.ifnames,
             omp_num_threads=spec.omp_num_threads,
+            image=hosts.image.image if hosts.image else None,
+            runtimes=hosts.image.runtimes if hosts.image else {},
         )
 
 
@@ -87,8 +95,12 @@ class SshScheduler(SupervisedScheduler):
                 "put the host you want first in --hosts / the hostfile"
             )
         workdir = workdir_of(spec, files_here=self.files_here)
+        image = None
+        if opts.image is not None:
+            image = resolve_image(opts.image)
+            say(f"launcher: image {opts.image} is {image}")
         hosts = plan_hosts(
-            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, warn=say
+            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, say, image
         )
         return SshFacts.of(workdir, hosts, spec)
 
@@ -107,21 +119,30 @@ class SshScheduler(SupervisedScheduler):
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
         env = agent_env(spec, job_id, facts.omp_num_threads)
         hosts = facts.host_plan()
-        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
-        nodes = [
-            NodeCommand(
-                host=host,
-                argv=[
-                    *_hostagent_argv(spec.python, "run", job_id, k),
-                    f"--lease-s={LEASE_S:g}",
-                    *watch_args(spec.hang, spec.nproc_per_node),
-                    "--",
-                    *agent,
-                ],
-                env=env | hosts.env(host, env),
-            )
-            for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True))
-        ]
+        python = IMAGE_PYTHON if facts.image is not None else None
+        agents = node_agents(
+            spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args, python=python
+        )
+        mounts = []
+        if facts.image is not None:
+            extra = spec.options(SshOptions).container_mounts
+            mounts = [f"--mount={m}" for m in container_mounts(args, facts.workdir, job_dir, extra)]
+        nodes = []
+        for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):
+            node_env = env | hosts.env(host, env)
+            image = []
+            if facts.image is not None:  # the agent runs torchrun in a container of the image
+                image = [f"--image={facts.image}", f"--runtime={facts.runtimes[host]}", *mounts]
+                image += [f"--env-name={name}" for name in sorted(node_env)]
+            argv = [
+                *_hostagent_argv(spec.python, "run", job_id, k),
+                f"--lease-s={LEASE_S:g}",
+                *watch_args(spec.hang, spec.nproc_per_node),
+                *image,
+                "--",
+                *agent,
+            ]
+            nodes.append(NodeCommand(host=host, argv=argv, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
@@ -240,9 +261,17 @@ class SshAgents(ChildAgents):
         port). Raises SpecError."""
         spec = record.spec()
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
-        workdir = SshFacts.model_validate(self.plan.facts).workdir
+        facts = SshFacts.model_validate(self.plan.facts)
+        workdir = facts.workdir
         found = plan_hosts(
-            opts, len(hosts), spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, say
+            opts,
+            len(hosts),
+            spec.nproc_per_node,
+            spec.python,
+            spec.rendezvous.port,
+            workdir,
+            say,
+            facts.image,
         )
         self.plan = self.scheduler.render(spec, SshFacts.of(workdir, found, spec), record.job_id, record.dir)
         return self.plan

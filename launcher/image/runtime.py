@@ -1,0 +1,135 @@
+"""The training image on a node, through its container runtime (docker or podman): the pull by digest,
+the ``run`` of a node's command and the removal of its container. The SSH host agent and the SLURM
+node task use it on the node itself, so it imports nothing heavy (no Docker SDK, no torch).
+
+``python -m launcher.image.runtime pull|exec`` is what the launcher runs on each host before a job:
+``pull`` prints one JSON line ``{"runtime": ..., "seconds": ...}``; ``exec`` runs a command (the
+version probe) in a throwaway container of the image, with the host's network and GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.preflight.probe import IMAGE_DIGEST_ENV
+
+RUNTIMES = ("podman", "docker")  # what a node may run images with; "auto" takes the first it has
+PULL_TIMEOUT_S = 1800.0  # a CUDA image is several GB
+REMOVE_TIMEOUT_S = 60.0
+
+
+class ContainerError(OSError):
+    """The host has no such runtime, or the runtime failed (a pull the registry refused); the message
+    is the runtime's own last line of error."""
+
+
+def pick(wanted: str) -> str:
+    """The runtime to use on this host: ``wanted``, or with "auto" the first of RUNTIMES it has.
+    Raises ContainerError when the host has none of them."""
+    candidates = RUNTIMES if wanted == "auto" else (wanted,)
+    for runtime in candidates:
+        if shutil.which(runtime):
+            return runtime
+    raise ContainerError(f"no container runtime ({' or '.join(candidates)}) on this host's PATH: install one")
+
+
+def has_gpus() -> bool:
+    """Whether this host has NVIDIA GPUs to pass into a container (the driver's control device)."""
+    return Path("/dev/nvidiactl").exists()
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container of ``image`` (pinned by digest) on this host, named ``name``."""
+
+    runtime: str  # docker or podman
+    image: str
+    name: str
+    mounts: tuple[str, ...] = ()  # host directories, mounted at the same paths
+    workdir: str = "/"
+
+    def run_argv(
+        self,
+        command: Iterable[str],
+        env_names: Iterable[str] = (),
+        gpus: bool = False,
+        user: str | None = None,
+    ) -> list[str]:
+        """``RUNTIME run`` of ``command``: removed at its end; the host's network; the host's IPC
+        namespace (NCCL's shared memory is the host's /dev/shm: no --shm-size, which podman refuses
+        with it); the host's PID namespace (the host agent and the hang watchdog see the ranks as
+        host processes); ``env_names`` passed through from the caller's environment (no value on
+        the command line: secrets among them); GPUs the runtime's way."""
+        argv = [
+            self.runtime, "run", "--rm", f"--name={self.name}", "--network=host", "--ipc=host", "--pid=host",
+            f"--workdir={self.workdir}", f"--env={IMAGE_DIGEST_ENV}={self.image}",
+        ]  # fmt: skip
+        if user is not None:
+            argv.append(f"--user={user}")
+        argv += [f"--volume={path}:{path}" for path in self.mounts]
+        argv += [f"--env={name}" for name in sorted(set(env_names))]
+        if gpus:  # docker: the NVIDIA container toolkit's hook; podman: its CDI spec
+            argv += ["--gpus=all"] if self.runtime == "docker" else ["--device=nvidia.com/gpu=all"]
+        return [*argv, self.image, *command]
+
+    def remove_argv(self) -> list[str]:
+        """Remove the container now, running or not (SIGKILL; a missing one is an error to ignore)."""
+        timeout = ["--time=0"] if self.runtime == "podman" else []
+        return [self.runtime, "rm", "--force", *timeout, self.name]
+
+    def remove(self) -> None:
+        """Remove the container, whatever state it is in; errors (already gone) are ignored."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(self.remove_argv(), capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
+
+
+def pull(runtime: str, image: str) -> float:
+    """Pull ``image`` with ``runtime``; returns the seconds it took. Raises ContainerError with the
+    runtime's last line of error (the registry's answer)."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [runtime, "pull", "--quiet", image], capture_output=True, text=True, timeout=PULL_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ContainerError(f"{runtime} pull {image}: {e}") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise ContainerError(f"{runtime} pull {image}: {lines[-1]}")
+    return time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launcher.image.runtime", description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["pull", "exec"])
+    p.add_argument("--runtime", default="auto", choices=["auto", *RUNTIMES])
+    p.add_argument("--image", required=True)
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, command = p.parse_args(argv[:cut]), argv[cut + 1 :]  # exec: the command after --
+    try:
+        runtime = pick(args.runtime)
+        if args.action == "pull":
+            print(
+                json.dumps({"runtime": runtime, "seconds": round(pull(runtime, args.image), 3)}), flush=True
+            )
+            return 0
+    except ContainerError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    container = Container(runtime, args.image, f"gptlaunch-exec-{os.getpid()}")
+    return subprocess.run(container.run_argv(command, gpus=has_gpus())).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
