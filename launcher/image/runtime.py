@@ -93,6 +93,42 @@ class Container:
             subprocess.run(self.remove_argv(), capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
 
 
+@dataclass(frozen=True)
+class ImageRun:
+    """How a node agent (the SSH host agent, the SLURM node task) runs its command in the job's image:
+    its ``--image``, ``--runtime``, ``--mount`` and ``--env-name`` flags."""
+
+    image: str
+    runtime: str
+    mounts: tuple[str, ...]
+    env_names: tuple[str, ...]
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--image", help="the image (pinned by digest) the command runs in")
+        parser.add_argument("--runtime", choices=RUNTIMES, default="podman", help="what runs --image")
+        parser.add_argument("--mount", action="append", default=[], help="a directory the container mounts")
+        parser.add_argument("--env-name", action="append", default=[], help="a variable the container gets")
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> ImageRun | None:
+        """From parsed ``add_flags`` flags (None without --image)."""
+        if not args.image:
+            return None
+        return cls(args.image, args.runtime, tuple(args.mount), tuple(args.env_name))
+
+    def container(self, name: str, mounts: Iterable[str] = ()) -> Container:
+        """The container ``name`` in the current directory, with ``mounts`` besides the flags'."""
+        return Container(self.runtime, self.image, name, (*self.mounts, *mounts), os.getcwd())
+
+    def argv(self, container: Container, argv: list[str], env_names: Iterable[str]) -> list[str]:
+        """``argv`` run in ``container`` as this user, with the flags' variables and ``env_names``."""
+        for path in container.mounts:  # a run dir not made yet: a runtime refuses a missing source
+            os.makedirs(path, exist_ok=True)
+        names = [*self.env_names, *env_names]
+        return container.run_argv(argv, names, gpus=has_gpus(), user=f"{os.getuid()}:{os.getgid()}")
+
+
 def pull(runtime: str, image: str) -> float:
     """Pull ``image`` with ``runtime``; returns the seconds it took. Raises ContainerError with the
     runtime's last line of error (the registry's answer)."""

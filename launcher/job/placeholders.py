@@ -8,8 +8,8 @@ node-side entry point (``python -m launcher.job.node -- ARGV...``) replaces them
 Placeholders (``HELP`` below is what `launcher render --help` shows):
 
 - ``{{node_rank}}``: this node's index, 0-based: ``SLURM_NODEID``, else ``GPTLAUNCH_NODE_RANK``.
-- ``{{first_host}}``: the allocation's first host: the first name of ``SLURM_JOB_NODELIST`` (expanded
-  by ``scontrol show hostnames``), else ``GPTLAUNCH_FIRST_HOST``.
+- ``{{first_host}}``: the allocation's first host: ``GPTLAUNCH_FIRST_HOST`` (which a SLURM batch script
+  sets), else the first name of ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``).
 - ``{{ifname}}``: the interface this node routes ``{{first_host}}`` through (``ip route get``), for
   NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.
 - ``{{slurm_job_id}}``: ``SLURM_JOB_ID`` (the same across requeues): the rendezvous id of a SLURM job.
@@ -49,6 +49,9 @@ def _node_rank(env: Mapping[str, str]) -> str:
 
 
 def _first_host(env: Mapping[str, str]) -> str:
+    # A SLURM batch script sets it too: where the node command runs (an image), scontrol may be missing.
+    if env.get(FIRST_HOST_ENV):
+        return env[FIRST_HOST_ENV]
     if env.get("SLURM_JOB_NODELIST"):
         out = _run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]])
         return out.split()[0]
@@ -115,6 +118,6 @@ def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
 HELP = (
     "placeholders (values only a node knows, filled in on the node by `python -m launcher.job.node`): "
     "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (the first host of "
-    "SLURM_JOB_NODELIST, else GPTLAUNCH_FIRST_HOST), {{ifname}} (the interface that routes to "
+    "SLURM_JOB_NODELIST, or GPTLAUNCH_FIRST_HOST), {{ifname}} (the interface that routes to "
     "{{first_host}}), {{slurm_job_id}} (SLURM_JOB_ID), {{rdzv_port}} (15000 + SLURM_JOB_ID mod 15000)"
 )

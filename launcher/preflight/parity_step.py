@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -29,6 +30,7 @@ from trainer.contract import EXIT_FAILED, EXIT_PARITY, atomic_write_text
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
 RESULT = "parity.json"  # in the job directory, written when the step fails
 STEP_TIME_MIN = 5  # srun's limit for the probe step: a cold `import torch` takes seconds, not minutes
+PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
 
 
 @dataclass(frozen=True)
@@ -40,21 +42,45 @@ class StepFailure:
     time: float
 
 
+class InImage(Protocol):
+    """How a SLURM job runs steps in its image (``launcher.schedulers.slurm.image.SlurmImage``)."""
+
+    @property
+    def python(self) -> str: ...
+    def srun_args(self) -> list[str]: ...
+    def probe(self) -> list[str]: ...
+    def batch(self, argv: list[str]) -> list[str]: ...
+
+
 def batch_lines(
-    *, python: str, workdir: str, job_dir: str, nnodes: int, gpus_per_node: int, skip: bool
+    *,
+    python: str,
+    workdir: str,
+    job_dir: str,
+    nnodes: int,
+    gpus_per_node: int,
+    skip: bool,
+    in_image: InImage | None = None,
 ) -> list[str]:
     """The batch script's lines for the step (bash; every value shell-quoted, no variable needed), the
-    same in the standalone sbatch script and in submitit's. ``gpus_per_node`` 0: no GPU requirement."""
+    same in the standalone sbatch script and in submitit's. ``gpus_per_node`` 0: no GPU requirement.
+    With ``in_image``, the probe and the comparison run in the job's image (the probe's step may pull
+    it: a longer time limit)."""
     probes = Path(job_dir) / PROBE_DIR
+    probe = [python, "-m", "launcher.preflight.probe", "--json"]
+    minutes = STEP_TIME_MIN
+    if in_image is not None:
+        probe, python, minutes = [*in_image.srun_args(), *in_image.probe()], in_image.python, PULL_TIME_MIN
     srun = [
-        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={STEP_TIME_MIN}", f"--chdir={workdir}",
-        f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log",
-        python, "-m", "launcher.preflight.probe", "--json",
+        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
+        f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log", *probe,
     ]  # fmt: skip
     compare_argv = [
         python, "-m", "launcher.preflight.parity_step", "--job-dir", job_dir, "--nodes", str(nnodes),
         "--gpus-per-node", str(gpus_per_node), *(["--skip-parity"] if skip else []),
     ]  # fmt: skip
+    if in_image is not None:
+        compare_argv = in_image.batch(compare_argv)
     q = shlex.quote
     return [
         "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",

@@ -24,17 +24,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from launcher.image.reference import resolve as resolve_image
+from launcher.image.runtime import ImageRun
+from launcher.job.console import say
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.hang import watch_args
+from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, torchrun_argv, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, with_run_dir
 from launcher.preflight.parity_step import batch_lines
+from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.retry import batch_lines as retry_lines
-from launcher.schedulers.slurm.script import SRUN_ARGS, sbatch_options, sbatch_script
+from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import ATTEMPT_MARKER, Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
@@ -52,6 +57,7 @@ BATCH_SETUP = [
     "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
     # Where this run starts in the batch log (which a requeued job appends to), and when.
     f'run_started=$(date +%s) && echo "{ATTEMPT_MARKER} $run_started"',
+    FIRST_HOST_LINE,
 ]
 
 
@@ -70,6 +76,8 @@ class SlurmHandle(BaseModel):
 
 class SlurmFacts(Facts):
     gpus_per_node: int  # GPUs requested per node; 0 for CPU processes
+    image: str | None = None  # pinned by digest (or an Apptainer .sif file): what every node runs
+    runtime: str | None = None  # with an image: pyxis, apptainer or podman
 
 
 class SubmititRequest(BaseModel):
@@ -81,10 +89,20 @@ class SubmititRequest(BaseModel):
     additional_parameters: dict[str, str | bool]
     setup: list[str]
     teardown: list[str] = []
+    python: str | None = None  # the command that runs submitit's Python on the nodes (default: the spec's)
 
 
-def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
-    """The batch script's version-parity step (a probe on every node before training)."""
+def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, trainer_args: list[str]) -> SlurmImage | None:
+    """How the job's nodes run its image (None: on the nodes' own Python)."""
+    if facts.image is None or facts.runtime is None:
+        return None
+    extra = spec.options(SlurmOptions).container_mounts
+    mounts = tuple(container_mounts(trainer_args, facts.workdir, job_dir, extra))
+    return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)
+
+
+def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None) -> list[str]:
+    """The batch script's version-parity step (a probe on every node before training; in the image)."""
     return batch_lines(
         python=spec.python,
         workdir=facts.workdir,
@@ -92,11 +110,17 @@ def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path) -> list[str]:
         nnodes=spec.nnodes,
         gpus_per_node=facts.gpus_per_node,
         skip=spec.options(SlurmOptions).skip_parity,
+        in_image=image,
     )
 
 
 def _submitit_request(
-    spec: JobSpec, options: dict[str, str], parity: list[str], job_dir: Path, workdir: str
+    spec: JobSpec,
+    options: dict[str, str],
+    parity: list[str],
+    job_dir: Path,
+    workdir: str,
+    image: SlurmImage | None,
 ) -> SubmititRequest:
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
@@ -105,16 +129,28 @@ def _submitit_request(
         "ntasks_per_node": 1,
         "time": int(options["time"]),
         "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
-        "srun_args": SRUN_ARGS,
+        "srun_args": [*SRUN_ARGS, *(image.srun_args() if image else [])],
         "stderr_to_stdout": True,
     }
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
     retries = retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir)) if spec.retries else []
+    python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
     return SubmititRequest(
-        parameters=parameters, additional_parameters=extra, setup=[*BATCH_SETUP, *parity], teardown=retries
+        parameters=parameters,
+        additional_parameters=extra,
+        setup=[*BATCH_SETUP, *parity],
+        teardown=retries,
+        python=python,
     )
+
+
+def _image_run(image: SlurmImage | None, env_names: list[str]) -> ImageRun | None:
+    """The node task's podman container (None for the other runtimes, whose task runs in the image)."""
+    if image is None or image.runtime != "podman":
+        return None
+    return ImageRun(image.image, "podman", image.mounts, tuple(env_names))
 
 
 def _partition_has_gpus(partition: str | None) -> bool | None:
@@ -145,9 +181,15 @@ class SlurmScheduler:
         gpus = opts.gpus
         if gpus is None:
             gpus = _partition_has_gpus(opts.partition) is not False
+        image = runtime = None
+        if opts.image is not None:
+            image, runtime = resolve_image(opts.image), pick_runtime(opts.container_runtime)
+            say(f"launcher: image {opts.image} is {image} ({runtime} on every node)")
         return SlurmFacts(
             workdir=workdir_of(spec, files_here=self.files_here),
             gpus_per_node=spec.nproc_per_node if gpus else 0,
+            image=image,
+            runtime=runtime,
         )
 
     def render(self, spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path) -> Plan:
@@ -155,6 +197,8 @@ class SlurmScheduler:
         rdzv = spec.rendezvous
         endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
         args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
+        image = _image(spec, facts, job_dir, args)
+        python = IMAGE_PYTHON if image else spec.python  # of the node command, in the image with one
         agent = torchrun_argv(
             spec,
             node_rank="{{node_rank}}",
@@ -162,22 +206,32 @@ class SlurmScheduler:
             rdzv_id=rdzv.id or "{{slurm_job_id}}",
             log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")),
             trainer_args=args,
+            python=python,
         )
         threads = spec.omp_num_threads or (
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
         env = agent_env(spec, job_id, threads)
         # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
-        argv = [spec.python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
+        argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
         node = NodeCommand(host="(allocated by SLURM)", argv=argv, env=env)
         plan = build_plan(
             self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=[node] * spec.nnodes
         )
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
-        parity = _parity_lines(spec, facts, job_dir)
+        parity = _parity_lines(spec, facts, job_dir, image)
         # The script runs each node's command under the node task, as submitit does: watched for hangs.
-        task = [spec.python, "-m", "launcher.schedulers.slurm.task", "--job-dir", str(job_dir)]
-        task += ["--run-dir", plan.run_dir, *watch_args(spec.hang, spec.nproc_per_node), "--"]
+        task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
+        task += [
+            "--job-dir",
+            str(job_dir),
+            "--run-dir",
+            plan.run_dir,
+            *watch_args(spec.hang, spec.nproc_per_node),
+        ]
+        if image is not None:
+            task = image.wrap([*task, *image.task_args([*env, *spec.secret_env])])
+        task.append("--")
         script = sbatch_script(
             job_id=job_id,
             options=options,
@@ -189,10 +243,13 @@ class SlurmScheduler:
             secrets=spec.secret_env,
             parity=parity,
             retries=spec.retries,
+            srun_args=image.srun_args() if image else [],
+            image=f"{image.image} with {image.runtime}" if image else None,
         )
-        request = _submitit_request(spec, options, parity, job_dir, facts.workdir).model_dump_json(indent=2)
+        request = _submitit_request(spec, options, parity, job_dir, facts.workdir, image)
+        request_json = request.model_dump_json(indent=2)
         return plan.model_copy(
-            update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request + "\n"}, "primary": SCRIPT}
+            update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request_json + "\n"}, "primary": SCRIPT}
         )
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SlurmHandle:
@@ -206,10 +263,12 @@ class SlurmScheduler:
         spec = record.spec()
         opts = spec.options(SlurmOptions)
         folder = record.dir / "submitit"
-        executor = submitit.SlurmExecutor(
-            folder=folder, max_num_timeout=opts.max_requeues, python=shlex.quote(spec.python)
-        )
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
+        executor = submitit.SlurmExecutor(
+            folder=folder,
+            max_num_timeout=opts.max_requeues,
+            python=request.python or shlex.quote(spec.python),
+        )
         executor.update_parameters(
             **request.parameters,
             additional_parameters=request.additional_parameters,
@@ -217,6 +276,8 @@ class SlurmScheduler:
             teardown=request.teardown,
         )
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
+        args = with_run_dir(spec.trainer_args, record.dir / "run")[0]
+        image = _image(spec, SlurmFacts.model_validate(plan.facts), record.dir, args)
         task = NodeTask(
             argv=node.argv,
             env=node.env,
@@ -224,6 +285,7 @@ class SlurmScheduler:
             run_dir=plan.run_dir,
             grace_s=spec.grace_period_s,
             watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
+            image=_image_run(image, [*node.env, *spec.secret_env]),
         )
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it

@@ -18,11 +18,14 @@ from launcher.job.hang import EXIT_HANG
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_USAGE, STOP_MARKER, package_version
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_USAGE, FIRST_HOST_ENV, STOP_MARKER, package_version
 
 # srun's file name patterns: %n is the node's index within the job (one log per node).
 NODE_LOG_PATTERN = "node-%n.log"
 SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fast)
+# The allocation's first host (the rendezvous), for every task: where the node command runs (in an
+# image), scontrol may be missing.
+FIRST_HOST_LINE = f'export {FIRST_HOST_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 NO_RETRIES = "# --retries needs `launcher submit` (it keeps the job record): this script does not retry."
 
 
@@ -73,10 +76,14 @@ def sbatch_script(
     secrets: list[str],
     parity: list[str],
     retries: int = 0,
+    srun_args: list[str] | None = None,
+    image: str | None = None,
 ) -> str:
     """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
     what differs is filled in on the node); ``world`` describes the job's size for the header;
-    ``parity``, the lines of the version-parity step (``parity_step.batch_lines``).
+    ``parity``, the lines of the version-parity step (``parity_step.batch_lines``); ``srun_args``, the
+    node step's extra srun options (pyxis's container options); ``image``, how the nodes run the image
+    (for the header).
     Raises SpecError for a job directory that srun's file name patterns would rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
@@ -88,6 +95,7 @@ def sbatch_script(
         f"--nodes={options['nodes']}",
         "--ntasks-per-node=1",
         *SRUN_ARGS,
+        *(srun_args or []),
         f"--output={job_dir}/{NODE_LOG_PATTERN}",
         "--open-mode=append",  # a requeued run adds to the same node logs
         *node.argv,
@@ -100,6 +108,7 @@ def sbatch_script(
         f"# Rendered by `launcher render --scheduler slurm` (gptlaunch {package_version()}).",
         "# Submit it with `sbatch THIS_FILE`; SLURM prints the job id. The nodes need the interpreter",
         "# below with this project (trainer, launcher.job.node) and torch installed; the login node, sbatch.",
+        *([f"# The nodes run the image {image}."] if image else []),
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
         *([NO_RETRIES] if retries else []),
@@ -119,6 +128,7 @@ def sbatch_script(
         "",
         "# Environment of every node's processes (the submitting shell's is exported too).",
         *exports,
+        FIRST_HOST_LINE,
         f"cd -- {q(node.cwd)} || {no_workdir}",
         "",
         *parity,

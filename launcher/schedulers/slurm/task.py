@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+from launcher.image.runtime import ImageRun
 from launcher.job.hang import (
     EXIT_HANG,
     REPORT_TAIL,
@@ -45,7 +46,8 @@ from launcher.job.hang import (
     watch_of,
     write_stacks,
 )
-from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
+from launcher.supervisor import procs
+from launcher.supervisor.watchdog import NodeWatch, Watchdog, end_hung, wait_watching
 from trainer.contract import (
     EXIT_CHECKPOINTED,
     EXIT_FAILED,
@@ -74,6 +76,7 @@ class NodeTask:
     grace_s: float  # seconds the ranks get to checkpoint after a stop signal
     watch: NodeWatch | None = None  # the hang watchdog of this node's ranks (None: off)
     standalone: bool = False  # run by the sbatch script: srun writes stdout to the node log
+    image: ImageRun | None = None  # podman: the node's command runs in a container of the image
 
     def __call__(self) -> int:
         node = int(os.environ.get("SLURM_NODEID", "0"))
@@ -83,7 +86,6 @@ class NodeTask:
             return self._run(node, log)
 
     def _run(self, node: int, log: BinaryIO) -> int:
-        global _agent
         started = time.time()
         env = os.environ | self.env  # the node command changes to the workdir itself
         watchdog = None
@@ -91,9 +93,35 @@ class NodeTask:
             beats = heartbeat_dir(Path(self.job_dir), node)
             env[HEARTBEAT_DIR_ENV] = str(beats)
             watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
+        if self.image is None:
+            return self._watch(node, self.argv, env, watchdog, started, log)
+        # The container's monitor (conmon) re-parents to this task, not to init: SLURM's signals and
+        # its final SIGKILL reach it and the ranks, which run as host processes (--pid=host).
+        procs.become_subreaper()
+        container = self.image.container(f"gptlaunch-{os.environ.get('SLURM_JOB_ID', 'job')}-node{node}")
+        container.remove()  # one a killed earlier run of this job left
+        # What the node command and the ranks read: the plan's variables, SLURM's, ours, the heartbeat dir.
+        names = [*self.env, *(k for k in env if k.startswith(("SLURM_", "GPTLAUNCH_"))), HEARTBEAT_DIR_ENV]
+        try:
+            return self._watch(
+                node, self.image.argv(container, self.argv, names), env, watchdog, started, log
+            )
+        finally:
+            container.remove()
+
+    def _watch(
+        self,
+        node: int,
+        argv: list[str],
+        env: dict[str, str],
+        watchdog: Watchdog | None,
+        started: float,
+        log: BinaryIO,
+    ) -> int:
+        global _agent
         log.flush()
         _agent = subprocess.Popen(
-            self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
         )
         code, hang = wait_watching(_agent, watchdog)
         if hang is not None:
@@ -161,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job-dir", required=True)
     p.add_argument("--run-dir", required=True)
     add_watch_flags(p)
+    ImageRun.add_flags(p)
     args, command = parse_with_command(p, argv)
     if not command:
         p.error("the node's command goes after --")
@@ -169,7 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
     watch = NodeWatch(*found) if (found := watch_of(args)) else None
-    task = NodeTask(command, {}, args.job_dir, args.run_dir, grace_s=0.0, watch=watch, standalone=True)
+    task = NodeTask(
+        command,
+        {},
+        args.job_dir,
+        args.run_dir,
+        grace_s=0.0,
+        watch=watch,
+        standalone=True,
+        image=ImageRun.of(args),
+    )
     return task()
 
 

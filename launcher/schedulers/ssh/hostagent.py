@@ -55,7 +55,7 @@ from types import FrameType
 
 import psutil
 
-from launcher.image.runtime import Container, has_gpus
+from launcher.image.runtime import Container, ImageRun
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
@@ -90,28 +90,6 @@ def container_name(job_id: str, node: int) -> str:
     return f"gptlaunch-{job_id}-node{node}"
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageRun:
-    """How the node's command runs in the job's image: ``--image``, ``--runtime``, ``--mount``,
-    ``--env-name`` of ``run``."""
-
-    image: str
-    runtime: str
-    mounts: tuple[str, ...]
-    env_names: tuple[str, ...]
-
-    def container(self, job_id: str, node: int) -> Container:
-        # The node's state dir too: the ranks' heartbeats go there, for the hang watchdog outside.
-        mounts = (*self.mounts, str(state_dir(job_id)))
-        return Container(self.runtime, self.image, container_name(job_id, node), mounts, os.getcwd())
-
-    def argv(self, container: Container, argv: list[str], env_names: list[str]) -> list[str]:
-        for path in container.mounts:  # a run dir not made yet: a runtime refuses a missing source
-            os.makedirs(path, exist_ok=True)
-        names = [*self.env_names, *env_names]
-        return container.run_argv(argv, names, gpus=has_gpus(), user=f"{os.getuid()}:{os.getgid()}")
-
-
 def run(
     job_id: str,
     node: int,
@@ -131,7 +109,9 @@ def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop.handle)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a dropped connection is not a stop request
-    container = image.container(job_id, node) if image is not None else None
+    container = None
+    if image is not None:  # the node's state dir mounted too: the ranks' heartbeats go there
+        container = image.container(container_name(job_id, node), [str(state_dir(job_id))])
     ref: dict[str, object] = {"pid": me.pid, "started": me.create_time()}
     if container is not None:
         ref["container"] = [container.runtime, container.name]
@@ -327,20 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
     p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
-    p.add_argument("--image", help="run: the image (pinned by digest) the command runs in")
-    p.add_argument("--runtime", choices=["docker", "podman"], default="podman", help="run: with --image")
-    p.add_argument("--mount", action="append", default=[], help="run: a directory the container mounts")
-    p.add_argument("--env-name", action="append", default=[], help="run: a variable the container gets")
+    ImageRun.add_flags(p)
     add_watch_flags(p)
     args, command = parse_with_command(p, argv)
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
         watch = NodeWatch(*found) if (found := watch_of(args)) else None
-        image = None
-        if args.image:
-            image = ImageRun(args.image, args.runtime, tuple(args.mount), tuple(args.env_name))
-        return run(args.job, args.node, command, watch, args.lease_s, image)
+        return run(args.job, args.node, command, watch, args.lease_s, ImageRun.of(args))
     if command:
         p.error(f"{args.action} takes no command")
     if args.action == "signal":

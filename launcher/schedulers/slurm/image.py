@@ -1,0 +1,129 @@
+"""The training image on SLURM nodes, one way per container runtime (``--container-runtime``):
+
+- **pyxis** (enroot's SPANK plugin): ``srun --container-image=REGISTRY#NAME@sha256:… --container-mounts=…
+  --container-workdir=… --no-container-mount-home``: the whole node task runs in the image.
+- **apptainer**: ``apptainer exec [--nv] --bind … --pwd … docker://NAME@sha256:…`` (or a ``.sif`` file)
+  in front of the node task: it runs in the image.
+- **podman**: the node task runs on the host (its Python, as submitit needs) and starts torchrun in a
+  podman container it supervises and removes (``launcher.image.runtime``), as the SSH host agent does.
+
+Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the steps of the batch
+script (the parity comparison, the retry step) run in the image too, except with podman, whose tasks
+need the host's Python anyway.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from launcher.job.spec import SpecError
+from launcher.job.torchrun import IMAGE_PYTHON
+
+PYXIS_FLAG = "--container-image"
+
+
+def pick_runtime(wanted: str) -> str:
+    """The runtime of ``--container-runtime`` ("auto": pyxis when this cluster's srun has it, else
+    apptainer, else podman, as found on this login node). Raises SpecError when none is found."""
+    if wanted != "auto":
+        return wanted
+    try:
+        helps = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        helps = ""
+    if PYXIS_FLAG in helps:
+        return "pyxis"
+    for runtime in ("apptainer", "podman"):
+        if shutil.which(runtime):
+            return runtime
+    raise SpecError(
+        "no container runtime found for --image on this cluster (srun without pyxis's --container-image, "
+        "no apptainer or podman on PATH): pass --container-runtime pyxis|apptainer|podman"
+    )
+
+
+@dataclass(frozen=True)
+class SlurmImage:
+    """The job's image (pinned by digest, or an Apptainer ``.sif`` file) under ``runtime``, with the
+    host directories ``mounts`` at the same paths and ``workdir`` as the working directory."""
+
+    image: str
+    runtime: str  # pyxis, apptainer or podman
+    mounts: tuple[str, ...]
+    workdir: str
+    host_python: str  # the spec's interpreter: podman's node task runs on the host
+    gpus: bool
+
+    def __post_init__(self) -> None:
+        for path in self.mounts:
+            if "," in path or ":" in path:  # the separators of --container-mounts and --bind
+                raise SpecError(
+                    f"the container mount {path!r} contains ',' or ':': choose paths without them"
+                )
+
+    @property
+    def python(self) -> str:
+        """The interpreter of the node task and the batch steps: the image's, or podman's host one."""
+        return self.host_python if self.runtime == "podman" else IMAGE_PYTHON
+
+    def srun_args(self) -> list[str]:
+        """srun's options that put a step in the image (pyxis); none for the other runtimes."""
+        if self.runtime != "pyxis":
+            return []
+        return [
+            f"--container-image={pyxis_image(self.image)}",
+            f"--container-mounts={','.join(f'{m}:{m}' for m in self.mounts)}",
+            f"--container-workdir={self.workdir}",
+            "--no-container-mount-home",
+        ]
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` as a command that runs in the image on a node (apptainer's prefix; as is for the
+        others: pyxis puts the whole srun step in the image, podman's task starts the container)."""
+        if self.runtime != "apptainer":
+            return argv
+        source = self.image if self.image.endswith(".sif") else f"docker://{self.image}"
+        binds = ["--bind", ",".join(self.mounts)] if self.mounts else []
+        return [
+            "apptainer",
+            "exec",
+            *(["--nv"] if self.gpus else []),
+            *binds,
+            "--pwd",
+            self.workdir,
+            source,
+            *argv,
+        ]
+
+    def batch(self, argv: list[str]) -> list[str]:
+        """``argv`` as a step of the batch script (on the allocation's first node) in the image: with
+        pyxis, a one-task srun step in the container."""
+        if self.runtime == "pyxis":
+            return ["srun", "--nodes=1", "--ntasks=1", *self.srun_args(), *argv]
+        return self.wrap(argv)
+
+    def task_args(self, env_names: list[str]) -> list[str]:
+        """The node task's options that make it run torchrun in a podman container (none otherwise)."""
+        if self.runtime != "podman":
+            return []
+        args = [f"--image={self.image}", "--runtime=podman", *(f"--mount={m}" for m in self.mounts)]
+        return [*args, *(f"--env-name={name}" for name in sorted(env_names))]
+
+    def probe(self) -> list[str]:
+        """The version probe inside the image on a node (podman pulls the image first, if missing)."""
+        probe = [IMAGE_PYTHON, "-m", "launcher.preflight.probe", "--json"]
+        if self.runtime == "podman":
+            inside = ["--runtime=podman", f"--image={self.image}", "--", *probe]
+            return [self.host_python, "-m", "launcher.image.runtime", "exec", *inside]
+        return self.wrap(probe)
+
+
+def pyxis_image(ref: str) -> str:
+    """An image reference in enroot's form: the registry (a host with a dot or a port, or localhost)
+    separated by ``#``: ``10.0.0.1:5000/team/gpt@sha256:…`` → ``10.0.0.1:5000#team/gpt@sha256:…``."""
+    head, sep, rest = ref.partition("/")
+    if sep and ("." in head or ":" in head or head == "localhost"):
+        return f"{head}#{rest}"
+    return ref
