@@ -15,7 +15,7 @@ def container_mounts(
 ) -> list[str]:
     """The job record (with the run dir by default), the workdir, the trainer's run, data, text-file
     and checkpoint directories (relative ones are the workdir's) and ``extra``: each once, none that
-    another one holds, never ``/``. Raises what ``trainer.precheck.paths_of`` raises."""
+    another one holds, never ``/``, sorted. Raises what ``trainer.precheck.paths_of`` raises."""
     base = Path(workdir)
     wanted = [job_dir, base, *(base / p for p in paths_of(trainer_args)), *map(Path, extra)]
     by_depth = sorted({Path(os.path.normpath(p)) for p in wanted} - {Path("/")}, key=lambda p: len(p.parts))
@@ -23,4 +23,4 @@ def container_mounts(
     for path in by_depth:
         if not any(path.is_relative_to(k) for k in kept):
             kept.append(path)
-    return [str(p) for p in kept]
+    return sorted(str(p) for p in kept)
