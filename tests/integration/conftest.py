@@ -194,3 +194,31 @@ def wait_for_steps(beat_dirs: list[Path], step: int, timeout_s: float = 180) -> 
             return beats
         time.sleep(0.2)
     raise AssertionError(f"the ranks did not reach step {step} within {timeout_s} s: {beats}")
+
+
+# The SSH test hosts of deploy/ssh/dev-hosts.sh (network namespaces with their own sshd).
+HOSTS_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "ssh" / "dev-hosts.sh"
+N_HOSTS = 8  # the fan-out test's hosts; the others use the first two
+
+
+@pytest.fixture(scope="session")
+def hostfile() -> Path:
+    """The test hosts' hostfile (all N_HOSTS of them), from `dev-hosts.sh up`. Under CI=true a missing
+    component fails the tests instead of skipping them."""
+    problem = None
+    if os.geteuid() != 0:
+        problem = "the SSH test hosts need root (network namespaces)"
+    else:
+        proc = run(["bash", str(HOSTS_SCRIPT), "up", "--hosts", str(N_HOSTS)], timeout=300)
+        if proc.returncode != 0:
+            problem = f"dev-hosts.sh up failed:\n{proc.stderr[-3000:]}"
+    if problem is not None:
+        missing_component(problem)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def first_hosts(hostfile: Path, n: int, tmp_path: Path) -> Path:
+    lines = [line for line in hostfile.read_text().splitlines() if line and not line.startswith("#")]
+    path = tmp_path / f"hosts-{n}"
+    path.write_text("\n".join(lines[:n]) + "\n")
+    return path

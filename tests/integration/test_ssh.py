@@ -25,11 +25,11 @@ from launcher.job.record import JobRecord
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
+    first_hosts,
     launcher,
     losses,
     make_other_venv,
     metrics,
-    missing_component,
     only_job_id,
     processes_of,
     run,
@@ -37,33 +37,8 @@ from tests.integration.conftest import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-HOSTS_SCRIPT = ROOT / "deploy" / "ssh" / "dev-hosts.sh"
 STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
-N_HOSTS = 8  # the fan-out test's hosts; the others use the first two
 CANARY = "hf_canary_3f9d1e"
-
-
-@pytest.fixture(scope="session")
-def hostfile() -> Path:
-    """The test hosts' hostfile (all N_HOSTS of them), from `dev-hosts.sh up`. Under CI=true a missing
-    component fails the tests instead of skipping them."""
-    problem = None
-    if os.geteuid() != 0:
-        problem = "the SSH test hosts need root (network namespaces)"
-    else:
-        proc = run(["bash", str(HOSTS_SCRIPT), "up", "--hosts", str(N_HOSTS)], timeout=300)
-        if proc.returncode != 0:
-            problem = f"dev-hosts.sh up failed:\n{proc.stderr[-3000:]}"
-    if problem is not None:
-        missing_component(problem)
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def first_hosts(hostfile: Path, n: int, tmp_path: Path) -> Path:
-    lines = [line for line in hostfile.read_text().splitlines() if line and not line.startswith("#")]
-    path = tmp_path / f"hosts-{n}"
-    path.write_text("\n".join(lines[:n]) + "\n")
-    return path
 
 
 def host_names(hostfile: Path) -> list[str]:

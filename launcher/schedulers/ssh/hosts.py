@@ -288,6 +288,9 @@ def probe_job_hosts(
         pulled = pull_image(settings, hosts, python, image, opts.container_runtime, say)
     started = time.monotonic()
     probes = probe_hosts(settings, hosts, python, master, pulled)
+    if pulled is not None:  # what each host's probe found inside the image
+        for host, probe in probes.items():
+            say(f"launcher: {host}: probed in the image: image_digest={probe.image_digest} torch={probe.torch}")
     return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started, pulled)
 
 
