@@ -52,8 +52,11 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, S
         raise UsageError(str(e)) from None
     spec = build_spec(args, trainer_args)
     scheduler = get_scheduler(spec.scheduler.kind)
+    if not scheduler.files_here:  # no local file is read: check before the nodes' (slow) checks and pulls
+        check_trainer_args(spec, Path.cwd(), files_here=False)
     facts = scheduler.resolve(spec)
-    check_trainer_args(spec, Path(facts.workdir), scheduler.files_here)
+    if scheduler.files_here:
+        check_trainer_args(spec, Path(facts.workdir), files_here=True)
     job_id = new_job_id(spec.name)
     job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
     return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir

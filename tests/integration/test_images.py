@@ -94,7 +94,7 @@ def test_two_hosts_pull_the_pinned_image_and_train_in_it_whatever_their_local_ta
     hosts = first_hosts(hostfile, 2, tmp_path)
     names = [line.split()[0] for line in hosts.read_text().splitlines()]
     for host in names:  # each host really pulls, into its own storage
-        ssh(host, f"podman rmi --force {digest} {tag}", check=False)
+        ssh(host, "podman rmi --all --force", check=False)
     # The second host's local image under the job's tag is another one: it must not run.
     ssh(names[1], f"tar -c -T /dev/null | podman import --quiet - {tag}")
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"

@@ -278,7 +278,7 @@ def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
             procs.signal_all([agent], signal.SIGTERM)
         return 0
     tree = [*agent.children(recursive=True), agent] if agent is not None else []
-    # The container's processes are no children of the agent; they carry the node's environment.
+    # A container's processes carry the node's environment too: found even outside the agent's tree.
     procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
     container = _container(job_id, node)
     if container is not None:

@@ -290,7 +290,8 @@ def probe_job_hosts(
     probes = probe_hosts(settings, hosts, python, master, pulled)
     if pulled is not None:  # what each host's probe found inside the image
         for host, probe in probes.items():
-            say(f"launcher: {host}: probed in the image: image_digest={probe.image_digest} torch={probe.torch}")
+            found = f"image_digest={probe.image_digest} torch={probe.torch}"
+            say(f"launcher: {host}: probed in the image: {found}")
     return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started, pulled)
 
 
