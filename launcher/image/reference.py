@@ -25,6 +25,15 @@ def repository(ref: str) -> str:
     return name[: len(name) - len(last)] + last.split(":", 1)[0]
 
 
+def qualified(name: str) -> str:
+    """``name`` with the registry Docker gives it when it names none (``gpt`` → ``docker.io/library/gpt``,
+    ``team/gpt`` → ``docker.io/team/gpt``): podman may search other registries for a short name."""
+    head, sep, _ = name.partition("/")
+    if sep and ("." in head or ":" in head or head == "localhost"):
+        return name
+    return f"docker.io/{name}" if sep else f"docker.io/library/{name}"
+
+
 def resolve(ref: str) -> str:
     """``ref`` pinned to the digest its registry serves now (a pinned ``ref`` unchanged), asked once
     through the Docker engine (``DOCKER_HOST``: its credentials and trusted registries). Raises
@@ -46,4 +55,4 @@ def resolve(ref: str) -> str:
     except (DockerException, RequestException) as e:
         why = getattr(e, "explanation", None) or e
         raise DockerError(f"image {ref}: cannot ask its registry for the digest ({why}): {fix}") from None
-    return f"{repository(ref)}@{data.id}"
+    return f"{qualified(repository(ref))}@{data.id}"

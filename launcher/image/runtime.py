@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -73,9 +74,12 @@ class Container:
         argv = [
             self.runtime, "run", "--rm", f"--name={self.name}", "--network=host", "--ipc=host", "--pid=host",
             f"--workdir={self.workdir}", f"--env={IMAGE_DIGEST_ENV}={self.image}",
+            "--env=HOME=/tmp",  # a uid the image does not know has HOME=/, where caches cannot be written
         ]  # fmt: skip
         if user is not None:
             argv.append(f"--user={user}")
+            if self.runtime == "podman" and os.getuid() != 0:  # rootless: the files it writes stay ours
+                argv.append("--userns=keep-id")
         argv += [f"--volume={path}:{path}" for path in self.mounts]
         argv += [f"--env={name}" for name in sorted(set(env_names))]
         if gpus:  # docker: the NVIDIA container toolkit's hook; podman: its CDI spec
@@ -164,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     container = Container(runtime, args.image, f"gptlaunch-exec-{os.getpid()}")
-    return subprocess.run(container.run_argv(command, gpus=has_gpus())).returncode
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a step's time limit, a lost ssh connection
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        return subprocess.run(container.run_argv(command, gpus=has_gpus())).returncode
+    finally:
+        container.remove()
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
 
 HELP = (
     "placeholders (values only a node knows, filled in on the node by `python -m launcher.job.node`): "
-    "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (the first host of "
-    "SLURM_JOB_NODELIST, or GPTLAUNCH_FIRST_HOST), {{ifname}} (the interface that routes to "
+    "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (GPTLAUNCH_FIRST_HOST, "
+    "else the first host of SLURM_JOB_NODELIST), {{ifname}} (the interface that routes to "
     "{{first_host}}), {{slurm_job_id}} (SLURM_JOB_ID), {{rdzv_port}} (15000 + SLURM_JOB_ID mod 15000)"
 )

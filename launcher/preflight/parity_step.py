@@ -24,7 +24,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from launcher.preflight.parity import compare, diff_text, report_table
-from launcher.preflight.probe import Probe
+from launcher.preflight.probe import IMAGE_DIGEST_ENV, Probe
 from trainer.contract import EXIT_FAILED, EXIT_PARITY, atomic_write_text
 
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
@@ -45,6 +45,8 @@ class StepFailure:
 class InImage(Protocol):
     """How a SLURM job runs steps in its image (``launcher.schedulers.slurm.image.SlurmImage``)."""
 
+    @property
+    def image(self) -> str: ...
     @property
     def python(self) -> str: ...
     def srun_args(self) -> list[str]: ...
@@ -82,8 +84,12 @@ def batch_lines(
     if in_image is not None:
         compare_argv = in_image.batch(compare_argv)
     q = shlex.quote
+    # The image the probe (and, later in the batch script, every node) runs in, as it reports it: pyxis
+    # and Apptainer pass the batch environment on (podman sets it itself).
+    digest = [f"export {IMAGE_DIGEST_ENV}={q(in_image.image)}"] if in_image is not None else []
     return [
         "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",
+        *digest,
         f"rm -rf -- {q(str(probes))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(probes))}",
         f"{shlex.join(srun)} || true  # a node without a report is named by the comparison",
         f"(cd -- {q(workdir)} && {shlex.join(compare_argv)}) || exit $?",

@@ -203,7 +203,7 @@ def test_slurm_nodes_run_the_pinned_image_with_podman(
         job_dir = jobs / only_job_id(jobs)
     else:
         script = launcher(jobs, "render", *flags, *args, env=env, check=True).stdout
-        assert f"# The nodes run the image {digest} with podman." in script
+        assert f"# The nodes run the image {digest} with podman: " in script, script[:800]
         (tmp_path / "job.sbatch").write_text(script)
         out = run(["sbatch", "--parsable", "--wait", str(tmp_path / "job.sbatch")], cwd=tmp_path, timeout=900)
         assert out.returncode == 0, (tmp_path / f"slurm-{out.stdout.strip()}.out").read_text()[-3000:]

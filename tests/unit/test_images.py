@@ -194,5 +194,5 @@ def test_an_apptainer_image_file_is_run_as_is() -> None:
 
 
 def test_a_mount_with_a_separator_of_the_runtimes_is_refused() -> None:
-    with pytest.raises(SpecError, match="contains ',' or ':'"):
+    with pytest.raises(SpecError, match="contains ':' or ','"):
         _slurm_render(_slurm_spec("pyxis"), "pyxis", job_dir="/jobs/a,b")

@@ -7,9 +7,9 @@
 - **podman**: the node task runs on the host (its Python, as submitit needs) and starts torchrun in a
   podman container it supervises and removes (``launcher.image.runtime``), as the SSH host agent does.
 
-Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the steps of the batch
-script (the parity comparison, the retry step) run in the image too, except with podman, whose tasks
-need the host's Python anyway.
+Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the parity comparison of the
+batch script runs in the image too, except with podman, whose tasks need the host's Python anyway. The
+retry step of ``--retries`` runs on the batch host's Python (it calls ``scontrol``).
 """
 
 from __future__ import annotations
@@ -56,12 +56,16 @@ class SlurmImage:
     host_python: str  # the spec's interpreter: podman's node task runs on the host
     gpus: bool
 
-    def __post_init__(self) -> None:
-        for path in self.mounts:
-            if "," in path or ":" in path:  # the separators of --container-mounts and --bind
-                raise SpecError(
-                    f"the container mount {path!r} contains ',' or ':': choose paths without them"
-                )
+    def header(self) -> list[str]:
+        """The sbatch script's comment lines on what the nodes need."""
+        lines = [
+            f"# The nodes run the image {self.image} with {self.runtime}: torch and the trainer come from it."
+        ]
+        if self.runtime == "podman":
+            lines.append(
+                "# The node task runs on the interpreter below (with this project): it starts the container."
+            )
+        return lines
 
     @property
     def python(self) -> str:

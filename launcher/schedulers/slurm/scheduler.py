@@ -244,7 +244,7 @@ class SlurmScheduler:
             parity=parity,
             retries=spec.retries,
             srun_args=image.srun_args() if image else [],
-            image=f"{image.image} with {image.runtime}" if image else None,
+            image=image.header() if image else None,
         )
         request = _submitit_request(spec, options, parity, job_dir, facts.workdir, image)
         request_json = request.model_dump_json(indent=2)

@@ -26,6 +26,7 @@ SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fa
 # The allocation's first host (the rendezvous), for every task: where the node command runs (in an
 # image), scontrol may be missing.
 FIRST_HOST_LINE = f'export {FIRST_HOST_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+NEEDED = "this project (trainer, launcher.job.node) and torch"
 NO_RETRIES = "# --retries needs `launcher submit` (it keeps the job record): this script does not retry."
 
 
@@ -77,13 +78,13 @@ def sbatch_script(
     parity: list[str],
     retries: int = 0,
     srun_args: list[str] | None = None,
-    image: str | None = None,
+    image: list[str] | None = None,
 ) -> str:
     """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
     what differs is filled in on the node); ``world`` describes the job's size for the header;
     ``parity``, the lines of the version-parity step (``parity_step.batch_lines``); ``srun_args``, the
-    node step's extra srun options (pyxis's container options); ``image``, how the nodes run the image
-    (for the header).
+    node step's extra srun options (pyxis's container options); ``image``, the header's lines on how the nodes
+    run the job's image.
     Raises SpecError for a job directory that srun's file name patterns would rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
@@ -106,9 +107,8 @@ def sbatch_script(
         "#!/bin/bash",
         f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
         f"# Rendered by `launcher render --scheduler slurm` (gptlaunch {package_version()}).",
-        "# Submit it with `sbatch THIS_FILE`; SLURM prints the job id. The nodes need the interpreter",
-        "# below with this project (trainer, launcher.job.node) and torch installed; the login node, sbatch.",
-        *([f"# The nodes run the image {image}."] if image else []),
+        "# Submit it with `sbatch THIS_FILE`; SLURM prints the job id; the login node needs sbatch.",
+        *(image or [f"# The nodes need the interpreter below with {NEEDED}."]),
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
         *([NO_RETRIES] if retries else []),

@@ -95,17 +95,24 @@ class NodeTask:
             watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
         if self.image is None:
             return self._watch(node, self.argv, env, watchdog, started, log)
-        # The container's monitor (conmon) re-parents to this task, not to init: SLURM's signals and
-        # its final SIGKILL reach it and the ranks, which run as host processes (--pid=host).
+        # The container's monitor (conmon) re-parents to this task, not to init: under
+        # proctrack/linuxproc (the process tree), SLURM's signals and its final SIGKILL reach it and
+        # the ranks, host processes (--pid=host). Under proctrack/cgroup podman's own cgroup escapes
+        # that: then only this task's removal of the container ends it.
         procs.become_subreaper()
         container = self.image.container(f"gptlaunch-{os.environ.get('SLURM_JOB_ID', 'job')}-node{node}")
         container.remove()  # one a killed earlier run of this job left
-        # What the node command and the ranks read: the plan's variables, SLURM's, ours, the heartbeat dir.
-        names = [*self.env, *(k for k in env if k.startswith(("SLURM_", "GPTLAUNCH_"))), HEARTBEAT_DIR_ENV]
+        # What the node command and the ranks read: the plan's variables, SLURM's (with the GPUs it
+        # gave this job), ours, the heartbeat dir.
+        ours = ("SLURM_", "GPTLAUNCH_", "CUDA_VISIBLE_DEVICES")
+        names = [*self.env, *(k for k in env if k.startswith(ours)), HEARTBEAT_DIR_ENV]
         try:
-            return self._watch(
-                node, self.image.argv(container, self.argv, names), env, watchdog, started, log
-            )
+            try:
+                argv = self.image.argv(container, self.argv, names)
+            except OSError as e:  # a mount that cannot be made
+                log.write(f"task: cannot start the node's container: {e}\n".encode())
+                raise SystemExit(EXIT_FAILED) from None
+            return self._watch(node, argv, env, watchdog, started, log)
         finally:
             container.remove()
 

@@ -115,8 +115,9 @@ def run(
     ref: dict[str, object] = {"pid": me.pid, "started": me.create_time()}
     if container is not None:
         ref["container"] = [container.runtime, container.name]
-        container.remove()  # one an earlier attempt on this host left (the agent SIGKILLed with it)
     pid_file.write_text(json.dumps(ref))
+    if container is not None:
+        container.remove()  # one an earlier attempt on this host left (the agent SIGKILLed with it)
     ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     watchdog = None
     if watch is not None:
@@ -124,13 +125,18 @@ def run(
         ours[HEARTBEAT_DIR_ENV] = str(beats)
         watchdog = watch.watchdog(node, socket.gethostname(), beats)
     env = os.environ | secrets | ours
-    if image is not None and container is not None:
-        argv = image.argv(container, argv, [*secrets, *ours])
     try:
-        return _supervise(job_id, node, argv, env, stop, watchdog, lease_s)
+        if image is not None and container is not None:
+            argv = image.argv(container, argv, [*secrets, *ours])
+        code = _supervise(job_id, node, argv, env, stop, watchdog, lease_s)
+    except OSError as e:  # a mount that cannot be made, a command that cannot start
+        print(f"hostagent: cannot start {argv[0]!r}: {e.strerror or e}", flush=True)
+        code = EXIT_FAILED
     finally:
-        if container is not None:
+        if container is not None:  # before the exit file: a next attempt may reuse the name
             container.remove()
+    exit_file.write_text(str(code))
+    return code
 
 
 def _supervise(
@@ -142,21 +148,18 @@ def _supervise(
     watchdog: Watchdog | None,
     lease_s: float,
 ) -> int:
-    _, exit_file, log_file = _files(job_id, node)
+    """Run ``argv`` to its end (see the module docstring); its exit code. Raises OSError when it
+    cannot start."""
+    log_file = _files(job_id, node)[2]
     me = psutil.Process()
-    try:
-        child = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=procs.die_with_parent,
-        )
-    except OSError as e:
-        print(f"hostagent: cannot start {argv[0]!r}: {e.strerror}", flush=True)
-        exit_file.write_text(str(EXIT_FAILED))
-        return EXIT_FAILED
+    child = subprocess.Popen(
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=procs.die_with_parent,
+    )
     stop.follow(child)
     pump = threading.Thread(target=_pump, args=(child, log_file), daemon=True)
     pump.start()
@@ -164,18 +167,14 @@ def _supervise(
         threading.Thread(target=_lease, args=(child, lease_s, log_file), daemon=True).start()
     code, hang = wait_watching(child, watchdog)
     if hang is not None:  # the stacks are taken: say so, keep the ranks until the launcher stops us
-        code = end_hung(child, hang, lambda line: _report(line, log_file), lambda: stop.requested)
-        exit_file.write_text(str(code))
-        return code
+        return end_hung(child, hang, lambda line: _report(line, log_file), lambda: stop.requested)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
     # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans must
     # not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
     procs.terminate(me.children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
     pump.join(timeout=5)
-    code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
-    exit_file.write_text(str(code))
-    return code
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
 
 
 def _lease(child: subprocess.Popen[bytes], lease_s: float, log_file: Path) -> None:
@@ -265,7 +264,7 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
 
 def _container(job_id: str, node: int) -> Container | None:
     """The node's container, as its agent recorded it in the pid file (None for a bare node)."""
-    with contextlib.suppress(OSError, ValueError, TypeError):
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # KeyError: a bare node
         runtime, name = json.loads(_files(job_id, node)[0].read_text())["container"]
         return Container(str(runtime), "", str(name))
     return None
