@@ -4,6 +4,8 @@
 # for accounting, slurmdbd, slurmctld and one `slurmd -N nK` per node, all
 # under one state directory. See usage() and ../../../shared/ENGINEERING.md §4.
 set -euo pipefail
+# shellcheck source=../lib/podman.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/podman.sh"  # render_containers_conf, render_storage_conf
 export PATH="$PATH:/usr/sbin:/sbin"  # the daemons live there; a non-login root shell may lack them
 
 readonly PROG="dev-cluster"
@@ -331,35 +333,13 @@ EOF
 # podman on the nodes (the container runtime of `launcher submit --image ... --container-runtime
 # podman`), set up as a site would: a TaskProlog exports the settings into every task. Each node keeps
 # its images on its own "disk" ($STATE/node-nK/containers), so that each node really pulls. runc, the
-# limits and no systemd: as for the SSH test hosts (deploy/ssh/dev-hosts.sh, render_containers_conf).
+# limits and no systemd: as for the SSH test hosts (deploy/lib/podman.sh).
 render_task_prolog() {
     cat <<EOF
 #!/bin/sh
 $MARKER
 echo "export CONTAINERS_CONF=$STATE/containers.conf"
 echo "export CONTAINERS_STORAGE_CONF=$STATE/storage-\$SLURMD_NODENAME.conf"
-EOF
-}
-
-render_containers_conf() {
-    cat <<EOF
-$MARKER
-[containers]
-default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=1024:1024"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-EOF
-}
-
-render_storage_conf() {
-    cat <<EOF
-$MARKER
-[storage]
-driver = "overlay"
-graphroot = "$STATE/node-$1/containers"
-runroot = "/run/gptlaunch-podman/$1"
 EOF
 }
 
@@ -522,9 +502,10 @@ cmd_up() {
     fi
     write_if_changed "$SLURM_CONF" 0644 "$slurm_conf" || true
     write_if_changed "$STATE/task-prolog.sh" 0755 "$(render_task_prolog)" || true
-    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf)" || true
+    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf "$MARKER")" || true
     for ((k = 1; k <= n; k++)); do
-        write_if_changed "$STATE/storage-n$k.conf" 0644 "$(render_storage_conf "n$k")" || true
+        write_if_changed "$STATE/storage-n$k.conf" 0644 \
+            "$(render_storage_conf "$MARKER" "$STATE/node-n$k/containers" "n$k")" || true
     done
     echo "$n" >"$STATE/nodes"
 

@@ -14,6 +14,8 @@
 # virtualenv, same /etc/hosts and ssh client config), except one directory:
 # $STATE/local is, on host K, a bind mount of $STATE/hosts/gl-hK/local.
 set -eEuo pipefail
+# shellcheck source=../lib/podman.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/podman.sh"  # render_containers_conf, render_storage_conf
 # Any unexpected failure still ends with a one-line explanation (and exit 1;
 # exit 2 is reserved for usage errors).
 trap 'echo "$PROG: error: unexpected failure (exit $?) at line $LINENO: $BASH_COMMAND" >&2; exit 1' ERR
@@ -361,33 +363,6 @@ detect_penalties() {
     fi
 }
 
-# podman on the hosts (ENGINEERING.md, "podman on the SSH test hosts"): runc, because crun 1.8
-# refuses this machine's hybrid cgroup v1/v2 layout; explicit limits, because podman's defaults raise
-# RLIMIT_NPROC/NOFILE past what these machines allow; no systemd (cgroupfs, events to a file).
-render_containers_conf() {
-    cat <<EOF
-$MARKER
-[containers]
-default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=1024:1024"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-EOF
-}
-
-# render_storage_conf K: host K's image storage on its own disk; the run root is short (podman's
-# socket paths under it must fit 108 bytes) and per host.
-render_storage_conf() {
-    cat <<EOF
-$MARKER
-[storage]
-driver = "overlay"
-graphroot = "$LOCAL_MNT/containers/storage"
-runroot = "/run/gptlaunch-podman/$(host_name "$1")"
-EOF
-}
-
 render_sshd_config() {
     local k=$1 dir
     dir=$(host_dir "$k")
@@ -684,7 +659,8 @@ cmd_up() {
     local -a rebuild=() keep=()
     for ((k = 1; k <= n; k++)); do
         ensure_host_key "$k"
-        write_if_changed "$(host_dir "$k")/storage.conf" 0644 "$(render_storage_conf "$k")" || true
+        write_if_changed "$(host_dir "$k")/storage.conf" 0644 \
+            "$(render_storage_conf "$MARKER" "$LOCAL_MNT/containers/storage" "$(host_name "$k")")" || true
         if write_if_changed "$(host_dir "$k")/sshd_config" 0644 "$(render_sshd_config "$k")"; then
             rebuild+=("$k")     # new host or changed config
         elif host_healthy "$k"; then
@@ -693,7 +669,7 @@ cmd_up() {
             rebuild+=("$k")
         fi
     done
-    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf)" || true
+    write_if_changed "$STATE/containers.conf" 0644 "$(render_containers_conf "$MARKER")" || true
     write_if_changed "$STATE/known_hosts" 0644 "$(render_known_hosts "$n")" || true
     write_if_changed "$STATE/ssh_config" 0644 "$(render_ssh_config)" || true
     write_if_changed "$STATE/hostfile" 0644 "$(render_hostfile "$n")" || true
