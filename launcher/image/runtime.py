@@ -114,6 +114,11 @@ class ImageRun:
         parser.add_argument("--mount", action="append", default=[], help="a directory the container mounts")
         parser.add_argument("--env-name", action="append", default=[], help="a variable the container gets")
 
+    def flags(self) -> list[str]:
+        """The ``add_flags`` flags that give this run back (``of``), for a node's command line."""
+        flags = [f"--image={self.image}", f"--runtime={self.runtime}", *(f"--mount={m}" for m in self.mounts)]
+        return [*flags, *(f"--env-name={name}" for name in sorted(set(self.env_names)))]
+
     @classmethod
     def of(cls, args: argparse.Namespace) -> ImageRun | None:
         """From parsed ``add_flags`` flags (None without --image)."""
@@ -131,6 +136,21 @@ class ImageRun:
             os.makedirs(path, exist_ok=True)
         names = [*self.env_names, *env_names]
         return container.run_argv(argv, names, gpus=has_gpus(), user=f"{os.getuid()}:{os.getgid()}")
+
+
+def exec_argv(python: str, runtime: str, image: str, command: list[str]) -> list[str]:
+    """``python -m launcher.image.runtime exec``: ``command`` in a throwaway container of ``image``,
+    run on a node by the node's ``python``."""
+    return [
+        python,
+        "-m",
+        "launcher.image.runtime",
+        "exec",
+        f"--runtime={runtime}",
+        f"--image={image}",
+        "--",
+        *command,
+    ]
 
 
 def pull(runtime: str, image: str) -> float:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from launcher.image.runtime import ImageRun, exec_argv
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 
@@ -108,19 +109,18 @@ class SlurmImage:
             return ["srun", "--nodes=1", "--ntasks=1", *self.srun_args(), *argv]
         return self.wrap(argv)
 
-    def task_args(self, env_names: list[str]) -> list[str]:
-        """The node task's options that make it run torchrun in a podman container (none otherwise)."""
+    def image_run(self, env_names: list[str]) -> ImageRun | None:
+        """How the node task runs torchrun in a podman container, with ``env_names`` passed in (None
+        for the other runtimes, whose task runs in the image)."""
         if self.runtime != "podman":
-            return []
-        args = [f"--image={self.image}", "--runtime=podman", *(f"--mount={m}" for m in self.mounts)]
-        return [*args, *(f"--env-name={name}" for name in sorted(env_names))]
+            return None
+        return ImageRun(self.image, "podman", self.mounts, tuple(env_names))
 
     def probe(self) -> list[str]:
         """The version probe inside the image on a node (podman pulls the image first, if missing)."""
         probe = [IMAGE_PYTHON, "-m", "launcher.preflight.probe", "--json"]
         if self.runtime == "podman":
-            inside = ["--runtime=podman", f"--image={self.image}", "--", *probe]
-            return [self.host_python, "-m", "launcher.image.runtime", "exec", *inside]
+            return exec_argv(self.host_python, "podman", self.image, probe)
         return self.wrap(probe)
 
 

@@ -25,7 +25,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from launcher.image.reference import resolve as resolve_image
-from launcher.image.runtime import ImageRun
 from launcher.job.console import say
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.hang import watch_args
@@ -146,13 +145,6 @@ def _submitit_request(
     )
 
 
-def _image_run(image: SlurmImage | None, env_names: list[str]) -> ImageRun | None:
-    """The node task's podman container (None for the other runtimes, whose task runs in the image)."""
-    if image is None or image.runtime != "podman":
-        return None
-    return ImageRun(image.image, "podman", image.mounts, tuple(env_names))
-
-
 def _partition_has_gpus(partition: str | None) -> bool | None:
     """Whether the partition's nodes have GPU GRES (``sinfo``), None when sinfo cannot tell."""
     argv = ["sinfo", "--noheader", "--format=%G", *([f"--partition={partition}"] if partition else [])]
@@ -230,7 +222,8 @@ class SlurmScheduler:
             *watch_args(spec.hang, spec.nproc_per_node),
         ]
         if image is not None:
-            task = image.wrap([*task, *image.task_args([*env, *spec.secret_env])])
+            podman = image.image_run([*env, *spec.secret_env])
+            task = image.wrap([*task, *(podman.flags() if podman else [])])
         task.append("--")
         script = sbatch_script(
             job_id=job_id,
@@ -285,7 +278,7 @@ class SlurmScheduler:
             run_dir=plan.run_dir,
             grace_s=spec.grace_period_s,
             watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
-            image=_image_run(image, [*node.env, *spec.secret_env]),
+            image=image.image_run([*node.env, *spec.secret_env]) if image else None,
         )
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.image.runtime import PULL_TIMEOUT_S
+from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
 from launcher.job.spec import SpecError
+from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
 from launcher.preflight.parity import compare, diff_text
 from launcher.preflight.probe import Probe
@@ -152,11 +153,11 @@ def probe_hosts(
         extra = ["--route-to", master_addr, "--resolve", master_addr] if master_addr else []
         if host == hosts[0]:
             extra.append("--free-port")
-        probe = f"-m launcher.preflight.probe --json {shlex.join(extra)}"
+        probe = ["-m", "launcher.preflight.probe", "--json", *extra]
         if image is None:
-            return f"{_python(python)} {probe}"
-        runtime = f"--runtime {image.runtimes[host]} --image {shlex.quote(image.image)}"
-        return f"{_python(python)} -m launcher.image.runtime exec {runtime} -- python {probe}"
+            return f"{_python(python)} {shlex.join(probe)}"
+        inside = exec_argv(python, image.runtimes[host], image.image, [IMAGE_PYTHON, *probe])
+        return f"cd / && {shlex.join(inside)}"
 
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
     probes, errors = {}, []

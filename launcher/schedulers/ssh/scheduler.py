@@ -25,6 +25,7 @@ import psutil
 from pydantic import Field
 
 from launcher.image.reference import resolve as resolve_image
+from launcher.image.runtime import ImageRun
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir, watch_args
 from launcher.job.mounts import container_mounts
@@ -123,17 +124,16 @@ class SshScheduler(SupervisedScheduler):
         agents = node_agents(
             spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args, python=python
         )
-        mounts = []
+        mounts: tuple[str, ...] = ()
         if facts.image is not None:
             extra = spec.options(SshOptions).container_mounts
-            mounts = [f"--mount={m}" for m in container_mounts(args, facts.workdir, job_dir, extra)]
+            mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
         nodes = []
         for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):
             node_env = env | hosts.env(host, env)
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
-                image = [f"--image={facts.image}", f"--runtime={facts.runtimes[host]}", *mounts]
-                image += [f"--env-name={name}" for name in sorted(node_env)]
+                image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
             argv = [
                 *_hostagent_argv(spec.python, "run", job_id, k),
                 f"--lease-s={LEASE_S:g}",
