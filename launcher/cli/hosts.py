@@ -9,6 +9,7 @@ import json
 from launcher.cli.flags import UsageError
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.collective_report import CollectiveResult, format_table
+from launcher.preflight.health import Finding, GateSettings, findings, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.hosts import ProbedHosts, collective, probe_job_hosts, route_hosts
@@ -37,11 +38,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(
             diff_text(mismatches, shortfalls) if mismatches or shortfalls else "versions match on every host"
         )
+    named: list[Finding] = []
     if args.collective and not (mismatches or shortfalls):
-        report["collective"] = _check_collective(args, opts, probed).model_dump(mode="json")
+        result, named = _check_collective(args, opts, probed)
+        report["collective"] = result.model_dump(mode="json")
+        report["named"] = [f.as_json() for f in named]
     if args.json:
         print(json.dumps(report, indent=2))
-    return EXIT_PARITY if mismatches or shortfalls else EXIT_OK
+    return EXIT_PARITY if mismatches or shortfalls or named else EXIT_OK
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
@@ -57,8 +61,11 @@ def _ssh_options(args: argparse.Namespace) -> SshOptions:
         raise UsageError(str(e)) from None
 
 
-def _check_collective(args: argparse.Namespace, opts: SshOptions, probed: ProbedHosts) -> CollectiveResult:
-    """The routes and rendezvous port an SSH job would get, then an all_reduce across the hosts."""
+def _check_collective(
+    args: argparse.Namespace, opts: SshOptions, probed: ProbedHosts
+) -> tuple[CollectiveResult, list[Finding]]:
+    """The routes and rendezvous port an SSH job would get, then the all_reduce across the hosts and
+    the health gate's stages (pairs, compute); returns the result and the hosts it names."""
     try:
         network = NetworkSpec(
             gloo_socket_ifname=args.gloo_socket_ifname, nccl_socket_ifname=args.nccl_socket_ifname
@@ -74,7 +81,12 @@ def _check_collective(args: argparse.Namespace, opts: SshOptions, probed: Probed
             f"\nall_reduce across {len(plan.hosts)} host(s), master_addr {plan.master_addr}:{plan.port}, "
             f"interfaces {chosen}"
         )
-    result = collective(opts, plan, args.python, env, args.collective_timeout_s)
+    gate = GateSettings(compute_s=args.compute_s, min_busbw=args.min_busbw, precision=args.precision)
+    result = collective(
+        opts, plan, args.python, env, args.collective_timeout_s, args.gpus_per_node, gate.worker_args()
+    )
+    named = findings(result, plan.hosts, plan.ifnames, gate)
     if not args.json:
         print(format_table(result))
-    return result
+        print(report_text(result, plan.hosts, named))
+    return result, named

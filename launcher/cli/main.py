@@ -16,6 +16,7 @@ from launcher.cli.flags import UsageError, add_job_flags, fields_help
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
+from launcher.preflight.health import COMPUTE_S
 from launcher.schedulers.ssh.client import SshError
 from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
@@ -115,9 +116,12 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "torch and its git hash, CUDA, NCCL, cuDNN, gptlaunch, key packages, image digest) are "
         "compared and every host needs at least --gpus-per-node GPUs when hosts have GPUs. "
         "--collective also checks master_addr and the rendezvous port, picks each host's interface "
-        "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition).",
-        epilog=f"exit codes: 0 all hosts match; 2 invalid input or a host cannot be reached or checked; "
-        f"3 the hosts differ (the diff is printed)\n\n{EXIT_CODES}",
+        "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition); "
+        "then the health gate: the same between pairs of hosts in two or three rounds, and a matmul on "
+        "every device. Each host it names gets one line that starts with its name.",
+        epilog=f"exit codes: 0 all hosts match (and none is named); 2 invalid input or a host cannot be "
+        f"reached or checked; 3 the hosts differ (the diff is printed) or the health gate named a host "
+        f"(one line each)\n\n{EXIT_CODES}",
         formatter_class=fmt,
         allow_abbrev=False,
     )
@@ -133,8 +137,34 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
     s.add_argument("--ssh-opt", action="append", default=[], metavar="KEY=VALUE", help="ssh -o option")
     s.add_argument("--ssh-host-key-check", choices=["yes", "accept-new"], default="yes")
     s.add_argument("--ssh-connect-timeout-s", type=int, default=10)
-    s.add_argument("--collective", action="store_true", help="also run an all_reduce across the hosts")
-    s.add_argument("--collective-timeout-s", type=float, default=60.0, help="bound on the all_reduce")
+    s.add_argument(
+        "--collective",
+        action="store_true",
+        help="also run the network and health checks: an all_reduce across the hosts, then between pairs "
+        "of hosts (a host whose pairs are both slow is named), and a matmul on every device (a device "
+        "below 0.8 × the median of its kind is named)",
+    )
+    s.add_argument(
+        "--collective-timeout-s", type=float, default=60.0, help="bound on forming the group and on each call"
+    )
+    s.add_argument(
+        "--min-busbw",
+        type=float,
+        metavar="GB/s",
+        help="also name a host whose pairs are all below this bus bandwidth (default: only half the median)",
+    )
+    s.add_argument(
+        "--compute-s",
+        type=float,
+        default=COMPUTE_S,
+        help="seconds of matmuls per device (0: no compute check)",
+    )
+    s.add_argument(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        default="bf16",
+        help="the job's --precision: the dtype of the compute check's matmuls",
+    )
     s.add_argument("--gloo-socket-ifname", help="force GLOO_SOCKET_IFNAME (default: chosen per host)")
     s.add_argument("--nccl-socket-ifname", help="force NCCL_SOCKET_IFNAME (default: chosen per host)")
     s.add_argument("--json", action="store_true", help="machine-readable report")

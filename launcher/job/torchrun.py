@@ -96,16 +96,21 @@ def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[s
     }
 
 
-def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:
-    """The trainer arguments with ``--run-dir`` added when absent, and the run dir they name.
-
-    The last ``--run-dir X`` or ``--run-dir=X`` wins, as in argparse."""
-    run_dir: str | None = None
+def trainer_flag(trainer_args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in the trainer arguments (``--flag X`` or ``--flag=X``; the last wins,
+    as in argparse), or None when absent."""
+    value: str | None = None
     for i, arg in enumerate(trainer_args):
-        if arg == "--run-dir" and i + 1 < len(trainer_args):
-            run_dir = trainer_args[i + 1]
-        elif arg.startswith("--run-dir="):
-            run_dir = arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(trainer_args):
+            value = trainer_args[i + 1]
+        elif arg.startswith(f"{flag}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:
+    """The trainer arguments with ``--run-dir`` added when absent, and the run dir they name."""
+    run_dir = trainer_flag(trainer_args, "--run-dir")
     if run_dir is not None:
         return list(trainer_args), run_dir
     return [*trainer_args, "--run-dir", str(default)], str(default)

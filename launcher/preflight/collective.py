@@ -33,11 +33,13 @@ from launcher.preflight.collective_report import (
     MARKER,
     CollectiveError,
     CollectiveResult,
+    DeviceResult,
     Phase,
     SizeResult,
     bus_bandwidth,
     format_table,
 )
+from launcher.preflight.health_measure import measure_compute, measure_pairs, synchronizer
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +67,7 @@ class _Context:
 
     rank: int
     local_rank: int
+    node: int  # node rank (torchrun's GROUP_RANK): which host of the job this rank runs on
     world_size: int
     backend: Literal["gloo", "nccl"]
     ifname: dict[str, str | None]
@@ -97,6 +100,7 @@ def _read_context(backend: str, timeout_s: float) -> _Context:
     return _Context(
         rank=int(env.get("RANK", 0)),
         local_rank=int(env.get("LOCAL_RANK", 0)),
+        node=int(env.get("GROUP_RANK", 0)),
         world_size=int(env.get("WORLD_SIZE", 1)),
         backend=_resolve_backend(backend),
         ifname={var: env.get(var) or None for var in IFNAME_VARS},
@@ -111,11 +115,13 @@ def _message(ctx: _Context, phase: Phase, detail: str) -> str:
     what = {
         "init": f"could not form the process group (timeout {ctx.timeout_s:g} s)",
         "collective": "an all_reduce failed",
+        "compute": "the compute check failed",
         "check": "all_reduce gave a wrong sum",
     }[phase]
     hint = {
         "init": "check that every host runs this, reaches MASTER_ADDR:MASTER_PORT, and has that interface",
         "collective": "check the other ranks' errors and the interface setting on every host",
+        "compute": "check this host's device (nvidia-smi, dmesg)",
         "check": "the network or the collective library corrupts data",
     }[phase]
     return (
@@ -147,15 +153,6 @@ def _device(ctx: _Context) -> torch.device:
     return torch.device("cpu")
 
 
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    """Waits until the device has finished its queued work: NCCL calls return before the data moved."""
-    import torch
-
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None  # gloo calls return when done
-
-
 def _measure_size(
     size_bytes: int, ctx: _Context, device: torch.device, iters: int, warmup: int
 ) -> SizeResult:
@@ -165,7 +162,7 @@ def _measure_size(
     import torch
     import torch.distributed as dist
 
-    sync = _synchronizer(device)
+    sync = synchronizer(device)
     n = ctx.world_size
     expected = n * (n + 1) // 2
     data = torch.full((size_bytes // FLOAT32_BYTES,), float(ctx.rank + 1), dtype=torch.float32, device=device)
@@ -207,9 +204,23 @@ def _hosts() -> list[str]:
     return list(dict.fromkeys(str(name) for name in names))
 
 
-def _measure(ctx: _Context, sizes: list[int], iters: int, warmup: int) -> CollectiveResult | None:
-    """Form the group, measure every size, leave the group (on every path). Returns the result on
-    rank 0, None on the others; raises _Failed naming the phase that failed."""
+@dataclass(frozen=True)
+class _Stages:
+    """What to measure besides the whole group's all_reduce: the compute check (``compute_s`` > 0)
+    and the pairwise stage (``pair_bytes`` set)."""
+
+    sizes: list[int]
+    iters: int
+    warmup: int
+    compute_s: float = 0.0
+    precision: str = "bf16"
+    pair_bytes: int | None = None
+
+
+def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
+    """Form the group, run the compute check, measure every size, then the pairs, and leave the
+    group (on every path). Returns the result on rank 0, None on the others; raises _Failed naming
+    the phase that failed."""
     import torch
     import torch.distributed as dist
 
@@ -226,7 +237,14 @@ def _measure(ctx: _Context, sizes: list[int], iters: int, warmup: int) -> Collec
         init_s = time.perf_counter() - start
         phase = "collective"
         hosts = _hosts()
-        results = [_measure_size(size, ctx, device, iters, warmup) for size in sizes]
+        compute = _compute(ctx, device, stages)
+        results = [_measure_size(size, ctx, device, stages.iters, stages.warmup) for size in stages.sizes]
+        pairs = []
+        if stages.pair_bytes is not None:
+            nodes: list[int | None] = [None] * ctx.world_size
+            dist.all_gather_object(nodes, ctx.node)
+            node_of_rank = [int(n or 0) for n in nodes]
+            pairs = measure_pairs(node_of_rank, device, stages.pair_bytes, stages.iters, stages.warmup)
     except _Failed:
         raise
     except Exception as e:  # torch raises RuntimeError / DistError subclasses, ValueError for bad env
@@ -243,11 +261,28 @@ def _measure(ctx: _Context, sizes: list[int], iters: int, warmup: int) -> Collec
         ifname=ctx.ifname,
         master=ctx.master,
         torch=torch.__version__,
-        iters=iters,
-        warmup=warmup,
+        iters=stages.iters,
+        warmup=stages.warmup,
         init_s=init_s,
         results=results,
+        pairs=pairs,
+        compute=compute,
     )
+
+
+def _compute(ctx: _Context, device: torch.device, stages: _Stages) -> list[DeviceResult]:
+    """Every rank's compute check (when asked), gathered on every rank, in rank order. Collective."""
+    import torch.distributed as dist
+
+    if stages.compute_s <= 0:
+        return []
+    try:
+        mine = measure_compute(ctx.rank, ctx.node, ctx.local_rank, device, stages.precision, stages.compute_s)
+    except RuntimeError as e:  # a CUDA error on this device: name it, the other ranks time out
+        raise _Failed("compute", _one_line(e)) from e
+    gathered: list[DeviceResult | None] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, mine)
+    return [d for d in gathered if d is not None]
 
 
 def _sizes(text: str) -> list[int]:
@@ -289,6 +324,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive(int, 1), default=5, help="timed calls per size")
     p.add_argument("--warmup", type=_positive(int, 0), default=2, help="untimed calls per size first")
     p.add_argument(
+        "--compute-s",
+        type=_positive(float, 0.0),
+        default=0.0,
+        help="seconds of matmuls on each rank's device first, reported in TFLOP/s (default: 0, no check)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        default="bf16",
+        help="the job's --precision: the compute check's dtype follows the trainer's rule (default: bf16)",
+    )
+    p.add_argument(
+        "--pair-bytes",
+        type=_sizes,
+        help="also time an all_reduce of this many bytes between pairs of hosts, in rounds (default: off)",
+    )
+    p.add_argument(
         "--timeout-s",
         type=_positive(float, 0.001),
         default=30.0,
@@ -302,7 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ctx = _read_context(args.backend, args.timeout_s)
     try:
-        result = _measure(ctx, args.sizes, int(args.iters), int(args.warmup))
+        stages = _Stages(
+            sizes=args.sizes,
+            iters=int(args.iters),
+            warmup=int(args.warmup),
+            compute_s=args.compute_s,
+            precision=args.precision,
+            pair_bytes=args.pair_bytes[0] if args.pair_bytes else None,
+        )
+        result = _measure(ctx, stages)
     except _Failed as f:
         error = CollectiveError(
             rank=ctx.rank,

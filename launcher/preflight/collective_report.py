@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 MARKER = "GPTLAUNCH_COLLECTIVE"
 ERROR_MARKER = "GPTLAUNCH_COLLECTIVE_ERROR"
 
-Phase = Literal["init", "collective", "check"]
+Phase = Literal["init", "collective", "check", "compute"]
 
 
 class _Line(BaseModel):
@@ -36,6 +36,29 @@ class SizeResult(_Line):
     busbw_gbs: float  # algbw * 2(n-1)/n, GB/s
 
 
+class PairResult(_Line):
+    """One pair of hosts in the pairwise stage: the all_reduce among the ranks of both hosts."""
+
+    round: int  # 0-based round of ``launcher.preflight.health.pair_rounds``
+    nodes: tuple[int, int]  # the two hosts' node ranks (torchrun's GROUP_RANK)
+    bytes: int
+    time_us: float  # microseconds per call, the slower rank's
+    busbw_gbs: float  # nccl-tests' busbw over the pair's ranks, GB/s
+
+
+class DeviceResult(_Line):
+    """One rank's compute check: dense matmuls on its device for a fixed time."""
+
+    rank: int
+    node: int  # node rank (GROUP_RANK): index of the host in the job's host list
+    local_rank: int
+    device: str  # "cpu" or "cuda:N"
+    kind: str  # what devices are compared against: "cpu", or the GPU's name (e.g. "NVIDIA H100 80GB HBM3")
+    dtype: str  # float32, bfloat16 or float16
+    size: int  # n of the n×n matmuls; each is 2n³ floating-point operations
+    tflops: float  # TFLOP/s (1e12 floating-point operations per second) achieved
+
+
 class CollectiveResult(_Line):
     """What rank 0 prints after a successful run (the ``GPTLAUNCH_COLLECTIVE`` line)."""
 
@@ -49,6 +72,8 @@ class CollectiveResult(_Line):
     warmup: int
     init_s: float  # rank 0's seconds in init_process_group: includes waiting for the last rank
     results: list[SizeResult]
+    pairs: list[PairResult] = []  # the pairwise stage (--pairs), in round order
+    compute: list[DeviceResult] = []  # the compute check (--compute-s), one per rank in rank order
 
 
 class CollectiveError(_Line):
@@ -59,7 +84,7 @@ class CollectiveError(_Line):
     backend: str
     ifname: dict[str, str | None]
     master: str
-    phase: Phase  # init: the group did not form; collective: a call failed; check: a wrong sum
+    phase: Phase  # init: no group; collective: a call failed; check: a wrong sum; compute: a device failed
     message: str  # one line, names the backend, the interface setting and MASTER_ADDR:MASTER_PORT
 
 

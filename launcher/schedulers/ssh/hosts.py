@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
@@ -32,6 +32,12 @@ PORT_TIMEOUT_S = 10.0
 
 class ParityError(SpecError):
     """The hosts differ in versions that must match (or lack GPUs); the message is the diff."""
+
+    exit_code = EXIT_PARITY
+
+
+class HealthError(SpecError):
+    """The health gate named a host (a slow link or device); the message has one line per host."""
 
     exit_code = EXIT_PARITY
 
@@ -344,23 +350,40 @@ def plan_hosts(
 
 
 def collective(
-    opts: SshOptions, plan: HostPlan, python: str, env: dict[str, str], timeout_s: float = 60.0
+    opts: SshOptions,
+    plan: HostPlan,
+    python: str,
+    env: dict[str, str],
+    timeout_s: float = 60.0,
+    nproc_per_node: int = 1,
+    worker_args: Sequence[str] = (),
 ) -> CollectiveResult:
-    """A short all_reduce across the hosts (``launcher.preflight.collective`` under torchrun, one process per
-    host) with the job's interface choice and ``env``; returns rank 0's result. Raises SpecError
-    naming the hosts and interfaces when the group cannot form within ``timeout_s`` seconds."""
+    """A short all_reduce across the hosts (``launcher.preflight.collective`` under torchrun,
+    ``nproc_per_node`` processes per host, in the job's image when it has one) with the job's
+    interface choice and ``env``, plus ``worker_args`` (the health gate's stages); returns rank 0's
+    result. Raises SpecError naming the hosts and interfaces when it does not complete within
+    ``timeout_s`` seconds."""
     settings = ssh_settings(opts)
     n = len(plan.hosts)
 
     def command(host: str) -> str:
         node_env = plan.env(host, env) | env
-        assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node_env.items()))
-        argv = [
-            python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
+        torchrun = [
+            "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={nproc_per_node}",
             f"--node-rank={plan.hosts.index(host)}", f"--master-addr={plan.master_addr}",
             f"--master-port={plan.port}", "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
+            *worker_args,
         ]  # fmt: skip
-        return f"cd / && {assignments} {shlex.join(argv)}"
+        assignments = [f"{k}={v}" for k, v in sorted(node_env.items())]
+        if plan.image is None:
+            return f"cd / && {shlex.join(['env', *assignments, python, *torchrun])}"
+        inside = exec_argv(
+            python,
+            plan.image.runtimes[host],
+            plan.image.image,
+            ["env", *assignments, IMAGE_PYTHON, *torchrun],
+        )
+        return f"cd / && {shlex.join(inside)}"
 
     results = ssh.fan_out(settings, plan.hosts, command, timeout_s + settings.connect_timeout_s + 30)
     result = parse_result(results[0].stdout)

@@ -32,10 +32,19 @@ from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, trainer_flag, with_run_dir
 from launcher.preflight.collective_report import format_table
+from launcher.preflight.health import GateSettings, findings, report_text
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.hosts import HostImage, HostPlan, collective, hosts_of, plan_hosts, ssh_settings
+from launcher.schedulers.ssh.hosts import (
+    HealthError,
+    HostImage,
+    HostPlan,
+    collective,
+    hosts_of,
+    plan_hosts,
+    ssh_settings,
+)
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
@@ -106,14 +115,35 @@ class SshScheduler(SupervisedScheduler):
         return SshFacts.of(workdir, hosts, spec)
 
     def preflight(self, spec: JobSpec, plan: Plan) -> None:
-        """With ``--preflight``: a short all_reduce across the hosts with the job's backend settings
-        and interfaces (``launcher.schedulers.ssh.hosts.collective``); raises SpecError when it cannot
-        form."""
+        """With ``--preflight`` (or ``--preflight-warn``): the health gate with the job's backend
+        settings, interfaces, processes per node and precision (``launcher.preflight.health``).
+        Raises HealthError (exit 3) naming each slow host (``--preflight-warn``: says it and goes
+        on), SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
-        if opts.preflight:
-            hosts = SshFacts.model_validate(plan.facts).host_plan()
-            say(f"launcher: preflight: all_reduce across {', '.join(hosts.hosts)} ...")
-            say(format_table(collective(opts, hosts, spec.python, spec.network.as_env())))
+        if not (opts.preflight or opts.preflight_warn):
+            return
+        hosts = SshFacts.model_validate(plan.facts).host_plan()
+        precision = trainer_flag(spec.trainer_args, "--precision") or "bf16"
+        gate = GateSettings(min_busbw=opts.min_busbw, precision=precision)
+        say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
+        started = time.monotonic()
+        env = spec.network.as_env()
+        result = collective(
+            opts, hosts, spec.python, env, nproc_per_node=spec.nproc_per_node, worker_args=gate.worker_args()
+        )
+        named = findings(result, hosts.hosts, hosts.ifnames, gate)
+        say(format_table(result))
+        say(report_text(result, hosts.hosts, named))
+        say(f"launcher: preflight took {time.monotonic() - started:.1f} s")
+        if named and opts.preflight_warn:
+            say("WARNING: --preflight-warn: launching although the health gate named the host(s) above")
+        elif named:
+            raise HealthError(
+                f"the health gate named {len({f.host for f in named})} host(s):\n  "
+                + "\n  ".join(f.line for f in named)
+                + "\n  fix or replace those hosts (or leave them out of --hosts/--hostfile); "
+                "--preflight-warn launches anyway"
+            )
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"

@@ -1,0 +1,181 @@
+"""The health gate's verdict: which host slows the job down, from the collective preflight's pairwise
+and compute stages (``launcher.preflight.collective --pairs --compute-s S``). Pure; imports no torch.
+
+- **Links.** Hosts are paired in rounds of disjoint pairs (``pair_rounds``): a ring over the hosts, its
+  edges split into two rounds (three when the count is odd), so every host meets two others and the
+  stage takes two or three rounds whatever the host count. A pair is slow when its busbw is below
+  half the median pair's (or below ``--min-busbw``); a host is named when every pair it is in is slow,
+  so the slow link's host is named and its healthy partners are not (DLRover's paired node check
+  works the same way).
+- **Compute.** Every rank runs dense matmuls in the job's dtype on its device for a fixed time; a
+  device below 0.8 × the median of its kind (the same GPU model, or CPU processes) is named.
+
+Each ``Finding`` is one line that starts with the host's name, e.g. ``gl-h3: link 0.04 GB/s on eth0,
+below half the median 0.61 GB/s (pairs gl-h2-gl-h3 0.04, gl-h3-gl-h4 0.04 GB/s)``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
+
+LINK_FRACTION = 0.5  # a pair below this fraction of the median pair's busbw is slow
+COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
+
+PAIR_BYTES = 4 * 2**20  # per pair all_reduce: bandwidth-bound on a veth or TCP link, ~0.35 s at 100 Mbit/s
+COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
+
+Check = Literal["link", "compute", "gpu"]
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What the health gate measures and what it names."""
+
+    compute_s: float = COMPUTE_S  # 0: no compute check
+    pair_bytes: int = PAIR_BYTES
+    min_busbw: float | None = None  # GB/s: a pair below it is slow whatever the median
+    precision: str = "bf16"  # the job's --precision: the compute check's dtype
+
+    def worker_args(self) -> list[str]:
+        """The flags of ``launcher.preflight.collective`` that run the gate's stages."""
+        return [
+            f"--compute-s={self.compute_s:g}",
+            f"--precision={self.precision}",
+            f"--pair-bytes={self.pair_bytes}",
+        ]
+
+
+def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """The pairwise stage's schedule over hosts 0..n-1: rounds of disjoint pairs whose union is the
+    ring 0-1-…-(n-1)-0, so each host is in two pairs (one pair for n = 2, none for n < 2). Two rounds
+    for an even n, three for an odd n (the ring's closing edge waits for its own round)."""
+    if n < 2:
+        return []
+    if n == 2:
+        return [[(0, 1)]]
+    first = [(i, i + 1) for i in range(0, n - 1, 2)]
+    second = [(i, (i + 1) % n) for i in range(1, n, 2)]
+    if n % 2 == 0:
+        return [first, second]
+    return [first, second, [(n - 1, 0)]]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A host the gate names: which check, its figure and the line a user reads."""
+
+    host: str
+    check: Check
+    figure: float  # GB/s (link), TFLOP/s (compute); for gpu the field's value where it is a number
+    line: str  # starts with the host's name
+
+    def as_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _pair_name(pair: PairResult, hosts: Sequence[str]) -> str:
+    return f"{hosts[pair.nodes[0]]}-{hosts[pair.nodes[1]]}"
+
+
+def link_findings(
+    pairs: Sequence[PairResult], hosts: Sequence[str], ifnames: dict[str, str], min_busbw: float | None
+) -> list[Finding]:
+    """The hosts whose every pair is below half the median pair busbw, or below ``min_busbw`` GB/s
+    when given; in host order. ``hosts[node]`` names node ranks; ``ifnames`` maps a host to the
+    interface it used (shown when known). Empty when there are no pairs."""
+    if not pairs:
+        return []
+    median = statistics.median(p.busbw_gbs for p in pairs)
+    half = LINK_FRACTION * median
+    threshold = max(half, min_busbw or 0.0)
+    why = (
+        f"below --min-busbw {min_busbw:g} GB/s"
+        if min_busbw is not None and min_busbw >= half
+        else f"below half the median {median:.3g} GB/s"
+    )
+    found = []
+    for node, host in enumerate(hosts):
+        mine = [p for p in pairs if node in p.nodes]
+        if not mine or any(p.busbw_gbs >= threshold for p in mine):
+            continue
+        best = max(p.busbw_gbs for p in mine)
+        where = f" on {ifnames[host]}" if host in ifnames else ""
+        each = ", ".join(f"{_pair_name(p, hosts)} {p.busbw_gbs:.3g}" for p in mine)
+        line = f"{host}: link {best:.3g} GB/s{where}, {why} (pairs {each} GB/s)"
+        found.append(Finding(host, "link", best, line))
+    return found
+
+
+def compute_findings(devices: Sequence[DeviceResult], hosts: Sequence[str]) -> list[Finding]:
+    """Every device below COMPUTE_FRACTION × the median TFLOP/s of its kind, in rank order."""
+    kinds = {d.kind for d in devices}
+    medians = {kind: statistics.median(d.tflops for d in devices if d.kind == kind) for kind in kinds}
+    found = []
+    for d in devices:
+        median = medians[d.kind]
+        if d.tflops >= COMPUTE_FRACTION * median:
+            continue
+        host = hosts[d.node]
+        count = sum(1 for other in devices if other.kind == d.kind)
+        line = (
+            f"{host}: compute {d.tflops:.3g} TFLOP/s on {d.device} (rank {d.rank}, {d.dtype}), below "
+            f"{COMPUTE_FRACTION:g} × the median {median:.3g} TFLOP/s of {count} {d.kind} device(s)"
+        )
+        found.append(Finding(host, "compute", d.tflops, line))
+    return found
+
+
+def pairs_table(pairs: Sequence[PairResult], hosts: Sequence[str]) -> str:
+    """The pairwise stage for humans: one row per pair (round, pair, µs per call, busbw)."""
+    header = f"{'round':>5}  {'pair':<24} {'time (µs)':>12} {'busbw (GB/s)':>13}"
+    rows = [
+        f"{p.round + 1:>5}  {_pair_name(p, hosts):<24} {p.time_us:>12.1f} {p.busbw_gbs:>13.3f}" for p in pairs
+    ]
+    return "\n".join([header, *rows])
+
+
+def compute_summary(devices: Sequence[DeviceResult]) -> str:
+    """One line per kind of device: count, dtype, and the median, lowest and highest TFLOP/s."""
+    lines = []
+    for kind in sorted({d.kind for d in devices}):
+        figures = [d.tflops for d in devices if d.kind == kind]
+        dtypes = ", ".join(sorted({d.dtype for d in devices if d.kind == kind}))
+        median = statistics.median(figures)
+        lines.append(
+            f"compute: {len(figures)} {kind} device(s), {dtypes} matmul: median {median:.3g} TFLOP/s "
+            f"(lowest {min(figures):.3g}, highest {max(figures):.3g})"
+        )
+    return "\n".join(lines)
+
+
+def findings(
+    result: CollectiveResult, hosts: Sequence[str], ifnames: dict[str, str], settings: GateSettings
+) -> list[Finding]:
+    """Every host the gate names from one preflight result: slow links, then slow devices."""
+    return link_findings(result.pairs, hosts, ifnames, settings.min_busbw) + compute_findings(
+        result.compute, hosts
+    )
+
+
+def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[Finding]) -> str:
+    """The pairwise table, the compute summary and the verdict: one line per named host, or that
+    none is."""
+    parts = []
+    if result.pairs:
+        rounds = len({p.round for p in result.pairs})
+        parts += [
+            f"pairwise all_reduce, {len(result.pairs)} pair(s) in {rounds} round(s):",
+            pairs_table(result.pairs, hosts),
+        ]
+    if result.compute:
+        parts.append(compute_summary(result.compute))
+    if named:
+        parts += [f"health gate: {len({f.host for f in named})} host(s) named:", *(f.line for f in named)]
+    else:
+        parts.append(f"health gate: no host named ({len(hosts)} host(s) checked)")
+    return "\n".join(parts)

@@ -1,0 +1,163 @@
+"""The measuring half of the health gate, run by every rank of the collective preflight
+(``launcher.preflight.collective --compute-s S --pairs``) inside its process group:
+
+- ``measure_compute``: dense n×n matmuls in the job's dtype on this rank's device for ``seconds``,
+  started together on every rank (a barrier), so ranks that share a machine share it alike;
+- ``measure_pairs``: the pairwise stage, an all_reduce among the ranks of each pair of hosts of
+  ``launcher.preflight.health.pair_rounds``, the pairs of a round at the same time.
+
+The verdict (which host is slow) is ``launcher.preflight.health``'s, in the launcher.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from launcher.preflight.collective_report import DeviceResult, PairResult, bus_bandwidth
+from launcher.preflight.health import pair_rounds
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+# n of the n×n matmuls: big enough to reach a GPU's peak (8192: 1.1 TFLOP each, ~2 ms on an H100),
+# small enough on a CPU (512: 0.27 GFLOP, a few ms on one core) that a slow device still finishes
+# several within the window.
+MATMUL_N = {"cuda": 8192, "cpu": 512}
+WARMUP_MATMULS = 2  # cuBLAS/oneDNN set-up and GPU clocks ramping
+
+
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype the trainer computes in for ``--precision`` on ``device`` (the rule of
+    ``trainer.run._precision``): bf16 where the device has it natively, fp16 on a GPU without bf16,
+    fp32 on a CPU without native bf16/fp16 kernels (oneDNN's reference path is ~200x slower)."""
+    import torch
+
+    if precision == "fp32":
+        return torch.float32
+    if device.type == "cpu":
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    if precision == "bf16" and torch.cuda.is_bf16_supported(False):
+        return torch.bfloat16
+    return torch.float16
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Waits until the device has finished its queued work: CUDA calls return before the work is
+    done (gloo's and the CPU's calls return when done)."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _kind(device: torch.device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def measure_compute(
+    rank: int, node: int, local_rank: int, device: torch.device, precision: str, seconds: float
+) -> DeviceResult:
+    """Matmuls on ``device`` until ``seconds`` have passed (at least one), timed after a barrier.
+    Collective (the barrier): every rank of the default group must call it."""
+    import torch
+
+    dtype = compute_dtype(precision, device)
+    n = MATMUL_N[device.type]
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # One core per CPU process, as torchrun gives each (OMP_NUM_THREADS=1): a figure per core
+        # compares hosts of any size and does not depend on how many processes share the cores.
+        torch.set_num_threads(1)
+    try:
+        return _matmuls(rank, node, local_rank, device, dtype, n, seconds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _matmuls(
+    rank: int, node: int, local_rank: int, device: torch.device, dtype: torch.dtype, n: int, seconds: float
+) -> DeviceResult:
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = synchronizer(device)
+    for _ in range(WARMUP_MATMULS):
+        torch.mm(a, b)
+    sync()
+    dist.barrier()  # every device starts together: hosts sharing a machine (or a switch) share it alike
+    count, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        count += 1
+        if device.type == "cuda" and count % 16:
+            continue  # look at the clock (a synchronization) only every 16 queued matmuls
+        sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    tflops = 2 * n**3 * count / elapsed / 1e12  # an n×n by n×n matmul is 2n³ floating-point operations
+    where = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    return DeviceResult(
+        rank=rank, node=node, local_rank=local_rank, device=where, kind=_kind(device),
+        dtype=str(dtype).removeprefix("torch."), size=n, tflops=tflops,
+    )  # fmt: skip
+
+
+def measure_pairs(
+    node_of_rank: list[int], device: torch.device, size_bytes: int, iters: int, warmup: int
+) -> list[PairResult]:
+    """Every pair of every round of ``pair_rounds`` over the nodes of ``node_of_rank`` (each rank's
+    node rank): the slower rank's time per all_reduce of ``size_bytes`` among the pair's ranks.
+    Collective: every rank of the default group calls it. Returns every pair's result on every rank,
+    in round order."""
+    import torch.distributed as dist
+
+    nodes = sorted(set(node_of_rank))
+    mine: list[PairResult] = []
+    for number, pairs in enumerate(pair_rounds(len(nodes))):
+        members = [
+            [r for r, node in enumerate(node_of_rank) if node in (nodes[a], nodes[b])] for a, b in pairs
+        ]
+        group, _ = dist.new_subgroups_by_enumeration(members)  # every rank creates every group
+        if group is None:
+            continue  # this rank's host sits this round out (an odd count)
+        pair = next(p for p, m in zip(pairs, members, strict=True) if dist.get_rank() in m)
+        time_s = _time_all_reduce(group, device, size_bytes, iters, warmup)
+        _, busbw = bus_bandwidth(size_bytes, time_s, dist.get_world_size(group))
+        pair_nodes = (nodes[pair[0]], nodes[pair[1]])
+        us = time_s * 1e6
+        mine.append(PairResult(round=number, nodes=pair_nodes, bytes=size_bytes, time_us=us, busbw_gbs=busbw))
+    gathered: list[list[PairResult] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    unique = {(p.round, p.nodes): p for results in gathered for p in results or []}
+    return [unique[key] for key in sorted(unique)]
+
+
+def _time_all_reduce(
+    group: dist.ProcessGroup, device: torch.device, size_bytes: int, iters: int, warmup: int
+) -> float:
+    """Seconds per all_reduce of ``size_bytes`` within ``group``, the slowest member's."""
+    import torch
+    import torch.distributed as dist
+
+    sync = synchronizer(device)
+    data = torch.zeros(size_bytes // 4, dtype=torch.float32, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(data, group=group)
+    sync()
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(data, group=group)
+    sync()
+    slowest = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return float(slowest.item())

@@ -1,0 +1,121 @@
+"""The health gate against real SSH test hosts and real faults: a link slowed with a token-bucket
+qdisc on one host's veth (both directions), and a host slowed by pinning its sshd and every process
+it starts to one core that busy loops also hold. ``launcher check --collective`` must name that host
+and only it; ``submit --preflight`` must refuse the launch with exit code 3 and start nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+from tests.integration.conftest import first_hosts, launcher, run
+
+STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
+# Healthy veth pairs carry 0.3-1 GB/s of gloo all_reduce here; 500 Mbit/s (0.0625 GB/s) is below
+# half of any healthy median, and still moves the 32 MiB whole-group message in about 1 s.
+SLOW_RATE = "500mbit"
+# Busy loops on the slow host's core, each in its own session: with the scheduler's autogroups (one
+# per session) a nice value would not rank them, but a count does: the host gets at most 1/(N+1) of
+# that core while the healthy hosts' ranks run on the other.
+BUSY_LOOPS = 6
+
+
+@contextlib.contextmanager
+def slow_link(host: int) -> Iterator[None]:
+    """gl-hK's link limited to SLOW_RATE both ways: on the bridge's end of its veth and on its eth0."""
+    shape = ["root", "tbf", "rate", SLOW_RATE, "burst", "32kb", "latency", "400ms"]
+    ends = [
+        ["tc", "qdisc", "{}", "dev", f"glv{host}"],
+        ["ip", "netns", "exec", f"gl-h{host}", "tc", "qdisc", "{}", "dev", "eth0"],
+    ]
+    try:
+        for end in ends:
+            run([a.replace("{}", "add") for a in end] + shape, check=True)
+        yield
+    finally:
+        for end in ends:
+            run([a.replace("{}", "del") for a in end] + ["root"])
+
+
+@contextlib.contextmanager
+def slow_host(host: int) -> Iterator[None]:
+    """gl-hK's sshd and every process it has and will start pinned to CPU 0, with BUSY_LOOPS busy
+    loops there."""
+    sshd = psutil.Process(int((STATE / "hosts" / f"gl-h{host}" / "sshd.pid").read_text()))
+    every_cpu = sorted(os.sched_getaffinity(0))
+    loop = [sys.executable, "-c", "while True: pass"]
+    busy = [subprocess.Popen(["setsid", "taskset", "-c", "0", *loop]) for _ in range(BUSY_LOOPS)]
+    try:
+        for proc in [sshd, *sshd.children(recursive=True)]:  # children inherit the affinity
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.cpu_affinity([0])
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+        for proc in [sshd, *sshd.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.cpu_affinity(every_cpu)
+
+
+def _named(hosts: Path, jobs: Path) -> tuple[int, str, list[dict[str, object]]]:
+    """``check --collective --json``: its exit code, stderr and the hosts it named."""
+    proc = launcher(jobs, "check", "--hostfile", str(hosts), "--collective", "--json")
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    return proc.returncode, proc.stderr, json.loads(proc.stdout)["named"]
+
+
+def test_check_names_the_host_with_a_slow_link_and_nobody_on_healthy_hosts(
+    hostfile: Path, tmp_path: Path
+) -> None:
+    hosts = first_hosts(hostfile, 4, tmp_path)
+    healthy = launcher(tmp_path, "check", "--hostfile", str(hosts), "--collective")
+    assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
+    assert "health gate: no host named (4 host(s) checked)" in healthy.stdout
+    assert "4 pair(s) in 2 round(s)" in healthy.stdout
+    with slow_link(3):
+        slowed = launcher(tmp_path, "check", "--hostfile", str(hosts), "--collective")
+        code, _, named = _named(hosts, tmp_path)
+    assert slowed.returncode == 3, slowed.stdout[-3000:] + slowed.stderr[-3000:]
+    lines = [line for line in slowed.stdout.splitlines() if line.startswith("gl-h")]
+    assert lines and all(line.startswith("gl-h3: link ") for line in lines), slowed.stdout[-2000:]
+    assert "on eth0, below half the median" in lines[0]
+    assert "gl-h2-gl-h3" in lines[0] and "gl-h3-gl-h4" in lines[0]
+    assert code == 3 and {(f["host"], f["check"]) for f in named} == {("gl-h3", "link")}
+    print("\n" + "\n".join(lines))
+
+
+def test_the_compute_check_names_a_slowed_host_and_only_it(hostfile: Path, tmp_path: Path) -> None:
+    hosts = first_hosts(hostfile, 4, tmp_path)
+    with slow_host(3):
+        code, stderr, named = _named(hosts, tmp_path)
+    assert code == 3, stderr[-3000:]
+    assert {f["host"] for f in named} == {"gl-h3"}, named  # its link may be slow too: its CPU drives it
+    compute = [f for f in named if f["check"] == "compute"]
+    assert compute, named
+    print("\n" + "\n".join(str(f["line"]) for f in named))
+
+
+def test_submit_preflight_refuses_a_launch_with_a_slowed_host_and_starts_nothing(
+    hostfile: Path, prepared_data: list[str], tmp_path: Path
+) -> None:
+    hosts = first_hosts(hostfile, 4, tmp_path)
+    jobs = tmp_path / "jobs"
+    with slow_link(3):
+        proc = launcher(
+            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--preflight",
+            "--", *prepared_data, "--preset", "tiny", "--max-steps", "5", "--run-dir", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the health gate named 1 host(s):\n  gl-h3: link " in proc.stderr, proc.stderr[-3000:]
+    assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
+    assert not (tmp_path / "run").exists(), "nothing may be started for a refused launch"
