@@ -40,9 +40,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     named: list[Finding] = []
     if args.collective and not (mismatches or shortfalls):
-        result, named = _check_collective(args, opts, probed)
+        result, found = _check_collective(args, opts, probed)
+        named = [f for f in found if f.fatal]
         report["collective"] = result.model_dump(mode="json")
         report["named"] = [f.as_json() for f in named]
+        report["warnings"] = [f.as_json() for f in found if not f.fatal]
     if args.json:
         print(json.dumps(report, indent=2))
     return EXIT_PARITY if mismatches or shortfalls or named else EXIT_OK
@@ -65,7 +67,8 @@ def _check_collective(
     args: argparse.Namespace, opts: SshOptions, probed: ProbedHosts
 ) -> tuple[CollectiveResult, list[Finding]]:
     """The routes and rendezvous port an SSH job would get, then the all_reduce across the hosts and
-    the health gate's stages (pairs, compute); returns the result and the hosts it names."""
+    the health gate's stages (pairs, compute, GPU health); returns the result and every finding
+    (the hosts it names, and warnings)."""
     try:
         network = NetworkSpec(
             gloo_socket_ifname=args.gloo_socket_ifname, nccl_socket_ifname=args.nccl_socket_ifname
@@ -81,12 +84,17 @@ def _check_collective(
             f"\nall_reduce across {len(plan.hosts)} host(s), master_addr {plan.master_addr}:{plan.port}, "
             f"interfaces {chosen}"
         )
-    gate = GateSettings(compute_s=args.compute_s, min_busbw=args.min_busbw, precision=args.precision)
+    gate = GateSettings(
+        compute_s=args.compute_s,
+        min_busbw=args.min_busbw,
+        precision=args.precision,
+        gpus_per_node=args.gpus_per_node,
+    )
     result = collective(
         opts, plan, args.python, env, args.collective_timeout_s, args.gpus_per_node, gate.worker_args()
     )
-    named = findings(result, plan.hosts, plan.ifnames, gate)
+    found = findings(result, plan.hosts, plan.ifnames, gate)
     if not args.json:
         print(format_table(result))
-        print(report_text(result, plan.hosts, named))
-    return result, named
+        print(report_text(result, plan.hosts, found))
+    return result, found

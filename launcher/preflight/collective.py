@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, TextIO
 
+from launcher.preflight import gpu_health
 from launcher.preflight.collective_report import (
     ERROR_MARKER,
     MARKER,
@@ -238,6 +239,7 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         phase = "collective"
         hosts = _hosts()
         compute = _compute(ctx, device, stages)
+        gpu_query = _gpu_query(ctx) if stages.compute_s > 0 else {}
         results = [_measure_size(size, ctx, device, stages.iters, stages.warmup) for size in stages.sizes]
         pairs = []
         if stages.pair_bytes is not None:
@@ -267,7 +269,19 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         results=results,
         pairs=pairs,
         compute=compute,
+        gpu_query=gpu_query,
     )
+
+
+def _gpu_query(ctx: _Context) -> dict[int, str]:
+    """Each host's ``nvidia-smi --query-gpu`` output (from its local rank 0), by node rank; hosts
+    without nvidia-smi are absent. Collective."""
+    import torch.distributed as dist
+
+    mine = (ctx.node, gpu_health.query()) if ctx.local_rank == 0 else None
+    gathered: list[tuple[int, str | None] | None] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, mine)
+    return {node: text for node, text in filter(None, gathered) if text is not None}
 
 
 def _compute(ctx: _Context, device: torch.device, stages: _Stages) -> list[DeviceResult]:

@@ -74,6 +74,8 @@ class CollectiveResult(_Line):
     results: list[SizeResult]
     pairs: list[PairResult] = []  # the pairwise stage (--pairs), in round order
     compute: list[DeviceResult] = []  # the compute check (--compute-s), one per rank in rank order
+    # node rank -> its `nvidia-smi --query-gpu` CSV (``launcher.preflight.gpu_health``; hosts with GPUs)
+    gpu_query: dict[int, str] = {}
 
 
 class CollectiveError(_Line):

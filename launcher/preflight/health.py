@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from launcher.preflight import gpu_health
 from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
 
 LINK_FRACTION = 0.5  # a pair below this fraction of the median pair's busbw is slow
@@ -40,6 +41,7 @@ class GateSettings:
     pair_bytes: int = PAIR_BYTES
     min_busbw: float | None = None  # GB/s: a pair below it is slow whatever the median
     precision: str = "bf16"  # the job's --precision: the compute check's dtype
+    gpus_per_node: int = 1  # the job's processes per node: GPUs each host with GPUs needs
 
     def worker_args(self) -> list[str]:
         """The flags of ``launcher.preflight.collective`` that run the gate's stages."""
@@ -71,8 +73,9 @@ class Finding:
 
     host: str
     check: Check
-    figure: float  # GB/s (link), TFLOP/s (compute); for gpu the field's value where it is a number
+    figure: float | None  # GB/s (link), TFLOP/s (compute); None for gpu (the line has the field's value)
     line: str  # starts with the host's name
+    fatal: bool = True  # False: a warning, reported but never refusing a launch
 
     def as_json(self) -> dict[str, object]:
         return asdict(self)
@@ -156,10 +159,28 @@ def compute_summary(devices: Sequence[DeviceResult]) -> str:
 def findings(
     result: CollectiveResult, hosts: Sequence[str], ifnames: dict[str, str], settings: GateSettings
 ) -> list[Finding]:
-    """Every host the gate names from one preflight result: slow links, then slow devices."""
-    return link_findings(result.pairs, hosts, ifnames, settings.min_busbw) + compute_findings(
-        result.compute, hosts
-    )
+    """Every host the gate names from one preflight result: slow links, slow devices, unhealthy
+    GPUs; and the GPU warnings (``fatal`` False)."""
+    return [
+        *link_findings(result.pairs, hosts, ifnames, settings.min_busbw),
+        *compute_findings(result.compute, hosts),
+        *gpu_findings(result.gpu_query, hosts, settings.gpus_per_node),
+    ]
+
+
+def gpu_findings(queries: dict[int, str], hosts: Sequence[str], gpus_per_node: int) -> list[Finding]:
+    """The GPU health of each host from its ``nvidia-smi --query-gpu`` output (``gpu_health``); a
+    host whose query failed or printed something else is named with what it printed."""
+    found = []
+    for node, text in sorted(queries.items()):
+        host = hosts[node]
+        try:
+            issues = gpu_health.judge(gpu_health.parse(text), gpus_per_node)
+        except ValueError as e:
+            found.append(Finding(host, "gpu", None, f"{host}: gpu health unknown: {e}"))
+            continue
+        found += [Finding(host, "gpu", None, issue.line(host), issue.fatal) for issue in issues]
+    return found
 
 
 def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[Finding]) -> str:
@@ -174,6 +195,9 @@ def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[
         ]
     if result.compute:
         parts.append(compute_summary(result.compute))
+    warnings = [f for f in named if not f.fatal]
+    named = [f for f in named if f.fatal]
+    parts += [f"warning: {f.line}" for f in warnings]
     if named:
         parts += [f"health gate: {len({f.host for f in named})} host(s) named:", *(f.line for f in named)]
     else:

@@ -124,16 +124,17 @@ class SshScheduler(SupervisedScheduler):
             return
         hosts = SshFacts.model_validate(plan.facts).host_plan()
         precision = trainer_flag(spec.trainer_args, "--precision") or "bf16"
-        gate = GateSettings(min_busbw=opts.min_busbw, precision=precision)
+        gate = GateSettings(min_busbw=opts.min_busbw, precision=precision, gpus_per_node=spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         env = spec.network.as_env()
         result = collective(
             opts, hosts, spec.python, env, nproc_per_node=spec.nproc_per_node, worker_args=gate.worker_args()
         )
-        named = findings(result, hosts.hosts, hosts.ifnames, gate)
+        found = findings(result, hosts.hosts, hosts.ifnames, gate)
+        named = [f for f in found if f.fatal]
         say(format_table(result))
-        say(report_text(result, hosts.hosts, named))
+        say(report_text(result, hosts.hosts, found))
         say(f"launcher: preflight took {time.monotonic() - started:.1f} s")
         if named and opts.preflight_warn:
             say("WARNING: --preflight-warn: launching although the health gate named the host(s) above")
