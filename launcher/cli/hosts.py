@@ -58,6 +58,7 @@ def _ssh_options(args: argparse.Namespace) -> SshOptions:
             ssh_opts=args.ssh_opt,
             host_key_check=args.ssh_host_key_check,
             connect_timeout_s=args.ssh_connect_timeout_s,
+            max_parallel=args.ssh_max_parallel,
         )
     except ValueError as e:  # pydantic's ValidationError is one
         raise UsageError(str(e)) from None

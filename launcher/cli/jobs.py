@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from launcher.cli.flags import UsageError
@@ -29,12 +29,14 @@ def follow(
     out: TextIO | None,
     node: int | None = None,
     attached: bool = False,
+    keep: Callable[[str], bool] = lambda line: True,
 ) -> JobStatus:
     """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
     output to ``out`` (None: discard it) until the job reaches a terminal state; return that status.
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
-    owns the job), anything else stops following and returns the status then."""
-    _copy(scheduler.logs(record, node, follow=True), out, attached)
+    owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
+    shown (``launcher.job.console.console_lines``)."""
+    _copy(filter(keep, scheduler.logs(record, node, follow=True)), out, attached)
     return scheduler.state(record)
 
 

@@ -13,11 +13,12 @@ from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
 from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S
-from launcher.schedulers.ssh.client import SshError
+from launcher.schedulers.ssh.client import MAX_PARALLEL, SshError
 from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
@@ -73,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
                 help="print the job id and return once the job started; it runs on after this shell "
                 "closes (follow it with `launcher logs -f`, `status`, `wait`, `cancel`). SLURM jobs "
                 "always are: submit returns once SLURM accepted the job",
+            )
+            s.add_argument(
+                "--tee",
+                choices=["auto", "all", "rank0"],
+                default="auto",
+                help="which lines of a followed job the console shows: all; rank0 (node 0's and its rank "
+                f"0's, and every node's warnings and errors); auto: all up to {TEE_ALL_MAX_NODES} nodes, "
+                "rank0 beyond. The node logs keep every line (default: auto)",
             )
             s.add_argument(
                 "--wait",
@@ -137,6 +146,12 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
     s.add_argument("--ssh-opt", action="append", default=[], metavar="KEY=VALUE", help="ssh -o option")
     s.add_argument("--ssh-host-key-check", choices=["yes", "accept-new"], default="yes")
     s.add_argument("--ssh-connect-timeout-s", type=int, default=10)
+    s.add_argument(
+        "--ssh-max-parallel",
+        type=int,
+        default=MAX_PARALLEL,
+        help="ssh clients at once while probing (default: %(default)s; 10 through one ProxyJump bastion)",
+    )
     s.add_argument(
         "--collective",
         action="store_true",

@@ -9,13 +9,14 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from launcher.cli.flags import UsageError, build_spec
 from launcher.cli.jobs import follow, summary
-from launcher.job.console import say
+from launcher.job.console import Tee, console_lines, say, shows_all
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus, new_job_id
 from launcher.job.spec import JobSpec, check_text
@@ -86,15 +87,16 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
             "pass a writable --jobs-root or --job-dir"
         ) from None
     if args.detach or scheduler.queued:
-        return _submit_detached(scheduler, plan, record, wait=args.wait)
+        return _submit_detached(scheduler, plan, record, args.wait, _console(args.tee, plan, job_dir))
     say(
         f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
         f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
     )
+    keep = _console(args.tee, plan, job_dir)
     with _CancelOnSignal(scheduler, record) as stopper:
         _submit_or_discard(scheduler, plan, record, detach=False)
         stopper.job_started()
-        final = follow(scheduler, record, sys.stdout, attached=True)
+        final = follow(scheduler, record, sys.stdout, attached=True, keep=keep)
     say(summary(plan.job_id, final))
     return final.job_exit_code
 
@@ -108,7 +110,19 @@ def _submit_or_discard(scheduler: Scheduler[Any], plan: Plan, record: JobRecord,
         raise
 
 
-def _submit_detached(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool) -> int:
+def _console(tee: Tee, plan: Plan, job_dir: Path) -> Callable[[str], bool]:
+    """The lines a followed job shows here (``--tee``), said once when some are left out."""
+    if not shows_all(tee, plan.nnodes):
+        say(
+            f"launcher: {plan.nnodes} nodes: the console shows node 0 (rank 0) and every node's warnings "
+            f"and errors; every line is in {job_dir}/node-K.log (`launcher logs`; --tee all shows them here)"
+        )
+    return console_lines(tee, plan.nnodes)
+
+
+def _submit_detached(
+    scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool, keep: Callable[[str], bool]
+) -> int:
     """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
     then stops following, not the job)."""
     _submit_or_discard(scheduler, plan, record, detach=True)
@@ -128,7 +142,7 @@ def _submit_detached(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, w
         f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
     )
     try:
-        final = follow(scheduler, record, sys.stdout)
+        final = follow(scheduler, record, sys.stdout, keep=keep)
     except KeyboardInterrupt:
         say(f"launcher: stopped following job {plan.job_id}; it goes on")
         return EXIT_INTERRUPTED

@@ -4,7 +4,19 @@ so that stdout carries only what a script reads (a job id, a table, JSON)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
+from collections.abc import Callable
+from typing import Literal
+
+Tee = Literal["auto", "all", "rank0"]
+TEE_ALL_MAX_NODES = 4  # --tee auto shows every node's lines up to this many nodes, rank 0's beyond
+# A line worth showing from any node: Python's and torch's warnings and errors, glog's W/E/F lines
+# (torchrun, NCCL's C++), tracebacks, signals, and the launcher's own host agents' failures.
+NOTEWORTHY = re.compile(
+    r"warn|error|exception|traceback|fail|fatal|killed|signal|timed? ?out|cannot|lost|\bnan\b|(?:^|\s)[WEF]\d{4} ",
+    re.IGNORECASE,
+)
 
 
 def say(text: str) -> None:
@@ -12,3 +24,24 @@ def say(text: str) -> None:
     since the job record keeps everything that matters."""
     with contextlib.suppress(OSError):
         print(text, file=sys.stderr, flush=True)
+
+
+def shows_all(tee: Tee, nnodes: int) -> bool:
+    """Whether ``--tee`` shows every line of a job of ``nnodes`` nodes."""
+    return tee == "all" or (tee == "auto" and nnodes <= TEE_ALL_MAX_NODES)
+
+
+def console_lines(tee: Tee, nnodes: int) -> Callable[[str], bool]:
+    """Which followed lines (``nodeK | text``, from ``launcher.job.logs.tail``) the console shows:
+    ``all`` every line; ``rank0`` node 0's own lines and its rank 0's, and from every node the lines
+    NOTEWORTHY matches; ``auto`` is ``all`` up to TEE_ALL_MAX_NODES nodes, else ``rank0``."""
+    if shows_all(tee, nnodes):
+        return lambda line: True
+
+    def keep(line: str) -> bool:
+        label, _, text = line.partition(" | ")
+        if label.endswith("node0") and (text.startswith("[rank0]:") or not text.startswith("[rank")):
+            return True
+        return NOTEWORTHY.search(text) is not None
+
+    return keep

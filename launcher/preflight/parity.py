@@ -11,6 +11,7 @@ Pure functions over Probe models; imports no torch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -43,11 +44,12 @@ TABLE_FIELDS: tuple[str, ...] = (
     *(f"packages.{name}" for name in KEY_PACKAGES),
     "image_digest",
 )
-WIDE_TABLE_MAX_HOSTS = 8  # beyond this, one column per host no longer fits a terminal
-_LIST_MAX_HOSTS = 5  # hosts named in full in one group of a grouped value; beyond, a count
+WIDE_TABLE_MAX_HOSTS = 8  # beyond this, one column per host no longer fits a terminal: classes instead
+MAX_RUNS = 8  # runs of host names shown in one group (gl-h1..gl-h12, gl-h14, …); beyond, a count
 _FIX_VERSIONS = "install the same versions on every host (or run the same container image)"
 _FIX_GPUS = "use hosts with enough GPUs, or run fewer processes per node"
 _SKIP = "--skip-parity launches anyway"
+_LEGEND = "! differs, must match (the launch is refused)   ~ differs, shown only"
 
 
 def field_value(probe: Probe, field: str) -> str | None:
@@ -64,10 +66,30 @@ def _absent(field: str) -> str:
     return "(not installed)" if field == "torch" or field.startswith("packages.") else "(none)"
 
 
-def _hosts(hosts: list[str]) -> str:
-    if len(hosts) <= _LIST_MAX_HOSTS:
-        return ", ".join(hosts)
-    return f"{len(hosts)} hosts ({', '.join(hosts[:3])}, … {len(hosts) - 3} more)"
+def _runs(hosts: list[str]) -> list[list[str]]:
+    """``hosts`` cut into runs of names that differ only in a trailing number counting up by one
+    (gl-h1, gl-h2, gl-h3; n08, n09, n10), in the given order."""
+    runs: list[list[str]] = []
+    for host in hosts:
+        if runs:
+            match = re.fullmatch(r"(.*?)(\d+)", runs[-1][-1])
+            if match is not None:
+                prefix, digits = match.groups()
+                following = str(int(digits) + 1)
+                if host in (prefix + following, prefix + following.zfill(len(digits))):
+                    runs[-1].append(host)
+                    continue
+        runs.append([host])
+    return runs
+
+
+def host_ranges(hosts: list[str]) -> str:
+    """``hosts`` as runs: "gl-h1..gl-h12, gl-h14, gl-h15" (a run of three or more as first..last);
+    beyond MAX_RUNS runs, "… and N more host(s)"."""
+    runs = _runs(hosts)
+    shown = [", ".join(run) if len(run) < 3 else f"{run[0]}..{run[-1]}" for run in runs[:MAX_RUNS]]
+    rest = sum(len(run) for run in runs[MAX_RUNS:])
+    return ", ".join(shown) + (f", … and {rest} more host(s)" if rest else "")
 
 
 def group_by_value(field: str, values: dict[str, str | None]) -> str:
@@ -77,7 +99,7 @@ def group_by_value(field: str, values: dict[str, str | None]) -> str:
     for host, value in values.items():
         groups.setdefault(value, []).append(host)
     ordered = sorted(groups.items(), key=lambda item: -len(item[1]))  # stable: ties keep host order
-    return "; ".join(f"{_absent(field) if v is None else v} on {_hosts(hosts)}" for v, hosts in ordered)
+    return "; ".join(f"{_absent(field) if v is None else v} on {host_ranges(hosts)}" for v, hosts in ordered)
 
 
 @dataclass(frozen=True)
@@ -139,24 +161,35 @@ def diff_text(mismatches: Iterable[Mismatch], shortfalls: Iterable[Shortfall]) -
 
 
 def report_table(probes: dict[str, Probe]) -> str:
-    """The probes side by side, one column per host (one line per field with the values grouped when
-    there are over WIDE_TABLE_MAX_HOSTS hosts). A field that differs is marked in the first column:
-    "!" must match (the launch is refused), "~" shown only; the hostname is never marked."""
+    """The probes side by side, one column per host; over WIDE_TABLE_MAX_HOSTS hosts, ``classes``
+    instead. A field that differs is marked in the first column: "!" must match (the launch is
+    refused), "~" shown only; the hostname is never marked."""
+    if len(probes) > WIDE_TABLE_MAX_HOSTS:
+        return classes(probes)
     rows: list[list[str]] = []
     for field in TABLE_FIELDS:
         values = {host: field_value(probe, field) for host, probe in probes.items()}
         differs = len(set(values.values())) > 1 and field != "hostname"
         mark = ("!" if field in MUST_MATCH else "~") if differs else " "
-        if len(probes) > WIDE_TABLE_MAX_HOSTS and field == "hostname":
-            cells = [_hosts([str(v) for v in values.values()])]
-        elif len(probes) > WIDE_TABLE_MAX_HOSTS:
-            cells = [group_by_value(field, values) if differs else _cell(field, next(iter(values.values())))]
-        else:
-            cells = [_cell(field, v) for v in values.values()]
-        rows.append([f"{mark} {field}", *cells])
-    header = ["  field", *(list(probes) if len(probes) <= WIDE_TABLE_MAX_HOSTS else [f"{len(probes)} hosts"])]
-    legend = "! differs, must match (the launch is refused)   ~ differs, shown only"
-    return _align([header, *rows]) + "\n" + legend
+        rows.append([f"{mark} {field}", *(_cell(field, v) for v in values.values())])
+    return _align([["  field", *probes], *rows]) + "\n" + _LEGEND
+
+
+def classes(probes: dict[str, Probe]) -> str:
+    """The hosts as equivalence classes: one line with what every host shares ("16 hosts gl-h1..gl-h16
+    alike: python 3.11.2, torch 2.13.0, …"), then, for each field that differs, its values with their
+    hosts ("! packages.numpy: 2.4.6 on gl-h1..gl-h12, gl-h14..gl-h16; 2.3.1 on gl-h13")."""
+    shared, differing = [], []
+    for field in TABLE_FIELDS[1:]:  # not the hostname
+        values = {host: field_value(probe, field) for host, probe in probes.items()}
+        if len(set(values.values())) > 1:
+            mark = "!" if field in MUST_MATCH else "~"
+            differing.append(f"{mark} {field}: {group_by_value(field, values)}")
+        elif (value := next(iter(values.values()))) is not None:
+            shared.append(f"{field} {_cell(field, value)}")
+    alike = "alike in" if differing else "alike"
+    head = f"{len(probes)} host(s) {host_ranges(list(probes))} {alike}: {', '.join(shared)}"
+    return "\n".join([head, *differing, *([_LEGEND] if differing else [])])
 
 
 def _cell(field: str, value: str | None) -> str:

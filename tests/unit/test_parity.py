@@ -15,7 +15,16 @@ import pytest
 
 from launcher.preflight import parity_step
 from launcher.preflight import probe as probe_module
-from launcher.preflight.parity import MUST_MATCH, Mismatch, Shortfall, compare, diff_text, report_table
+from launcher.preflight.parity import (
+    MAX_RUNS,
+    MUST_MATCH,
+    Mismatch,
+    Shortfall,
+    compare,
+    diff_text,
+    host_ranges,
+    report_table,
+)
 from launcher.preflight.probe import KEY_PACKAGES, Gpu, Probe, collect
 from trainer.contract import EXIT_FAILED, EXIT_PARITY
 
@@ -81,9 +90,16 @@ def test_describe_puts_the_majority_value_first_and_groups_its_hosts() -> None:
     values = {"h1": "2.12.0", "h2": "2.13.0", "h3": "2.13.0"}
     assert Mismatch("torch", values).describe() == "torch: 2.13.0 on h2, h3; 2.12.0 on h1"
     many = {f"h{i}": "2.13.0" for i in range(10)} | {"odd": None}
-    assert Mismatch("torch", many).describe() == (
-        "torch: 2.13.0 on 10 hosts (h0, h1, h2, … 7 more); (not installed) on odd"
-    )
+    assert Mismatch("torch", many).describe() == "torch: 2.13.0 on h0..h9; (not installed) on odd"
+
+
+def test_host_ranges_compress_runs_of_numbered_names() -> None:
+    hosts = [f"gl-h{k}" for k in range(1, 17) if k != 13]
+    assert host_ranges(hosts) == "gl-h1..gl-h12, gl-h14..gl-h16"
+    assert host_ranges(["n08", "n09", "n10", "x", "n11"]) == "n08..n10, x, n11"
+    assert host_ranges(["a", "b"]) == "a, b"
+    scattered = [f"h{k}" for k in range(0, 40, 2)]  # 20 runs of one
+    assert host_ranges(scattered) == ", ".join(scattered[:MAX_RUNS]) + f", … and {20 - MAX_RUNS} more host(s)"
 
 
 def test_every_must_match_field_is_enforced() -> None:
@@ -139,15 +155,20 @@ def test_report_table_marks_the_rows_that_differ() -> None:
     assert rows["gpus"].split() == ["gpus", *["8", "×", "NVIDIA", "A100", "80GB"] * 2]
 
 
-def test_report_table_groups_values_for_many_hosts() -> None:
-    probes = {f"n{i:02}": make_probe(hostname=f"n{i:02}") for i in range(12)}
-    probes["n07"] = make_probe(hostname="n07", torch="2.12.0")
+def test_many_identical_hosts_are_one_line() -> None:
+    probes = {f"gl-h{k}": make_probe(hostname=f"gl-h{k}") for k in range(1, 17)}
+    (line,) = report_table(probes).splitlines()
+    assert line.startswith("16 host(s) gl-h1..gl-h16 alike: os ")
+    assert "torch 2.13.0" in line and "python 3.11.7" in line
+
+
+def test_many_hosts_that_differ_are_grouped_by_the_values_of_the_differing_fields() -> None:
+    probes = {f"gl-h{k}": make_probe(hostname=f"gl-h{k}") for k in range(1, 17)}
+    probes["gl-h13"] = make_probe(hostname="gl-h13", torch="2.12.0", driver="555.42.02")
     lines = report_table(probes).splitlines()
-    assert lines[0].split() == ["field", "12", "hosts"]
-    torch_line = next(line for line in lines if line.startswith("! torch "))
-    assert torch_line.endswith("2.13.0 on 11 hosts (n00, n01, n02, … 8 more); 2.12.0 on n07")
-    assert any(line.split() == ["python", "3.11.7"] for line in lines)
-    assert any(line.split()[:3] == ["hostname", "12", "hosts"] for line in lines)
+    assert lines[0].startswith("16 host(s) gl-h1..gl-h16 alike in: os ") and "torch " not in lines[0]
+    assert "! torch: 2.13.0 on gl-h1..gl-h12, gl-h14..gl-h16; 2.12.0 on gl-h13" in lines
+    assert any(line.startswith("~ driver: ") and line.endswith("555.42.02 on gl-h13") for line in lines)
 
 
 def test_nccl_and_cudnn_versions_are_formatted_from_what_torch_returns() -> None:

@@ -30,7 +30,10 @@ from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 # KEY=VALUE of ``ssh -o`` (e.g. ProxyJump=bastion, Port=2222).
 SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\x00-\x1f\x7f]+")
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
-MAX_PARALLEL = 64  # concurrent ssh clients of one fan-out (sshd's MaxStartups defaults to 10:30:100)
+# Concurrent ssh clients of one fan-out, by default: 1,000 hosts are probed in 16 waves, with at most
+# 64 clients (a few MB and three descriptors each) on this machine. Through one ProxyJump bastion,
+# lower it to 10: sshd's MaxStartups (default 10:30:100) drops new unauthenticated connections beyond.
+MAX_PARALLEL = 64
 
 
 class SshError(RuntimeError):
@@ -95,6 +98,7 @@ class SshSettings:
     host_key_check: str = "yes"  # StrictHostKeyChecking: yes, or accept-new when asked
     connect_timeout_s: int = 10
     control_dir: Path | None = None  # where master sockets live (default: control_dir())
+    max_parallel: int = MAX_PARALLEL  # concurrent clients of one fan_out
 
     def argv(self, host: str, command: str) -> list[str]:
         """``ssh ... host command``: ``command`` runs in the remote user's shell. Keep-alives notice a
@@ -207,10 +211,12 @@ def fan_out(
     command: Callable[[str], str],
     timeout_s: float,
     on_result: Callable[[Result], None] | None = None,
+    all_at_once: bool = False,
 ) -> list[Result]:
-    """``command(host)`` on every host at once (threads; each waits on its own ssh process), in the
-    order of ``hosts``; ``on_result`` sees each result as it comes (progress). Wall time ≈ the
-    slowest host, not the sum."""
+    """``command(host)`` on every host, ``settings.max_parallel`` at a time (threads; each waits on
+    its own ssh process), in the order of ``hosts``; ``on_result`` sees each result as it comes
+    (progress). ``all_at_once``: no cap, for commands that wait for each other (a collective). Wall
+    time ≈ the slowest host × the number of waves, not the sum."""
 
     def one(host: str) -> Result:
         result = run(settings, host, command(host), timeout_s)
@@ -218,5 +224,6 @@ def fan_out(
             on_result(result)
         return result
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
+    cap = len(hosts) if all_at_once else settings.max_parallel
+    with ThreadPoolExecutor(max_workers=max(1, min(cap, len(hosts)))) as pool:
         return list(pool.map(one, hosts))

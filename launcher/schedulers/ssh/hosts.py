@@ -2,8 +2,9 @@
 address and rendezvous port, the network interface of each host, and a collective across them.
 
 ``launcher check`` runs them on their own; the SSH scheduler runs them before every submit. Every
-remote step runs on all hosts at once (``ssh.fan_out``), so the wall time is about that of the
-slowest host, not the sum. Each failure raises SpecError (or ParityError) naming the host and the fix.
+remote step runs on all hosts at once (``ssh.fan_out``, at most ``--ssh-max-parallel`` clients at a
+time except where the hosts wait for each other), so the wall time is about that of the slowest host
+times the waves, not the sum. Each failure raises SpecError (or ParityError) naming the host and the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
-from launcher.preflight.parity import compare, diff_text
+from launcher.preflight.parity import classes, compare, diff_text
 from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.options import SshOptions
@@ -47,6 +48,7 @@ def ssh_settings(opts: SshOptions) -> ssh.SshSettings:
         options=tuple(opts.ssh_opts),
         host_key_check=opts.host_key_check,
         connect_timeout_s=opts.connect_timeout_s,
+        max_parallel=opts.max_parallel,
     )
 
 
@@ -232,7 +234,7 @@ def check_port(settings: ssh.SshSettings, hosts: list[str], python: str, master_
     listener = threading.Thread(target=lambda: box.append(ssh.run(settings, hosts[0], listen, wait)))
     listener.start()
     connect = f"{tool} connect {shlex.quote(master_addr)} {port} --timeout-s {timeout}"
-    results = ssh.fan_out(settings, hosts[1:], lambda h: connect, wait)
+    results = ssh.fan_out(settings, hosts[1:], lambda h: connect, wait, all_at_once=True)  # within the listen
     listener.join()
     failed = [r for r in results if not r.ok]
     if box and not box[0].ok and "cannot be bound" in box[0].stdout:
@@ -345,6 +347,7 @@ def plan_hosts(
     rendezvous port. Raises SpecError / ParityError."""
     probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
     enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
+    warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
     check_workdir(probed.settings, probed.hosts, workdir)
     return route_hosts(probed, port, python)
 
@@ -385,7 +388,8 @@ def collective(
         )
         return f"cd / && {shlex.join(inside)}"
 
-    results = ssh.fan_out(settings, plan.hosts, command, timeout_s + settings.connect_timeout_s + 30)
+    wait = timeout_s + settings.connect_timeout_s + 30
+    results = ssh.fan_out(settings, plan.hosts, command, wait, all_at_once=True)  # ranks wait for each other
     result = parse_result(results[0].stdout)
     if result is None or any(not r.ok for r in results):
         where = ", ".join(

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from launcher.job.options import ContainerOptions, flag
-from launcher.schedulers.ssh.client import SSH_OPT_RE, check_host
+from launcher.schedulers.ssh.client import MAX_PARALLEL, SSH_OPT_RE, check_host
 
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
 SSH_MANAGED = {
@@ -57,6 +57,16 @@ class SshOptions(ContainerOptions):
         le=300,
         description="seconds to wait for each ssh connection",
         json_schema_extra=flag("--ssh-connect-timeout-s"),
+    )
+    max_parallel: int = Field(
+        MAX_PARALLEL,
+        ge=1,
+        le=1024,
+        description=f"ssh clients at once when probing, pulling on and checking the hosts (default "
+        f"{MAX_PARALLEL}: 1,000 hosts in 16 waves without 1,000 processes here; through one ProxyJump "
+        "bastion use 10, where sshd's MaxStartups starts dropping connections). The job itself and the "
+        "collective preflight hold one connection per host",
+        json_schema_extra=flag("--ssh-max-parallel"),
     )
     preflight: bool = Field(
         False,
