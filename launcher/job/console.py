@@ -14,7 +14,8 @@ TEE_ALL_MAX_NODES = 4  # --tee auto shows every node's lines up to this many nod
 # A line worth showing from any node: Python's and torch's warnings and errors, glog's W/E/F lines
 # (torchrun, NCCL's C++), tracebacks, signals, and the launcher's own host agents' failures.
 NOTEWORTHY = re.compile(
-    r"warn|error|exception|traceback|fail|fatal|killed|signal|timed? ?out|cannot|lost|\bnan\b|(?:^|\s)[WEF]\d{4} ",
+    r"warn|error|exception|traceback|fail|fatal|killed|signal|timed? ?out|cannot|lost|\bnan\b"
+    r"|(?:^|\s)[WEF]\d{4} ",
     re.IGNORECASE,
 )
 
