@@ -22,7 +22,9 @@ import tempfile
 from pathlib import Path
 
 BUFFER_ENTRIES = 2000
-BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+# The buffer's size variable: TORCH_FR_BUFFER_SIZE from torch 2.8 (NVIDIA/nvidia-resiliency-ext#163),
+# which warns on every rank when the older name is also set; TORCH_NCCL_TRACE_BUFFER_SIZE before.
+BUFFER_ENV, LEGACY_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"
 _servers: list[object] = []
 
 
@@ -34,12 +36,20 @@ def socket_path(heartbeat_dir: Path, rank: int) -> Path:
     return Path(tempfile.gettempdir()) / f"gptlaunch-{os.getuid()}" / f"fr-{digest}-{rank}.sock"
 
 
+def buffer_env() -> str:
+    """The variable this torch reads the flight recorder's size from."""
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return BUFFER_ENV if (major, minor) >= (2, 8) else LEGACY_BUFFER_ENV
+
+
 def start(heartbeat_dir: Path, rank: int) -> str | None:
     """Turn the flight recorder on (before the process group is made: torch reads the size then) and
     serve it; the socket's path, or None where this torch has no worker server or it cannot start
     (a warning: the watchdog still takes Python stacks)."""
-    for name in BUFFER_ENV:
-        os.environ.setdefault(name, str(BUFFER_ENTRIES))
+    if BUFFER_ENV not in os.environ and LEGACY_BUFFER_ENV not in os.environ:
+        os.environ[buffer_env()] = str(BUFFER_ENTRIES)
     path = socket_path(heartbeat_dir, rank)
     try:
         from torch._C._distributed_c10d import _WorkerServer
