@@ -216,6 +216,7 @@ class _Stages:
     compute_s: float = 0.0
     precision: str = "bf16"
     pair_bytes: int | None = None
+    min_busbw: float | None = None
 
 
 def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
@@ -246,7 +247,9 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
             nodes: list[int | None] = [None] * ctx.world_size
             dist.all_gather_object(nodes, ctx.node)
             node_of_rank = [int(n or 0) for n in nodes]
-            pairs = measure_pairs(node_of_rank, device, stages.pair_bytes, stages.iters, stages.warmup)
+            pairs = measure_pairs(
+                node_of_rank, device, stages.pair_bytes, stages.iters, stages.warmup, stages.min_busbw
+            )
     except _Failed:
         raise
     except Exception as e:  # torch raises RuntimeError / DistError subclasses, ValueError for bad env
@@ -355,6 +358,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also time an all_reduce of this many bytes between pairs of hosts, in rounds (default: off)",
     )
     p.add_argument(
+        "--min-busbw",
+        type=_positive(float, 0.0),
+        help="GB/s: a pair below it is slow, as is one below half the median (the gate's rule)",
+    )
+    p.add_argument(
         "--timeout-s",
         type=_positive(float, 0.001),
         default=30.0,
@@ -375,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             compute_s=args.compute_s,
             precision=args.precision,
             pair_bytes=args.pair_bytes[0] if args.pair_bytes else None,
+            min_busbw=args.min_busbw,
         )
         result = _measure(ctx, stages)
     except _Failed as f:

@@ -44,6 +44,7 @@ class PairResult(_Line):
     bytes: int
     time_us: float  # microseconds per call, the slower rank's
     busbw_gbs: float  # nccl-tests' busbw over the pair's ranks, GB/s
+    passes: int = 1  # 2: a first pass would have named a host; the better of two passes
 
 
 class DeviceResult(_Line):

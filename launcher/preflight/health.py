@@ -27,7 +27,9 @@ from launcher.preflight.collective_report import CollectiveResult, DeviceResult,
 LINK_FRACTION = 0.5  # a pair below this fraction of the median pair's busbw is slow
 COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
 
-PAIR_BYTES = 4 * 2**20  # per pair all_reduce: bandwidth-bound on a veth or TCP link, ~0.35 s at 100 Mbit/s
+PAIR_BYTES = (
+    16 * 2**20
+)  # per pair all_reduce: ~20 ms on a veth, over a few scheduler slices; 0.3 s at 500 Mbit/s
 COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
 
 Check = Literal["link", "compute", "gpu"]
@@ -45,11 +47,12 @@ class GateSettings:
 
     def worker_args(self) -> list[str]:
         """The flags of ``launcher.preflight.collective`` that run the gate's stages."""
-        return [
+        args = [
             f"--compute-s={self.compute_s:g}",
             f"--precision={self.precision}",
             f"--pair-bytes={self.pair_bytes}",
         ]
+        return args + ([f"--min-busbw={self.min_busbw:g}"] if self.min_busbw is not None else [])
 
 
 def pair_rounds(n: int) -> list[list[tuple[int, int]]]:

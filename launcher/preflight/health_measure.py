@@ -11,12 +11,13 @@ The verdict (which host is slow) is ``launcher.preflight.health``'s, in the laun
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from launcher.preflight.collective_report import DeviceResult, PairResult, bus_bandwidth
-from launcher.preflight.health import pair_rounds
+from launcher.preflight.health import link_findings, pair_rounds
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 # several within the window.
 MATMUL_N = {"cuda": 8192, "cpu": 512}
 WARMUP_MATMULS = 2  # cuBLAS/oneDNN set-up and GPU clocks ramping
+PAIR_CALLS = 10  # timed all_reduce calls per pair, at least: their median is the pair's figure
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -112,12 +114,34 @@ def _matmuls(
 
 
 def measure_pairs(
-    node_of_rank: list[int], device: torch.device, size_bytes: int, iters: int, warmup: int
+    node_of_rank: list[int],
+    device: torch.device,
+    size_bytes: int,
+    iters: int,
+    warmup: int,
+    min_busbw: float | None = None,
 ) -> list[PairResult]:
     """Every pair of every round of ``pair_rounds`` over the nodes of ``node_of_rank`` (each rank's
-    node rank): the slower rank's time per all_reduce of ``size_bytes`` among the pair's ranks.
-    Collective: every rank of the default group calls it. Returns every pair's result on every rank,
-    in round order."""
+    node rank): the slower rank's median time per all_reduce of ``size_bytes`` among the pair's
+    ranks. When that would name a host (``link_findings`` with ``min_busbw``), every pair is measured
+    once more and keeps its better pass: a slow link is slow both times, a busy moment is not.
+    Collective: every rank of the default group calls it. Every pair's result on every rank, in
+    round order."""
+    first = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup)
+    nodes = [str(n) for n in range(max(node_of_rank) + 1)]
+    if not link_findings(first, nodes, {}, min_busbw):
+        return first
+    second = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup)
+    return [
+        max(a, b, key=lambda p: p.busbw_gbs).model_copy(update={"passes": 2})
+        for a, b in zip(first, second, strict=True)
+    ]
+
+
+def _pairs_pass(
+    node_of_rank: list[int], device: torch.device, size_bytes: int, iters: int, warmup: int
+) -> list[PairResult]:
+    """One pass of ``measure_pairs``: every round once. Collective."""
     import torch.distributed as dist
 
     nodes = sorted(set(node_of_rank))
@@ -126,13 +150,15 @@ def measure_pairs(
         members = [
             [r for r, node in enumerate(node_of_rank) if node in (nodes[a], nodes[b])] for a, b in pairs
         ]
-        group, _ = dist.new_subgroups_by_enumeration(members)  # every rank creates every group
+        # Every rank creates every pair's group (a global new_group). Local synchronization, where
+        # only the pair's ranks would, hangs gloo's second group of a rank (torch 2.13, seen here).
+        group, _ = dist.new_subgroups_by_enumeration(members)
         if group is None:
             continue  # this rank's host sits this round out (an odd count)
         pair = next(p for p, m in zip(pairs, members, strict=True) if dist.get_rank() in m)
-        time_s = _time_all_reduce(group, device, size_bytes, iters, warmup)
-        _, busbw = bus_bandwidth(size_bytes, time_s, dist.get_world_size(group))
         pair_nodes = (nodes[pair[0]], nodes[pair[1]])
+        time_s = _time_all_reduce(group, device, size_bytes, max(iters, PAIR_CALLS), warmup)
+        _, busbw = bus_bandwidth(size_bytes, time_s, dist.get_world_size(group))
         us = time_s * 1e6
         mine.append(PairResult(round=number, nodes=pair_nodes, bytes=size_bytes, time_us=us, busbw_gbs=busbw))
     gathered: list[list[PairResult] | None] = [None] * dist.get_world_size()
@@ -142,9 +168,11 @@ def measure_pairs(
 
 
 def _time_all_reduce(
-    group: dist.ProcessGroup, device: torch.device, size_bytes: int, iters: int, warmup: int
+    group: dist.ProcessGroup, device: torch.device, size_bytes: int, calls: int, warmup: int
 ) -> float:
-    """Seconds per all_reduce of ``size_bytes`` within ``group``, the slowest member's."""
+    """Median seconds per all_reduce of ``size_bytes`` within ``group`` over ``calls`` calls, the
+    slowest member's. The median, not the mean: a link that is slow is slow on every call, while a
+    busy CPU or switch delays a few calls, which must not name a host."""
     import torch
     import torch.distributed as dist
 
@@ -154,10 +182,12 @@ def _time_all_reduce(
         dist.all_reduce(data, group=group)
     sync()
     dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(iters):
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
         dist.all_reduce(data, group=group)
-    sync()
-    slowest = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+        sync()
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return float(slowest.item())

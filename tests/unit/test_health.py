@@ -8,6 +8,7 @@ import pytest
 from launcher.job.torchrun import trainer_flag
 from launcher.preflight.collective_report import DeviceResult, PairResult
 from launcher.preflight.health import (
+    PAIR_BYTES,
     GateSettings,
     compute_findings,
     link_findings,
@@ -117,7 +118,8 @@ def test_the_report_says_when_nobody_is_named() -> None:
 
 def test_gate_settings_render_the_workers_flags() -> None:
     args = GateSettings(compute_s=0.5, precision="fp32").worker_args()
-    assert args == ["--compute-s=0.5", "--precision=fp32", f"--pair-bytes={4 << 20}"]
+    assert args == ["--compute-s=0.5", "--precision=fp32", f"--pair-bytes={PAIR_BYTES}"]
+    assert GateSettings(min_busbw=2.5).worker_args()[-1] == "--min-busbw=2.5"
 
 
 def test_trainer_flag_takes_the_last_value_in_either_spelling() -> None:
