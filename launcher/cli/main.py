@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import resource
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,8 +187,20 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
     s.add_argument("--json", action="store_true", help="machine-readable report")
 
 
+def allow_many_open_files() -> int:
+    """Raise this process's soft limit of open files to its hard limit (no privilege needed) and return
+    it: a launch holds a descriptor or two per host (each ssh client's stdin, the fan-out's pipes), and
+    the usual soft limit of 1,024 would end a launch of a thousand hosts with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    allow_many_open_files()
     split = argv.index("--") if "--" in argv else len(argv)
     own, trainer_args = argv[:split], argv[split + 1 :]
     args = _parser().parse_args(own)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,16 @@ def test_an_unwritable_jobs_root_is_a_clear_error(tmp_path: Path, capsys) -> Non
     code = _submit(blocked / "jobs", "--", "--max-steps", "1")
     err = capsys.readouterr().err
     assert code == 2 and "cannot write the job record" in err and "--jobs-root" in err, err
+
+
+def test_the_launcher_raises_its_open_files_limit_to_the_hard_limit() -> None:
+    """A thousand hosts need more descriptors than the usual soft limit of 1,024."""
+    code = (
+        "import resource; from launcher.cli.main import allow_many_open_files as a; "
+        "print(a(), resource.getrlimit(resource.RLIMIT_NOFILE)[1])"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", f'ulimit -Sn 256 && "{sys.executable}" -c "{code}"'], capture_output=True, text=True
+    )
+    soft, hard = proc.stdout.split()
+    assert proc.returncode == 0 and soft == hard != "256", proc.stderr
