@@ -192,10 +192,9 @@ def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[
     parts = []
     if result.pairs:
         rounds = len({p.round for p in result.pairs})
-        parts += [
-            f"pairwise all_reduce, {len(result.pairs)} pair(s) in {rounds} round(s):",
-            pairs_table(result.pairs, hosts),
-        ]
+        again = ", each pair's better of 2 passes" if any(p.passes > 1 for p in result.pairs) else ""
+        title = f"pairwise all_reduce, {len(result.pairs)} pair(s) in {rounds} round(s){again}:"
+        parts += [title, pairs_table(result.pairs, hosts)]
     if result.compute:
         parts.append(compute_summary(result.compute))
     warnings = [f for f in named if not f.fatal]

@@ -112,8 +112,10 @@ def test_the_report_says_when_nobody_is_named() -> None:
         warmup=2, init_s=0.1, results=[], pairs=_pairs(4, {}), compute=[_device(r, 0.15) for r in range(4)],
     )  # fmt: skip
     text = report_text(result, HOSTS[:4], [])
-    assert "4 pair(s) in 2 round(s)" in text and "gl-h4-gl-h1" in text
+    assert "4 pair(s) in 2 round(s):" in text and "gl-h4-gl-h1" in text
     assert text.endswith("health gate: no host named (4 host(s) checked)")
+    again = result.model_copy(update={"pairs": [p.model_copy(update={"passes": 2}) for p in result.pairs]})
+    assert "4 pair(s) in 2 round(s), each pair's better of 2 passes:" in report_text(again, HOSTS[:4], [])
 
 
 def test_gate_settings_render_the_workers_flags() -> None:
