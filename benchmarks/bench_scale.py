@@ -149,7 +149,7 @@ def _print(
     cores = os.cpu_count() or 1
     print(
         f"\nmedians of {rounds} round(s); {cores} cores shared by all hosts: CPU-bound phases have a floor "
-        f"of about {last} ÷ {cores} = {last / cores:.0f}× the 1-host time here"
+        f"of about {last} ÷ {cores} = {last / cores:.1f}× the 1-host time here"
     )
 
 

@@ -9,10 +9,10 @@ import json
 from launcher.cli.flags import UsageError
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.collective_report import CollectiveResult, format_table
-from launcher.preflight.health import Finding, GateSettings, findings, report_text
+from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
-from launcher.schedulers.ssh.hosts import ProbedHosts, collective, probe_job_hosts, route_hosts
+from launcher.schedulers.ssh.hosts import ProbedHosts, health_gate, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
 from trainer.contract import EXIT_OK, EXIT_PARITY
 
@@ -23,8 +23,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe the hosts at once, print the table (or JSON), the diff, and with --collective the
-    all_reduce bandwidth. Exit 0 when they match, 3 (EXIT_PARITY) when not."""
+    all_reduce bandwidth and the health gate's findings. Exit 0 when they match and the gate names
+    nobody, 3 (EXIT_PARITY) when they differ or a host is named."""
     opts = _ssh_options(args)
+    if not args.collective and (args.min_busbw is not None or args.compute_s != COMPUTE_S):
+        raise UsageError("--min-busbw and --compute-s are settings of the health gate: add --collective")
     probed = probe_job_hosts(opts, args.nodes, args.gpus_per_node, args.python)
     mismatches, shortfalls = compare(probed.probes, args.gpus_per_node)
     report: dict[str, object] = {
@@ -91,10 +94,7 @@ def _check_collective(
         precision=args.precision,
         gpus_per_node=args.gpus_per_node,
     )
-    result = collective(
-        opts, plan, args.python, env, args.collective_timeout_s, args.gpus_per_node, gate.worker_args()
-    )
-    found = findings(result, plan.hosts, plan.ifnames, gate)
+    result, found = health_gate(opts, plan, args.python, env, gate, args.collective_timeout_s)
     if not args.json:
         print(format_table(result))
         print(report_text(result, plan.hosts, found))

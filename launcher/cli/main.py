@@ -7,7 +7,7 @@ import contextlib
 import os
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
-from launcher.preflight.health import COMPUTE_S
+from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import MAX_PARALLEL, SshError
 from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
@@ -158,33 +158,50 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "--collective",
         action="store_true",
         help="also run the network and health checks: an all_reduce across the hosts, then between pairs "
-        "of hosts (a host whose pairs are both slow is named), and a matmul on every device (a device "
-        "below 0.8 × the median of its kind is named)",
+        "of hosts (from 3 hosts: a host whose pairs are both slow is named), a matmul on every device (a "
+        "device below 0.8 × the median of its kind is named), and nvidia-smi's GPU health (with GPUs)",
     )
     s.add_argument(
         "--collective-timeout-s", type=float, default=60.0, help="bound on forming the group and on each call"
     )
     s.add_argument(
         "--min-busbw",
-        type=float,
+        type=_number(above=0.0),
         metavar="GB/s",
-        help="also name a host whose pairs are all below this bus bandwidth (default: only half the median)",
+        help="with --collective, also name a host whose pairs are all below this bus bandwidth (default: "
+        "only below half the median)",
     )
     s.add_argument(
         "--compute-s",
-        type=float,
+        type=_number(at_least=0.0),
         default=COMPUTE_S,
-        help="seconds of matmuls per device (0: no compute check)",
+        help="with --collective, seconds of matmuls per device (0: no compute check; default: %(default)s)",
     )
     s.add_argument(
         "--precision",
-        choices=("bf16", "fp16", "fp32"),
+        choices=PRECISIONS,
         default="bf16",
         help="the job's --precision: the dtype of the compute check's matmuls",
     )
     s.add_argument("--gloo-socket-ifname", help="force GLOO_SOCKET_IFNAME (default: chosen per host)")
     s.add_argument("--nccl-socket-ifname", help="force NCCL_SOCKET_IFNAME (default: chosen per host)")
     s.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def _number(above: float | None = None, at_least: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a float above ``above`` or at least ``at_least``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if (above is not None and value <= above) or (at_least is not None and value < at_least):
+            bound = f"above {above:g}" if above is not None else f"at least {at_least:g}"
+            raise argparse.ArgumentTypeError(f"{text} must be {bound}")
+        return value
+
+    return parse
 
 
 def allow_many_open_files() -> int:

@@ -87,7 +87,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
             "pass a writable --jobs-root or --job-dir"
         ) from None
     if args.detach or scheduler.queued:
-        return _submit_detached(scheduler, plan, record, args.wait, _console(args.tee, plan, job_dir))
+        return _submit_detached(scheduler, plan, record, args.wait, lambda: _console(args.tee, plan, job_dir))
     say(
         f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
         f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
@@ -121,7 +121,11 @@ def _console(tee: Tee, plan: Plan, job_dir: Path) -> Callable[[str], bool]:
 
 
 def _submit_detached(
-    scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool, keep: Callable[[str], bool]
+    scheduler: Scheduler[Any],
+    plan: Plan,
+    record: JobRecord,
+    wait: bool,
+    console: Callable[[], Callable[[str], bool]],
 ) -> int:
     """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
     then stops following, not the job)."""
@@ -142,7 +146,7 @@ def _submit_detached(
         f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
     )
     try:
-        final = follow(scheduler, record, sys.stdout, keep=keep)
+        final = follow(scheduler, record, sys.stdout, keep=console())
     except KeyboardInterrupt:
         say(f"launcher: stopped following job {plan.job_id}; it goes on")
         return EXIT_INTERRUPTED

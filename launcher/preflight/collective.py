@@ -40,6 +40,7 @@ from launcher.preflight.collective_report import (
     bus_bandwidth,
     format_table,
 )
+from launcher.preflight.health import PRECISIONS
 from launcher.preflight.health_measure import measure_compute, measure_pairs, synchronizer
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ class _Stages:
     precision: str = "bf16"
     pair_bytes: int | None = None
     min_busbw: float | None = None
+    gpu_health: bool = False
 
 
 def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
@@ -240,7 +242,7 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         phase = "collective"
         hosts = _hosts()
         compute = _compute(ctx, device, stages)
-        gpu_query = _gpu_query(ctx) if stages.compute_s > 0 else {}
+        gpu_query = _gpu_query(ctx) if stages.gpu_health and device.type == "cuda" else {}
         results = [_measure_size(size, ctx, device, stages.iters, stages.warmup) for size in stages.sizes]
         pairs = []
         if stages.pair_bytes is not None:
@@ -248,7 +250,13 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
             dist.all_gather_object(nodes, ctx.node)
             node_of_rank = [int(n or 0) for n in nodes]
             pairs = measure_pairs(
-                node_of_rank, device, stages.pair_bytes, stages.iters, stages.warmup, stages.min_busbw
+                node_of_rank,
+                device,
+                stages.pair_bytes,
+                stages.iters,
+                stages.warmup,
+                ctx.timeout_s,
+                stages.min_busbw,
             )
     except _Failed:
         raise
@@ -314,6 +322,14 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _size(text: str) -> int:
+    """One size of ``_sizes``."""
+    sizes = _sizes(text)
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one byte count")
+    return sizes[0]
+
+
 def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -348,14 +364,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--precision",
-        choices=("bf16", "fp16", "fp32"),
+        choices=PRECISIONS,
         default="bf16",
         help="the job's --precision: the compute check's dtype follows the trainer's rule (default: bf16)",
     )
     p.add_argument(
         "--pair-bytes",
-        type=_sizes,
+        type=_size,
         help="also time an all_reduce of this many bytes between pairs of hosts, in rounds (default: off)",
+    )
+    p.add_argument(
+        "--gpu-health",
+        action="store_true",
+        help="with nccl, also report each host's `nvidia-smi --query-gpu` (from its local rank 0)",
     )
     p.add_argument(
         "--min-busbw",
@@ -382,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
             warmup=int(args.warmup),
             compute_s=args.compute_s,
             precision=args.precision,
-            pair_bytes=args.pair_bytes[0] if args.pair_bytes else None,
+            pair_bytes=args.pair_bytes,
             min_busbw=args.min_busbw,
+            gpu_health=args.gpu_health,
         )
         result = _measure(ctx, stages)
     except _Failed as f:

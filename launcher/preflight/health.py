@@ -24,12 +24,12 @@ from typing import Literal
 from launcher.preflight import gpu_health
 from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
 
-LINK_FRACTION = 0.5  # a pair below this fraction of the median pair's busbw is slow
+LINK_FRACTION = 0.5  # a host whose best pair is below this fraction of the median host's best is slow
 COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
 
-PAIR_BYTES = (
-    16 * 2**20
-)  # per pair all_reduce: ~20 ms on a veth, over a few scheduler slices; 0.3 s at 500 Mbit/s
+PRECISIONS = ("bf16", "fp16", "fp32")  # the trainer's --precision choices
+# Per pair all_reduce: ~20 ms on a test veth, over several scheduler slices; 0.3 s at 500 Mbit/s.
+PAIR_BYTES = 16 * 2**20
 COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
 
 Check = Literal["link", "compute", "gpu"]
@@ -91,12 +91,16 @@ def _pair_name(pair: PairResult, hosts: Sequence[str]) -> str:
 def link_findings(
     pairs: Sequence[PairResult], hosts: Sequence[str], ifnames: dict[str, str], min_busbw: float | None
 ) -> list[Finding]:
-    """The hosts whose every pair is below half the median pair busbw, or below ``min_busbw`` GB/s
-    when given; in host order. ``hosts[node]`` names node ranks; ``ifnames`` maps a host to the
+    """The hosts whose best pair is below half the median host's best pair (so: every pair of theirs
+    is), or below ``min_busbw`` GB/s when given; in host order. The median is over each host's best
+    pair, not over pairs: with three hosts, two of the three pairs have the slow host in them, and
+    their median would be slow too. ``hosts[node]`` names node ranks; ``ifnames`` maps a host to the
     interface it used (shown when known). Empty when there are no pairs."""
-    if not pairs:
+    mine = {node: [p for p in pairs if node in p.nodes] for node in range(len(hosts))}
+    best = {node: max(p.busbw_gbs for p in own) for node, own in mine.items() if own}
+    if not best:
         return []
-    median = statistics.median(p.busbw_gbs for p in pairs)
+    median = statistics.median(best.values())
     half = LINK_FRACTION * median
     threshold = max(half, min_busbw or 0.0)
     why = (
@@ -105,29 +109,29 @@ def link_findings(
         else f"below half the median {median:.3g} GB/s"
     )
     found = []
-    for node, host in enumerate(hosts):
-        mine = [p for p in pairs if node in p.nodes]
-        if not mine or any(p.busbw_gbs >= threshold for p in mine):
+    for node, figure in best.items():
+        if figure >= threshold:
             continue
-        best = max(p.busbw_gbs for p in mine)
+        host = hosts[node]
         where = f" on {ifnames[host]}" if host in ifnames else ""
-        each = ", ".join(f"{_pair_name(p, hosts)} {p.busbw_gbs:.3g}" for p in mine)
-        line = f"{host}: link {best:.3g} GB/s{where}, {why} (pairs {each} GB/s)"
-        found.append(Finding(host, "link", best, line))
+        each = ", ".join(f"{_pair_name(p, hosts)} {p.busbw_gbs:.3g}" for p in mine[node])
+        line = f"{host}: link {figure:.3g} GB/s{where}, {why} (pairs {each} GB/s)"
+        found.append(Finding(host, "link", figure, line))
     return found
 
 
 def compute_findings(devices: Sequence[DeviceResult], hosts: Sequence[str]) -> list[Finding]:
-    """Every device below COMPUTE_FRACTION × the median TFLOP/s of its kind, in rank order."""
-    kinds = {d.kind for d in devices}
-    medians = {kind: statistics.median(d.tflops for d in devices if d.kind == kind) for kind in kinds}
+    """Every device below COMPUTE_FRACTION × the median TFLOP/s of its kind in its dtype (a CPU
+    without native bf16 computes in fp32, and is compared with those alike), in rank order."""
+    groups = {(d.kind, d.dtype) for d in devices}
+    medians = {g: statistics.median(d.tflops for d in devices if (d.kind, d.dtype) == g) for g in groups}
     found = []
     for d in devices:
-        median = medians[d.kind]
+        median = medians[(d.kind, d.dtype)]
         if d.tflops >= COMPUTE_FRACTION * median:
             continue
         host = hosts[d.node]
-        count = sum(1 for other in devices if other.kind == d.kind)
+        count = sum(1 for other in devices if (other.kind, other.dtype) == (d.kind, d.dtype))
         line = (
             f"{host}: compute {d.tflops:.3g} TFLOP/s on {d.device} (rank {d.rank}, {d.dtype}), below "
             f"{COMPUTE_FRACTION:g} × the median {median:.3g} TFLOP/s of {count} {d.kind} device(s)"
@@ -186,9 +190,9 @@ def gpu_findings(queries: dict[int, str], hosts: Sequence[str], gpus_per_node: i
     return found
 
 
-def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[Finding]) -> str:
-    """The pairwise table, the compute summary and the verdict: one line per named host, or that
-    none is."""
+def report_text(result: CollectiveResult, hosts: Sequence[str], found: Sequence[Finding]) -> str:
+    """The pairwise table, the compute summary, the warnings and the verdict: one line per named host
+    (``found``'s fatal findings), or that none is, saying which stages ran."""
     parts = []
     if result.pairs:
         rounds = len({p.round for p in result.pairs})
@@ -197,11 +201,20 @@ def report_text(result: CollectiveResult, hosts: Sequence[str], named: Sequence[
         parts += [title, pairs_table(result.pairs, hosts)]
     if result.compute:
         parts.append(compute_summary(result.compute))
-    warnings = [f for f in named if not f.fatal]
-    named = [f for f in named if f.fatal]
-    parts += [f"warning: {f.line}" for f in warnings]
+    parts += [f"warning: {f.line}" for f in found if not f.fatal]
+    named = [f for f in found if f.fatal]
     if named:
         parts += [f"health gate: {len({f.host for f in named})} host(s) named:", *(f.line for f in named)]
-    else:
-        parts.append(f"health gate: no host named ({len(hosts)} host(s) checked)")
+        return "\n".join(parts)
+    ran = [
+        stage
+        for stage, present in (
+            ("links", result.pairs),
+            ("compute", result.compute),
+            ("gpus", result.gpu_query),
+        )
+        if present
+    ]
+    checked = f"{', '.join(ran)} checked" if ran else "no stage ran: one host, no compute check, no GPUs"
+    parts.append(f"health gate: no host named ({len(hosts)} host(s); {checked})")
     return "\n".join(parts)

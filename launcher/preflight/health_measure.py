@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from launcher.preflight.collective_report import DeviceResult, PairResult, bus_bandwidth
@@ -119,19 +120,21 @@ def measure_pairs(
     size_bytes: int,
     iters: int,
     warmup: int,
+    timeout_s: float,
     min_busbw: float | None = None,
 ) -> list[PairResult]:
     """Every pair of every round of ``pair_rounds`` over the nodes of ``node_of_rank`` (each rank's
     node rank): the slower rank's median time per all_reduce of ``size_bytes`` among the pair's
-    ranks. When that would name a host (``link_findings`` with ``min_busbw``), every pair is measured
-    once more and keeps its better pass: a slow link is slow both times, a busy moment is not.
+    ranks; each group's creation is bounded by ``timeout_s``. When that would name a host
+    (``link_findings`` with ``min_busbw``), every pair is measured once more and keeps its better
+    pass: a slow link is slow both times, a busy moment is not.
     Collective: every rank of the default group calls it. Every pair's result on every rank, in
     round order."""
-    first = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup)
+    first = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup, timeout_s)
     nodes = [str(n) for n in range(max(node_of_rank) + 1)]
     if not link_findings(first, nodes, {}, min_busbw):
         return first
-    second = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup)
+    second = _pairs_pass(node_of_rank, device, size_bytes, iters, warmup, timeout_s)
     return [
         max(a, b, key=lambda p: p.busbw_gbs).model_copy(update={"passes": 2})
         for a, b in zip(first, second, strict=True)
@@ -139,7 +142,7 @@ def measure_pairs(
 
 
 def _pairs_pass(
-    node_of_rank: list[int], device: torch.device, size_bytes: int, iters: int, warmup: int
+    node_of_rank: list[int], device: torch.device, size_bytes: int, iters: int, warmup: int, timeout_s: float
 ) -> list[PairResult]:
     """One pass of ``measure_pairs``: every round once. Collective."""
     import torch.distributed as dist
@@ -152,7 +155,7 @@ def _pairs_pass(
         ]
         # Every rank creates every pair's group (a global new_group). Local synchronization, where
         # only the pair's ranks would, hangs gloo's second group of a rank (torch 2.13, seen here).
-        group, _ = dist.new_subgroups_by_enumeration(members)
+        group, _ = dist.new_subgroups_by_enumeration(members, timeout=timedelta(seconds=timeout_s))
         if group is None:
             continue  # this rank's host sits this round out (an odd count)
         pair = next(p for p, m in zip(pairs, members, strict=True) if dist.get_rank() in m)

@@ -80,7 +80,7 @@ def test_check_names_the_host_with_a_slow_link_and_nobody_on_healthy_hosts(
     hosts = first_hosts(hostfile, 4, tmp_path)
     healthy = launcher(tmp_path, "check", "--hostfile", str(hosts), "--collective")
     assert healthy.returncode == 0, healthy.stdout[-3000:] + healthy.stderr[-3000:]
-    assert "health gate: no host named (4 host(s) checked)" in healthy.stdout
+    assert "health gate: no host named (4 host(s); links, compute checked)" in healthy.stdout
     assert "4 pair(s) in 2 round(s)" in healthy.stdout
     with slow_link(3):
         slowed = launcher(tmp_path, "check", "--hostfile", str(hosts), "--collective")

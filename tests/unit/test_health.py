@@ -56,6 +56,15 @@ def test_the_host_whose_two_pairs_are_slow_is_named_and_its_partners_are_not() -
     assert "gl-h2-gl-h3 0.04" in found.line and "gl-h3-gl-h4 0.05" in found.line
 
 
+@pytest.mark.parametrize("n", range(3, 17))
+def test_one_slow_host_is_named_for_any_count_from_three(n: int) -> None:
+    """With three hosts two of the three pairs hold the slow host: a median over pairs would be slow
+    too, so the median is over each host's best pair."""
+    hosts = [f"gl-h{k}" for k in range(1, n + 1)]
+    slow = {frozenset((0, 1)): 0.04, frozenset((1, 2)): 0.04}  # gl-h2's two links
+    assert [f.host for f in link_findings(_pairs(n, slow), hosts, {}, None)] == ["gl-h2"]
+
+
 def test_one_slow_pair_names_nobody_the_fault_could_be_either_end() -> None:
     assert link_findings(_pairs(8, {frozenset((1, 2)): 0.04}), HOSTS, {}, None) == []
 
@@ -93,6 +102,13 @@ def test_a_device_below_0_8_of_its_kinds_median_is_named() -> None:
     )
 
 
+def test_devices_are_compared_within_their_kind_and_dtype_only() -> None:
+    fp32 = DeviceResult(
+        rank=3, node=3, local_rank=0, device="cpu", kind="cpu", dtype="float32", size=512, tflops=0.05
+    )  # a CPU without native bf16: slower, but not compared with the bf16 ones
+    assert compute_findings([_device(0, 0.15), _device(1, 0.15), _device(2, 0.15), fp32], HOSTS) == []
+
+
 def test_devices_are_compared_within_their_kind_only() -> None:
     devices = [
         _device(0, 700, "H100"),
@@ -113,7 +129,7 @@ def test_the_report_says_when_nobody_is_named() -> None:
     )  # fmt: skip
     text = report_text(result, HOSTS[:4], [])
     assert "4 pair(s) in 2 round(s):" in text and "gl-h4-gl-h1" in text
-    assert text.endswith("health gate: no host named (4 host(s) checked)")
+    assert text.endswith("health gate: no host named (4 host(s); links, compute checked)")
     again = result.model_copy(update={"pairs": [p.model_copy(update={"passes": 2}) for p in result.pairs]})
     assert "4 pair(s) in 2 round(s), each pair's better of 2 passes:" in report_text(again, HOSTS[:4], [])
 

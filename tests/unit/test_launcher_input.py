@@ -206,3 +206,21 @@ def test_the_launcher_raises_its_open_files_limit_to_the_hard_limit() -> None:
     )
     soft, hard = proc.stdout.split()
     assert proc.returncode == 0 and soft == hard != "256", proc.stderr
+
+
+def test_health_gate_settings_are_checked_at_the_edge(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--hosts", "h1", "--min-busbw", "2"]) == 2  # before any host is reached
+    assert "add --collective" in capsys.readouterr().err
+    for bad in (["--compute-s", "-1"], ["--min-busbw", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["check", "--hosts", "h1", "--collective", *bad])
+        assert exit_info.value.code == 2
+        assert bad[0] in capsys.readouterr().err
+
+
+def test_submit_refuses_contradictory_or_orphan_gate_settings(jobs_root: Path, capsys) -> None:
+    ssh = ["--scheduler", "ssh", "--hosts", "h1", "--dry-run"]
+    assert _submit(jobs_root, *ssh, "--preflight", "--preflight-warn") == 2
+    assert "keep one" in capsys.readouterr().err
+    assert _submit(jobs_root, *ssh, "--min-busbw", "2") == 2
+    assert "add --preflight" in capsys.readouterr().err

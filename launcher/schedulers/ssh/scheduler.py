@@ -34,13 +34,13 @@ from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, trainer_flag, with_run_dir
 from launcher.preflight.collective_report import format_table
-from launcher.preflight.health import GateSettings, findings, report_text
+from launcher.preflight.health import GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.hosts import (
     HealthError,
     HostImage,
     HostPlan,
-    collective,
+    health_gate,
     hosts_of,
     plan_hosts,
     ssh_settings,
@@ -61,6 +61,7 @@ REJOIN_POLL_S = 10.0
 LEASE_S = 30.0
 LEASE_RENEW_S = 5.0
 BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
+GATE_TIMEOUT_S = 60.0  # --preflight: to form the group, and for each call of the health gate
 
 
 class SshFacts(Facts):
@@ -127,11 +128,7 @@ class SshScheduler(SupervisedScheduler):
         gate = GateSettings(min_busbw=opts.min_busbw, precision=precision, gpus_per_node=spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
-        env = spec.network.as_env()
-        result = collective(
-            opts, hosts, spec.python, env, nproc_per_node=spec.nproc_per_node, worker_args=gate.worker_args()
-        )
-        found = findings(result, hosts.hosts, hosts.ifnames, gate)
+        result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)
         named = [f for f in found if f.fatal]
         say(format_table(result))
         say(report_text(result, hosts.hosts, found))
