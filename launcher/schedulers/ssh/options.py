@@ -81,7 +81,7 @@ class SshOptions(ContainerOptions):
         None,
         gt=0,
         description="the health gate also names a host whose pairs are all below this bus bandwidth "
-        "(default: only below half the median pair)",
+        "(default: only below half the median host's best pair)",
         json_schema_extra=flag(metavar="GB/s"),
     )
 
