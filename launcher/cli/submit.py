@@ -75,7 +75,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.detach and args.wait:
         raise UsageError("--detach and --wait contradict each other: keep one")
     spec, scheduler, plan, job_dir = _plan(args, trainer_args)
-    scheduler.preflight(spec, plan)
+    plan = scheduler.preflight(spec, plan, job_dir)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
     try:
         record = JobRecord.create(job_dir, spec, plan, status)

@@ -42,10 +42,11 @@ class Scheduler(Protocol[FactsT]):
         """The Plan for ``spec`` with ``facts``. Pure: same inputs, same Plan."""
         ...
 
-    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """Checks that run the Plan's machinery for a moment (e.g. a collective across the hosts):
         run by ``submit`` before the job record is written, never by ``render``/``--dry-run``.
-        Raises SpecError naming what failed."""
+        Returns the Plan to run: ``plan``, or one rendered again for ``job_dir`` on other nodes (a
+        spare in place of a node the checks named). Raises SpecError naming what failed."""
         ...
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> BaseModel:

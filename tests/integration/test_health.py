@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.integration.conftest import first_hosts, launcher, run
+from tests.integration.conftest import first_hosts, launcher, only_job_id, run
 
 STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
 # Healthy veth pairs carry 0.3-1 GB/s of gloo all_reduce here; 500 Mbit/s (0.0625 GB/s) is below
@@ -119,3 +119,21 @@ def test_submit_preflight_refuses_a_launch_with_a_slowed_host_and_starts_nothing
     assert "the health gate named 1 host(s):\n  gl-h3: link " in proc.stderr, proc.stderr[-3000:]
     assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
     assert not (tmp_path / "run").exists(), "nothing may be started for a refused launch"
+
+
+def test_with_retries_a_named_host_is_replaced_by_a_spare_and_the_job_trains(
+    hostfile: Path, prepared_data: list[str], tmp_path: Path
+) -> None:
+    hosts = first_hosts(hostfile, 5, tmp_path)  # 4 nodes and gl-h5, a spare
+    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    with slow_link(3):
+        proc = launcher(
+            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--preflight",
+            "--retries", "1", "--omp-num-threads", "1", "--", *prepared_data, "--preset", "tiny",
+            "--max-steps", "2", "--no-compile", "--run-dir", str(run_dir),
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "launcher: preflight: gl-h3 replaced by spare gl-h5 (--retries)" in proc.stderr
+    assert proc.stderr.count("health gate: no host named") == 1  # the second gate, over the new hosts
+    plan = json.loads((jobs / only_job_id(jobs) / "plan.json").read_text())
+    assert [node["host"] for node in plan["nodes"]] == ["gl-h1", "gl-h2", "gl-h5", "gl-h4"]

@@ -96,8 +96,9 @@ class ComposeScheduler(SupervisedScheduler):
             omp_num_threads=_threads(spec),
         )
 
-    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """Nothing: parity runs inside the containers, before training."""
+        return plan
 
     def render(self, spec: JobSpec, facts: ComposeFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{service_name(0)}:{facts.rdzv_port}"

@@ -69,8 +69,9 @@ class LocalScheduler(SupervisedScheduler):
     name = "local"
     files_here = True
 
-    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """Nothing to try before a job here."""
+        return plan
 
     def resolve(self, spec: JobSpec) -> LocalFacts:
         """Absolute workdir, free rendezvous port, thread and GPU shares. Raises SpecError for what

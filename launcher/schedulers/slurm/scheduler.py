@@ -163,8 +163,9 @@ class SlurmScheduler:
     def __init__(self) -> None:
         self._accounting = Accounting()
 
-    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """Nothing to try before a job here."""
+        return plan
 
     def resolve(self, spec: JobSpec) -> SlurmFacts:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:

@@ -34,7 +34,7 @@ from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, trainer_flag, with_run_dir
 from launcher.preflight.collective_report import format_table
-from launcher.preflight.health import GateSettings, report_text
+from launcher.preflight.health import Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.hosts import (
     HealthError,
@@ -115,33 +115,69 @@ class SshScheduler(SupervisedScheduler):
         )
         return SshFacts.of(workdir, hosts, spec)
 
-    def preflight(self, spec: JobSpec, plan: Plan) -> None:
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """With ``--preflight`` (or ``--preflight-warn``): the health gate with the job's backend
-        settings, interfaces, processes per node and precision (``launcher.preflight.health``).
-        Raises HealthError (exit 3) naming each slow host (``--preflight-warn``: says it and goes
-        on), SpecError when the all_reduce cannot form."""
+        settings, interfaces, processes per node and precision (``launcher.preflight.health``). With
+        ``--retries``, each host it names is replaced by the hostfile's next spare (which passes every
+        check of a submit) and the gate runs again, once per retry. Returns the Plan to run. Raises
+        HealthError (exit 3) naming each slow host (``--preflight-warn``: says it and goes on),
+        SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
         if not (opts.preflight or opts.preflight_warn):
-            return
+            return plan
+        excluded: set[str] = set()
+        for retry in range(spec.retries + 1):
+            named = self._health_gate(spec, plan)
+            if not named or opts.preflight_warn:
+                if named:
+                    say("WARNING: --preflight-warn: launching although the health gate named the host(s)")
+                return plan
+            excluded |= {f.host for f in named}
+            current = [n.host for n in plan.nodes]
+            spares = [h for h in hosts_of(opts) if h not in current and h not in excluded]
+            bad = [h for h in current if h in excluded]
+            if retry == spec.retries or len(spares) < len(bad):
+                break
+            swap = dict(zip(bad, spares, strict=False))
+            replaced = ", ".join(f"{old} replaced by spare {new}" for old, new in swap.items())
+            say(f"launcher: preflight: {replaced} (--retries)")
+            plan = self.replan(spec, [swap.get(h, h) for h in current], plan, job_dir)
+        raise HealthError(
+            f"the health gate named {len({f.host for f in named})} host(s):\n  "
+            + "\n  ".join(f.line for f in named)
+            + "\n  fix or replace those hosts (or leave them out of --hosts/--hostfile; with --retries, "
+            "spares beyond --nodes in the hostfile replace them); --preflight-warn launches anyway"
+        )
+
+    def _health_gate(self, spec: JobSpec, plan: Plan) -> list[Finding]:
+        """Run the gate over ``plan``'s hosts, print its report; the findings that name a host."""
+        opts = spec.options(SshOptions)
         hosts = SshFacts.model_validate(plan.facts).host_plan()
         precision = trainer_flag(spec.trainer_args, "--precision") or "bf16"
         gate = GateSettings(min_busbw=opts.min_busbw, precision=precision, gpus_per_node=spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)
-        named = [f for f in found if f.fatal]
         say(format_table(result))
         say(report_text(result, hosts.hosts, found))
         say(f"launcher: preflight took {time.monotonic() - started:.1f} s")
-        if named and opts.preflight_warn:
-            say("WARNING: --preflight-warn: launching although the health gate named the host(s) above")
-        elif named:
-            raise HealthError(
-                f"the health gate named {len({f.host for f in named})} host(s):\n  "
-                + "\n  ".join(f.line for f in named)
-                + "\n  fix or replace those hosts (or leave them out of --hosts/--hostfile); "
-                "--preflight-warn launches anyway"
-            )
+        return [f for f in found if f.fatal]
+
+    def replan(self, spec: JobSpec, hosts: list[str], plan: Plan, job_dir: Path) -> Plan:
+        """``plan`` on ``hosts``, after every check of a submit. Raises SpecError / ParityError."""
+        opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
+        facts = SshFacts.model_validate(plan.facts)
+        found = plan_hosts(
+            opts,
+            len(hosts),
+            spec.nproc_per_node,
+            spec.python,
+            spec.rendezvous.port,
+            facts.workdir,
+            say,
+            facts.image,
+        )
+        return self.render(spec, SshFacts.of(facts.workdir, found, spec), plan.job_id, job_dir)
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
@@ -287,21 +323,7 @@ class SshAgents(ChildAgents):
     def _replan(self, record: JobRecord, hosts: list[str]) -> Plan:
         """The job's Plan on ``hosts``, after the checks of a submit (probes, parity, workdir, routes,
         port). Raises SpecError."""
-        spec = record.spec()
-        opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
-        facts = SshFacts.model_validate(self.plan.facts)
-        workdir = facts.workdir
-        found = plan_hosts(
-            opts,
-            len(hosts),
-            spec.nproc_per_node,
-            spec.python,
-            spec.rendezvous.port,
-            workdir,
-            say,
-            facts.image,
-        )
-        self.plan = self.scheduler.render(spec, SshFacts.of(workdir, found, spec), record.job_id, record.dir)
+        self.plan = self.scheduler.replan(record.spec(), hosts, self.plan, record.dir)
         return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
