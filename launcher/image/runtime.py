@@ -138,9 +138,11 @@ class ImageRun:
         return container.run_argv(argv, names, gpus=has_gpus(), user=f"{os.getuid()}:{os.getgid()}")
 
 
-def exec_argv(python: str, runtime: str, image: str, command: list[str]) -> list[str]:
+def exec_argv(
+    python: str, runtime: str, image: str, command: list[str], env_names: Iterable[str] = ()
+) -> list[str]:
     """``python -m launcher.image.runtime exec``: ``command`` in a throwaway container of ``image``,
-    run on a node by the node's ``python``."""
+    run on a node by the node's ``python``, with ``env_names`` passed in from its environment."""
     return [
         python,
         "-m",
@@ -148,6 +150,7 @@ def exec_argv(python: str, runtime: str, image: str, command: list[str]) -> list
         "exec",
         f"--runtime={runtime}",
         f"--image={image}",
+        *(f"--env-name={name}" for name in env_names),
         "--",
         *command,
     ]
@@ -174,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["pull", "exec"])
     p.add_argument("--runtime", default="auto", choices=["auto", *RUNTIMES])
     p.add_argument("--image", required=True)
+    p.add_argument("--env-name", action="append", default=[], help="exec: pass this variable in (repeatable)")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args, command = p.parse_args(argv[:cut]), argv[cut + 1 :]  # exec: the command after --
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):  # a step's time limit, a lost ssh connection
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     try:
-        return subprocess.run(container.run_argv(command, gpus=has_gpus())).returncode
+        return subprocess.run(container.run_argv(command, args.env_name, gpus=has_gpus())).returncode
     finally:
         container.remove()
 

@@ -73,6 +73,53 @@ class ParityOptions(SchedulerOptions):
     )
 
 
+GATE_GROUP = "health gate"
+
+
+class GateOptions(SchedulerOptions):
+    """Options of a scheduler that can run the health gate (``launcher.preflight.health``) before
+    training: ssh before anything starts, slurm in the allocation before the ranks start."""
+
+    preflight: bool = Field(
+        False,
+        description="before training, run the health gate: an all_reduce across the nodes, then between "
+        "pairs of nodes, a matmul on every device and (with GPUs) nvidia-smi's health fields; a node it "
+        "names (a slow link or device, an unhealthy GPU) refuses the launch with exit code 3 (ssh: nothing "
+        "started; slurm: the job ends before training). With --retries, a named node is replaced: by a "
+        "spare of the hostfile (ssh) or by a requeue without it (slurm)",
+        json_schema_extra=flag(group=GATE_GROUP),
+    )
+    preflight_warn: bool = Field(
+        False,
+        description="run the health gate as --preflight does, report the nodes it names, and train anyway",
+        json_schema_extra=flag(group=GATE_GROUP),
+    )
+    min_busbw: float | None = Field(
+        None,
+        gt=0,
+        description="the health gate also names a node whose pairs are all below this bus bandwidth "
+        "(default: only below half the median node's best pair)",
+        json_schema_extra=flag(metavar="GB/s", group=GATE_GROUP),
+    )
+
+    @property
+    def gate(self) -> bool:
+        """Whether the health gate runs (--preflight or --preflight-warn)."""
+        return self.preflight or self.preflight_warn
+
+    @model_validator(mode="after")
+    def _gate(self) -> GateOptions:
+        if self.preflight and self.preflight_warn:
+            raise ValueError(
+                "--preflight refuses and --preflight-warn launches when a node is named: keep one"
+            )
+        if self.min_busbw is not None and not self.gate:
+            raise ValueError(
+                "--min-busbw is a threshold of the health gate: add --preflight (or --preflight-warn)"
+            )
+        return self
+
+
 IMAGE_GROUP = "container image"
 IMAGE_DESCRIPTION = (
     "the training image every node runs (`launcher build`): NAME[:TAG] or NAME@sha256:…; ssh and slurm "

@@ -104,7 +104,8 @@ class Outcome(BaseModel):
     exit_code: int
     message: str = ""
     failure: Failure | None = None
-    suspect_nodes: list[int] = []  # a hang's: the nodes of the ranks that stand out (node ranks)
+    # A hang's: the nodes of the ranks that stand out; the nodes a health gate named (node ranks).
+    suspect_nodes: list[int] = []
 
     @property
     def cause(self) -> str:
@@ -112,7 +113,8 @@ class Outcome(BaseModel):
         return self.failure.summary() if self.failure is not None else self.message
 
     def blamed_nodes(self) -> list[int]:
-        """The node ranks a retry should avoid: the failed rank's node, else a hang's suspects'."""
+        """The node ranks a retry should avoid: the failed rank's node, else the suspects' (a hang's,
+        or the nodes a health gate named)."""
         return [self.failure.node_rank] if self.failure is not None else self.suspect_nodes
 
 

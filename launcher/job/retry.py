@@ -2,10 +2,11 @@
 and what of it is kept.
 
 An attempt that failed for a reason that is not the user's (a rank killed by a signal, a lost node, a
-hang, a peer's NCCL/gloo error) is retried from the last checkpoint, which the trainer resumes from on
-its own (``--resume auto``). Never retried: invalid input (exit 2), a parity or preflight refusal
-(exit 3), a stop on request (75, 130), and an error that repeats with the same cause at the same step
-in two attempts in a row (a bug, bad data, a NaN: a new node would not help).
+hang, a peer's NCCL/gloo error, a node the health gate named) is retried from the last checkpoint,
+which the trainer resumes from on its own (``--resume auto``), without the node it blames. Never
+retried: invalid input (exit 2), a parity refusal (exit 3 naming no node), a stop on request (75, 130),
+and an error that repeats with the same cause at the same step in two attempts in a row (a bug, bad
+data, a NaN: a new node would not help).
 
 Each ended attempt is archived in ``JOB/attempts/<k>/``: its node logs, torchrun's error files, the
 hang stacks and heartbeats, its Plan and ``attempt.json`` (``record.Attempt``). The next attempt writes fresh
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Sequence
 
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
@@ -50,7 +52,8 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     the attempts in ``history`` (oldest first) and with ``retries`` allowed in all."""
     if outcome.state != JobState.FAILED:
         return "it did not fail"
-    if outcome.exit_code in _NEVER:
+    named = outcome.exit_code == EXIT_PARITY and outcome.suspect_nodes  # by the health gate: left out
+    if outcome.exit_code in _NEVER and not named:
         return _NEVER[outcome.exit_code]
     if len(history) >= retries:
         return f"no retries left (--retries {retries})"
@@ -92,9 +95,11 @@ def end_attempt(
     step: int | None,
     replaced: dict[str, str] | None = None,
     excluded: list[str] | None = None,
+    steps: Sequence[str] = (),
 ) -> Attempt:
     """Attempt ``number`` (epoch seconds: started, its end detected), which ended with ``outcome`` at
-    ``step``, archived (``archive``) now that its processes are gone and the next nodes chosen."""
+    ``step``, archived (``archive``, with the files ``steps`` of the job directory: those of the steps
+    before training) now that its processes are gone and the next nodes chosen."""
     attempt = Attempt(
         number=number,
         started_at=started_at,
@@ -107,16 +112,16 @@ def end_attempt(
         replaced=replaced or {},
         excluded=excluded or [],
     )
-    return archive(record, attempt)
+    return archive(record, attempt, steps)
 
 
-def archive(record: JobRecord, attempt: Attempt) -> Attempt:
-    """Move the attempt's node logs, error files, hang stacks and heartbeats into
-    ``JOB/attempts/<k>/`` with a copy of its Plan and ``attempt.json``; returns the attempt with the
-    paths in its cause moved along."""
+def archive(record: JobRecord, attempt: Attempt, steps: Sequence[str] = ()) -> Attempt:
+    """Move the attempt's node logs, error files, hang stacks, heartbeats and ``steps`` (more files of
+    the job directory) into ``JOB/attempts/<k>/`` with a copy of its Plan and ``attempt.json``;
+    returns the attempt with the paths in its cause moved along."""
     out = record.dir / ATTEMPTS_DIR / str(attempt.number)
     out.mkdir(parents=True, exist_ok=True)
-    moved = [n.log for n in record.plan().nodes] + ["torchelastic", HANG_DIR, "heartbeat"]
+    moved = [n.log for n in record.plan().nodes] + ["torchelastic", HANG_DIR, "heartbeat", *steps]
     for name in moved:
         if (record.dir / name).exists():
             shutil.move(record.dir / name, out / name)

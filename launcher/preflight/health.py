@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from launcher.job.torchrun import trainer_flag
 from launcher.preflight import gpu_health
 from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
 
@@ -32,6 +33,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")  # the trainer's --precision choices
 # Per pair all_reduce: ~20 ms on a test veth, over several scheduler slices; 0.3 s at 500 Mbit/s.
 PAIR_BYTES = 16 * 2**20
 COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
+GATE_TIMEOUT_S = 60.0  # --preflight: to form the group, and for each call of the gate
 
 Check = Literal["link", "compute", "gpu"]
 
@@ -46,14 +48,35 @@ class GateSettings:
     precision: str = "bf16"  # the job's --precision: the compute check's dtype
     gpus_per_node: int = 1  # the job's processes per node: GPUs each host with GPUs needs
 
+    @classmethod
+    def of_job(cls, trainer_args: list[str], min_busbw: float | None, nproc_per_node: int) -> GateSettings:
+        """The gate of a job: its ``--precision`` (the trainer's default bf16), ``--min-busbw`` and
+        processes per node."""
+        precision = trainer_flag(trainer_args, "--precision") or "bf16"
+        return cls(min_busbw=min_busbw, precision=precision, gpus_per_node=nproc_per_node)
+
     def worker_args(self) -> list[str]:
         """The flags of ``launcher.preflight.collective`` that run the gate's stages."""
         args = [
             f"--compute-s={self.compute_s:g}",
             f"--precision={self.precision}",
             f"--pair-bytes={self.pair_bytes}",
+            "--gpu-health",  # the worker queries nvidia-smi only where its device is a GPU
         ]
         return args + ([f"--min-busbw={self.min_busbw:g}"] if self.min_busbw is not None else [])
+
+
+def worker_argv(
+    nnodes: int, nproc_per_node: int, node_rank: int | str, master: tuple[str, int | str], timeout_s: float
+) -> list[str]:
+    """The arguments after a node's interpreter that run the collective preflight there under torchrun
+    (``nproc_per_node`` ranks, this node being ``node_rank``, rank 0's store at ``master``); the
+    gate's stages go after them (``GateSettings.worker_args``)."""
+    return [
+        "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={node_rank}", f"--master-addr={master[0]}", f"--master-port={master[1]}",
+        "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
+    ]  # fmt: skip
 
 
 def pair_rounds(n: int) -> list[list[tuple[int, int]]]:

@@ -6,8 +6,9 @@ then this module on the batch node: it compares the reports (``launcher.prefligh
 (EXIT_PARITY) with the field-by-field diff when a must-match field differs or a node has too few GPUs,
 so the job ends before any rank starts. A requeued job runs the step again: it may land on other nodes.
 
-The outcome of a failed step is recorded in ``<job dir>/parity.json`` ({exit_code, message, time}), which
-the SLURM scheduler reads to report the job's end (``slurm_state.end_outcome``).
+The outcome of a failed step is recorded in ``<job dir>/parity.json`` ({exit_code, message, time, nodes}:
+``StepFailure``, which the health gate's step records too), which the SLURM scheduler reads to report
+the job's end (``slurm_state.end_outcome``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -35,11 +36,13 @@ PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a 
 
 @dataclass(frozen=True)
 class StepFailure:
-    """Why the parity step ended the job: ``exit_code`` 3 for a mismatch, 1 when a node gave no report."""
+    """Why a step before training ended the job: ``exit_code`` 3 for a mismatch (or nodes the health
+    gate named: ``nodes``, their node ranks), 1 when a node gave no report."""
 
     exit_code: int
     message: str
     time: float
+    nodes: list[int] = field(default_factory=list)
 
 
 class InImage(Protocol):
@@ -96,12 +99,19 @@ def batch_lines(
     ]
 
 
-def read_failure(job_dir: Path, since: float) -> StepFailure | None:
-    """The recorded failure of the parity step run at or after ``since`` (epoch seconds), else None."""
+def write_failure(job_dir: Path, failure: StepFailure, name: str = RESULT) -> None:
+    """Record ``failure`` in the job directory (``name``: the step's result file), for ``read_failure``."""
+    atomic_write_text(job_dir / name, json.dumps(failure.__dict__))
+
+
+def read_failure(job_dir: Path, since: float, name: str = RESULT) -> StepFailure | None:
+    """The recorded failure of the step run at or after ``since`` (epoch seconds), else None: the
+    parity step's, or the one whose result file is ``name`` (the health gate's ``health.json``)."""
     try:
-        data = json.loads((job_dir / RESULT).read_text())
-        failure = StepFailure(int(data["exit_code"]), str(data["message"]), float(data["time"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        data = json.loads((job_dir / name).read_text())
+        nodes = [int(n) for n in data.get("nodes", [])]
+        failure = StepFailure(int(data["exit_code"]), str(data["message"]), float(data["time"]), nodes)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return failure if failure.time >= since else None
 
@@ -155,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
     if failure is None:
         return 0
-    atomic_write_text(args.job_dir / RESULT, json.dumps(failure.__dict__))
+    write_failure(args.job_dir, failure)
     print(failure.message, file=sys.stderr, flush=True)
     return failure.exit_code
 

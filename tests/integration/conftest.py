@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,30 @@ def first_hosts(hostfile: Path, n: int, tmp_path: Path) -> Path:
     path = tmp_path / f"hosts-{n}"
     path.write_text("\n".join(lines[:n]) + "\n")
     return path
+
+
+# Busy loops on a slowed machine's core, each in its own session: with the scheduler's autogroups (one
+# per session) a nice value would not rank them, but a count does: the slowed processes get at most
+# 1/(N+1) of that core while everything else runs on the other.
+BUSY_LOOPS = 6
+
+
+@contextlib.contextmanager
+def slowed(root: psutil.Process) -> Iterator[None]:
+    """``root`` (a host's sshd, a node's slurmd) and every process it has and will start (children
+    inherit the affinity) pinned to CPU 0, with BUSY_LOOPS busy loops there; all undone after."""
+    every_cpu = sorted(os.sched_getaffinity(0))
+    loop = [sys.executable, "-c", "while True: pass"]
+    busy = [subprocess.Popen(["setsid", "taskset", "-c", "0", *loop]) for _ in range(BUSY_LOOPS)]
+    try:
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.cpu_affinity([0])
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.cpu_affinity(every_cpu)

@@ -130,10 +130,13 @@ def test_one_rank_in_process_reports_zero_bus_bandwidth_and_leaves_the_group(
 ) -> None:
     import torch.distributed as dist
 
-    assert main(["--backend", "gloo", "--sizes", "4,4096", "--iters", "2", "--warmup", "0"]) == 0
+    assert (
+        main(["--backend", "gloo", "--sizes", "4,4096", "--iters", "2", "--warmup", "0", "--gpu-health"]) == 0
+    )
     assert not dist.is_initialized()
     result = parse_result(capsys.readouterr().out)
     assert result is not None and result.world_size == 1 and result.warmup == 0
+    assert result.gpu_query == {}  # asked for, but a CPU rank has no GPU to query
     assert [(r.bytes, r.busbw_gbs) for r in result.results] == [(4, 0.0), (4096, 0.0)]
     assert all(r.algbw_gbs > 0 for r in result.results)
 

@@ -9,23 +9,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
-from tests.integration.conftest import first_hosts, launcher, only_job_id, run
+from tests.integration.conftest import first_hosts, launcher, only_job_id, run, slowed
 
 STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
 # Healthy veth pairs carry 0.3-1 GB/s of gloo all_reduce here; 500 Mbit/s (0.0625 GB/s) is below
 # half of any healthy median, and still moves the 32 MiB whole-group message in about 1 s.
 SLOW_RATE = "500mbit"
-# Busy loops on the slow host's core, each in its own session: with the scheduler's autogroups (one
-# per session) a nice value would not rank them, but a count does: the host gets at most 1/(N+1) of
-# that core while the healthy hosts' ranks run on the other.
-BUSY_LOOPS = 6
 
 
 @contextlib.contextmanager
@@ -45,26 +39,9 @@ def slow_link(host: int) -> Iterator[None]:
             run([a.replace("{}", "del") for a in end] + ["root"])
 
 
-@contextlib.contextmanager
-def slow_host(host: int) -> Iterator[None]:
-    """gl-hK's sshd and every process it has and will start pinned to CPU 0, with BUSY_LOOPS busy
-    loops there."""
-    sshd = psutil.Process(int((STATE / "hosts" / f"gl-h{host}" / "sshd.pid").read_text()))
-    every_cpu = sorted(os.sched_getaffinity(0))
-    loop = [sys.executable, "-c", "while True: pass"]
-    busy = [subprocess.Popen(["setsid", "taskset", "-c", "0", *loop]) for _ in range(BUSY_LOOPS)]
-    try:
-        for proc in [sshd, *sshd.children(recursive=True)]:  # children inherit the affinity
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.cpu_affinity([0])
-        yield
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
-        for proc in [sshd, *sshd.children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.cpu_affinity(every_cpu)
+def slow_host(host: int) -> contextlib.AbstractContextManager[None]:
+    """gl-hK's sshd and every process it has and will start slowed (``conftest.slowed``)."""
+    return slowed(psutil.Process(int((STATE / "hosts" / f"gl-h{host}" / "sshd.pid").read_text())))
 
 
 def _named(hosts: Path, jobs: Path) -> tuple[int, str, list[dict[str, object]]]:

@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     missing_component,
     processes_of,
     run,
+    slowed,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,6 +303,65 @@ def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, 
     assert _sacct(_slurm_id(jobs, job_id), "State,ExitCode") == [["FAILED", "3:0"]]
     assert not run_dir.exists(), "no rank may start when the versions differ"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
+
+
+def _slurmd(node: str) -> psutil.Process:
+    """The dev cluster's ``slurmd -N node``, parent of every step's processes on that node."""
+    (found,) = [
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "slurmd" and p.info["cmdline"][-2:] == ["-N", node]
+    ]
+    return found
+
+
+def _idle_nodes() -> list[str]:
+    return run(["sinfo", "--noheader", "--Node", "--states=idle", "--format=%N"], check=True).stdout.split()
+
+
+def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
+    prepared_data, tmp_path: Path
+) -> None:
+    """``--preflight`` on n1 and n2, n1's slurmd and every step it starts slowed (its core shared with
+    busy loops): the gate's compute check names n1 and the job fails with exit 3 before any rank starts."""
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
+    flags = ["--preflight", "--slurm-opt", "nodelist=n1,n2", "--wait"]
+    with slowed(_slurmd("n1")):
+        proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=600)
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id = proc.stdout.splitlines()[0]
+    status = _status(jobs, job_id)
+    assert (status["state"], status["exit_code"]) == ("failed", 3), status
+    assert status["message"].startswith("the health gate named 1 node(s):\n  n1: compute "), status["message"]
+    assert "n1: compute " in proc.stderr, proc.stderr[-3000:]
+    assert not run_dir.exists(), "no rank may start when the gate names a node"
+    assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
+
+
+def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
+    prepared_data, tmp_path: Path
+) -> None:
+    """``--preflight --retries 1`` with n1 slowed: SLURM gives the job n1 and n2 (the first idle
+    nodes), the gate names n1, the batch script requeues the job without it, and on n2 and n3 the gate
+    passes and the job trains."""
+    _until("3 idle nodes", lambda: len(_idle_nodes()) >= 3, timeout=120)
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
+    flags = ["--preflight", "--retries", "1", "--retry-backoff-s", "1"]
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    with slowed(_slurmd("n1")):
+        proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        job_id = proc.stdout.splitlines()[0]
+        status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 600)
+    assert status["state"] == "succeeded", status
+    (first,) = status["attempts"]
+    assert (first["exit_code"], first["excluded"]) == (3, ["n1"]), first
+    assert "the health gate named 1 node(s):\n  n1: compute " in first["cause"], first
+    (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]  # the last run's
+    assert _hostnames(nodelist) == ["n2", "n3"], nodelist
+    assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(

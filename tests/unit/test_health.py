@@ -136,7 +136,7 @@ def test_the_report_says_when_nobody_is_named() -> None:
 
 def test_gate_settings_render_the_workers_flags() -> None:
     args = GateSettings(compute_s=0.5, precision="fp32").worker_args()
-    assert args == ["--compute-s=0.5", "--precision=fp32", f"--pair-bytes={PAIR_BYTES}"]
+    assert args == ["--compute-s=0.5", "--precision=fp32", f"--pair-bytes={PAIR_BYTES}", "--gpu-health"]
     assert GateSettings(min_busbw=2.5).worker_args()[-1] == "--min-busbw=2.5"
 
 

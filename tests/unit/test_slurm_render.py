@@ -61,6 +61,11 @@ def test_sbatch_script_matches_golden_file() -> None:
     _check_golden(_render(_spec(), gpus_per_node=1).to_text(), "slurm_2x1.sbatch")
 
 
+def test_sbatch_script_with_the_health_gate_matches_golden_file() -> None:
+    scheduler = {"kind": "slurm", "partition": "debug", "preflight": True, "min_busbw": 2.5}
+    _check_golden(_render(_spec(scheduler=scheduler), gpus_per_node=1).to_text(), "slurm_preflight.sbatch")
+
+
 def test_sbatch_script_with_shell_hostile_values_matches_golden_file() -> None:
     values = [h.format(m="/tmp/pwned") for h in HOSTILE]
     spec = _spec(network={"env": {"HOSTILE": values[1]}}, trainer_args=["--run-dir", values[0], *values[1:]])

@@ -7,15 +7,17 @@
 - **podman**: the node task runs on the host (its Python, as submitit needs) and starts torchrun in a
   podman container it supervises and removes (``launcher.image.runtime``), as the SSH host agent does.
 
-Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the parity comparison of the
-batch script runs in the image too, except with podman, whose tasks need the host's Python anyway. The
-retry step of ``--retries`` runs on the batch host's Python (it calls ``scontrol``).
+Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the parity comparison and
+the health gate's judgment (``--preflight``) of the batch script run in the image too, except with
+podman, whose tasks need the host's Python anyway. The retry step of ``--retries`` runs on the batch
+host's Python (it calls ``scontrol``).
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from launcher.image.runtime import ImageRun, exec_argv
@@ -116,12 +118,17 @@ class SlurmImage:
             return None
         return ImageRun(self.image, "podman", self.mounts, tuple(env_names))
 
-    def probe(self) -> list[str]:
-        """The version probe inside the image on a node (podman pulls the image first, if missing)."""
-        probe = [IMAGE_PYTHON, "-m", "launcher.preflight.probe", "--json"]
+    def run(self, argv: list[str], env_names: Iterable[str] = ()) -> list[str]:
+        """``argv`` in the image on a node, as a step's task (podman: in a throwaway container with the
+        host's network and GPUs, pulled first if missing, ``env_names`` passed in; pyxis also needs
+        ``srun_args``; pyxis and apptainer pass the environment on themselves)."""
         if self.runtime == "podman":
-            return exec_argv(self.host_python, "podman", self.image, probe)
-        return self.wrap(probe)
+            return exec_argv(self.host_python, "podman", self.image, argv, env_names)
+        return self.wrap(argv)
+
+    def probe(self) -> list[str]:
+        """The version probe inside the image on a node."""
+        return self.run([IMAGE_PYTHON, "-m", "launcher.preflight.probe", "--json"])
 
 
 def pyxis_image(ref: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import ContainerOptions, JobView, check_gpus_once, flag
+from launcher.job.options import ContainerOptions, GateOptions, JobView, check_gpus_once, flag
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -58,7 +58,7 @@ def slurm_minutes(value: str) -> int:
     return math.ceil(seconds / 60)
 
 
-class SlurmOptions(ContainerOptions):
+class SlurmOptions(ContainerOptions, GateOptions):
     """The SLURM scheduler: one allocation of ``nnodes`` nodes, one task (one torchrun agent) per node,
     submitted through submitit (or as a standalone sbatch script)."""
 

@@ -31,16 +31,25 @@ from pathlib import Path
 
 from launcher.job.record import JobRecord
 from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, refusal
+from launcher.preflight import health_step, parity_step
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
+
+# What the steps before training leave in the job directory, kept with their attempt.
+STEP_FILES = (parity_step.PROBE_DIR, parity_step.RESULT, health_step.HEALTH_DIR, health_step.RESULT)
+
+
+def command(*, python: str, workdir: str, job_dir: str) -> str:
+    """The retry step (bash, every value shell-quoted) of an attempt that ended with ``$code``; also
+    run when the health gate ends an attempt before training. ``$run_started`` is set at the script's
+    start (``scheduler.BATCH_SETUP``)."""
+    argv = [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
+    return f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$run_started" --exit-code $code)'
 
 
 def batch_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
-    """The batch script's lines after the nodes' step, for retries (bash, every value shell-quoted):
-    the script then exits with that step's status, as it would without them. ``$run_started`` is set
-    at the script's start (``scheduler.BATCH_SETUP``)."""
-    argv = [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
-    retry = f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$run_started" --exit-code $code)'
-    return ["code=$?", retry]
+    """The batch script's lines after the nodes' step, for retries: the script then exits with that
+    step's status, as it would without them."""
+    return ["code=$?", command(python=python, workdir=workdir, job_dir=job_dir)]
 
 
 def _hostnames(nodelist: str) -> list[str]:
@@ -85,7 +94,7 @@ def retry(record: JobRecord, exit_code: int, since: float) -> str:
     hosts = _hostnames(os.environ["SLURM_JOB_NODELIST"])
     blamed = [hosts[n] for n in outcome.blamed_nodes() if n < len(hosts)]
     ended = end_attempt(record, outcome, number=len(status.attempts) + 1, started_at=since,
-                        ended_at=detected, step=step, excluded=blamed)  # fmt: skip
+                        ended_at=detected, step=step, excluded=blamed, steps=STEP_FILES)  # fmt: skip
     attempts = [*status.attempts, ended]
     wait = max(backoff_s(spec.retry_backoff_s, ended.number), 1.0)
     message = next_in(ended, spec.retries, wait)

@@ -35,9 +35,11 @@ from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torche
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, with_run_dir
 from launcher.preflight.parity_step import batch_lines
+from launcher.schedulers.slurm.gate import gate_lines
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.retry import batch_lines as retry_lines
+from launcher.schedulers.slurm.retry import command as retry_command
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import ATTEMPT_MARKER, Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
@@ -116,7 +118,7 @@ def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmI
 def _submitit_request(
     spec: JobSpec,
     options: dict[str, str],
-    parity: list[str],
+    checks: list[str],
     job_dir: Path,
     workdir: str,
     image: SlurmImage | None,
@@ -139,7 +141,7 @@ def _submitit_request(
     return SubmititRequest(
         parameters=parameters,
         additional_parameters=extra,
-        setup=[*BATCH_SETUP, *parity],
+        setup=[*BATCH_SETUP, *checks],  # parity and the health gate
         teardown=retries,
         python=python,
     )
@@ -164,7 +166,8 @@ class SlurmScheduler:
         self._accounting = Accounting()
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        """Nothing to try before a job here."""
+        """Nothing to try before a job here: the health gate (``--preflight``) runs in the allocation,
+        before training (``launcher.schedulers.slurm.gate``)."""
         return plan
 
     def resolve(self, spec: JobSpec) -> SlurmFacts:
@@ -213,6 +216,13 @@ class SlurmScheduler:
         )
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
         parity = _parity_lines(spec, facts, job_dir, image)
+        retry = retry_command(python=spec.python, workdir=facts.workdir, job_dir=str(job_dir))
+
+        def checks(retry: str | None) -> list[str]:
+            """The steps before training: parity, then the health gate (which may run the retry step)."""
+            gate = gate_lines(spec, facts.workdir, job_dir, env, image, retry)
+            return [*parity, *([""] if gate else []), *gate]
+
         # The script runs each node's command under the node task, as submitit does: watched for hangs.
         task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
         task += [
@@ -235,12 +245,13 @@ class SlurmScheduler:
             max_requeues=opts.max_requeues,
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
-            parity=parity,
+            parity=checks(retry=None),  # the standalone script does not retry
             retries=spec.retries,
             srun_args=image.srun_args() if image else [],
             image=image.header() if image else None,
         )
-        request = _submitit_request(spec, options, parity, job_dir, facts.workdir, image)
+        checked = checks(retry if spec.retries else None)
+        request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         request_json = request.model_dump_json(indent=2)
         return plan.model_copy(
             update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request_json + "\n"}, "primary": SCRIPT}

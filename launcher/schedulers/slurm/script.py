@@ -82,7 +82,8 @@ def sbatch_script(
 ) -> str:
     """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
     what differs is filled in on the node); ``world`` describes the job's size for the header;
-    ``parity``, the lines of the version-parity step (``parity_step.batch_lines``); ``srun_args``, the
+    ``parity``, the lines of the steps before training (version parity, ``parity_step.batch_lines``, and
+    the health gate, ``slurm.gate``); ``srun_args``, the
     node step's extra srun options (pyxis's container options); ``image``, the header's lines on how the nodes
     run the job's image.
     Raises SpecError for a job directory that srun's file name patterns would rewrite."""

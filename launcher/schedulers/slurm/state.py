@@ -19,6 +19,8 @@ from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_ou
 from launcher.job.hang import merge, read_reports
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.retry import furthest_step, not_retried, refusal
+from launcher.preflight.health_step import RESULT as HEALTH_RESULT
+from launcher.preflight.parity_step import RESULT as PARITY_RESULT
 from launcher.preflight.parity_step import read_failure
 from launcher.schedulers.slurm.task import failed_name
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
@@ -136,23 +138,32 @@ def _first_failed_node(record: JobRecord, nnodes: int, since: float) -> tuple[in
 
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     """How a job that SLURM reports ended did end: succeeded; failed (exit 3) when the nodes' versions
-    differ (the parity step, ``launcher.preflight.parity_step``); checkpointed when the ranks stopped with
+    differ (the parity step, ``launcher.preflight.parity_step``) or the health gate named nodes
+    (``launcher.preflight.health_step``); checkpointed when the ranks stopped with
     a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
     the root cause (first failing rank from torchelastic's error files)."""
     plan, status = record.plan(), record.status()
     since = info.start or status.started_at or status.created_at
     if info.state == "COMPLETED":
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
-    parity = read_failure(record.dir, since)
-    if parity is not None:  # the step before training ended the job: nothing was trained
-        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
+    if status.stop_requested_at is not None:  # a cancel (also during the steps before training)
+        return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
+    for result in (PARITY_RESULT, HEALTH_RESULT):  # a step before training ended the job: nothing trained
+        refused = read_failure(record.dir, since, result)
+        if refused is not None:  # the nodes the health gate named are the ones a retry leaves out
+            return Outcome(
+                state=JobState.FAILED,
+                exit_code=refused.exit_code,
+                message=refused.message,
+                suspect_nodes=refused.nodes,
+            )
     stopped = read_stop_marker(Path(plan.run_dir), since) is not None
     # A task that died (its node crashed, it was killed) makes srun end the others with SIGTERM: their
     # ranks checkpoint and stop, but that stop is the failure's, not a stop on request.
     died = task_death(record, info.job_id)
     stop = died is None and (info.exit_code == EXIT_CHECKPOINTED or stopped)
-    if stop or status.stop_requested_at is not None:
-        return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
+    if stop:
+        return stop_outcome(plan, since)
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)

@@ -22,7 +22,7 @@ from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
 from launcher.preflight.gpu_health import QUERY_TIMEOUT_S
-from launcher.preflight.health import Finding, GateSettings, findings
+from launcher.preflight.health import Finding, GateSettings, findings, worker_argv
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
@@ -374,12 +374,8 @@ def collective(
 
     def command(host: str) -> str:
         node_env = plan.env(host, env) | env
-        torchrun = [
-            "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={nproc_per_node}",
-            f"--node-rank={plan.hosts.index(host)}", f"--master-addr={plan.master_addr}",
-            f"--master-port={plan.port}", "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
-            *worker_args,
-        ]  # fmt: skip
+        master = (plan.master_addr, plan.port)
+        torchrun = [*worker_argv(n, nproc_per_node, plan.hosts.index(host), master, timeout_s), *worker_args]
         assignments = [f"{k}={v}" for k, v in sorted(node_env.items())]
         if plan.image is None:
             return f"cd / && {shlex.join(['env', *assignments, python, *torchrun])}"

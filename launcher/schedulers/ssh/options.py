@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.job.options import ContainerOptions, flag
+from launcher.job.options import ContainerOptions, GateOptions, flag
 from launcher.schedulers.ssh.client import MAX_PARALLEL, SSH_OPT_RE, check_host
 
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
@@ -25,7 +25,7 @@ SSH_MANAGED = {
 }
 
 
-class SshOptions(ContainerOptions):
+class SshOptions(ContainerOptions, GateOptions):
     """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client."""
 
     runtimes: ClassVar[tuple[str, ...]] = ("docker", "podman")
@@ -68,22 +68,6 @@ class SshOptions(ContainerOptions):
         "collective preflight hold one connection per host",
         json_schema_extra=flag("--ssh-max-parallel"),
     )
-    preflight: bool = Field(
-        False,
-        description="before training, run the health gate: an all_reduce across the hosts, then between "
-        "pairs of hosts, and a matmul on every device; a host it names (a slow link or device) refuses "
-        "the launch with exit code 3, nothing started",
-    )
-    preflight_warn: bool = Field(
-        False, description="run the health gate as --preflight does, report the hosts it names, and launch"
-    )
-    min_busbw: float | None = Field(
-        None,
-        gt=0,
-        description="the health gate also names a host whose pairs are all below this bus bandwidth "
-        "(default: only below half the median host's best pair)",
-        json_schema_extra=flag(metavar="GB/s"),
-    )
 
     @field_validator("hosts")
     @classmethod
@@ -104,18 +88,6 @@ class SshOptions(ContainerOptions):
             if instead:
                 raise ValueError(f"ssh option {option!r} is set by the launcher: use {instead}")
         return v
-
-    @model_validator(mode="after")
-    def _gate(self) -> SshOptions:
-        if self.preflight and self.preflight_warn:
-            raise ValueError(
-                "--preflight refuses and --preflight-warn launches when a host is named: keep one"
-            )
-        if self.min_busbw is not None and not (self.preflight or self.preflight_warn):
-            raise ValueError(
-                "--min-busbw is a threshold of the health gate: add --preflight (or --preflight-warn)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _one_host_list(self) -> SshOptions:

@@ -32,9 +32,9 @@ from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, trainer_flag, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
 from launcher.preflight.collective_report import format_table
-from launcher.preflight.health import Finding, GateSettings, report_text
+from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.hosts import (
     HealthError,
@@ -61,7 +61,6 @@ REJOIN_POLL_S = 10.0
 LEASE_S = 30.0
 LEASE_RENEW_S = 5.0
 BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
-GATE_TIMEOUT_S = 60.0  # --preflight: to form the group, and for each call of the health gate
 
 
 class SshFacts(Facts):
@@ -123,7 +122,7 @@ class SshScheduler(SupervisedScheduler):
         HealthError (exit 3) naming each slow host (``--preflight-warn``: says it and goes on),
         SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
-        if not (opts.preflight or opts.preflight_warn):
+        if not opts.gate:
             return plan
         excluded: set[str] = set()
         for retry in range(spec.retries + 1):
@@ -153,8 +152,7 @@ class SshScheduler(SupervisedScheduler):
         """Run the gate over ``plan``'s hosts, print its report; the findings that name a host."""
         opts = spec.options(SshOptions)
         hosts = SshFacts.model_validate(plan.facts).host_plan()
-        precision = trainer_flag(spec.trainer_args, "--precision") or "bf16"
-        gate = GateSettings(min_busbw=opts.min_busbw, precision=precision, gpus_per_node=spec.nproc_per_node)
+        gate = GateSettings.of_job(spec.trainer_args, opts.min_busbw, spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)

@@ -1,0 +1,145 @@
+"""The health gate inside a SLURM job: the step after version parity, before training.
+
+With ``--preflight`` (or ``--preflight-warn``) the batch script runs the collective preflight with the
+gate's stages on every allocated node (one ``srun`` step of torchrun agents, ``--nproc-per-node``
+ranks each; node K's output in ``<job dir>/health/node-K.out``, its errors in ``node-K.log``), then
+this module on the batch node. It judges rank 0's result (``launcher.preflight.health``), prints the
+report to the batch log and, when a node is named, ends the job with exit code 3 (EXIT_PARITY) before
+any rank of the job starts, recording the message and the named node ranks in ``<job dir>/health.json``
+(read by ``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the
+job without those nodes (``launcher.schedulers.slurm.retry``), so SLURM allocates others in their
+place. A requeued job runs the gate again on its new nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from launcher.preflight.collective_report import format_table, parse_errors, parse_result
+from launcher.preflight.health import GateSettings, findings, report_text
+from launcher.preflight.parity_step import STEP_TIME_MIN, StepFailure, write_failure
+from trainer.contract import EXIT_PARITY, EXIT_USAGE
+
+HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
+RESULT = "health.json"  # in the job directory, written when the gate ends the job
+HOSTS = "hosts"  # the allocation's node names in node-rank (SLURM_NODEID) order, one per line
+
+
+def batch_lines(
+    *,
+    node_argv: list[str],
+    srun_args: list[str],
+    judge_argv: list[str],
+    workdir: str,
+    job_dir: str,
+    nnodes: int,
+    minutes: int = STEP_TIME_MIN,
+    retry: str | None = None,
+) -> list[str]:
+    """The batch script's lines for the gate (bash; every value shell-quoted). ``node_argv`` is each
+    node's command (the workers under torchrun, behind ``launcher.job.node``), ``srun_args`` the step's
+    extra srun options (an image's), ``judge_argv`` this module's command (``judge_argv``, in the image
+    when the job has one), ``minutes`` the step's time limit. ``retry``, a command run with ``$code``
+    set when the gate ends the job (the retry step of ``--retries``), which then still exits with it."""
+    q = shlex.quote
+    health = Path(job_dir) / HEALTH_DIR
+    srun = [
+        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
+        f"--output={health}/node-%n.out", f"--error={health}/node-%n.log", *srun_args, *node_argv,
+    ]  # fmt: skip
+    judge = f"(cd -- {q(workdir)} && {shlex.join(judge_argv)})"
+    on_failure = f"{{ code=$?; {retry}; exit $code; }}" if retry else "exit $?"
+    return [
+        "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
+        "# names ends the job before training (exit 3).",
+        f"rm -rf -- {q(str(health))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(health))}",
+        f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
+        f"{shlex.join(srun)} || true  # a node without a result is named by the judgment",
+        f"{judge} || {on_failure}",
+    ]
+
+
+def judge_argv(python: str, job_dir: str, nnodes: int, gate: GateSettings, warn: bool) -> list[str]:
+    """This module's command for the batch script."""
+    argv = [python, "-m", "launcher.preflight.health_step", "--job-dir", job_dir, "--nodes", str(nnodes)]
+    argv += ["--gpus-per-node", str(gate.gpus_per_node)]
+    if gate.min_busbw is not None:
+        argv.append(f"--min-busbw={gate.min_busbw:g}")
+    return argv + (["--warn"] if warn else [])
+
+
+def _hosts(health: Path, nnodes: int) -> list[str]:
+    """The node names by node rank (``node K`` where the batch shell could not write them)."""
+    try:
+        names = (health / HOSTS).read_text().split()
+    except OSError:
+        names = []
+    return names if len(names) == nnodes else [f"node {k}" for k in range(nnodes)]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> StepFailure | None:
+    """Judge the workers' result; print the table and the report. Returns the failure that ends the
+    job (exit 3 naming nodes, or exit 2 when the gate could not run), None to go on."""
+    health = job_dir / HEALTH_DIR
+    hosts = _hosts(health, nnodes)
+    outputs = [_read(health / f"node-{k}.out") for k in range(nnodes)]
+    result = parse_result(outputs[0])
+    if result is None:
+        errors = [e.message for text in outputs for e in parse_errors(text)]
+        errors = errors or [f"no result from rank 0: see {health}/node-*.log"]
+        message = "health gate: the collective preflight failed:\n  " + "\n  ".join(errors)
+        return StepFailure(EXIT_USAGE, message, time.time())  # as on SSH hosts: not a node to retry without
+    found = findings(result, hosts, {}, gate)
+    print(format_table(result), flush=True)
+    print(report_text(result, hosts, found), flush=True)
+    named = [f for f in found if f.fatal]
+    if not named:
+        return None
+    if warn:
+        print(
+            "WARNING: --preflight-warn: training although the health gate named the node(s) above", flush=True
+        )
+        return None
+    nodes = sorted({hosts.index(f.host) for f in named})
+    message = f"the health gate named {len(nodes)} node(s):\n  " + "\n  ".join(f.line for f in named)
+    return StepFailure(EXIT_PARITY, message, time.time(), nodes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launcher.preflight.health_step``: 0 to go on, 3 when a node is named, 2 when the gate
+    could not run (as on SSH hosts, where the launch is refused)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.preflight.health_step",
+        description="Judge the health gate of a SLURM job's nodes (run by the job's batch script).",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--job-dir", type=Path, required=True, help=f"the job directory (output in {HEALTH_DIR}/)"
+    )
+    parser.add_argument("--nodes", type=int, required=True, help="the number of nodes in the gate")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="GPUs each node with GPUs needs")
+    parser.add_argument("--min-busbw", type=float, help="GB/s: a node whose pairs are all below it is named")
+    parser.add_argument("--warn", action="store_true", help="report the named nodes, exit 0")
+    args = parser.parse_args(argv)
+    gate = GateSettings(min_busbw=args.min_busbw, gpus_per_node=args.gpus_per_node)
+    failure = check(args.job_dir, args.nodes, gate, args.warn)
+    if failure is None:
+        return 0
+    write_failure(args.job_dir, failure, RESULT)
+    print(failure.message, file=sys.stderr, flush=True)
+    return failure.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The health gate inside a SLURM job (``launcher.preflight.health_step``,
+``launcher.schedulers.slurm.gate``): the judgment of the workers' output, what it records for the
+job's end and its retry, and the batch script's lines run by bash with `srun` and `scontrol`
+stand-ins that write what the real ones would."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.job.record import JobState, Outcome
+from launcher.job.retry import refusal
+from launcher.job.spec import JobSpec
+from launcher.preflight.collective_report import ERROR_MARKER, MARKER, CollectiveResult, DeviceResult
+from launcher.preflight.health_step import HEALTH_DIR, HOSTS, RESULT, main
+from launcher.preflight.parity_step import read_failure
+from launcher.schedulers.slurm.gate import gate_lines
+from launcher.schedulers.slurm.retry import command as retry_command
+from launcher.schedulers.slurm.scheduler import BATCH_SETUP
+from trainer.contract import EXIT_PARITY, EXIT_USAGE
+
+NODES = ["n1", "n2", "n3"]
+
+
+def _result(tflops: list[float]) -> CollectiveResult:
+    """Rank 0's result with one CPU device per node at ``tflops``."""
+    compute = [
+        DeviceResult(
+            rank=k, node=k, local_rank=0, device="cpu", kind="cpu", dtype="float32", size=256, tflops=t
+        )
+        for k, t in enumerate(tflops)
+    ]
+    return CollectiveResult(
+        backend="gloo", world_size=len(tflops), hosts=["vm"], ifname={}, master="n1:15001", torch="2.13.0",
+        iters=5, warmup=2, init_s=0.1, results=[], compute=compute,
+    )  # fmt: skip
+
+
+def _job_dir(tmp_path: Path, rank0_output: str, hosts: list[str] | None = NODES) -> Path:
+    health = tmp_path / HEALTH_DIR
+    health.mkdir(parents=True)
+    (health / "node-0.out").write_text(rank0_output)
+    if hosts is not None:
+        (health / HOSTS).write_text("\n".join(hosts) + "\n")
+    return tmp_path
+
+
+def test_a_slow_node_ends_the_job_with_exit_3_naming_it_for_the_retry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_dir = _job_dir(tmp_path, f"[rank0]: {MARKER} {_result([0.1, 0.02, 0.1]).model_dump_json()}\n")
+    assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == EXIT_PARITY
+    out, err = capsys.readouterr()
+    assert "health gate: 1 host(s) named:\nn2: compute 0.02 TFLOP/s on cpu (rank 1, float32)" in out
+    assert err.startswith("the health gate named 1 node(s):\n  n2: compute 0.02 TFLOP/s")
+    failure = read_failure(job_dir, since=0, name=RESULT)
+    assert failure is not None and (failure.exit_code, failure.nodes) == (EXIT_PARITY, [1])
+    outcome = Outcome(
+        state=JobState.FAILED, exit_code=3, message=failure.message, suspect_nodes=failure.nodes
+    )
+    assert outcome.blamed_nodes() == [1]
+    assert refusal(outcome, None, [], retries=1) is None  # retried, without n2
+    parity = outcome.model_copy(update={"suspect_nodes": []})  # a parity refusal names no node
+    assert refusal(parity, None, [], retries=1) == "the nodes were refused before training"
+
+
+def test_warn_reports_the_named_node_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job_dir = _job_dir(tmp_path, f"{MARKER} {_result([0.1, 0.1, 0.02]).model_dump_json()}\n", hosts=None)
+    assert main(["--job-dir", str(job_dir), "--nodes", "3", "--warn"]) == 0
+    out = capsys.readouterr().out
+    assert "\nnode 2: compute 0.02 TFLOP/s" in out  # no hosts file: node ranks name the nodes
+    assert "WARNING: --preflight-warn: training although the health gate named" in out
+    assert not (job_dir / RESULT).exists()
+
+
+def test_healthy_nodes_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job_dir = _job_dir(tmp_path, f"{MARKER} {_result([0.1, 0.09, 0.1]).model_dump_json()}\n")
+    assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == 0
+    assert "health gate: no host named (3 host(s); compute checked)" in capsys.readouterr().out
+    assert not (job_dir / RESULT).exists()
+
+
+def test_a_gate_that_could_not_run_fails_the_job_with_the_ranks_errors(tmp_path: Path) -> None:
+    error = '{"rank": 1, "host": "n2", "backend": "gloo", "ifname": {}, "master": "n1:1", "phase": "init", '
+    error += '"message": "collective preflight failed on rank 1 of 2 on n2: could not form the group"}'
+    job_dir = _job_dir(tmp_path, "torchrun noise\n")
+    (job_dir / HEALTH_DIR / "node-1.out").write_text(f"[rank1]: {ERROR_MARKER} {error}\n")
+    assert main(["--job-dir", str(job_dir), "--nodes", "2"]) == EXIT_USAGE  # not a node to retry without
+    failure = read_failure(job_dir, since=0, name=RESULT)
+    assert failure is not None and failure.nodes == []
+    assert failure.message.startswith("health gate: the collective preflight failed:\n  collective preflight")
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _spec(**scheduler: object) -> JobSpec:
+    fields = {
+        "nnodes": 2,
+        "python": sys.executable,
+        "retries": 1,
+        "scheduler": {"kind": "slurm", **scheduler},
+    }
+    return JobSpec.model_validate(fields)
+
+
+def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_path: Path) -> None:
+    """The gate's lines as submitit's batch script runs them with --retries, by bash: `srun` writes rank
+    0's result (n2 slow) where the step's --output says; the real judgment names n2, the retry step
+    runs (and cannot retry here: no job record) and the script exits 3."""
+    job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
+    bin_dir.mkdir()
+    result = tmp_path / "result.out"
+    result.write_text(f"{MARKER} {_result([0.1, 0.02]).model_dump_json()}\n")
+    _fake(bin_dir, "scontrol", 'echo n1; echo n2  # show hostnames "$SLURM_JOB_NODELIST"')
+    srun = 'for a in "$@"; do case $a in --output=*) out=${a#--output=};; esac; done\n'
+    srun += f'cp {result} "${{out/\\%n/0}}"; echo "$@" > {tmp_path}/srun.args'
+    _fake(bin_dir, "srun", srun)
+    spec = _spec(preflight=True)
+    retry = retry_command(python=sys.executable, workdir=os.getcwd(), job_dir=str(job_dir))
+    lines = gate_lines(spec, os.getcwd(), job_dir, {"GLOO_SOCKET_IFNAME": "{{ifname}}"}, None, retry)
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[1-2]"}
+    script = "\n".join([*BATCH_SETUP, *lines, "echo trained"])
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == EXIT_PARITY, proc.stdout + proc.stderr
+    assert "n2: compute 0.02 TFLOP/s" in proc.stdout and "\nbatch: not retried:" in proc.stdout, proc.stdout
+    assert "trained" not in proc.stdout
+    assert (job_dir / HEALTH_DIR / HOSTS).read_text() == "n1\nn2\n"
+    args = (tmp_path / "srun.args").read_text()
+    # The environment before the node entry (which fills in placeholders in its argv only), as for training.
+    assert f"env GLOO_SOCKET_IFNAME={{{{ifname}}}} {sys.executable} -m launcher.job.node --workdir " in args
+    assert "--node-rank={{node_rank}}" in args
+    assert "-m launcher.preflight.collective --timeout-s=60 --compute-s=1 " in args
+    assert gate_lines(_spec(), "/", job_dir, {}, None) == []  # no --preflight, no gate
