@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -88,6 +89,42 @@ def losses(run_dir: Path) -> dict[int, float]:
 def only_job_id(jobs_root: Path) -> str:
     (job,) = [p.name for p in jobs_root.iterdir()]
     return job
+
+
+# What a test starts that must not outlive it, by command line: ranks and their agents, the collective
+# preflight's workers, the busy loops of the slowed-machine tests.
+LEFTOVER_MARKS = ("trainer.cli", "launcher.preflight.collective", "while True: pass")
+LEFTOVER_GRACE_S = 20.0  # some ends are asynchronous: a container's, a SLURM step's
+
+
+def _leftovers() -> list[psutil.Process]:
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        command = " ".join(proc.info["cmdline"] or [])
+        if proc.pid not in ours and any(mark in command for mark in LEFTOVER_MARKS):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, what it started has ended (within LEFTOVER_GRACE_S), else it is killed and a
+    warning names the test and the processes: on a shared 2-core machine one test's leak would slow
+    every test after it (and fail the timing-sensitive ones) far from its cause."""
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := _leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    described = []
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+            proc.kill()
+    if described:
+        warnings.warn(
+            f"{request.node.nodeid} left {len(described)} process(es), killed: {described}", stacklevel=1
+        )
 
 
 def processes_of(job_id: str) -> list[psutil.Process]:

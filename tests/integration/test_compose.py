@@ -189,11 +189,17 @@ def test_a_job_whose_supervisor_died_is_ended_and_leaves_nothing(
     # status from a shell whose DOCKER_HOST is elsewhere: it finds the containers on the job's engine
     env = {"DOCKER_HOST": f"unix://{tmp_path}/elsewhere.sock"}
 
+    seen: list[str] = []
+
     def ended() -> bool:
         status = json.loads(launcher(jobs, "status", job, "--json", env=env, check=True).stdout)
+        seen[:] = [status.get("message") or status["state"]]
         return status["state"] not in ("created", "pending", "running")
 
-    wait_for(ended, 300, "status to find the job's end")
+    try:
+        wait_for(ended, 300, "status to find the job's end")
+    except AssertionError as e:  # what was still running, or what could not be checked
+        raise AssertionError(f"{e}; status said last: {seen}") from None
     final = json.loads((jobs / job / "status.json").read_text())
     assert final["state"] in ("checkpointed", "lost"), final
     assert left_of(engine, job) == ("", ""), "status removed the stopped containers and the network"

@@ -359,6 +359,7 @@ def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
     (first,) = status["attempts"]
     assert (first["exit_code"], first["excluded"]) == (3, ["n1"]), first
     assert "the health gate named 1 node(s):\n  n1: compute " in first["cause"], first
+    assert (jobs / job_id / "attempts" / "1" / "health" / "node-0.out").is_file()  # the gate's output, kept
     (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]  # the last run's
     assert _hostnames(nodelist) == ["n2", "n3"], nodelist
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == [1, 2, 3]
