@@ -58,7 +58,7 @@ def batch_lines(
         "# names ends the job before training (exit 3).",
         f"rm -rf -- {q(str(health))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(health))}",
         f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
-        f"{shlex.join(srun)} || true  # a node without a result is named by the judgment",
+        f"{shlex.join(srun)} || true  # the judgment says what a node without a result printed",
         f"{judge} || {on_failure}",
     ]
 
