@@ -52,7 +52,7 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     the attempts in ``history`` (oldest first) and with ``retries`` allowed in all."""
     if outcome.state != JobState.FAILED:
         return "it did not fail"
-    named = outcome.exit_code == EXIT_PARITY and outcome.suspect_nodes  # by the health gate: left out
+    named = outcome.exit_code == EXIT_PARITY and bool(outcome.suspect_nodes)  # by the health gate: left out
     if outcome.exit_code in _NEVER and not named:
         return _NEVER[outcome.exit_code]
     if len(history) >= retries:

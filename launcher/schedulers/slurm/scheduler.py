@@ -216,10 +216,9 @@ class SlurmScheduler:
         )
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
         parity = _parity_lines(spec, facts, job_dir, image)
-        retry = retry_command(python=spec.python, workdir=facts.workdir, job_dir=str(job_dir))
 
         def checks(retry: str | None) -> list[str]:
-            """The steps before training: parity, then the health gate (which may run the retry step)."""
+            """The steps before training: parity, then the health gate (which may run ``retry``)."""
             gate = gate_lines(spec, facts.workdir, job_dir, env, image, retry)
             return [*parity, *([""] if gate else []), *gate]
 
@@ -250,6 +249,7 @@ class SlurmScheduler:
             srun_args=image.srun_args() if image else [],
             image=image.header() if image else None,
         )
+        retry = retry_command(python=spec.python, workdir=facts.workdir, job_dir=str(job_dir))
         checked = checks(retry if spec.retries else None)
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         request_json = request.model_dump_json(indent=2)
