@@ -129,9 +129,7 @@ class SshScheduler(SupervisedScheduler):
             named = self._health_gate(spec, plan)
             if not named or opts.preflight_warn:
                 if named:
-                    say(
-                        "WARNING: --preflight-warn: launching although the health gate named the host(s) above"
-                    )
+                    say("WARNING: --preflight-warn: launching although the health gate named them (above)")
                 return plan
             excluded |= {f.host for f in named}
             current = [n.host for n in plan.nodes]
