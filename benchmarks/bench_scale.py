@@ -1,4 +1,4 @@
-"""Launches over 1, 2, 4, 8 and 16 SSH test hosts: time from `launcher submit --preflight` to the first
+"""Launches over 1, 2, 4, 8 and 16 SSH test hosts: time from `launcher submit --health-check` to the first
 training step, split into its phases, and the wall time of `launcher check --collective`.
 
 The hosts are the network namespaces of deploy/ssh/dev-hosts.sh (needs root), all on this machine.
@@ -51,11 +51,11 @@ def _launcher(*args: str) -> list[str]:
 
 
 def submit_phases(hostfile: Path, n: int, data: list[str], work: Path) -> dict[str, float]:
-    """Seconds of each phase of one `submit --preflight` over the first ``n`` hosts (and "total")."""
+    """Seconds of each phase of one `submit --health-check` over the first ``n`` hosts (and "total")."""
     run = work / f"run-{n}-{time.monotonic_ns()}"
     argv = _launcher(
         "--jobs-root", str(work / "jobs"), "submit", "--scheduler", "ssh", "--hostfile", str(hostfile),
-        "--nodes", str(n), "--omp-num-threads", "1", "--preflight", "--tee", "rank0",
+        "--nodes", str(n), "--omp-num-threads", "1", "--health-check", "--tee", "rank0",
         "--", *data, "--preset", "tiny", "--max-steps", "1", "--no-compile", "--eval-iters", "1",
         "--log-interval", "1", "--run-dir", str(run),
     )  # fmt: skip

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-# Exit codes of `trainer` and `launcher` (the launcher adds EXIT_PARITY and EXIT_INTERRUPTED).
+# Exit codes of `trainer` and `launcher` (the launcher adds EXIT_REFUSED and EXIT_INTERRUPTED).
 EXIT_OK = 0
 EXIT_FAILED = 1  # training (or the job) failed
 EXIT_USAGE = 2  # invalid input; the message names the flag or field and the fix
-EXIT_PARITY = 3  # hosts differ in versions that must match, or lack GPUs: nothing was started
+# Nodes refused before training: their versions differ where they must match (version parity), a node
+# lacks GPUs, or the health check named a node. No rank of the job was started.
+EXIT_REFUSED = 3
 EXIT_CHECKPOINTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; requeue to resume
 EXIT_INTERRUPTED = 130  # stopped on request before any checkpoint could be saved (128 + SIGINT)
 

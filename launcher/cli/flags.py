@@ -8,6 +8,7 @@ line override the config file; flags not given leave it alone.
 from __future__ import annotations
 
 import argparse
+import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from launcher.job.options import renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec
 
@@ -96,6 +98,7 @@ class SchedulerFlag:
     split: str | None
     metavar: str | None
     group: str | None
+    former: str | None = None  # the flag of the field's former name, a hidden deprecated alias
 
     @property
     def dest(self) -> str:
@@ -123,8 +126,51 @@ def scheduler_flags() -> dict[str, SchedulerFlag]:
                 flags[flag].kinds.append(kind)
                 continue
             split, metavar, group = (extra.get(k) for k in ("flag_split", "flag_metavar", "flag_group"))
-            flags[flag] = SchedulerFlag(flag, name, [kind], info, _str(split), _str(metavar), _str(group))
+            former = extra.get("renamed_from")
+            flags[flag] = SchedulerFlag(
+                flag, name, [kind], info, _str(split), _str(metavar), _str(group),
+                "--" + str(former).replace("_", "-") if former else None,
+            )  # fmt: skip
     return flags
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr, e.g. for a deprecated flag or config key."""
+    print(f"launcher: warning: {text}", file=sys.stderr)
+
+
+class _FormerFlag(argparse.Action):
+    """A flag's former spelling (``flag(renamed_from=...)``), hidden from --help: says on stderr, once,
+    that it is deprecated, then does what the flag does (``--no-`` form included)."""
+
+    def __init__(self, option_strings: list[str], dest: str, current: argparse.Action) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=current.nargs,
+            default=argparse.SUPPRESS,
+            choices=current.choices,
+            help=argparse.SUPPRESS,
+            metavar=current.metavar,
+        )
+        self.type = current.type  # the value is converted as the flag's own
+        self.current = current
+        self.warned = False
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        new = self.current.option_strings[0]
+        if option_string and option_string.startswith("--no-"):
+            new = "--no-" + new.removeprefix("--")
+        if not self.warned:
+            warn(f"{option_string} is deprecated: use {new}")
+            self.warned = True
+        self.current(parser, namespace, values, new)
 
 
 def _str(value: object) -> str | None:
@@ -182,7 +228,12 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         kw = _argument(flag.dest, flag.info, flag.metavar)
         if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
             kw["action"] = "append"  # a repeatable flag: one item each
-        group(flag.group_title).add_argument(flag.flag, **kw)
+        action = group(flag.group_title).add_argument(flag.flag, **kw)
+        if flag.former:
+            former = [flag.former]
+            if isinstance(action, argparse.BooleanOptionalAction):
+                former.append("--no-" + flag.former.removeprefix("--"))
+            parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
 
 
 def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str]]:
@@ -236,6 +287,8 @@ def load_config(path: Path) -> dict[str, Any]:
 def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
     """Config file, then flags, then trainer arguments -> validated JobSpec. Raises UsageError."""
     tree = load_config(args.config) if args.config else {}
+    if args.config:
+        _rename_former_keys(tree, args.config)
     for _, dotted, _ in FLAGS:
         if hasattr(args, dotted):
             _set(tree, dotted, getattr(args, dotted))
@@ -263,6 +316,20 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         raise UsageError(_describe(e, args.config)) from None
 
 
+def _rename_former_keys(tree: dict[str, Any], config: Path) -> None:
+    """Scheduler options under a former name in a config file: renamed, each with a deprecation
+    warning (before the flags, which override them). Both names given: the spec says to keep one."""
+    options = tree.get("scheduler")
+    kind = options.get("kind", DEFAULT_KIND) if isinstance(options, dict) else None
+    model = options_models().get(kind) if isinstance(kind, str) else None
+    if not isinstance(options, dict) or model is None:
+        return  # no options, or a bad kind, which the spec names
+    for old, new in renamed_fields(model).items():
+        if old in options and new not in options:
+            warn(f"scheduler.{old} in --config {config} is deprecated: use scheduler.{new}")
+            options[new] = options.pop(old)
+
+
 def _set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -> None:
     """A scheduler flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
     mapping flag merged into the mapping of the config file, anything else as given."""
@@ -279,7 +346,8 @@ def _set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -
 def _extra_hint(parts: list[str]) -> str:
     """What to do about an unknown field: an option of another scheduler says which."""
     if parts[:1] == ["scheduler"] and len(parts) > 1:
-        owners = [m for m in _members(field_info("scheduler").annotation) if parts[1] in m.model_fields]
+        models = _members(field_info("scheduler").annotation)
+        owners = [m for m in models if parts[1] in m.model_fields or parts[1] in renamed_fields(m)]
         if owners:
             kinds = ", ".join(get_args(m.model_fields["kind"].annotation)[0] for m in owners)
             return f"; it is an option of --scheduler {kinds}"

@@ -14,7 +14,7 @@ from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.hosts import ProbedHosts, health_gate, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
-from trainer.contract import EXIT_OK, EXIT_PARITY
+from trainer.contract import EXIT_OK, EXIT_REFUSED
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Probe the hosts at once, print the table (or JSON), the diff, and with --collective the
     all_reduce bandwidth and the health gate's findings. Exit 0 when they match and the gate names
-    nobody, 3 (EXIT_PARITY) when they differ or a host is named."""
+    nobody, 3 (EXIT_REFUSED) when they differ or a host is named."""
     opts = _ssh_options(args)
     if not args.collective and (args.min_busbw is not None or args.compute_s != COMPUTE_S):
         raise UsageError("--min-busbw and --compute-s are settings of the health gate: add --collective")
@@ -50,7 +50,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         report["warnings"] = [f.as_json() for f in found if not f.fatal]
     if args.json:
         print(json.dumps(report, indent=2))
-    return EXIT_PARITY if mismatches or shortfalls or named else EXIT_OK
+    return EXIT_REFUSED if mismatches or shortfalls or named else EXIT_OK
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:

@@ -70,7 +70,10 @@ def summary(job_id: str, status: JobStatus) -> str:
 
 
 def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler[Any]]:
+    """The job and its scheduler; a record of another launcher version is refused (RecordError, exit 2)
+    before anything is asked of the job, rather than half-way (`wait` would read as the job failed)."""
     record = JobRecord.open(args.job, args.jobs_root)
+    record.check()
     return record, _scheduler_of(record)
 
 
@@ -88,10 +91,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'JOB ID':40} {'STATE':13} {'NODES':>5} {'PROCS':>5} {'CREATED (UTC)':20} {'SECONDS':>8}")
     for record in list_jobs(args.jobs_root):
         try:
+            record.check()
             plan = record.plan()
             st = _scheduler_of(record).state(record)
-        except (OSError, ValueError, JobError) as e:  # ValidationError is a ValueError
-            say(f"launcher: skipping {record.dir}: unreadable job record ({type(e).__name__}): {e}")
+        except (OSError, ValueError, JobError) as e:  # RecordError is a JobError
+            # One row still, so that the job shows up (to be removed); why, in one line on stderr.
+            say(f"launcher: unreadable job record {record.dir.name}: {e}")
+            print(f"{record.dir.name:40} {'unreadable':13} {'-':>5} {'-':>5} {'-':20} {'-':>8}")
             continue
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(st.created_at))
         secs = f"{(st.ended_at or time.time()) - st.started_at:.0f}" if st.started_at else "-"

@@ -25,8 +25,9 @@ from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
     "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
-    "2 invalid input (nothing is written); 3 the hosts' versions differ (parity check; the diff is printed, "
-    "nothing is started); 75 stopped on request after a checkpoint "
+    "2 invalid input (nothing is written); 3 nodes refused before training: the hosts' versions differ "
+    "(parity check; the diff is printed) or the health check named a node (one line each); no rank "
+    "started; 75 stopped on request after a checkpoint "
     "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
 )
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"

@@ -8,25 +8,22 @@ step), armed after the first completed step), and larger, separate budgets for s
 preparation, rendezvous, compilation), evaluation and checkpointing. ``timeout_s`` 0 turns it off.
 
 A watchdog that is not the launcher's own process (the SSH host agent, SLURM's node task, a compose
-container's entry) prints its ``HangReport`` as one ``GPTLAUNCH_HANG {json}`` line into its node log
-and exits ``EXIT_HANG``; the launcher reads the
-reports of every node from the logs (``read_reports``), keeps each rank's stack in the job record
-(``write_stacks``) and names the suspect (``hang_message``): a rank stopped, in uninterruptible sleep
-or outside any collective, or one whose flight recorder shows it short of a collective the others
+container's entry) sends its ``HangReport`` as a report (``launcher.job.reports.Hang``) and exits
+``EXIT_HANG``; the launcher merges every node's report (``merge``), keeps each rank's stack in the job
+record (``write_stacks``) and names the suspect (``hang_message``): a rank stopped, in uninterruptible
+sleep or outside any collective, or one whose flight recorder shows it short of a collective the others
 reached (``Collective``).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from launcher.job.logs import END_BYTES, log_end
 from trainer.contract import Beat
 
 FLOOR_S = 120.0  # the automatic step budget is never below this
@@ -131,10 +128,9 @@ def stalled(spec: HangSpec, beats: list[Beat], expected: int, now: float) -> Sta
     return Stall(beats=beats, silent_s=now - max(b.time for b in beats), budget_s=max(budgets))
 
 
-HANG_MARKER = "GPTLAUNCH_HANG"
-# What is read of a node log while polling for reports: a report (every rank's stack) is tens of KB,
-# and after it the hung ranks write little.
-REPORT_TAIL = 1 << 20
+# After one node reports a hang, how long the others get to report theirs (the launcher waits that
+# long; a node-side watchdog holds its ranks longer: ``launcher.supervisor.watchdog.HOLD_S``).
+HANG_REPORTS_S = 30.0
 EXIT_HANG = 124  # a node's watchdog ended its ranks after reporting a hang (as `timeout` does)
 HANG_DIR = "hang"
 _SUSPECT_STATES = {
@@ -199,27 +195,13 @@ class HangReport(BaseModel):
     ranks: list[RankReport]
     time: float = 0.0  # when it was found, epoch seconds
 
-    def line(self) -> str:
-        return f"{HANG_MARKER} {self.model_dump_json()}"
-
-
-_LINE = re.compile(rf"(?<!\w){HANG_MARKER} (\{{.*\}})\s*$", re.MULTILINE)
-
-
-def read_reports(logs: list[Path], since: float = 0.0, tail: int = END_BYTES) -> list[HangReport]:
-    """The last hang report in each of ``logs`` that has one found at or after ``since`` (epoch
-    seconds: a requeued job's node logs hold its earlier runs too), within its last ``tail`` bytes."""
-    found = []
-    for log in logs:
-        for text in reversed(_LINE.findall(log_end(log, tail))):
-            try:
-                report = HangReport.model_validate_json(text)
-            except ValidationError:
-                continue
-            if report.time >= since:
-                found.append(report)
-            break
-    return found
+    def summary(self) -> str:
+        """One line for a node log (the report itself travels as data)."""
+        ranks = ", ".join(str(r.rank) for r in self.ranks)
+        return (
+            f"watchdog: no progress for {self.silent_s:.0f} s (budget {self.budget_s:.0f} s) at step "
+            f"{self.step:,}: took the stacks of rank(s) {ranks} and reported the hang"
+        )
 
 
 def merge(reports: list[HangReport], hosts: dict[int, str] | None = None) -> HangReport:

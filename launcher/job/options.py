@@ -7,7 +7,8 @@ lives in its own folder (``launcher/schedulers/<kind>/options.py``) and is found
 but this module: the JobSpec loads it while it is itself being imported.
 
 Flags are generated from the fields: ``--<field-name>`` by default; ``flag(...)`` in a field's
-``json_schema_extra`` renames it, groups it or leaves it without a flag.
+``json_schema_extra`` renames it, groups it, leaves it without a flag or keeps its former name as a
+deprecated alias.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ class SchedulerOptions(BaseModel):
         """Checks of these options against the rest of the job (``JobSpec`` calls it after its own).
         Raises ValueError naming the field and the fix."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        """A renamed field's former name still reads, silently here: job records written before the
+        rename hold it. (A config file that uses it gets a deprecation warning from the CLI.)"""
+        if not isinstance(data, dict):
+            return data
+        for old, new in renamed_fields(cls).items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"{old} is the former name of {new}: keep {new}")
+                data = {k: v for k, v in data.items() if k != old} | {new: data[old]}
+        return data
+
 
 def check_gpus_once(gpus: object, job: JobView) -> None:
     """Raises ValueError when a scheduler's ``gpus`` option and CUDA_VISIBLE_DEVICES in --env are both
@@ -51,15 +66,37 @@ def check_gpus_once(gpus: object, job: JobView) -> None:
 
 
 def flag(
-    name: str | None = "", *, group: str | None = None, metavar: str | None = None, split: str | None = None
+    name: str | None = "",
+    *,
+    group: str | None = None,
+    metavar: str | None = None,
+    split: str | None = None,
+    renamed_from: str | None = None,
 ) -> dict[str, Any]:
     """The ``json_schema_extra`` of a field whose flag is not plain ``--<field-name>``: ``name`` another
     flag (None: no flag), ``group`` the --help section when several schedulers share the flag, ``split``
-    a separator that splits one value into a list (``--hosts a,b``; else a list flag repeats)."""
-    return {"flag": name, "flag_group": group, "flag_metavar": metavar, "flag_split": split}
+    a separator that splits one value into a list (``--hosts a,b``; else a list flag repeats),
+    ``renamed_from`` the field's former name, still accepted as a deprecated alias (``renamed_fields``)."""
+    return {
+        "flag": name,
+        "flag_group": group,
+        "flag_metavar": metavar,
+        "flag_split": split,
+        "renamed_from": renamed_from,
+    }
 
 
 NO_FLAG = flag(None)
+
+
+def renamed_fields(model: type[BaseModel]) -> dict[str, str]:
+    """Former name -> field of ``model``'s renamed fields (``flag(renamed_from=...)``)."""
+    renamed: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("renamed_from"):
+            renamed[str(extra["renamed_from"])] = name
+    return renamed
 
 
 class ParityOptions(SchedulerOptions):
@@ -80,19 +117,19 @@ class GateOptions(SchedulerOptions):
     """Options of a scheduler that can run the health gate (``launcher.preflight.health``) before
     training: ssh before anything starts, slurm in the allocation before the ranks start."""
 
-    preflight: bool = Field(
+    health_check: bool = Field(
         False,
         description="before training, run the health gate: an all_reduce across the nodes, then between "
         "pairs of nodes, a matmul on every device and (with GPUs) nvidia-smi's health fields; a node it "
         "names (a slow link or device, an unhealthy GPU) refuses the launch with exit code 3 (ssh: nothing "
         "started; slurm: the job ends before training). With --retries, a named node is replaced: by a "
         "spare of the hostfile (ssh) or by a requeue without it (slurm)",
-        json_schema_extra=flag(group=GATE_GROUP),
+        json_schema_extra=flag(group=GATE_GROUP, renamed_from="preflight"),
     )
-    preflight_warn: bool = Field(
+    health_check_warn: bool = Field(
         False,
-        description="run the health gate as --preflight does, report the nodes it names, and train anyway",
-        json_schema_extra=flag(group=GATE_GROUP),
+        description="run the health gate as --health-check does, report the nodes it names, and train anyway",
+        json_schema_extra=flag(group=GATE_GROUP, renamed_from="preflight_warn"),
     )
     min_busbw: float | None = Field(
         None,
@@ -104,18 +141,18 @@ class GateOptions(SchedulerOptions):
 
     @property
     def gate(self) -> bool:
-        """Whether the health gate runs (--preflight or --preflight-warn)."""
-        return self.preflight or self.preflight_warn
+        """Whether the health gate runs (--health-check or --health-check-warn)."""
+        return self.health_check or self.health_check_warn
 
     @model_validator(mode="after")
     def _gate(self) -> GateOptions:
-        if self.preflight and self.preflight_warn:
+        if self.health_check and self.health_check_warn:
             raise ValueError(
-                "--preflight refuses and --preflight-warn launches when a node is named: keep one"
+                "--health-check refuses and --health-check-warn launches when a node is named: keep one"
             )
         if self.min_busbw is not None and not self.gate:
             raise ValueError(
-                "--min-busbw is a threshold of the health gate: add --preflight (or --preflight-warn)"
+                "--min-busbw is a threshold of the health gate: add --health-check (or --health-check-warn)"
             )
         return self
 

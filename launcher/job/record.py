@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import secrets
+import shlex
 import shutil
 import socket
 import time
@@ -25,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from launcher.job.plan import Plan, node_log_name
 from launcher.job.spec import JobSpec
@@ -65,6 +66,52 @@ class JobNotFound(LookupError):
 
 class JobError(RuntimeError):
     """A request about a job that cannot be carried out from here; the message says why and where."""
+
+
+class RecordError(JobError, ValueError):
+    """A file of a job record is missing, is not JSON, or does not fit this launcher's models (another
+    version wrote it, or a submit stopped half-way); the message names the file and the fix. A
+    ValueError too, like the ValidationError it stands for, so that callers that skip malformed files
+    still do."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} {problem}: the job record was written by another version of the launcher, or only "
+            f"in part; use the version that wrote it, or remove the record with `rm -r "
+            f"{shlex.quote(str(path.parent))}`"
+        )
+
+
+def _read(model: type[ModelT], path: Path) -> ModelT:
+    """``path`` validated as ``model``. Raises RecordError if it is missing, not JSON or does not fit;
+    OSError if it cannot be read for another reason (permissions)."""
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise RecordError(path, "is missing") from None
+    except ValidationError as e:
+        raise RecordError(path, _problem(e)) from None
+
+
+def _problem(e: ValidationError) -> str:
+    """The first error of ``e`` in a few words, e.g. "has an unknown field 'nodes.0.foo' (and 2 more
+    problems)": pydantic's own text is a dozen lines per error."""
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "json_invalid":
+        problem = f"is not valid JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+    elif not where:
+        problem = f"is not a record of this launcher ({first['msg']})"
+    elif first["type"] == "extra_forbidden":
+        problem = f"has an unknown field {where!r}"
+    elif first["type"] == "missing":
+        problem = f"lacks the field {where!r}"
+    else:
+        problem = f"has an invalid field {where!r} ({first['msg']})"
+    more = len(errors) - 1
+    return problem + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
 class Failure(BaseModel):
@@ -201,10 +248,14 @@ class JobRecord:
 
     @classmethod
     def open(cls, ref: str, jobs_root: Path) -> JobRecord:
-        """A job by id (under ``jobs_root``) or by directory path. Raises JobNotFound."""
+        """A job by id (under ``jobs_root``) or by directory path. Raises JobNotFound, or RecordError
+        for a record whose submit stopped before it wrote the Plan."""
         for path in (jobs_root / ref, Path(ref)):
             if (path / "plan.json").is_file():
                 return cls(path)
+        for path in (jobs_root / ref, Path(ref)):
+            if (path / "spec.json").is_file():
+                raise RecordError(path / "plan.json", "is missing")
         raise JobNotFound(f"no job {ref!r} in {jobs_root} (see `launcher list`, or pass the job directory)")
 
     def discard(self) -> None:
@@ -216,20 +267,30 @@ class JobRecord:
         for path in self.dir.iterdir():
             _remove(path)
 
+    def check(self) -> None:
+        """Read every file of the record, so that a command refuses a record of another version
+        before it does anything. Raises RecordError (or OSError), as the readers below do. The
+        handle is checked for JSON only: its model is the scheduler's."""
+        self.plan()
+        self.status()
+        self.spec()
+        if self.has_handle():
+            _read(_AnyJson, self.dir / "handle.json")
+
     def spec(self) -> JobSpec:
-        """Raises OSError if unreadable, ValidationError if malformed (as do plan() and handle())."""
-        return JobSpec.model_validate_json((self.dir / "spec.json").read_text())
+        """Raises RecordError if missing or malformed, OSError if unreadable (as do the readers below)."""
+        return _read(JobSpec, self.dir / "spec.json")
 
     def plan(self) -> Plan:
-        return Plan.model_validate_json((self.dir / "plan.json").read_text())
+        return _read(Plan, self.dir / "plan.json")
 
     def write_plan(self, plan: Plan) -> None:
         """Replace the Plan (a retry onto other hosts); atomic for its readers."""
         atomic_write_text(self.dir / "plan.json", plan.to_json())
 
     def status(self) -> JobStatus:
-        """The recorded status. Raises OSError if unreadable, ValidationError if malformed."""
-        return JobStatus.model_validate_json((self.dir / "status.json").read_text())
+        """The recorded status."""
+        return _read(JobStatus, self.dir / "status.json")
 
     def write_status(self, status: JobStatus) -> None:
         atomic_write_text(self.dir / "status.json", status.model_dump_json(indent=2))
@@ -256,7 +317,7 @@ class JobRecord:
         """The scheduler's handle (None before the job was submitted)."""
         if not self.has_handle():
             return None
-        return model.model_validate_json((self.dir / "handle.json").read_text())
+        return _read(model, self.dir / "handle.json")
 
     def has_handle(self) -> bool:
         """Whether the scheduler accepted the job (and saved how to find it)."""
@@ -270,6 +331,12 @@ class JobRecord:
 
     def torchelastic_dir(self, node_rank: int) -> Path:
         return torchelastic_dir(self.dir, node_rank)
+
+
+class _AnyJson(BaseModel):
+    """Any JSON object: what ``check`` asks of a handle."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def _remove(path: Path) -> None:

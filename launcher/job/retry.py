@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_PARITY, EXIT_USAGE
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 
 ATTEMPTS_DIR = "attempts"
 MAX_BACKOFF_S = 300.0
 _NEVER = {
     EXIT_USAGE: "invalid input",
-    EXIT_PARITY: "the nodes were refused before training",
+    EXIT_REFUSED: "the nodes were refused before training",
     EXIT_CHECKPOINTED: "stopped on request",
     EXIT_INTERRUPTED: "stopped on request",
 }
@@ -52,7 +52,7 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     the attempts in ``history`` (oldest first) and with ``retries`` allowed in all."""
     if outcome.state != JobState.FAILED:
         return "it did not fail"
-    named = outcome.exit_code == EXIT_PARITY and bool(outcome.suspect_nodes)  # by the health gate: left out
+    named = outcome.exit_code == EXIT_REFUSED and bool(outcome.suspect_nodes)  # by the health gate: left out
     if outcome.exit_code in _NEVER and not named:
         return _NEVER[outcome.exit_code]
     if len(history) >= retries:

@@ -33,7 +33,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")  # the trainer's --precision choices
 # Per pair all_reduce: ~20 ms on a test veth, over several scheduler slices; 0.3 s at 500 Mbit/s.
 PAIR_BYTES = 16 * 2**20
 COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
-GATE_TIMEOUT_S = 60.0  # --preflight: to form the group, and for each call of the gate
+GATE_TIMEOUT_S = 60.0  # --health-check: to form the group, and for each call of the gate
 
 Check = Literal["link", "compute", "gpu"]
 

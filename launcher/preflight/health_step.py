@@ -1,12 +1,12 @@
 """The health gate inside a SLURM job: the step after version parity, before training.
 
-With ``--preflight`` (or ``--preflight-warn``) the batch script runs the collective preflight with the
+With ``--health-check`` (or ``--health-check-warn``) the batch script runs the collective preflight with the
 gate's stages on every allocated node (one ``srun`` step of torchrun agents, ``--nproc-per-node``
 ranks each; node K's output in ``<job dir>/health/node-K.out``, its errors in ``node-K.log``), then
 this module on the batch node. It judges rank 0's result (``launcher.preflight.health``), prints the
-report to the batch log and, when a node is named, ends the job with exit code 3 (EXIT_PARITY) before
-any rank of the job starts, recording the message and the named node ranks in ``<job dir>/health.json``
-(read by ``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the
+report to the batch log and, when a node is named, ends the job with exit code 3 (EXIT_REFUSED) before
+any rank of the job starts, with a ``launcher.job.reports.Refused`` report of the message and the named
+node ranks (read by ``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the
 job without those nodes (``launcher.schedulers.slurm.retry``), so SLURM allocates others in their
 place. A requeued job runs the gate again on its new nodes.
 """
@@ -16,16 +16,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
+from launcher.job import reports
+from launcher.job.reports import Refused
 from launcher.preflight.collective_report import format_table, parse_errors, parse_result
 from launcher.preflight.health import GateSettings, findings, report_text
-from launcher.preflight.parity_step import STEP_TIME_MIN, StepFailure, write_failure
-from trainer.contract import EXIT_PARITY, EXIT_USAGE
+from launcher.preflight.parity_step import STEP_TIME_MIN
+from trainer.contract import EXIT_REFUSED, EXIT_USAGE
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
-RESULT = "health.json"  # in the job directory, written when the gate ends the job
 HOSTS = "hosts"  # the allocation's node names in node-rank (SLURM_NODEID) order, one per line
 
 
@@ -56,7 +56,7 @@ def batch_lines(
     return [
         "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
         "# names ends the job before training (exit 3).",
-        f"rm -rf -- {q(str(health))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(health))}",
+        f"rm -rf -- {q(str(health))} && mkdir -p -- {q(str(health))}",
         f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
         f"{shlex.join(srun)} || true  # the judgment says what a node without a result printed",
         f"{judge} || {on_failure}",
@@ -88,7 +88,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> StepFailure | None:
+def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused | None:
     """Judge the workers' result; print the table and the report. Returns the failure that ends the
     job (exit 3 naming nodes, or exit 2 when the gate could not run), None to go on."""
     health = job_dir / HEALTH_DIR
@@ -99,7 +99,8 @@ def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> StepFai
         errors = [e.message for text in outputs for e in parse_errors(text)]
         errors = errors or [f"no result from rank 0: see {health}/node-*.log"]
         message = "health gate: the collective preflight failed:\n  " + "\n  ".join(errors)
-        return StepFailure(EXIT_USAGE, message, time.time())  # as on SSH hosts: not a node to retry without
+        # As on SSH hosts: exit 2, not a node to retry without. Sent by the judging node, node 0.
+        return Refused(node=0, check="health", exit_code=EXIT_USAGE, message=message)
     found = findings(result, hosts, {}, gate)
     print(format_table(result), flush=True)
     print(report_text(result, hosts, found), flush=True)
@@ -108,12 +109,13 @@ def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> StepFai
         return None
     if warn:
         print(
-            "WARNING: --preflight-warn: training although the health gate named the node(s) above", flush=True
+            "WARNING: --health-check-warn: training although the health gate named the node(s) above",
+            flush=True,
         )
         return None
     nodes = sorted({hosts.index(f.host) for f in named})
     message = f"the health gate named {len(nodes)} node(s):\n  " + "\n  ".join(f.line for f in named)
-    return StepFailure(EXIT_PARITY, message, time.time(), nodes)
+    return Refused(node=0, check="health", exit_code=EXIT_REFUSED, message=message, nodes=nodes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = check(args.job_dir, args.nodes, gate, args.warn)
     if failure is None:
         return 0
-    write_failure(args.job_dir, failure, RESULT)
+    reports.append(args.job_dir, failure)
     print(failure.message, file=sys.stderr, flush=True)
     return failure.exit_code
 

@@ -3,46 +3,33 @@
 The batch script runs ``python -m launcher.preflight.probe --json`` on every allocated node (one
 ``srun`` step, each node's report in ``<job dir>/parity/node-K.json``, its stderr in ``node-K.log``),
 then this module on the batch node: it compares the reports (``launcher.preflight.parity``) and exits 3
-(EXIT_PARITY) with the field-by-field diff when a must-match field differs or a node has too few GPUs,
+(EXIT_REFUSED) with the field-by-field diff when a must-match field differs or a node has too few GPUs,
 so the job ends before any rank starts. A requeued job runs the step again: it may land on other nodes.
 
-The outcome of a failed step is recorded in ``<job dir>/parity.json`` ({exit_code, message, time, nodes}:
-``StepFailure``, which the health gate's step records too), which the SLURM scheduler reads to report
-the job's end (``slurm_state.end_outcome``).
+A failed step sends a ``launcher.job.reports.Refused`` report (the exit code and the diff; the health
+gate's step sends one too), from which the SLURM scheduler tells how the job ended
+(``launcher.schedulers.slurm.state.end_outcome``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from pydantic import ValidationError
 
+from launcher.job import reports
+from launcher.job.reports import Refused
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import IMAGE_DIGEST_ENV, Probe
-from trainer.contract import EXIT_FAILED, EXIT_PARITY, atomic_write_text
+from trainer.contract import EXIT_FAILED, EXIT_REFUSED
 
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
-RESULT = "parity.json"  # in the job directory, written when the step fails
 STEP_TIME_MIN = 5  # srun's limit for the probe step: a cold `import torch` takes seconds, not minutes
 PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
-
-
-@dataclass(frozen=True)
-class StepFailure:
-    """Why a step before training ended the job: ``exit_code`` 3 for a mismatch (or nodes the health
-    gate named: ``nodes``, their node ranks), 1 when a node gave no report."""
-
-    exit_code: int
-    message: str
-    time: float
-    nodes: list[int] = field(default_factory=list)
 
 
 class InImage(Protocol):
@@ -93,27 +80,10 @@ def batch_lines(
     return [
         "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",
         *digest,
-        f"rm -rf -- {q(str(probes))} {q(str(Path(job_dir) / RESULT))} && mkdir -p -- {q(str(probes))}",
+        f"rm -rf -- {q(str(probes))} && mkdir -p -- {q(str(probes))}",
         f"{shlex.join(srun)} || true  # a node without a report is named by the comparison",
         f"(cd -- {q(workdir)} && {shlex.join(compare_argv)}) || exit $?",
     ]
-
-
-def write_failure(job_dir: Path, failure: StepFailure, name: str = RESULT) -> None:
-    """Record ``failure`` in the job directory (``name``: the step's result file), for ``read_failure``."""
-    atomic_write_text(job_dir / name, json.dumps(failure.__dict__))
-
-
-def read_failure(job_dir: Path, since: float, name: str = RESULT) -> StepFailure | None:
-    """The recorded failure of the step run at or after ``since`` (epoch seconds), else None: the
-    parity step's, or the one whose result file is ``name`` (the health gate's ``health.json``)."""
-    try:
-        data = json.loads((job_dir / name).read_text())
-        nodes = [int(n) for n in data.get("nodes", [])]
-        failure = StepFailure(int(data["exit_code"]), str(data["message"]), float(data["time"]), nodes)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return failure if failure.time >= since else None
 
 
 def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]]:
@@ -130,13 +100,14 @@ def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]
     return found, missing
 
 
-def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool) -> StepFailure | None:
+def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool, node: int = 0) -> Refused | None:
     """Compare the nodes' reports; print the table, and the diff when they differ (to stderr). Returns the
-    failure that ends the job, None to go on (they match, or ``skip`` and they only differ)."""
+    refusal (as node ``node`` sends it) that ends the job: exit 3 for a mismatch, 1 when a node gave no
+    report; None to go on (they match, or ``skip`` and they only differ)."""
     probes, missing = _read_probes(job_dir / PROBE_DIR, nnodes)
     if missing:
         message = "version parity: the probe failed on some nodes:\n" + "\n".join(missing)
-        return StepFailure(EXIT_FAILED, message, time.time())
+        return Refused(node=node, check="parity", exit_code=EXIT_FAILED, message=message)
     print(report_table(probes), flush=True)
     mismatches, shortfalls = compare(probes, gpus_per_node)
     if not mismatches and not shortfalls:
@@ -146,7 +117,7 @@ def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool) -> StepFai
     if skip:
         print(f"WARNING (--skip-parity: training anyway): {diff}", file=sys.stderr, flush=True)
         return None
-    return StepFailure(EXIT_PARITY, diff, time.time())
+    return Refused(node=node, check="parity", exit_code=EXIT_REFUSED, message=diff)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
     if failure is None:
         return 0
-    write_failure(args.job_dir, failure)
+    reports.append(args.job_dir, failure)
     print(failure.message, file=sys.stderr, flush=True)
     return failure.exit_code
 

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,21 +28,21 @@ from typing import NoReturn, Protocol
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from launcher.job import channel, reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
-from launcher.job.hang import EXIT_HANG, REPORT_TAIL, merge, read_reports
+from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
 from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, not_retried, refusal
 from launcher.job.spec import JobSpec
-from launcher.preflight.parity_step import read_failure
 from launcher.supervisor import procs, secrets
 from launcher.supervisor.watchdog import Watchdog, plan_watchdog
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
-HANG_REPORTS_S = 30.0  # after one node reports a hang, how long the others get to report theirs
-REPORT_READ_S = 1.0  # how often the node logs are read for hang reports
+REPORT_READ_S = 1.0  # how often the job record is read for the nodes' hang reports
+DRAIN_S = 5.0  # after the agents ended, how long their channels get to deliver the rest
 
 
 class SupervisorHandle(BaseModel):
@@ -117,10 +118,10 @@ class ChildAgents:
     def refusal(self, record: JobRecord, since: float) -> Outcome | None:
         # A node's parity step (compose's container entry, or any node that runs it) records a refusal
         # in the job record: that is the job's exit code and message, not the agent's exit.
-        parity = read_failure(record.dir, since=since)
-        if parity is None:
+        refused = reports.read(record.dir, reports.Refused, since=since)
+        if not refused:
             return None
-        return Outcome(state=JobState.FAILED, exit_code=parity.exit_code, message=parity.message)
+        return Outcome(state=JobState.FAILED, exit_code=refused[-1].exit_code, message=refused[-1].message)
 
 
 class _StopAtOnce(Exception):
@@ -250,6 +251,7 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
     finally:
         stop.ignore()  # cleanup must not be cut short by another signal
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
     final = job.record.finish(outcome)
     if ready[0] >= 0:
         os.close(ready[0])
@@ -368,16 +370,15 @@ class _Watch:
         if time.monotonic() < self.next_read:
             return None
         self.next_read = time.monotonic() + REPORT_READ_S
-        logs = [job.record.dir / n.log for n in job.plan.nodes]
-        reports = read_reports(logs, since=job.started, tail=REPORT_TAIL)
-        if not reports:
+        hangs = reports.hangs(job.record.dir, since=job.started)
+        if not hangs:
             return None
         self.first_report = self.first_report or time.monotonic()
-        if len(reports) < job.plan.nnodes and time.monotonic() - self.first_report < HANG_REPORTS_S:
+        if len(hangs) < job.plan.nnodes and time.monotonic() - self.first_report < HANG_REPORTS_S:
             return None
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
-        return hang_outcome(job.record.dir, merge(reports, hosts))
+        return hang_outcome(job.record.dir, merge(hangs, hosts))
 
     def _begin_stop(self) -> None:
         self.stop_at, self.stop_asked = time.monotonic(), time.time()
@@ -394,10 +395,11 @@ class _Watch:
         if code == EXIT_HANG:  # that node's watchdog reported a hang: so will the others', soon
             psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], HANG_REPORTS_S)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
-        reports = read_reports([job.record.dir / n.log for n in job.plan.nodes], since=job.started)
-        if reports:
+        drain_channels(DRAIN_S)
+        hangs = reports.hangs(job.record.dir, since=job.started)
+        if hangs:
             hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
-            return hang_outcome(job.record.dir, merge(reports, hosts))
+            return hang_outcome(job.record.dir, merge(hangs, hosts))
         refusal = job.transport.refusal(job.record, job.started)
         if refusal is not None:
             return refusal
@@ -433,24 +435,45 @@ def start_client(
     *,
     keep_stdin: bool,
     env: dict[str, str] | None = None,
+    channel_of: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
     appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
     line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours).
-    Its own session, killed with the supervisor. Raises OSError."""
+    With ``channel_of`` (a job directory), its stdout is an agent's channel (``launcher.job.channel``):
+    output to ``log``, reports into that job record. Its own session, killed with the supervisor.
+    Raises OSError."""
     with open(log, "ab") as out:
         client = subprocess.Popen(
             argv,
             env=env,
             stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            stdout=out if channel_of is None else subprocess.PIPE,
+            stderr=subprocess.STDOUT if channel_of is None else out,
             start_new_session=True,
             preexec_fn=procs.die_with_parent,
         )
+    if channel_of is not None:
+        assert client.stdout is not None
+        pump = threading.Thread(target=channel.pump, args=(client.stdout, log, channel_of), daemon=True)
+        pump.start()
+        _CHANNELS.append(pump)
     assert client.stdin is not None
     secrets.send(client.stdin, secret_env, keep_open=keep_stdin)
     return client
+
+
+_CHANNELS: list[threading.Thread] = []  # the agents' channels this supervisor reads
+
+
+def drain_channels(timeout_s: float) -> None:
+    """Wait (at most ``timeout_s`` in all) until the channels of agents that ended are read to their
+    end: a report sent just before its agent exited is in the job record after this."""
+    deadline = time.monotonic() + timeout_s
+    for pump in list(_CHANNELS):
+        pump.join(max(0.0, deadline - time.monotonic()))
+        if not pump.is_alive():
+            _CHANNELS.remove(pump)
 
 
 class _StopOnSignal:

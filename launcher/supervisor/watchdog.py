@@ -27,7 +27,7 @@ from trainer.contract import HEARTBEAT_DIR_ENV, Beat, clear_beats, read_beats
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past
-# the launcher's wait for every node's report (``launcher.supervisor.supervisor.HANG_REPORTS_S``).
+# the launcher's wait for every node's report (``launcher.job.hang.HANG_REPORTS_S``).
 HOLD_S = 60.0
 NONBLOCKING_TRIES = 5
 POLL_S = 1.0
@@ -216,16 +216,16 @@ class NodeWatch:
 def end_hung(
     child: subprocess.Popen[bytes],
     hang: HangReport,
-    write: Callable[[bytes], object],
+    report: Callable[[HangReport], object],
     released: Callable[[], bool],
     hold_s: float = HOLD_S,
 ) -> int:
-    """After a node's watchdog took its ranks' stacks: hand ``write`` the report as one line (one
-    write: one line in a shared log), then keep the ranks as they are until ``released()`` (every
-    node has reported, or the launcher ends the job) or ``hold_s`` seconds: killed now, they would
-    wake their peers on other nodes with a connection error before those nodes' watchdogs took their
-    stacks. Then end ``child``'s tree (a stopped rank never acts on SIGTERM). Returns EXIT_HANG."""
-    write((hang.line() + "\n").encode())
+    """After a node's watchdog took its ranks' stacks: ``report`` the hang (a ``reports.Hang`` on the
+    node's channel), then keep the ranks as they are until ``released()`` (every node has reported, or
+    the launcher ends the job) or ``hold_s`` seconds: killed now, they would wake their peers on other
+    nodes with a connection error before those nodes' watchdogs took their stacks. Then end ``child``'s
+    tree (a stopped rank never acts on SIGTERM). Returns EXIT_HANG."""
+    report(hang)
     deadline = time.monotonic() + hold_s
     while child.poll() is None and not released() and time.monotonic() < deadline:
         time.sleep(POLL_S / 4)

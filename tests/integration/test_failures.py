@@ -17,7 +17,7 @@ from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of, wait_for_steps
-from trainer.contract import EXIT_PARITY
+from trainer.contract import EXIT_REFUSED
 
 TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
 
@@ -169,6 +169,6 @@ def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: 
     handle = LocalScheduler().submit(plan, record, detach=False)
     final = wait_terminal(LocalScheduler(), record, 180, poll_s=0.1)
     os.waitpid(handle.supervisor.pid, 0)
-    assert final is not None and final.state == "failed" and final.job_exit_code == EXIT_PARITY
+    assert final is not None and final.state == "failed" and final.job_exit_code == EXIT_REFUSED
     assert final.message is not None and "image_digest" in final.message and "b" * 64 in final.message
     assert "trained" not in (job_dir / "node-0.log").read_text() + (job_dir / "node-1.log").read_text()

@@ -1,7 +1,7 @@
 """The health gate against real SSH test hosts and real faults: a link slowed with a token-bucket
 qdisc on one host's veth (both directions), and a host slowed by pinning its sshd and every process
 it starts to one core that busy loops also hold. ``launcher check --collective`` must name that host
-and only it; ``submit --preflight`` must refuse the launch with exit code 3 and start nothing.
+and only it; ``submit --health-check`` must refuse the launch with exit code 3 and start nothing.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_submit_preflight_refuses_a_launch_with_a_slowed_host_and_starts_nothing
     jobs = tmp_path / "jobs"
     with slow_link(3):
         proc = launcher(
-            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--preflight",
+            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--health-check",
             "--", *prepared_data, "--preset", "tiny", "--max-steps", "5", "--run-dir", str(tmp_path / "run"),
         )  # fmt: skip
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -105,7 +105,7 @@ def test_with_retries_a_named_host_is_replaced_by_a_spare_and_the_job_trains(
     run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
     with slow_link(3):
         proc = launcher(
-            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--preflight",
+            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--health-check",
             "--retries", "1", "--omp-num-threads", "1", "--", *prepared_data, "--preset", "tiny",
             "--max-steps", "2", "--no-compile", "--run-dir", str(run_dir),
         )  # fmt: skip

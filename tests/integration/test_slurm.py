@@ -322,11 +322,11 @@ def _idle_nodes() -> list[str]:
 def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
     prepared_data, tmp_path: Path
 ) -> None:
-    """``--preflight`` on n1 and n2, n1's slurmd and every step it starts slowed (its core shared with
+    """``--health-check`` on n1 and n2, n1's slurmd and every step it starts slowed (its core shared with
     busy loops): the gate's compute check names n1 and the job fails with exit 3 before any rank starts."""
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
-    flags = ["--preflight", "--slurm-opt", "nodelist=n1,n2", "--wait"]
+    flags = ["--health-check", "--slurm-opt", "nodelist=n1,n2", "--wait"]
     with slowed(_slurmd("n1")):
         proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=600)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -342,13 +342,13 @@ def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
 def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
     prepared_data, tmp_path: Path
 ) -> None:
-    """``--preflight --retries 1`` with n1 slowed: SLURM gives the job n1 and n2 (the first idle
+    """``--health-check --retries 1`` with n1 slowed: SLURM gives the job n1 and n2 (the first idle
     nodes), the gate names n1, the batch script requeues the job without it, and on n2 and n3 the gate
     passes and the job trains."""
     _until("3 idle nodes", lambda: len(_idle_nodes()) >= 3, timeout=120)
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
-    flags = ["--preflight", "--retries", "1", "--retry-backoff-s", "1"]
+    flags = ["--health-check", "--retries", "1", "--retry-backoff-s", "1"]
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
     with slowed(_slurmd("n1")):
         proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)

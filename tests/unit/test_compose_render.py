@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from launcher.image.engine import DEFAULT_HOST, engine_env, with_engine
+from launcher.job import reports
 from launcher.job.spec import JobSpec
 from launcher.preflight.probe import collect
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.schedulers.compose.scheduler import ComposeFacts, ComposeScheduler
-from trainer.contract import EXIT_PARITY
+from trainer.contract import EXIT_REFUSED
 
 IMAGE_ID = "sha256:" + "c" * 64
 
@@ -133,9 +134,10 @@ def test_a_container_checks_parity_then_runs_the_command_with_the_secrets(tmp_pa
     other = peer.model_copy(update={"torch": "2.12.0"})
     (tmp_path / "parity" / "node-1.json").write_text(other.model_dump_json())
     refused = _node0(tmp_path, "", sys.executable, "-c", "print('trained')")
-    assert refused.returncode == EXIT_PARITY and "trained" not in refused.stdout
+    assert refused.returncode == EXIT_REFUSED and "trained" not in refused.stdout
     assert "torch: " in refused.stderr and "2.12.0" in refused.stderr
-    assert json.loads((tmp_path / "parity.json").read_text())["exit_code"] == EXIT_PARITY
+    (refusal,) = reports.read(tmp_path, reports.Refused)
+    assert (refusal.node, refusal.check, refusal.exit_code) == (0, "parity", EXIT_REFUSED)
 
 
 def test_docker_calls_go_to_the_engine_recorded_at_submit(monkeypatch: pytest.MonkeyPatch) -> None:

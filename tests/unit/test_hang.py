@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job import reports
 from launcher.job.failures import hang_outcome
 from launcher.job.hang import (
     FLOOR_S,
@@ -20,7 +21,6 @@ from launcher.job.hang import (
     hang_message,
     heartbeat_dir,
     merge,
-    read_reports,
     stalled,
 )
 from launcher.job.progress import node_progress, recorded_beats
@@ -152,16 +152,17 @@ def test_a_rank_short_of_the_collective_the_others_wait_in_is_named_behind(tmp_p
     assert "ranks 0, 2 wait in gloo:all_reduce #6" in message and "no frame readable for rank 3" in message
 
 
-def test_each_nodes_report_line_is_read_back_from_its_log_and_merged(tmp_path: Path) -> None:
+def test_each_nodes_newest_hang_report_is_read_back_from_the_record_and_merged(tmp_path: Path) -> None:
     node0 = HangReport(silent_s=31, budget_s=30, step=8, ranks=[_rank(0, "gl-h1", "sleeping", "all_reduce")])
     node1 = HangReport(silent_s=33, budget_s=30, step=7, ranks=[_rank(1, "gl-h2", "stopped", None)])
-    logs = [tmp_path / "node-0.log", tmp_path / "node-1.log", tmp_path / "node-2.log"]
-    logs[0].write_text(f"[rank0]: step 8\n{node0.line()}\n")
-    logs[1].write_text(f"noise\n{node1.line()[:50]}\n{node1.line()}\ntorchrun: exit\n")  # a cut line first
-    logs[2].write_text("no report here\n")
-    reports = read_reports([*logs, tmp_path / "missing.log"])
-    assert reports == [node0, node1]
-    job = merge(reports)
+    older = node1.model_copy(update={"step": 2})
+    for node, report, at in ((1, older, 100.0), (0, node0, 200.0), (1, node1, 201.0)):
+        reports.append(tmp_path, reports.Hang(node=node, hang=report, time=at))
+    with open(tmp_path / "reports" / "node-2.jsonl", "ab") as cut:  # a node killed in mid-write
+        cut.write(reports.encode(reports.Hang(node=2, hang=node0, time=202.0))[:50])
+    assert reports.hangs(tmp_path) == [node0, node1]
+    assert reports.hangs(tmp_path, since=200.5) == [node1]  # an earlier attempt's are not this one's
+    job = merge(reports.hangs(tmp_path))
     assert (job.silent_s, job.step, [r.rank for r in job.ranks]) == (33, 8, [0, 1])
 
 

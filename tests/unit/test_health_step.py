@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job import reports
 from launcher.job.record import JobState, Outcome
 from launcher.job.retry import refusal
 from launcher.job.spec import JobSpec
 from launcher.preflight.collective_report import ERROR_MARKER, MARKER, CollectiveResult, DeviceResult
-from launcher.preflight.health_step import HEALTH_DIR, HOSTS, RESULT, main
-from launcher.preflight.parity_step import read_failure
+from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.gate import gate_lines
 from launcher.schedulers.slurm.retry import command as retry_command
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
-from trainer.contract import EXIT_PARITY, EXIT_USAGE
+from trainer.contract import EXIT_REFUSED, EXIT_USAGE
 
 NODES = ["n1", "n2", "n3"]
 
@@ -54,12 +54,12 @@ def test_a_slow_node_ends_the_job_with_exit_3_naming_it_for_the_retry(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job_dir = _job_dir(tmp_path, f"[rank0]: {MARKER} {_result([0.1, 0.02, 0.1]).model_dump_json()}\n")
-    assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == EXIT_PARITY
+    assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == EXIT_REFUSED
     out, err = capsys.readouterr()
     assert "health gate: 1 host(s) named:\nn2: compute 0.02 TFLOP/s on cpu (rank 1, float32)" in out
     assert err.startswith("the health gate named 1 node(s):\n  n2: compute 0.02 TFLOP/s")
-    failure = read_failure(job_dir, since=0, name=RESULT)
-    assert failure is not None and (failure.exit_code, failure.nodes) == (EXIT_PARITY, [1])
+    (failure,) = reports.read(job_dir, reports.Refused)
+    assert (failure.check, failure.exit_code, failure.nodes) == ("health", EXIT_REFUSED, [1])
     outcome = Outcome(
         state=JobState.FAILED, exit_code=3, message=failure.message, suspect_nodes=failure.nodes
     )
@@ -74,15 +74,15 @@ def test_warn_reports_the_named_node_and_goes_on(tmp_path: Path, capsys: pytest.
     assert main(["--job-dir", str(job_dir), "--nodes", "3", "--warn"]) == 0
     out = capsys.readouterr().out
     assert "\nnode 2: compute 0.02 TFLOP/s" in out  # no hosts file: node ranks name the nodes
-    assert "WARNING: --preflight-warn: training although the health gate named" in out
-    assert not (job_dir / RESULT).exists()
+    assert "WARNING: --health-check-warn: training although the health gate named" in out
+    assert not reports.read(job_dir, reports.Refused)
 
 
 def test_healthy_nodes_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job_dir = _job_dir(tmp_path, f"{MARKER} {_result([0.1, 0.09, 0.1]).model_dump_json()}\n")
     assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == 0
     assert "health gate: no host named (3 host(s); compute checked)" in capsys.readouterr().out
-    assert not (job_dir / RESULT).exists()
+    assert not reports.read(job_dir, reports.Refused)
 
 
 def test_a_gate_that_could_not_run_fails_the_job_with_the_ranks_errors(tmp_path: Path) -> None:
@@ -91,8 +91,8 @@ def test_a_gate_that_could_not_run_fails_the_job_with_the_ranks_errors(tmp_path:
     job_dir = _job_dir(tmp_path, "torchrun noise\n")
     (job_dir / HEALTH_DIR / "node-1.out").write_text(f"[rank1]: {ERROR_MARKER} {error}\n")
     assert main(["--job-dir", str(job_dir), "--nodes", "2"]) == EXIT_USAGE  # not a node to retry without
-    failure = read_failure(job_dir, since=0, name=RESULT)
-    assert failure is not None and failure.nodes == []
+    (failure,) = reports.read(job_dir, reports.Refused)
+    assert failure.nodes == []
     assert failure.message.startswith("health gate: the collective preflight failed:\n  collective preflight")
 
 
@@ -124,13 +124,13 @@ def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_pa
     srun = 'for a in "$@"; do case $a in --output=*) out=${a#--output=};; esac; done\n'
     srun += f'cp {result} "${{out/\\%n/0}}"; echo "$@" > {tmp_path}/srun.args'
     _fake(bin_dir, "srun", srun)
-    spec = _spec(preflight=True)
+    spec = _spec(health_check=True)
     retry = retry_command(python=sys.executable, workdir=os.getcwd(), job_dir=str(job_dir))
     lines = gate_lines(spec, os.getcwd(), job_dir, {"GLOO_SOCKET_IFNAME": "{{ifname}}"}, None, retry)
     env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[1-2]"}
     script = "\n".join([*BATCH_SETUP, *lines, "echo trained"])
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == EXIT_PARITY, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_REFUSED, proc.stdout + proc.stderr
     assert "n2: compute 0.02 TFLOP/s" in proc.stdout and "\nbatch: not retried:" in proc.stdout, proc.stdout
     assert "trained" not in proc.stdout
     assert (job_dir / HEALTH_DIR / HOSTS).read_text() == "n1\nn2\n"
@@ -139,4 +139,4 @@ def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_pa
     assert f"env GLOO_SOCKET_IFNAME={{{{ifname}}}} {sys.executable} -m launcher.job.node --workdir " in args
     assert "--node-rank={{node_rank}}" in args
     assert "-m launcher.preflight.collective --timeout-s=60 --compute-s=1 " in args
-    assert gate_lines(_spec(), "/", job_dir, {}, None) == []  # no --preflight, no gate
+    assert gate_lines(_spec(), "/", job_dir, {}, None) == []  # no --health-check, no gate

@@ -6,23 +6,43 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from launcher.job.record import JobRecord, JobState, JobStatus, ProcessRef
+from launcher.cli.main import main
+from launcher.job.record import JobRecord, JobState, JobStatus, ProcessRef, RecordError
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import SupervisorHandle
+from trainer.contract import EXIT_OK, EXIT_USAGE
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
 
 
-def _record(tmp_path: Path, status: JobStatus, spec: JobSpec | None = None) -> JobRecord:
+def _record(
+    tmp_path: Path, status: JobStatus, spec: JobSpec | None = None, job_id: str = "job-1"
+) -> JobRecord:
     spec = spec or JobSpec(nnodes=2)
-    plan = LocalScheduler().render(spec, LocalFacts(**FACTS), "job-1", tmp_path / "job-1")
-    return JobRecord.create(tmp_path / "job-1", spec, plan, status)
+    plan = LocalScheduler().render(spec, LocalFacts(**FACTS), job_id, tmp_path / job_id)
+    return JobRecord.create(tmp_path / job_id, spec, plan, status)
+
+
+def _finished(tmp_path: Path, job_id: str = "job-1") -> JobRecord:
+    now = time.time()
+    status = JobStatus(state=JobState.SUCCEEDED, exit_code=0, created_at=now, started_at=now, ended_at=now)
+    rec = _record(tmp_path, status, job_id=job_id)
+    rec.write_handle(SupervisorHandle(scheduler="local", supervisor=_dead_process(), node_pids=[]))
+    (rec.dir / "node-0.log").write_text("hello\n")
+    return rec
+
+
+def _add_fields(path: Path, *names: str) -> None:
+    """What a newer launcher writes: the same file with fields this one does not know."""
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, **dict.fromkeys(names, 1)}))
 
 
 def _dead_process() -> ProcessRef:
@@ -137,3 +157,68 @@ def test_a_recorded_end_is_never_replaced(tmp_path: Path) -> None:
     assert rec.update_status(state=JobState.RUNNING, started_at=time.time()).state == JobState.CANCELLED
     assert rec.finish(Outcome(state=JobState.SUCCEEDED, exit_code=0)).state == JobState.CANCELLED
     assert rec.status().state == JobState.CANCELLED and rec.status().started_at is None
+
+
+# A record of another launcher version, or one half written: (file, what is done to it, the words).
+DAMAGE: dict[str, tuple[str, Callable[[Path], object], str]] = {
+    "plan-unknown-field": ("plan.json", lambda p: _add_fields(p, "from_v9"), "unknown field 'from_v9'"),
+    "status-unknown-field": ("status.json", lambda p: _add_fields(p, "from_v9"), "unknown field 'from_v9'"),
+    "spec-unknown-field": ("spec.json", lambda p: _add_fields(p, "from_v9"), "unknown field 'from_v9'"),
+    "status-missing": ("status.json", Path.unlink, "is missing"),
+    "plan-missing": ("plan.json", Path.unlink, "is missing"),
+    "handle-not-json": ("handle.json", lambda p: p.write_text('{"supervisor": '), "is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "wait", "cancel"])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_record_of_another_launcher_version_is_refused_with_exit_2_naming_the_file_and_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, command: str
+) -> None:
+    rec = _finished(tmp_path)
+    name, spoil, words = DAMAGE[damage]
+    spoil(rec.dir / name)
+    assert main(["--jobs-root", str(tmp_path), command, "job-1"]) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err.startswith(f"launcher: error: {rec.dir / name} ") and words in err, err
+    assert f"`rm -r {rec.dir}`" in err and err.count("\n") == 1, "one paragraph: file, problem, fix"
+
+
+def test_list_shows_an_unreadable_record_as_one_row_beside_the_readable_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _finished(tmp_path, "job-1")
+    _add_fields(_finished(tmp_path, "job-2").dir / "plan.json", "from_v9")
+    _add_fields(_finished(tmp_path, "job-3").dir / "status.json", "from_v9")
+    (_finished(tmp_path, "job-4").dir / "status.json").unlink()
+    assert main(["--jobs-root", str(tmp_path), "list"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    header, *rows = out.splitlines()
+    assert header.startswith("JOB ID") and "Traceback" not in err
+    assert sorted(row.split()[:2] for row in rows) == [
+        ["job-1", "succeeded"],
+        ["job-2", "unreadable"],
+        ["job-3", "unreadable"],
+        ["job-4", "unreadable"],
+    ]
+    reasons = err.splitlines()
+    assert len(reasons) == 3, "one line on stderr per unreadable record"
+    for job, words in (("job-2", "plan.json has an unknown field"), ("job-3", "status.json has an unknown")):
+        assert any(f"{tmp_path / job}/{words}" in line for line in reasons), reasons
+    assert any(f"{tmp_path / 'job-4'}/status.json is missing" in line for line in reasons), reasons
+
+
+def test_a_record_error_says_the_first_problem_in_a_few_words_and_counts_the_rest(tmp_path: Path) -> None:
+    rec = _finished(tmp_path)
+    _add_fields(rec.dir / "status.json", "from_v9", "also_from_v9")
+    with pytest.raises(RecordError) as refused:
+        rec.status()
+    message = str(refused.value)
+    assert message.startswith(f"{rec.dir}/status.json has an unknown field 'from_v9' (and 1 more problem):")
+    assert "\n" not in message and len(message) < 400
+    (rec.dir / "status.json").write_text(json.dumps({"state": "paused", "created_at": "yesterday"}))
+    with pytest.raises(RecordError, match=r"invalid field 'state' \(Input should be .* \(and 1 more problem"):
+        rec.status()
+    with pytest.raises(ValueError):  # what callers that skip malformed files catch, as before
+        rec.status()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from launcher.cli.flags import add_job_flags, build_spec
 from launcher.cli.main import main
+from launcher.job.spec import JobSpec
+from launcher.schedulers.ssh.options import SshOptions
 from tests.conftest import missing_component
 
 
@@ -220,7 +225,64 @@ def test_health_gate_settings_are_checked_at_the_edge(capsys: pytest.CaptureFixt
 
 def test_submit_refuses_contradictory_or_orphan_gate_settings(jobs_root: Path, capsys) -> None:
     ssh = ["--scheduler", "ssh", "--hosts", "h1", "--dry-run"]
-    assert _submit(jobs_root, *ssh, "--preflight", "--preflight-warn") == 2
+    assert _submit(jobs_root, *ssh, "--health-check", "--health-check-warn") == 2
     assert "keep one" in capsys.readouterr().err
     assert _submit(jobs_root, *ssh, "--min-busbw", "2") == 2
-    assert "add --preflight" in capsys.readouterr().err
+    assert "add --health-check" in capsys.readouterr().err
+
+
+def _spec_of(*argv: str) -> JobSpec:
+    parser = argparse.ArgumentParser()
+    add_job_flags(parser)
+    return build_spec(parser.parse_args(list(argv)), [])
+
+
+def _warnings(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+
+def test_former_health_check_flags_still_work_and_warn_once(capsys: pytest.CaptureFixture[str]) -> None:
+    ssh = ("--scheduler", "ssh", "--hosts", "h1")
+    opts = _spec_of(*ssh, "--preflight", "--preflight").options(SshOptions)
+    assert opts.health_check and not opts.health_check_warn
+    assert _warnings(capsys) == ["launcher: warning: --preflight is deprecated: use --health-check"]
+    opts = _spec_of(*ssh, "--preflight-warn").options(SshOptions)
+    assert opts.health_check_warn and not opts.health_check
+    assert _warnings(capsys) == ["launcher: warning: --preflight-warn is deprecated: use --health-check-warn"]
+    assert not _spec_of(*ssh, "--health-check", "--no-preflight").options(SshOptions).health_check
+    assert _warnings(capsys) == ["launcher: warning: --no-preflight is deprecated: use --no-health-check"]
+    assert _spec_of(*ssh, "--health-check").options(SshOptions).health_check
+    assert _warnings(capsys) == []
+
+
+def test_submit_help_shows_only_the_health_check_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["submit", "--help"])
+    out = capsys.readouterr().out
+    assert "--health-check" in out and "--health-check-warn" in out
+    assert "--preflight" not in out and "preflight_warn" not in out
+
+
+def test_former_health_check_config_keys_still_work_and_warn_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("scheduler:\n  kind: ssh\n  hosts: [h1]\n  preflight_warn: true\n")
+    assert _spec_of("--config", str(cfg)).options(SshOptions).health_check_warn
+    assert _warnings(capsys) == [
+        f"launcher: warning: scheduler.preflight_warn in --config {cfg} is deprecated: "
+        "use scheduler.health_check_warn"
+    ]
+    cfg.write_text("scheduler:\n  kind: ssh\n  hosts: [h1]\n  preflight: true\n")  # a flag overrides it
+    assert not _spec_of("--config", str(cfg), "--no-health-check").options(SshOptions).health_check
+    assert len(_warnings(capsys)) == 1
+
+
+def test_job_record_written_before_the_health_check_rename_still_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = JobSpec.model_validate({"scheduler": {"kind": "ssh", "hosts": ["h1"], "preflight": True}})
+    assert spec.options(SshOptions).health_check
+    assert capsys.readouterr().err == ""  # silently: only what a user types is warned about
+    with pytest.raises(ValidationError, match="keep health_check"):
+        JobSpec.model_validate({"scheduler": {"kind": "ssh", "preflight": True, "health_check": True}})

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from launcher.job import reports
 from launcher.preflight import parity_step
 from launcher.preflight import probe as probe_module
 from launcher.preflight.parity import (
@@ -26,7 +27,7 @@ from launcher.preflight.parity import (
     report_table,
 )
 from launcher.preflight.probe import KEY_PACKAGES, Gpu, Probe, collect
-from trainer.contract import EXIT_FAILED, EXIT_PARITY
+from trainer.contract import EXIT_FAILED, EXIT_REFUSED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A100 = Gpu(index=0, name="NVIDIA A100 80GB", memory_bytes=80 * 2**30)
@@ -279,7 +280,7 @@ def _write_reports(job_dir: Path, *probes: Probe) -> None:
 def test_the_slurm_parity_step_goes_on_when_the_nodes_match(tmp_path: Path) -> None:
     _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", kernel="6.8.0"))
     assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2", "--gpus-per-node", "8"]) == 0
-    assert not (tmp_path / parity_step.RESULT).exists()
+    assert not reports.read(tmp_path, reports.Refused)
 
 
 def test_the_slurm_parity_step_ends_the_job_with_the_diff(
@@ -287,12 +288,12 @@ def test_the_slurm_parity_step_ends_the_job_with_the_diff(
 ) -> None:
     _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", packages={"tokenizers": "0.20.3"}))
     before = time.time()
-    assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2"]) == EXIT_PARITY
-    failure = parity_step.read_failure(tmp_path, before)
-    assert failure is not None and failure.exit_code == EXIT_PARITY
+    assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2"]) == EXIT_REFUSED
+    (failure,) = reports.read(tmp_path, reports.Refused, before)
+    assert (failure.exit_code, failure.check) == (EXIT_REFUSED, "parity")
     assert "packages.tokenizers: 0.23.3 on gl-h1 (node 0); 0.20.3 on gl-h2 (node 1)" in failure.message
     assert failure.message in capsys.readouterr().err
-    assert parity_step.read_failure(tmp_path, failure.time + 1) is None  # an earlier run's is not this one's
+    assert not reports.read(tmp_path, reports.Refused, failure.time + 1)  # an earlier run's is not this one's
 
 
 def test_the_slurm_parity_step_checks_gpus_and_skip_parity_only_warns(
@@ -300,17 +301,17 @@ def test_the_slurm_parity_step_checks_gpus_and_skip_parity_only_warns(
 ) -> None:
     _write_reports(tmp_path, make_probe(), make_probe(hostname="gl-h2", gpus=[A100]))
     args = ["--job-dir", str(tmp_path), "--nodes", "2", "--gpus-per-node", "8"]
-    assert parity_step.main(args) == EXIT_PARITY
+    assert parity_step.main(args) == EXIT_REFUSED
     assert "gpus: gl-h2 (node 1) has 1" in capsys.readouterr().err
-    (tmp_path / parity_step.RESULT).unlink()
+    since = time.time()
     assert parity_step.main([*args, "--skip-parity"]) == 0
     assert "WARNING (--skip-parity" in capsys.readouterr().err
-    assert not (tmp_path / parity_step.RESULT).exists()
+    assert not reports.read(tmp_path, reports.Refused, since)
 
 
 def test_the_slurm_parity_step_names_a_node_without_a_report(tmp_path: Path) -> None:
     _write_reports(tmp_path, make_probe())
     assert parity_step.main(["--job-dir", str(tmp_path), "--nodes", "2"]) == EXIT_FAILED
-    failure = parity_step.read_failure(tmp_path, 0)
-    assert failure is not None and "node 1: no probe report" in failure.message
+    (failure,) = reports.read(tmp_path, reports.Refused)
+    assert "node 1: no probe report" in failure.message
     assert "node 0" not in failure.message and "parity/node-1.log" in failure.message

@@ -62,7 +62,7 @@ def test_sbatch_script_matches_golden_file() -> None:
 
 
 def test_sbatch_script_with_the_health_gate_matches_golden_file() -> None:
-    scheduler = {"kind": "slurm", "partition": "debug", "preflight": True, "min_busbw": 2.5}
+    scheduler = {"kind": "slurm", "partition": "debug", "health_check": True, "min_busbw": 2.5}
     _check_golden(_render(_spec(scheduler=scheduler), gpus_per_node=1).to_text(), "slurm_preflight.sbatch")
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.job import reports
 from launcher.job.record import JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import ATTEMPT_MARKER, AccountingInfo, end_outcome
-from launcher.schedulers.slurm.task import failed_name
 from trainer.contract import write_stop_marker
 
 
@@ -55,8 +55,8 @@ def test_a_cancel_before_any_checkpoint_is_cancelled(record: JobRecord) -> None:
 
 def test_the_first_failing_node_is_named_even_without_an_error_file(record: JobRecord) -> None:
     now = time.time()
-    (record.dir / failed_name(1)).write_text(json.dumps({"exit_code": -9, "time": now - 5}))
-    (record.dir / failed_name(0)).write_text(json.dumps({"exit_code": 1, "time": now - 2}))
+    reports.append(record.dir, reports.Failed(node=1, exit_code=-9, time=now - 5))
+    reports.append(record.dir, reports.Failed(node=0, exit_code=1, time=now - 2))
     outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30), record)
     assert outcome.state == JobState.FAILED and outcome.failure is not None
     assert outcome.failure.node_rank == 1 and "node 1" in outcome.message and "-9" in outcome.message

@@ -6,19 +6,18 @@
 2. Version parity: this container's probe goes to ``D/parity/node-K.json``; once every node's report is
    there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
    SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
-   records it in ``D/parity.json`` (the job's exit code and message).
+   sends a ``launcher.job.reports.Refused`` report (the job's exit code and message).
 3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own; with the
    hang watchdog (``--nproc-per-node`` and the ``--hang-*`` budgets) this process stays instead, as the
    container's init: it forwards SIGTERM/SIGINT to torchrun, follows the ranks' heartbeats and, on a
-   hang, dumps their stacks, prints the report as one ``GPTLAUNCH_HANG {json}`` line, keeps the ranks
-   until the launcher stops the container (it has every node's report) or a bound, ends torchrun's
-   tree and exits 124 (``launcher.job.hang.EXIT_HANG``).
+   hang, dumps their stacks, sends the report (``launcher.job.reports.Hang``, into the mounted job
+   record), keeps the ranks until the launcher stops the container (it has every node's report) or a
+   bound, ends torchrun's tree and exits 124 (``launcher.job.hang.EXIT_HANG``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -27,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
-from launcher.preflight.parity_step import PROBE_DIR, RESULT, check
+from launcher.job import reports
+from launcher.job.hang import HangReport, add_watch_flags, heartbeat_dir, parse_with_command, watch_of
+from launcher.preflight.parity_step import PROBE_DIR, check
 from launcher.preflight.probe import collect
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
@@ -75,8 +75,13 @@ def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_
     code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
     if hang is None:
         return code if code >= 0 else 128 - code
+
+    def report(hang: HangReport) -> None:
+        reports.append(job_dir, reports.Hang(node=node, hang=hang, time=hang.time))
+        print(hang.summary(), flush=True)
+
     # Released when the launcher, having every node's report, stops the containers.
-    return end_hung(child, hang, lambda line: os.write(sys.stdout.fileno(), line), lambda: bool(stopped))
+    return end_hung(child, hang, report, lambda: bool(stopped))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     probes.mkdir(parents=True, exist_ok=True)
     atomic_write_text(probes / f"node-{args.node}.json", collect().model_dump_json() + "\n")
     _wait_for_reports(probes, args.nodes, PEERS_TIMEOUT_S)
-    failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
+    failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity, args.node)
     if failure is not None:
-        # every refusing node records it (atomically): the supervisor may see any one of them exit first
-        atomic_write_text(args.job_dir / RESULT, json.dumps(failure.__dict__))
+        # every refusing node reports it: the supervisor may see any one of them exit first
+        reports.append(args.job_dir, failure)
         print(failure.message, file=sys.stderr, flush=True)
         return failure.exit_code
     watch = watch_of(args)

@@ -1,4 +1,4 @@
-"""The health gate of a SLURM job (``--preflight``, ``--preflight-warn``): a step of the batch script
+"""The health gate of a SLURM job (``--health-check``, ``--health-check-warn``): a step of the batch script
 after version parity, in the allocation, before any rank of the job starts
 (``launcher.preflight.health_step``). Each node runs the collective preflight with the gate's stages
 under torchrun, with the job's environment, ranks per node and precision, meeting at the job's
@@ -26,7 +26,7 @@ def gate_lines(
     image: SlurmImage | None,
     retry: str | None = None,
 ) -> list[str]:
-    """The batch script's lines of the gate (none without ``--preflight``/``--preflight-warn``).
+    """The batch script's lines of the gate (none without ``--health-check``/``--health-check-warn``).
     ``env`` is the nodes' environment (the Plan's), ``retry`` the retry step run when the gate ends
     the job (``--retries``; None in the standalone script, which does not retry)."""
     opts = spec.options(SlurmOptions)
@@ -51,7 +51,7 @@ def gate_lines(
     else:  # pyxis (srun's options) and apptainer (a prefix): the whole task in the image
         node = image.wrap([*assignments, IMAGE_PYTHON, *entry, IMAGE_PYTHON, *torchrun])
     judge = judge_argv(
-        image.python if image else spec.python, str(job_dir), spec.nnodes, gate, opts.preflight_warn
+        image.python if image else spec.python, str(job_dir), spec.nnodes, gate, opts.health_check_warn
     )
     return batch_lines(
         node_argv=node,

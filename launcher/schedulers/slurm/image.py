@@ -8,7 +8,7 @@
   podman container it supervises and removes (``launcher.image.runtime``), as the SSH host agent does.
 
 Everything the image runs uses the image's interpreter (``IMAGE_PYTHON``); the parity comparison and
-the health gate's judgment (``--preflight``) of the batch script run in the image too, except with
+the health gate's judgment (``--health-check``) of the batch script run in the image too, except with
 podman, whose tasks need the host's Python anyway. The retry step of ``--retries`` runs on the batch
 host's Python (it calls ``scontrol``).
 """

@@ -35,7 +35,8 @@ from launcher.preflight import health_step, parity_step
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 
 # What the steps before training leave in the job directory, kept with their attempt.
-STEP_FILES = (parity_step.PROBE_DIR, parity_step.RESULT, health_step.HEALTH_DIR, health_step.RESULT)
+# (Their reports stay in ``reports/``, told apart by time.)
+STEP_FILES = (parity_step.PROBE_DIR, health_step.HEALTH_DIR)
 
 
 def command(*, python: str, workdir: str, job_dir: str) -> str:

@@ -2,11 +2,11 @@
 
 ``submit`` hands the job to SLURM through submitit (``SlurmExecutor``; its folder is ``submitit/`` in the
 job record) and returns once SLURM accepted it. The same Plan renders a standalone sbatch script
-(``slurm_script``) for users who submit with plain ``sbatch``. The nodes meet at a c10d rendezvous on
-the allocation's first node, at a port derived from the SLURM job id, with the job id as rendezvous id:
-all three filled in on the node (``launcher.job.placeholders``). States come from accounting (``sacct``,
-through submitit's watcher), mapped to the common ``JobState``; the job's end is recorded by whichever
-launcher command first sees it (see ``slurm_state``).
+(``launcher.schedulers.slurm.script``) for users who submit with plain ``sbatch``. The nodes meet at a
+c10d rendezvous on the allocation's first node, at a port derived from the SLURM job id, with the job
+id as rendezvous id: all three filled in on the node (``launcher.job.placeholders``). States come from
+accounting (``sacct``, through submitit's watcher), mapped to the common ``JobState``; the job's end is
+recorded by whichever launcher command first sees it (see ``launcher.schedulers.slurm.state``).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class SlurmScheduler:
         self._accounting = Accounting()
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        """Nothing to try before a job here: the health gate (``--preflight``) runs in the allocation,
+        """Nothing to try before a job here: the health gate (``--health-check``) runs in the allocation,
         before training (``launcher.schedulers.slurm.gate``)."""
         return plan
 

@@ -7,7 +7,6 @@ back to ``pending`` and runs again under the same id: only SLURM's end states ar
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -15,14 +14,11 @@ from pathlib import Path
 
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from launcher.job import reports
 from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
-from launcher.job.hang import merge, read_reports
+from launcher.job.hang import merge
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.retry import furthest_step, not_retried, refusal
-from launcher.preflight.health_step import RESULT as HEALTH_RESULT
-from launcher.preflight.parity_step import RESULT as PARITY_RESULT
-from launcher.preflight.parity_step import read_failure
-from launcher.schedulers.slurm.task import failed_name
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
@@ -123,17 +119,10 @@ def job_state(slurm_state: str) -> JobState | None:
     return next((state for state, words in _STATES.items() if slurm_state in words), None)
 
 
-def _first_failed_node(record: JobRecord, nnodes: int, since: float) -> tuple[int, int | None] | None:
-    """(node, its agent's exit code) of the first node whose task recorded a failure in this run."""
-    found = []
-    for node in range(nnodes):
-        try:
-            data = json.loads((record.dir / failed_name(node)).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("time", 0) >= since:
-            found.append((data["time"], node, data.get("exit_code")))
-    return (min(found)[1], min(found)[2]) if found else None
+def _first_failed_node(record: JobRecord, since: float) -> tuple[int, int | None] | None:
+    """(node, its agent's exit code) of the first node whose task reported a failure in this run."""
+    failed = reports.read(record.dir, reports.Failed, since)
+    return (failed[0].node, failed[0].exit_code) if failed else None
 
 
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
@@ -148,15 +137,14 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
     if status.stop_requested_at is not None:  # a cancel (also during the steps before training)
         return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
-    for result in (PARITY_RESULT, HEALTH_RESULT):  # a step before training ended the job: nothing trained
-        refused = read_failure(record.dir, since, result)
-        if refused is not None:  # the nodes the health gate named are the ones a retry leaves out
-            return Outcome(
-                state=JobState.FAILED,
-                exit_code=refused.exit_code,
-                message=refused.message,
-                suspect_nodes=refused.nodes,
-            )
+    refused = reports.read(record.dir, reports.Refused, since)
+    if refused:  # a step before training ended the job: nothing trained
+        return Outcome(  # the nodes the health gate named are the ones a retry leaves out
+            state=JobState.FAILED,
+            exit_code=refused[-1].exit_code,
+            message=refused[-1].message,
+            suspect_nodes=refused[-1].nodes,
+        )
     stopped = read_stop_marker(Path(plan.run_dir), since) is not None
     # A task that died (its node crashed, it was killed) makes srun end the others with SIGTERM: their
     # ranks checkpoint and stop, but that stop is the failure's, not a stop on request.
@@ -167,10 +155,10 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    reports = read_reports([record.node_log(k) for k in range(plan.nnodes)], since)
-    if reports:  # the nodes' watchdogs found the ranks hung, took their stacks and ended them
-        return hang_outcome(record.dir, merge(reports))
-    first = _first_failed_node(record, plan.nnodes, since)
+    hangs = reports.hangs(record.dir, since)
+    if hangs:  # the nodes' watchdogs found the ranks hung, took their stacks and ended them
+        return hang_outcome(record.dir, merge(hangs))
+    first = _first_failed_node(record, since)
     if read_errors(record, plan.nnodes, since) or first is not None:
         node, code = first or (0, info.exit_code)
         failure = root_cause(record, plan.nnodes, node, code, since)

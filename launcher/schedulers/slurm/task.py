@@ -12,16 +12,17 @@ Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM
 (other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed;
 124 when its hang watchdog found the ranks stalled (their stacks and the report are in the node log).
 
-The standalone sbatch script runs the same task from its command line, ``python -m
-launcher.schedulers.slurm.task --job-dir D --run-dir R [--nproc-per-node N --hang-*] -- ARGV``: srun
-writes its output to the node log, and with no launcher to gather the nodes' reports, the task writes
-the stacks to ``D/hang/`` and the one-line cause to the log itself.
+The task's reports (``launcher.job.reports``: a hang with every rank's stack, a failed torchrun agent)
+go into the job record, which SLURM's nodes share. The standalone sbatch script runs the same task
+from its command line, ``python -m launcher.schedulers.slurm.task --job-dir D --run-dir R
+[--nproc-per-node N --hang-*] -- ARGV``: srun writes its output to the node log, and with no launcher
+to gather the nodes' reports, the task writes the stacks to ``D/hang/`` and the one-line cause to the
+log itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -33,38 +34,25 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from launcher.image.runtime import ImageRun
+from launcher.job import reports
 from launcher.job.hang import (
     EXIT_HANG,
-    REPORT_TAIL,
+    HANG_REPORTS_S,
     HangReport,
     add_watch_flags,
     hang_message,
     heartbeat_dir,
     merge,
     parse_with_command,
-    read_reports,
     watch_of,
     write_stacks,
 )
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, Watchdog, end_hung, wait_watching
-from trainer.contract import (
-    EXIT_CHECKPOINTED,
-    EXIT_FAILED,
-    HEARTBEAT_DIR_ENV,
-    atomic_write_text,
-    read_stop_marker,
-)
-
-HANG_REPORTS_S = 30.0  # after this node's hang report, how long the others get to write theirs
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, HEARTBEAT_DIR_ENV, read_stop_marker
 
 # The torchrun agent of this process, for checkpoint(): module state, so the task itself stays picklable.
 _agent: subprocess.Popen[bytes] | None = None
-
-
-def failed_name(node: int) -> str:
-    """The file in the job record where node ``node``'s task records its failure: {exit_code, time}."""
-    return f"node-{node}.failed.json"
 
 
 @dataclass(frozen=True)
@@ -132,7 +120,7 @@ class NodeTask:
         )
         code, hang = wait_watching(_agent, watchdog)
         if hang is not None:
-            self._hung(_agent, hang, log)
+            self._hung(node, _agent, hang, log)
         if code == 0:
             return 0
         if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
@@ -140,28 +128,31 @@ class NodeTask:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
         # Which node failed first, even when no rank could write an error file (a crash, a kill).
-        failed = {"exit_code": code, "time": time.time()}
-        atomic_write_text(Path(self.job_dir) / failed_name(node), json.dumps(failed))
+        reports.append(Path(self.job_dir), reports.Failed(node=node, exit_code=code))
         raise SystemExit(EXIT_FAILED)
 
-    def _hung(self, agent: subprocess.Popen[bytes], hang: HangReport, log: BinaryIO) -> NoReturn:
-        """After this node's stacks are taken: its report in its log; its ranks kept until every node's
-        report is in the shared job record (a bound), then ended (srun then ends the other tasks).
+    def _hung(self, node: int, agent: subprocess.Popen[bytes], hang: HangReport, log: BinaryIO) -> NoReturn:
+        """After this node's stacks are taken: its report in the shared job record; its ranks kept
+        until every node's report is there (a bound), then ended (srun then ends the other tasks).
         Standalone, the task then says what they found."""
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
-        logs = [Path(self.job_dir) / f"node-{k}.log" for k in range(nnodes)]
-        reports = [hang]
+        job_dir = Path(self.job_dir)
+        found = [hang]
+
+        def report(hang: HangReport) -> None:
+            reports.append(job_dir, reports.Hang(node=node, hang=hang, time=hang.time))
+            os.write(log.fileno(), f"{hang.summary()}\n".encode())
 
         def everyone() -> bool:
-            nonlocal reports
-            reports = read_reports(logs, since=hang.time - HANG_REPORTS_S, tail=REPORT_TAIL) or reports
-            return len(reports) >= nnodes
+            nonlocal found
+            found = reports.hangs(job_dir, since=hang.time - HANG_REPORTS_S) or found
+            return len(found) >= nnodes
 
-        end_hung(agent, hang, lambda line: os.write(log.fileno(), line), everyone, HANG_REPORTS_S)
+        end_hung(agent, hang, report, everyone, HANG_REPORTS_S)
         if self.standalone:
-            found = merge(reports)
-            stacks = write_stacks(Path(self.job_dir), found)
-            os.write(log.fileno(), f"task: {hang_message(found, stacks)}\n".encode())
+            merged = merge(found)
+            stacks = write_stacks(job_dir, merged)
+            os.write(log.fileno(), f"task: {hang_message(merged, stacks)}\n".encode())
         raise SystemExit(EXIT_HANG)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

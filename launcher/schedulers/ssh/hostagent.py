@@ -7,8 +7,9 @@ that the job does not hang on the connection that started it:
 - ARGV runs in a process tree this agent tracks: the agent is a child subreaper (orphaned workers
   re-parent to it) and ARGV gets SIGTERM from the kernel if the agent dies. A pid file
   (``<state>/<job>/node-<k>.pid``: pid and create time) finds it again for ``signal``/``status``.
-- Output goes to a log on the host (``node-<k>.log``) and to stdout (the ssh channel, which the
-  launcher writes into the job record).
+- Output goes to a log on the host (``node-<k>.log``) and to stdout, the agent's channel
+  (``launcher.job.channel``): the ssh connection carries it, framed, to the launcher, which writes the
+  output into the job record's node log and the node's reports into the record.
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk).
 - With ``--lease-s L``, the launcher's word keeps the node alive: it writes a byte on stdin every few
   seconds, and when none came for L seconds (a partition, the launcher frozen) or stdin closed (the
@@ -18,8 +19,8 @@ that the job does not hang on the connection that started it:
   to life when the link does.
 - With ``--nproc-per-node N`` (and the ``--hang-*`` budgets), the hang watchdog follows the ranks'
   heartbeats (``<state>/<job>/node-<k>.heartbeat/``): when none advances within its budget it dumps
-  their stacks, prints the report as one ``GPTLAUNCH_HANG {json}`` line, keeps the ranks until the
-  launcher (with every node's report) stops it or a bound passes, ends ARGV's tree and exits 124
+  their stacks, sends the report on its channel (``launcher.job.reports.Hang``), keeps the ranks until
+  the launcher (with every node's report) stops it or a bound passes, ends ARGV's tree and exits 124
   (``launcher.job.hang.EXIT_HANG``).
 - SIGTERM/SIGINT ask ARGV to stop (torchrun forwards it; the ranks checkpoint); SIGHUP is ignored.
   Once ARGV exits, whatever of its tree is left is terminated; the exit code is written to
@@ -56,7 +57,9 @@ from types import FrameType
 import psutil
 
 from launcher.image.runtime import Container, ImageRun
-from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
+from launcher.job.channel import Sender
+from launcher.job.hang import HangReport, add_watch_flags, parse_with_command, watch_of
+from launcher.job.reports import Hang
 from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
@@ -65,6 +68,16 @@ from trainer.contract import EXIT_FAILED, EXIT_USAGE, HEARTBEAT_DIR_ENV, JOB_ID_
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 KILL_GRACE_S = 5.0
+# `run`'s channel to the launcher (``launcher.job.channel``): the real stdout, taken by ``_take_stdout``.
+_CHANNEL = Sender(1)
+
+
+def _take_stdout() -> Sender:
+    """The channel on a copy of stdout; fd 1 then points at stderr (also the launcher's node log), so
+    that no stray write of a library or child lands inside a frame."""
+    sender = Sender(os.dup(1))
+    os.dup2(2, 1)
+    return sender
 
 
 def state_dir(job_id: str) -> Path:
@@ -98,6 +111,8 @@ def run(
     lease_s: float = 0.0,
     image: ImageRun | None = None,
 ) -> int:
+    global _CHANNEL
+    _CHANNEL = _take_stdout()
     pid_file, exit_file, _ = _files(job_id, node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
@@ -130,7 +145,7 @@ def run(
             argv = image.argv(container, argv, [*secrets, *ours])
         code = _supervise(job_id, node, argv, env, stop, watchdog, lease_s)
     except OSError as e:  # a mount that cannot be made, a command that cannot start
-        print(f"hostagent: cannot start {argv[0]!r}: {e.strerror or e}", flush=True)
+        _CHANNEL.output(f"hostagent: cannot start {argv[0]!r}: {e.strerror or e}\n".encode())
         code = EXIT_FAILED
     finally:
         if container is not None:  # before the exit file: a next attempt may reuse the name
@@ -167,7 +182,7 @@ def _supervise(
         threading.Thread(target=_lease, args=(child, lease_s, log_file), daemon=True).start()
     code, hang = wait_watching(child, watchdog)
     if hang is not None:  # the stacks are taken: say so, keep the ranks until the launcher stops us
-        return end_hung(child, hang, lambda line: _report(line, log_file), lambda: stop.requested)
+        return end_hung(child, hang, lambda found: _report(node, found, log_file), lambda: stop.requested)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
     # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans must
@@ -196,12 +211,14 @@ def _lease(child: subprocess.Popen[bytes], lease_s: float, log_file: Path) -> No
         return
 
 
-def _report(line: bytes, log_file: Path) -> None:
-    """The hang report's line, to the host log and (while it holds) the launcher's connection."""
+def _report(node: int, hang: HangReport, log_file: Path) -> None:
+    """The hang: its report on the channel (while it holds), a line saying so in the host log and the
+    node log."""
+    line = f"{hang.summary()}\n".encode()
     with open(log_file, "ab") as log:
         log.write(line)
-    with contextlib.suppress(OSError):
-        os.write(sys.stdout.fileno(), line)
+    _CHANNEL.report(Hang(node=node, hang=hang, time=hang.time))
+    _CHANNEL.output(line)
 
 
 class _Forward:
@@ -223,18 +240,15 @@ class _Forward:
 
 
 def _pump(child: subprocess.Popen[bytes], log_file: Path) -> None:
-    """Copy the child's output to the host log and, while the connection holds, to stdout."""
+    """Copy the child's output to the host log and, while the connection holds, to the channel."""
     assert child.stdout is not None
-    out: int | None = sys.stdout.fileno()
     with open(log_file, "ab") as log:
         for chunk in iter(lambda: os.read(child.stdout.fileno(), 65536), b""):  # type: ignore[union-attr]
             log.write(chunk)
             log.flush()
-            if out is not None:
-                try:
-                    os.write(out, chunk)
-                except OSError:  # the connection dropped: the output goes on in the host log
-                    out = None
+            if _CHANNEL.connected:
+                _CHANNEL.output(chunk)
+                if not _CHANNEL.connected:  # the connection dropped: the output goes on in the host log
                     log.write(b"hostagent: connection to the launcher lost; output goes on here\n")
 
 

@@ -27,7 +27,7 @@ from launcher.preflight.parity import classes, compare, diff_text
 from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.options import SshOptions
-from trainer.contract import EXIT_PARITY
+from trainer.contract import EXIT_REFUSED
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
 PORT_TIMEOUT_S = 10.0
@@ -36,13 +36,13 @@ PORT_TIMEOUT_S = 10.0
 class ParityError(SpecError):
     """The hosts differ in versions that must match (or lack GPUs); the message is the diff."""
 
-    exit_code = EXIT_PARITY
+    exit_code = EXIT_REFUSED
 
 
 class HealthError(SpecError):
     """The health gate named a host (a slow link or device); the message has one line per host."""
 
-    exit_code = EXIT_PARITY
+    exit_code = EXIT_REFUSED
 
 
 def ssh_settings(opts: SshOptions) -> ssh.SshSettings:

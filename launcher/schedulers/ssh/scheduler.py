@@ -115,11 +115,11 @@ class SshScheduler(SupervisedScheduler):
         return SshFacts.of(workdir, hosts, spec)
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        """With ``--preflight`` (or ``--preflight-warn``): the health gate with the job's backend
+        """With ``--health-check`` (or ``--health-check-warn``): the health gate with the job's backend
         settings, interfaces, processes per node and precision (``launcher.preflight.health``). With
         ``--retries``, each host it names is replaced by the hostfile's next spare (which passes every
         check of a submit) and the gate runs again, once per retry. Returns the Plan to run. Raises
-        HealthError (exit 3) naming each slow host (``--preflight-warn``: says it and goes on),
+        HealthError (exit 3) naming each slow host (``--health-check-warn``: says it and goes on),
         SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
         if not opts.gate:
@@ -127,9 +127,9 @@ class SshScheduler(SupervisedScheduler):
         excluded: set[str] = set()
         for retry in range(spec.retries + 1):
             named = self._health_gate(spec, plan)
-            if not named or opts.preflight_warn:
+            if not named or opts.health_check_warn:
                 if named:
-                    say("WARNING: --preflight-warn: launching although the health gate named them (above)")
+                    say("WARNING: --health-check-warn: launching although the health gate named them (above)")
                 return plan
             excluded |= {f.host for f in named}
             current = [n.host for n in plan.nodes]
@@ -145,7 +145,7 @@ class SshScheduler(SupervisedScheduler):
             f"the health gate named {len({f.host for f in named})} host(s):\n  "
             + "\n  ".join(f.line for f in named)
             + "\n  fix or replace those hosts (or leave them out of --hosts/--hostfile; with --retries, "
-            "spares beyond --nodes in the hostfile replace them); --preflight-warn launches anyway"
+            "spares beyond --nodes in the hostfile replace them); --health-check-warn launches anyway"
         )
 
     def _health_gate(self, spec: JobSpec, plan: Plan) -> list[Finding]:
@@ -326,9 +326,11 @@ class SshAgents(ChildAgents):
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         # The secrets travel inside the encrypted channel, read once by the hostagent; stdin then
-        # carries the lease.
+        # carries the lease, stdout the agent's channel: its output and its reports.
         argv = self.settings.argv(node.host, node.shell_command())
-        client = start_client(argv, record.dir / node.log, self.secrets, keep_stdin=True)
+        client = start_client(
+            argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir
+        )
         self.clients.append(client)
         if self.renewer is None:
             self.renewer = threading.Thread(target=self._renew_leases, daemon=True)

@@ -1,0 +1,124 @@
+"""The typed channel from the nodes: every message a node sends the launcher is a ``NodeReport``, and
+this module is the only one that writes or reads them (an import-linter contract says so).
+
+A report is data, never a line to find in a log: logs are for people. Kinds:
+
+- ``refused``: a check before training refused the nodes (version parity, the health gate): the job's
+  exit code and message, and the node ranks the health gate named (a retry runs without them);
+- ``hang``: a node's watchdog found its ranks stalled and took their stacks (``HangReport``);
+- ``failed``: a node's torchrun agent failed (its exit code), when it knows first which node failed
+  (SLURM's node task: a crash leaves no error file to date it).
+
+Where they travel: each node appends its reports, one JSON object a line, to
+``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
+two reports are ever glued). A node that sees the job record (local, SLURM, compose) appends there
+itself; an SSH host, which may share no file system with the launcher, sends each report as a frame
+on its agent's own channel (``launcher.job.channel``), and the launcher's end appends it there. The
+readers filter by time: a requeued or retried job's earlier attempts' reports stay, older.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from launcher.job.hang import HangReport
+
+REPORTS_DIR = "reports"
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    node: int  # the node rank that sent it (the judging node for a check's refusal)
+    time: float = Field(default_factory=time.time)  # epoch seconds
+
+
+class Refused(_Report):
+    """A check before training ended the job: exit 3 (a parity mismatch, nodes the health gate named),
+    1 (a node gave no probe) or 2 (the gate could not run)."""
+
+    kind: Literal["refused"] = "refused"
+    check: Literal["parity", "health"]
+    exit_code: int
+    message: str
+    nodes: list[int] = []  # the node ranks the health gate named
+
+
+class Hang(_Report):
+    """The node's watchdog found its ranks stalled; ``hang`` holds every rank's state and stack."""
+
+    kind: Literal["hang"] = "hang"
+    hang: HangReport
+
+
+class Failed(_Report):
+    """The node's torchrun agent exited with ``exit_code`` (128 + N for signal N) and no stop."""
+
+    kind: Literal["failed"] = "failed"
+    exit_code: int
+
+
+NodeReport = Annotated[Refused | Hang | Failed, Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
+ReportT = TypeVar("ReportT", Refused, Hang, Failed)
+
+
+def reports_dir(job_dir: Path) -> Path:
+    return job_dir / REPORTS_DIR
+
+
+def encode(report: NodeReport) -> bytes:
+    """One report as one line of JSON."""
+    return report.model_dump_json().encode() + b"\n"
+
+
+def decode(data: bytes) -> NodeReport:
+    """A report from ``encode``'s bytes. Raises ValueError (pydantic's ValidationError) when it is not
+    one this version knows."""
+    return _ADAPTER.validate_json(data)
+
+
+def append(job_dir: Path, report: NodeReport) -> None:
+    """Append ``report`` to its node's file in the job record: one ``write`` of one line."""
+    directory = reports_dir(job_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / f"node-{report.node}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, encode(report))
+    finally:
+        os.close(fd)
+
+
+def read(job_dir: Path, kind: type[ReportT], since: float = 0.0) -> list[ReportT]:
+    """Every report of ``kind`` in the job record sent at or after ``since`` (epoch seconds), oldest
+    first. A line that is not a whole report of this version (a node killed in mid-write, another
+    version's kind) is skipped: it cannot be acted on."""
+    found: list[ReportT] = []
+    for path in sorted(reports_dir(job_dir).glob("node-*.jsonl")):
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                report = decode(line)
+            except ValueError:
+                continue
+            if isinstance(report, kind) and report.time >= since:
+                found.append(report)
+    return sorted(found, key=lambda r: r.time)
+
+
+def latest_per_node(reports: list[ReportT]) -> list[ReportT]:
+    """The newest report of each node, by node rank."""
+    newest = {r.node: r for r in sorted(reports, key=lambda r: r.time)}
+    return [newest[node] for node in sorted(newest)]
+
+
+def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:
+    """The newest hang report of each node sent at or after ``since`` (epoch seconds), by node rank."""
+    return [r.hang for r in latest_per_node(read(job_dir, Hang, since))]
