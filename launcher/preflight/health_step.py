@@ -18,11 +18,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from launcher.job import reports
 from launcher.job.reports import Refused
 from launcher.preflight.collective_report import format_table, parse_errors, parse_result
 from launcher.preflight.health import GateSettings, findings, report_text
-from launcher.preflight.parity_step import STEP_TIME_MIN
+from launcher.preflight.parity_step import STEP_TIME_MIN, end_step
 from trainer.contract import EXIT_REFUSED, EXIT_USAGE
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
@@ -135,12 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warn", action="store_true", help="report the named nodes, exit 0")
     args = parser.parse_args(argv)
     gate = GateSettings(min_busbw=args.min_busbw, gpus_per_node=args.gpus_per_node)
-    failure = check(args.job_dir, args.nodes, gate, args.warn)
-    if failure is None:
-        return 0
-    reports.append(args.job_dir, failure)
-    print(failure.message, file=sys.stderr, flush=True)
-    return failure.exit_code
+    return end_step(args.job_dir, check(args.job_dir, args.nodes, gate, args.warn))
 
 
 if __name__ == "__main__":

@@ -133,12 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs each node needs (0: none)")
     parser.add_argument("--skip-parity", action="store_true", help="warn about a mismatch, exit 0")
     args = parser.parse_args(argv)
-    failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity)
-    if failure is None:
+    return end_step(args.job_dir, check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity))
+
+
+def end_step(job_dir: Path, refused: Refused | None) -> int:
+    """A batch step's exit status: 0 to go on, else the refusal's, once it is reported (and printed)."""
+    if refused is None:
         return 0
-    reports.append(args.job_dir, failure)
-    print(failure.message, file=sys.stderr, flush=True)
-    return failure.exit_code
+    reports.append(job_dir, refused)
+    print(refused.message, file=sys.stderr, flush=True)
+    return refused.exit_code
 
 
 if __name__ == "__main__":

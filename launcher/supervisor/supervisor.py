@@ -435,11 +435,13 @@ def start_client(
     *,
     keep_stdin: bool,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
     channel_of: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
     appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
-    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours).
+    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours);
+    ``cwd``: its working directory (default: ours).
     With ``channel_of`` (a job directory), its stdout is an agent's channel (``launcher.job.channel``):
     output to ``log``, reports into that job record. Its own session, killed with the supervisor.
     Raises OSError."""
@@ -447,6 +449,7 @@ def start_client(
         client = subprocess.Popen(
             argv,
             env=env,
+            cwd=cwd,
             stdin=subprocess.PIPE,
             stdout=out if channel_of is None else subprocess.PIPE,
             stderr=subprocess.STDOUT if channel_of is None else out,

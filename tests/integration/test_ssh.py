@@ -391,5 +391,5 @@ def test_a_partitioned_host_is_replaced_by_the_spare_and_its_node_ends_itself(
     agent_log = run(
         ["ssh", "gl-h2", f"cat $XDG_STATE_HOME/gptlaunch/jobs/{job}/node-1.log"], check=True
     ).stdout
-    assert "hostagent: no word from the launcher for 30 s" in agent_log, agent_log[-2000:]
+    assert "agent: no word from the launcher for 30 s" in agent_log, agent_log[-2000:]
     print(f"\ncontinued on the spare {took:.0f} s after the link went down; {first.describe()}")

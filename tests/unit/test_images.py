@@ -136,7 +136,7 @@ def test_ssh_nodes_run_torchrun_in_the_pinned_image_under_their_host_agent() -> 
     }  # fmt: skip
     plan = SshScheduler().render(spec, SshFacts(**facts), "job-1", Path("/jobs/job-1"))
     words = shlex.split(plan.nodes[1].shell_command())
-    agent = words.index("launcher.schedulers.ssh.hostagent")
+    agent = words.index("launcher.agent")
     cut = words.index("--", agent)
     flags = words[agent:cut]
     assert f"--image={IMAGE}" in flags and "--runtime=docker" in flags

@@ -9,18 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.plugin.registry import installed
 
 
 def _launcher(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # A dist-info directory on sys.path is how an installed package announces its entry points.
-    dist = site / "gptlaunch_queue-0.1.dist-info"
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gptlaunch-queue\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(
-        "[gptlaunch.schedulers]\nqueue = tests.plugin.queue_options:QueueOptions\n"
-    )
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env = os.environ | installed(site)
     code = "import sys; from launcher.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
 
@@ -36,7 +30,8 @@ def test_a_scheduler_registered_outside_the_launcher_shows_its_flags_and_renders
     dry = _launcher(tmp_path / "site", *args, "--queue-name", "gold", "--dry-run", "--", "--max-steps", "3")
     assert dry.returncode == 0, dry.stderr
     assert "on scheduler queue: 2 node(s)" in dry.stdout
-    assert "# node 1 on gold-1" in dry.stdout and "--rdzv-endpoint=queue-node-0:29500" in dry.stdout
+    assert "# node 1 on gold-1" in dry.stdout and "--rdzv-endpoint=127.0.0.1:" in dry.stdout
+    assert "-m launcher.agent run --job" in dry.stdout  # the node agent, in the Plan it prints
     assert "queue_name=gold" in dry.stdout  # the typed facts, recorded in the Plan
 
     other = _launcher(tmp_path / "site", *args, "--partition", "gpu", "--dry-run")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.job.failures import killed_by
 from launcher.job.spec import JobSpec, SpecError
 from launcher.preflight.probe import Probe, Route
 from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
 from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.private import UnsafeDirError, private_dir
 from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
 
 
@@ -119,7 +119,7 @@ def test_plan_quotes_every_value_for_the_remote_shell() -> None:
     words = shlex.split(line)  # what a POSIX shell on the host splits it into
     assert words[:3] == ["cd", "--", "/w d"] and "NOTE=it's $(bad)" in words
     assert "/r/x y/$(touch p)" in words and "--rdzv-endpoint=a:29500" in words
-    agent = words.index("launcher.schedulers.ssh.hostagent")
+    agent = words.index("launcher.agent")
     assert words[agent + 1 : agent + 6] == [
         "run", "--job", "job-1", "--node", "1",
     ]  # fmt: skip

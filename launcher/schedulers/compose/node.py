@@ -7,32 +7,30 @@
    there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
    SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
    sends a ``launcher.job.reports.Refused`` report (the job's exit code and message).
-3. torchrun replaces this process (``exec``), so signals and the exit code are torchrun's own; with the
-   hang watchdog (``--nproc-per-node`` and the ``--hang-*`` budgets) this process stays instead, as the
-   container's init: it forwards SIGTERM/SIGINT to torchrun, follows the ranks' heartbeats and, on a
-   hang, dumps their stacks, sends the report (``launcher.job.reports.Hang``, into the mounted job
-   record), keeps the ranks until the launcher stops the container (it has every node's report) or a
-   bound, ends torchrun's tree and exits 124 (``launcher.job.hang.EXIT_HANG``).
+3. The node agent (``launcher.agent.node``) runs torchrun, as the container's init: it forwards
+   SIGTERM/SIGINT to torchrun and, with the hang watchdog (``--nproc-per-node`` and the ``--hang-*``
+   budgets), follows the ranks' heartbeats; on a hang it dumps their stacks, sends the report
+   (``launcher.job.reports.Hang``, into the mounted job record), keeps the ranks until the launcher
+   stops the container (it has every node's report) or a bound, ends torchrun's tree and exits 124
+   (``launcher.job.hang.EXIT_HANG``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from launcher.agent.node import NodeAgent, stdout_say
 from launcher.job import reports
-from launcher.job.hang import HangReport, add_watch_flags, heartbeat_dir, parse_with_command, watch_of
+from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, check
 from launcher.preflight.probe import collect
 from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
-from trainer.contract import EXIT_FAILED, HEARTBEAT_DIR_ENV, atomic_write_text
+from launcher.supervisor.watchdog import NodeWatch
+from trainer.contract import EXIT_FAILED, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
 POLL_S = 0.2
@@ -59,29 +57,22 @@ def _secrets() -> dict[str, str]:
     return secrets
 
 
-def _run_watched(command: list[str], env: dict[str, str], watch: NodeWatch, job_dir: Path, node: int) -> int:
-    """Run torchrun as a child under the hang watchdog; its exit code (128 + N for signal N), or
-    EXIT_HANG after the hang report. Raises OSError when it cannot start."""
-    beats = heartbeat_dir(job_dir, node)  # the job record is mounted; the pids in it are this container's
-    child = subprocess.Popen(command, env=env | {HEARTBEAT_DIR_ENV: str(beats)})
-    stopped = []
-
-    def stop(signum: int, frame: object) -> None:
-        stopped.append(signum)
-        child.send_signal(signal.SIGTERM)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):  # as the container's init, nothing else passes them on
-        signal.signal(sig, stop)
-    code, hang = wait_watching(child, watch.watchdog(node, socket.gethostname(), beats))
-    if hang is None:
-        return code if code >= 0 else 128 - code
-
-    def report(hang: HangReport) -> None:
-        reports.append(job_dir, reports.Hang(node=node, hang=hang, time=hang.time))
-        print(hang.summary(), flush=True)
-
-    # Released when the launcher, having every node's report, stops the containers.
-    return end_hung(child, hang, report, lambda: bool(stopped))
+def _run(command: list[str], env: dict[str, str], watch: NodeWatch | None, job_dir: Path, node: int) -> int:
+    """Run torchrun under the node agent (as the container's init, it relays SIGTERM/SIGINT: nothing
+    else passes them on); its exit code. Raises OSError when it cannot start."""
+    agent = NodeAgent(
+        node=node,
+        argv=command,
+        env=env,
+        report=lambda report: reports.append(job_dir, report),  # the job record is mounted
+        say=stdout_say,
+        watch=watch,
+        # The pids the ranks beat there are this container's, whose namespace is the host's.
+        heartbeat_dir=str(heartbeat_dir(job_dir, node)) if watch is not None else None,
+        subreaper=False,  # the container's init already
+    )
+    agent.install_signals()
+    return agent.run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,11 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(args.job_dir, failure)
         print(failure.message, file=sys.stderr, flush=True)
         return failure.exit_code
-    watch = watch_of(args)
+    watch = NodeWatch(*found) if (found := watch_of(args)) else None
     try:
-        if watch is not None:
-            return _run_watched(command, os.environ | secrets, NodeWatch(*watch), args.job_dir, args.node)
-        os.execvpe(command[0], command, os.environ | secrets)
+        return _run(command, os.environ | secrets, watch, args.job_dir, args.node)
     except OSError as e:
         print(f"compose_node: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
         return EXIT_FAILED

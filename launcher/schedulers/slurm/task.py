@@ -1,5 +1,5 @@
-"""What runs on each node of a SLURM job: that node's command, its output in the job record, under
-the node's hang watchdog.
+"""How a SLURM job starts the node agent (``launcher.agent.node``) on each node, on both paths: the
+node's command, its output in the job record, under the node's hang watchdog.
 
 submitit pickles a ``NodeTask`` (the Plan's command, environment and paths: no secret, they come from the
 environment SLURM exports) and calls it once per node, one task per node. On SLURM's warning signal
@@ -10,7 +10,7 @@ run directory's checkpoint.
 Exit status of a task, which srun (``--kill-on-bad-exit=1``) and the job's SLURM state reflect:
 0 when the node's ranks finished; 75 on node 0 when the ranks stopped on request with a checkpoint
 (other nodes exit 0 then, so that srun does not kill node 0 while it requeues); 1 when the node failed;
-124 when its hang watchdog found the ranks stalled (their stacks and the report are in the node log).
+124 when its hang watchdog found the ranks stalled (their stacks are in its ``hang`` report).
 
 The task's reports (``launcher.job.reports``: a hang with every rank's stack, a failed torchrun agent)
 go into the job record, which SLURM's nodes share. The standalone sbatch script runs the same task
@@ -25,20 +25,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
+from launcher.agent.node import NodeAgent, Output, log_writer
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
 from launcher.job.hang import (
     EXIT_HANG,
     HANG_REPORTS_S,
-    HangReport,
     add_watch_flags,
     hang_message,
     heartbeat_dir,
@@ -47,12 +45,14 @@ from launcher.job.hang import (
     watch_of,
     write_stacks,
 )
-from launcher.supervisor import procs
-from launcher.supervisor.watchdog import NodeWatch, Watchdog, end_hung, wait_watching
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, HEARTBEAT_DIR_ENV, read_stop_marker
+from launcher.supervisor.watchdog import NodeWatch
+from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
 
-# The torchrun agent of this process, for checkpoint(): module state, so the task itself stays picklable.
-_agent: subprocess.Popen[bytes] | None = None
+# The node agent of this process, for checkpoint(): module state, so the task itself stays picklable.
+_agent: NodeAgent | None = None
+# What the node command and the ranks read in a container: the plan's variables, SLURM's (with the
+# GPUs it gave this job) and ours.
+_PASSED_ON = ("SLURM_", "GPTLAUNCH_", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -74,53 +74,58 @@ class NodeTask:
             return self._run(node, log)
 
     def _run(self, node: int, log: BinaryIO) -> int:
-        started = time.time()
-        env = os.environ | self.env  # the node command changes to the workdir itself
-        watchdog = None
-        if self.watch is not None:
-            beats = heartbeat_dir(Path(self.job_dir), node)
-            env[HEARTBEAT_DIR_ENV] = str(beats)
-            watchdog = self.watch.watchdog(node, socket.gethostname(), beats)
-        if self.image is None:
-            return self._watch(node, self.argv, env, watchdog, started, log)
-        # The container's monitor (conmon) re-parents to this task, not to init: under
-        # proctrack/linuxproc (the process tree), SLURM's signals and its final SIGKILL reach it and
-        # the ranks, host processes (--pid=host). Under proctrack/cgroup podman's own cgroup escapes
-        # that: then only this task's removal of the container ends it.
-        procs.become_subreaper()
-        container = self.image.container(f"gptlaunch-{os.environ.get('SLURM_JOB_ID', 'job')}-node{node}")
-        container.remove()  # one a killed earlier run of this job left
-        # What the node command and the ranks read: the plan's variables, SLURM's (with the GPUs it
-        # gave this job), ours, the heartbeat dir.
-        ours = ("SLURM_", "GPTLAUNCH_", "CUDA_VISIBLE_DEVICES")
-        names = [*self.env, *(k for k in env if k.startswith(ours)), HEARTBEAT_DIR_ENV]
-        try:
-            try:
-                argv = self.image.argv(container, self.argv, names)
-            except OSError as e:  # a mount that cannot be made
-                log.write(f"task: cannot start the node's container: {e}\n".encode())
-                raise SystemExit(EXIT_FAILED) from None
-            return self._watch(node, argv, env, watchdog, started, log)
-        finally:
-            container.remove()
-
-    def _watch(
-        self,
-        node: int,
-        argv: list[str],
-        env: dict[str, str],
-        watchdog: Watchdog | None,
-        started: float,
-        log: BinaryIO,
-    ) -> int:
         global _agent
+        started, job_dir = time.time(), Path(self.job_dir)
+        env = os.environ | self.env  # the node command changes to the workdir itself
+        hang_from = [time.time()]  # when this node's hang was found: the others' reports come after
+        nnodes = int(os.environ.get("SLURM_NNODES", "1"))
+
+        def everyone() -> bool:  # every node's hang report is in the shared job record
+            return len(reports.hangs(job_dir, since=hang_from[0] - HANG_REPORTS_S)) >= nnodes
+
+        def report(report: reports.NodeReport) -> None:
+            if isinstance(report, reports.Hang):
+                hang_from[0] = report.time
+            reports.append(job_dir, report)
+
         log.flush()
-        _agent = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
+        # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
+        # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
+        # it and the ranks (host processes: --pid=host). Under proctrack/cgroup podman's own cgroup
+        # escapes that: then only the agent's removal of the container ends it.
+        _agent = NodeAgent(
+            node=node,
+            argv=self.argv,
+            env=env,
+            report=report,
+            say=log_writer(log),
+            watch=self.watch,
+            heartbeat_dir=str(heartbeat_dir(job_dir, node)) if self.watch is not None else None,
+            image=self.image,
+            container_name=f"gptlaunch-{os.environ.get('SLURM_JOB_ID', 'job')}-node{node}",
+            env_names=[*self.env, *(k for k in env if k.startswith(_PASSED_ON))],
+            output=Output(fd=log.fileno()),
+            forward_signals=False,
+            subreaper=self.image is not None,
+            released=everyone,
         )
-        code, hang = wait_watching(_agent, watchdog)
-        if hang is not None:
-            self._hung(node, _agent, hang, log)
+        try:
+            code = _agent.run()
+        except OSError as e:  # a mount that cannot be made, a command that cannot start
+            log_writer(log)(f"task: cannot start the node's command: {e}")
+            raise SystemExit(EXIT_FAILED) from None
+        return self._end(node, code, started, log)
+
+    def _end(self, node: int, code: int, started: float, log: BinaryIO) -> int:
+        """The task's exit status (see the module docstring) for the node agent's ``code``."""
+        job_dir = Path(self.job_dir)
+        if code == EXIT_HANG:
+            if self.standalone:  # no launcher to gather the reports: say what they found
+                merged = merge(reports.hangs(job_dir, since=started))
+                stacks = write_stacks(job_dir, merged)
+                log_writer(log)(f"task: {hang_message(merged, stacks)}")
+            raise SystemExit(EXIT_HANG)
         if code == 0:
             return 0
         if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
@@ -128,41 +133,18 @@ class NodeTask:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
         # Which node failed first, even when no rank could write an error file (a crash, a kill).
-        reports.append(Path(self.job_dir), reports.Failed(node=node, exit_code=code))
+        reports.append(job_dir, reports.Failed(node=node, exit_code=code))
         raise SystemExit(EXIT_FAILED)
-
-    def _hung(self, node: int, agent: subprocess.Popen[bytes], hang: HangReport, log: BinaryIO) -> NoReturn:
-        """After this node's stacks are taken: its report in the shared job record; its ranks kept
-        until every node's report is there (a bound), then ended (srun then ends the other tasks).
-        Standalone, the task then says what they found."""
-        nnodes = int(os.environ.get("SLURM_NNODES", "1"))
-        job_dir = Path(self.job_dir)
-        found = [hang]
-
-        def report(hang: HangReport) -> None:
-            reports.append(job_dir, reports.Hang(node=node, hang=hang, time=hang.time))
-            os.write(log.fileno(), f"{hang.summary()}\n".encode())
-
-        def everyone() -> bool:
-            nonlocal found
-            found = reports.hangs(job_dir, since=hang.time - HANG_REPORTS_S) or found
-            return len(found) >= nnodes
-
-        end_hung(agent, hang, report, everyone, HANG_REPORTS_S)
-        if self.standalone:
-            merged = merge(found)
-            stacks = write_stacks(job_dir, merged)
-            os.write(log.fileno(), f"task: {hang_message(merged, stacks)}\n".encode())
-        raise SystemExit(EXIT_HANG)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's hook on SIGUSR2 (node 0): the ranks got the signal too and are saving a checkpoint;
         wait for them to exit (the requeue would kill them), then requeue this same task."""
         from submitit.helpers import DelayedSubmission
 
-        if _agent is not None:
+        child = _agent.child if _agent is not None else None
+        if child is not None:
             # Past the timeout, requeue anyway: the last periodic checkpoint is what resumes.
-            _wait_exited(_agent.pid, timeout_s=self.grace_s + 30)
+            _wait_exited(child.pid, timeout_s=self.grace_s + 30)
         return DelayedSubmission(self)
 
 

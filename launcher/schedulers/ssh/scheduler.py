@@ -4,9 +4,9 @@ Before anything starts, ``launcher.schedulers.ssh.hosts`` probes every host at o
 whose hosts differ in versions that must match (exit 3, with the diff), resolves master_addr on every
 host, picks each host's network interface towards it, and proves the rendezvous port reachable. A
 supervisor on this machine (``launcher.supervisor``, with ``SshAgents``) then runs one ``ssh host ...``
-per node, whose output is the node's log here; on each host, ``launcher.schedulers.ssh.hostagent`` runs
+per node, whose output is the node's log here; on each host, the node agent (``launcher.agent``) runs
 the torchrun agent in a process tree it tracks, so that a dropped connection neither kills nor orphans
-the node, and ``hostagent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
+the node, and ``launcher.agent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Any
 import psutil
 from pydantic import Field
 
+from launcher.agent.transport import agent_argv
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
-from launcher.job.hang import heartbeat_dir, watch_args
+from launcher.job.hang import heartbeat_dir
 from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
@@ -51,10 +52,10 @@ from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import ChildAgents, start_client
 from trainer.contract import Beat, write_beat
 
-SIGNAL_TIMEOUT_S = 30.0  # for `hostagent signal/status` over an established connection
+SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
 REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
 REJOIN_POLL_S = 10.0
-# The hosts' lease (``hostagent --lease-s``): the supervisor writes a byte to every node's ssh stdin
+# The hosts' lease (``launcher.agent run --lease-s``): the supervisor writes a byte to every node's ssh stdin
 # each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
 # detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
 # a node before that node gives up on the launcher.
@@ -196,14 +197,7 @@ class SshScheduler(SupervisedScheduler):
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
                 image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
-            argv = [
-                *_hostagent_argv(spec.python, "run", job_id, k),
-                f"--lease-s={LEASE_S:g}",
-                *watch_args(spec.hang, spec.nproc_per_node),
-                *image,
-                "--",
-                *agent,
-            ]
+            argv = agent_argv(spec.python, spec, job_id, k, agent, lease_s=LEASE_S, image_flags=image)
             nodes.append(NodeCommand(host=host, argv=argv, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
@@ -234,25 +228,25 @@ class SshScheduler(SupervisedScheduler):
         )
 
 
-def _hostagent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
-    return [python, "-m", "launcher.schedulers.ssh.hostagent", action, "--job", job_id, "--node", str(node)]
+def _agent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
+    return [python, "-m", "launcher.agent", action, "--job", job_id, "--node", str(node)]
 
 
-def _hostagent(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
-    return f"cd / && {shlex.join([*_hostagent_argv(python, action, job_id, node), *extra])}"
+def _agent_command(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
+    return f"cd / && {shlex.join([*_agent_argv(python, action, job_id, node), *extra])}"
 
 
 def _host_status(
     record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
 ) -> dict[str, dict[str, Any] | None]:
-    """Each host's ``hostagent status`` of its node of the job but those in ``skip``, all asked at
+    """Each host's ``launcher.agent status`` of its node of the job but those in ``skip``, all asked at
     once (each for at most ``timeout_s`` seconds): None where the host could not be reached, {} where
     its answer could not be read."""
     spec = record.spec()
     nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
 
     def command(host: str) -> str:
-        return _hostagent(spec.python, "status", record.job_id, nodes[host])
+        return _agent_command(spec.python, "status", record.job_id, nodes[host])
 
     found: dict[str, dict[str, Any] | None] = {}
     for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
@@ -271,7 +265,7 @@ def _hosts_running(record: JobRecord) -> list[str]:
 
 
 class SshAgents(ChildAgents):
-    """The supervisor's transport for SSH: one ``ssh host hostagent run ...`` client per node."""
+    """The supervisor's transport for SSH: one ``ssh host python -m launcher.agent run`` client a node."""
 
     def __init__(
         self,
@@ -325,7 +319,7 @@ class SshAgents(ChildAgents):
         return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        # The secrets travel inside the encrypted channel, read once by the hostagent; stdin then
+        # The secrets travel inside the encrypted channel, read once by the node agent; stdin then
         # carries the lease, stdout the agent's channel: its output and its reports.
         argv = self.settings.argv(node.host, node.shell_command())
         client = start_client(
@@ -381,7 +375,7 @@ class SshAgents(ChildAgents):
         extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
 
         def command(host: str) -> str:
-            return _hostagent(self.python, "signal", self.plan.job_id, by_host[host].node_rank, *extra)
+            return _agent_command(self.python, "signal", self.plan.job_id, by_host[host].node_rank, *extra)
 
         for result in ssh.fan_out(self.settings, list(by_host), command, SIGNAL_TIMEOUT_S + grace_s):
             if not result.ok:

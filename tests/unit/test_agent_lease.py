@@ -1,4 +1,4 @@
-"""The SSH host agent's lease, with real processes: a node whose launcher goes silent, or whose
+"""The node agent's lease over ssh, with real processes: a node whose launcher goes silent, or whose
 connection closes, kills its command's tree; one that keeps hearing from it runs to the end."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ LEASE_S = 1.0
 
 
 def _agent(tmp_path: Path, *command: str) -> subprocess.Popen[bytes]:
-    """``hostagent run`` of ``command`` with a lease of LEASE_S, its secrets line already sent."""
-    argv = [sys.executable, "-m", "launcher.schedulers.ssh.hostagent", "run", "--job", "j1", "--node", "0"]
+    """``launcher.agent run`` of ``command`` with a lease of LEASE_S, its secrets line already sent."""
+    argv = [sys.executable, "-m", "launcher.agent", "run", "--job", "j1", "--node", "0"]
     env = os.environ | {"XDG_STATE_HOME": str(tmp_path)}
     agent = subprocess.Popen([*argv, f"--lease-s={LEASE_S}", "--", *command], stdin=subprocess.PIPE, env=env)
     assert agent.stdin is not None

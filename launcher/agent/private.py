@@ -1,6 +1,6 @@
 """Directories only this user may use: the ssh ControlMaster sockets and the host agent's node
 files live in them, and another user who could plant a symlink or a socket there could hijack a
-connection or point ``hostagent signal`` at someone else's process."""
+connection or point ``launcher.agent signal`` at someone else's process."""
 
 from __future__ import annotations
 

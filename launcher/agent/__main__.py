@@ -1,0 +1,3 @@
+from launcher.agent.cli import entry
+
+entry()

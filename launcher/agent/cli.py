@@ -1,0 +1,230 @@
+"""``python -m launcher.agent run|signal|status``: the node agent on a host the launcher reaches over
+ssh (and that may share no file system with it). Imports no torch: it starts in a fraction of a second.
+
+``run --job J --node K [--lease-s L] [--nproc-per-node N --hang-*] [--image ...] -- ARGV`` runs the
+node (``launcher.agent.node.NodeAgent``) so that the job does not hang on the connection that started
+it:
+
+- Its stdout is the agent's channel (``launcher.job.channel``): the node's output and its reports,
+  framed, which the launcher writes into the job record. The output also goes to a log on the host
+  (``node-<k>.log``), where it goes on when the connection drops.
+- Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk);
+  stdin then carries the lease: a byte every few seconds, without which the node is ended.
+- A pid file (``<state>/<job>/node-<k>.pid``: pid, create time, the container) finds the agent again
+  for ``signal`` and ``status``; the exit code goes to ``node-<k>.exit``. The ranks beat in
+  ``node-<k>.heartbeat/`` there.
+
+``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (the ranks checkpoint); KILL
+ends its whole tree now (TERM, then KILL after ``--grace-s``) and removes its container. ``status``:
+one JSON line, ``{"running": bool, "exit_code": int | null, "beats": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+
+from launcher.agent.node import KILL_GRACE_S, NodeAgent, Output
+from launcher.agent.private import UnsafeDirError, private_dir
+from launcher.image.runtime import Container, ImageRun
+from launcher.job.channel import Sender
+from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
+from launcher.supervisor import procs
+from launcher.supervisor.secrets import receive
+from launcher.supervisor.watchdog import NodeWatch
+from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
+
+NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
+
+
+def state_dir(job_id: str) -> Path:
+    """Where this host keeps the node files of ``job_id``: ``$XDG_STATE_HOME/gptlaunch/jobs`` (private
+    to the user). Not XDG_RUNTIME_DIR: logind removes that at logout, under a running job."""
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = private_dir(Path(state_home) / "gptlaunch" / "jobs") / job_id
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
+    base = state_dir(job_id) / f"node-{node}"
+    return base.with_suffix(".pid"), base.with_suffix(".exit"), base.with_suffix(".log")
+
+
+def _heartbeat_dir(job_id: str, node: int) -> Path:
+    return state_dir(job_id) / f"node-{node}.heartbeat"
+
+
+def container_name(job_id: str, node: int) -> str:
+    """The name of node ``node``'s container of ``job_id`` on its host."""
+    return f"gptlaunch-{job_id}-node{node}"
+
+
+def _take_stdout() -> Sender:
+    """The channel on a copy of stdout; fd 1 then points at stderr (also the launcher's node log), so
+    that no stray write of a library or child lands inside a frame."""
+    sender = Sender(os.dup(1))
+    os.dup2(2, 1)
+    return sender
+
+
+def run(
+    job_id: str,
+    node: int,
+    argv: list[str],
+    watch: NodeWatch | None,
+    lease_s: float,
+    image: ImageRun | None,
+    heartbeat_dir: Path | None = None,
+) -> int:
+    """``run`` (see the module docstring); the node's exit code. The ranks beat in ``heartbeat_dir``
+    (default: in the agent's state dir)."""
+    channel = _take_stdout()
+    pid_file, exit_file, log_file = _files(job_id, node)
+    exit_file.unlink(missing_ok=True)
+    secrets = receive()
+    assert secrets is not None  # no timeout: read until the line or EOF
+    ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
+    beats = heartbeat_dir or _heartbeat_dir(job_id, node)
+    with open(log_file, "ab") as log:
+
+        def sink(chunk: bytes) -> None:
+            log.write(chunk)
+            log.flush()
+            if channel.connected:
+                channel.output(chunk)
+                if not channel.connected:  # the connection dropped: the output goes on in the host log
+                    log.write(b"agent: connection to the launcher lost; output goes on here\n")
+
+        agent = NodeAgent(
+            node=node,
+            argv=argv,
+            env=os.environ | secrets | ours,
+            report=channel.report,
+            say=lambda line: sink(f"{line}\n".encode()),
+            watch=watch,
+            heartbeat_dir=str(beats) if watch is not None else None,
+            image=image,
+            container_name=container_name(job_id, node),
+            container_mounts=[str(state_dir(job_id)), str(beats)],  # the ranks' heartbeats go there
+            env_names=[*secrets, *ours],
+            output=Output(sink=sink),
+            lease_s=lease_s,
+            lease_fd=sys.stdin.fileno(),
+        )
+        agent.install_signals()  # before the pid file: a stop sent as soon as `signal` finds us counts
+        me = psutil.Process()
+        ref: dict[str, object] = {"pid": me.pid, "started": me.create_time()}
+        if image is not None:
+            ref["container"] = [image.runtime, container_name(job_id, node)]
+        pid_file.write_text(json.dumps(ref))
+        try:
+            code = agent.run()
+        except OSError as e:  # a mount that cannot be made, a command that cannot start
+            sink(f"agent: cannot start {argv[0]!r}: {e.strerror or e}\n".encode())
+            code = EXIT_FAILED
+    exit_file.write_text(str(code))
+    return code
+
+
+def _agent(job_id: str, node: int) -> psutil.Process | None:
+    pid_file, _, _ = _files(job_id, node)
+    try:
+        ref = json.loads(pid_file.read_text())
+        proc = psutil.Process(int(ref["pid"]))
+        if abs(proc.create_time() - float(ref["started"])) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (OSError, ValueError, KeyError, psutil.Error):
+        pass
+    return None
+
+
+def _strays(job_id: str, node: int) -> list[psutil.Process]:
+    """Processes of this node of the job that left the agent's tree (by their environment)."""
+    return [p for p in procs.job_processes(job_id) if _environ(p).get(NODE_ENV) == str(node)]
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
+def _container(job_id: str, node: int) -> Container | None:
+    """The node's container, as its agent recorded it in the pid file (None for a bare node)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # KeyError: a bare node
+        runtime, name = json.loads(_files(job_id, node)[0].read_text())["container"]
+        return Container(str(runtime), "", str(name))
+    return None
+
+
+def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
+    agent = _agent(job_id, node)
+    if sig == "TERM":
+        if agent is not None:
+            procs.signal_all([agent], signal.SIGTERM)
+        return 0
+    tree = [*agent.children(recursive=True), agent] if agent is not None else []
+    # A container's processes carry the node's environment too: found even outside the agent's tree.
+    procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
+    container = _container(job_id, node)
+    if container is not None:
+        container.remove()
+    return 0
+
+
+def status(job_id: str, node: int) -> dict[str, object]:
+    """Whether the node runs, its exit code once it has ended, and its ranks' latest beats."""
+    _, exit_file, _ = _files(job_id, node)
+    running = _agent(job_id, node) is not None
+    code: int | None = None
+    if not running and exit_file.is_file():
+        code = int(exit_file.read_text().strip() or EXIT_FAILED)
+    beats = [dataclasses.asdict(b) for b in read_beats(_heartbeat_dir(job_id, node))]
+    return {"running": running, "exit_code": code, "beats": beats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.agent", description="The node agent of a job's node."
+    )
+    p.add_argument("action", choices=["run", "signal", "status"])
+    p.add_argument("--job", required=True)
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
+    p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
+    p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
+    p.add_argument("--heartbeat-dir", type=Path, help="run: where the ranks beat (default: the state dir)")
+    ImageRun.add_flags(p)
+    add_watch_flags(p)
+    args, command = parse_with_command(p, argv)
+    if args.action == "run":
+        if not command:
+            p.error("run needs the command after --")
+        watch = NodeWatch(*found) if (found := watch_of(args)) else None
+        return run(args.job, args.node, command, watch, args.lease_s, ImageRun.of(args), args.heartbeat_dir)
+    if command:
+        p.error(f"{args.action} takes no command")
+    if args.action == "signal":
+        return send(args.job, args.node, args.signal, args.grace_s)
+    print(json.dumps(status(args.job, args.node)), flush=True)
+    return 0
+
+
+def entry() -> None:
+    try:
+        sys.exit(main())
+    except UnsafeDirError as e:
+        print(f"agent: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_USAGE)

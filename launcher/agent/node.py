@@ -1,0 +1,202 @@
+"""The node agent's core: the one process that runs beside a node's torchrun agent under every
+scheduler, and does for it what every scheduler needs done.
+
+``NodeAgent.run`` starts the node's command (its torchrun agent, in a container of the job's image when
+there is one), then, until it ends:
+
+- forwards SIGTERM/SIGINT to it as SIGTERM (the ranks checkpoint and exit 75), one that came before it
+  started included, unless the scheduler signals the ranks itself (SLURM signals a whole step);
+- watches the ranks' heartbeats (the hang watchdog); on a hang it takes their stacks, sends a ``hang``
+  report, keeps the ranks until ``released()`` (every node reported, or the launcher ended the job)
+  or a bound, then ends them and exits 124 (``launcher.job.hang.EXIT_HANG``);
+- holds the lease (``lease_s``: see ``_lease``);
+- once the command has ended: ends what is left of its process tree, removes the container (however
+  the agent ends), and returns the exit code (128 + N for signal N, as shells do).
+
+Its invariants: nothing of the node outlives the agent (a child subreaper where the scheduler does not
+already end the whole tree); the container of a node is gone before the agent returns; every report
+leaves through ``report`` (the job record where the node sees it, the channel where it may not).
+
+How each scheduler starts it: a child process of the supervisor (local), ``python -m launcher.agent
+run`` over ssh (``launcher.agent.cli``), an srun task (``launcher.schedulers.slurm.task``, on both SLURM
+paths) and the container entry (``launcher.schedulers.compose.node``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO
+
+import psutil
+
+from launcher.image.runtime import Container, ImageRun
+from launcher.job.hang import HangReport
+from launcher.job.reports import Hang, NodeReport
+from launcher.supervisor import procs
+from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
+from trainer.contract import HEARTBEAT_DIR_ENV
+
+KILL_GRACE_S = 5.0  # what is left of a node's tree after its torchrun agent ended, before SIGKILL
+
+
+@dataclass
+class Output:
+    """Where the command's output goes: ``fd`` (a node log: the child writes it directly), else
+    through this agent to ``sink`` (chunks, e.g. a host log and the channel), else this agent's own
+    stdout."""
+
+    fd: int | None = None
+    sink: Callable[[bytes], None] | None = None
+
+
+@dataclass
+class NodeAgent:
+    node: int
+    argv: list[str]
+    env: dict[str, str]  # the command's whole environment
+    report: Callable[[NodeReport], None]
+    say: Callable[[str], None]  # a line for the node log, for people
+    watch: NodeWatch | None = None
+    heartbeat_dir: str | None = None  # where the ranks beat (required with ``watch``)
+    image: ImageRun | None = None
+    container_name: str = ""
+    container_mounts: list[str] = field(default_factory=list)
+    env_names: list[str] = field(default_factory=list)  # the variables a container gets
+    output: Output = field(default_factory=Output)
+    forward_signals: bool = True
+    subreaper: bool = True
+    lease_s: float = 0.0  # 0: no lease
+    lease_fd: int = 0
+    released: Callable[[], bool] = lambda: False  # a hang's ranks may be ended
+
+    def __post_init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None  # the command, once started
+        self.stop_requested = False
+
+    def install_signals(self) -> None:
+        """SIGTERM/SIGINT ask the command to stop; SIGHUP (a dropped connection) is ignored. Before
+        anything can find this process to signal it: a stop sent at once is not lost."""
+        if not self.forward_signals:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_requested = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        """Run the command to its end (see the module docstring); its exit code. Raises OSError when
+        it cannot start (a mount that cannot be made, a missing program)."""
+        if self.subreaper:
+            procs.become_subreaper()
+        container = self._container()
+        try:
+            argv = self.argv
+            if container is not None and self.image is not None:
+                argv = self.image.argv(container, argv, [*self.env_names, HEARTBEAT_DIR_ENV])
+            return self._supervise(argv)
+        finally:
+            if container is not None:  # before the caller records the end: a next attempt reuses the name
+                container.remove()
+
+    def _container(self) -> Container | None:
+        if self.image is None:
+            return None
+        container = self.image.container(self.container_name, self.container_mounts)
+        container.remove()  # one an earlier run of this node left (its agent SIGKILLed with it)
+        return container
+
+    def _supervise(self, argv: list[str]) -> int:
+        env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
+        piped = self.output.fd is None and self.output.sink is not None
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if piped else self.output.fd,
+            stderr=subprocess.STDOUT if piped or self.output.fd is not None else None,
+            preexec_fn=procs.die_with_parent,
+        )
+        self.child = child
+        if self.stop_requested:
+            child.send_signal(signal.SIGTERM)
+        pump = None
+        if piped:
+            pump = threading.Thread(target=self._pump, args=(child,), daemon=True)
+            pump.start()
+        if self.lease_s > 0:
+            threading.Thread(target=self._lease, args=(child,), daemon=True).start()
+        watchdog = None
+        if self.watch is not None and self.heartbeat_dir:
+            watchdog = self.watch.watchdog(self.node, socket.gethostname(), Path(self.heartbeat_dir))
+        code, hang = wait_watching(child, watchdog)
+        if hang is not None:  # the stacks are taken: report, keep the ranks until released
+            code = end_hung(child, hang, self._report_hang, lambda: self.stop_requested or self.released())
+        else:
+            if self.forward_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
+            # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans
+            # must not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
+            procs.terminate(psutil.Process().children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
+        if pump is not None:
+            pump.join(timeout=5)
+        return code if code >= 0 else 128 - code
+
+    def _report_hang(self, hang: HangReport) -> None:
+        self.report(Hang(node=self.node, hang=hang, time=hang.time))
+        self.say(hang.summary())
+
+    def _pump(self, child: subprocess.Popen[bytes]) -> None:
+        assert child.stdout is not None and self.output.sink is not None
+        for chunk in iter(lambda: os.read(child.stdout.fileno(), 1 << 16), b""):  # type: ignore[union-attr]
+            self.output.sink(chunk)
+
+    def _lease(self, child: subprocess.Popen[bytes]) -> None:
+        """Kill ``child``'s tree once the launcher's word stops: no byte on ``lease_fd`` for
+        ``lease_s`` seconds (a partition, the launcher frozen), or it closed (the launcher or its
+        connection is gone). SIGKILL, no checkpoint: the job's next attempt may be writing one. A
+        launcher that lost a node has already failed or replaced it: a node that lost its launcher
+        must not run on beside the next attempt, nor come back to life when the link does."""
+        while child.poll() is None:
+            if not select.select([self.lease_fd], [], [], self.lease_s)[0]:
+                why = (
+                    f"no word from the launcher for {self.lease_s:.0f} s (the network or the launcher failed)"
+                )
+            elif not os.read(self.lease_fd, 4096):
+                why = "the connection to the launcher closed"
+            else:
+                continue
+            self.say(f"agent: {why}: ending this node, which the job has failed or replaced")
+            with contextlib.suppress(psutil.Error):
+                procs.signal_all([*psutil.Process(child.pid).children(recursive=True)], signal.SIGKILL)
+            child.kill()
+            return
+
+
+def log_writer(out: BinaryIO) -> Callable[[str], None]:
+    """``say`` for a node log opened as ``out``: one write a line."""
+
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(out.fileno(), f"{line}\n".encode())
+
+    return say
+
+
+def stdout_say(line: str) -> None:
+    print(line, file=sys.stdout, flush=True)

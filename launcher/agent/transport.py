@@ -1,0 +1,60 @@
+"""Starting the node agent from a Plan: its command line (``agent_argv``, rendered into the Plan, so that
+``--dry-run`` shows it), and the supervisor's transport for nodes that run as child processes of the
+supervisor on this machine (``ChannelAgents``): each agent's output and reports come back over its
+channel, as they do from an SSH host. A scheduler defined outside this package (``tests/plugin/``) gets
+the hang watch, fail-fast, root cause and retries with these two alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.job.hang import watch_args
+from launcher.job.plan import NodePlan
+from launcher.job.record import JobRecord
+from launcher.job.spec import JobSpec
+from launcher.supervisor.supervisor import ChildAgents, start_client
+
+
+def agent_argv(
+    python: str,
+    spec: JobSpec,
+    job_id: str,
+    node: int,
+    command: Sequence[str],
+    *,
+    heartbeat_dir: Path | None = None,
+    lease_s: float = 0.0,
+    image_flags: Sequence[str] = (),
+) -> list[str]:
+    """``python -m launcher.agent run`` of node ``node``'s ``command`` with the job's hang watch: the
+    ranks beat in ``heartbeat_dir`` (default: the agent's state dir on its host), the lease is
+    ``lease_s`` seconds (0: none), ``image_flags`` run it in the job's image
+    (``launcher.image.runtime.ImageRun.flags``)."""
+    return [
+        *(python, "-m", "launcher.agent", "run", "--job", job_id, "--node", str(node)),
+        *([f"--lease-s={lease_s:g}"] if lease_s else []),
+        *([f"--heartbeat-dir={heartbeat_dir}"] if heartbeat_dir is not None else []),
+        *watch_args(spec.hang, spec.nproc_per_node),
+        *image_flags,
+        "--",
+        *command,
+    ]
+
+
+class ChannelAgents(ChildAgents):
+    """Nodes whose Plan starts the node agent (``agent_argv``), as child processes of the supervisor;
+    ``secrets`` reach each agent on its stdin (one JSON line), never on a command line."""
+
+    def __init__(self, secrets: dict[str, str]) -> None:
+        self.secrets = secrets
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        env = os.environ | node.env
+        return start_client(
+            node.argv, record.dir / node.log, self.secrets, keep_stdin=False, env=env, cwd=node.cwd,
+            channel_of=record.dir,
+        )  # fmt: skip
