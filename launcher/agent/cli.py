@@ -10,6 +10,8 @@ it:
   (``node-<k>.log``), where it goes on when the connection drops.
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk);
   stdin then carries the lease: a byte every few seconds, without which the node is ended.
+- The reports of the node's processes (``launcher.job.reports.REPORT_DIR_ENV``: ``node-<k>.reports/``)
+  are sent on the channel once the command ended.
 - A pid file (``<state>/<job>/node-<k>.pid``: pid, create time, the container) finds the agent again
   for ``signal`` and ``status``; the exit code goes to ``node-<k>.exit``. The ranks beat in
   ``node-<k>.heartbeat/`` there.
@@ -26,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -94,6 +97,9 @@ def run(
     assert secrets is not None  # no timeout: read until the line or EOF
     ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     beats = heartbeat_dir or _heartbeat_dir(job_id, node)
+    forward = state_dir(job_id) / f"node-{node}.reports"  # an earlier run's are not this one's
+    shutil.rmtree(forward, ignore_errors=True)
+    forward.mkdir()
     with open(log_file, "ab") as log:
 
         def sink(chunk: bytes) -> None:
@@ -119,6 +125,7 @@ def run(
             output=Output(sink=sink),
             lease_s=lease_s,
             lease_fd=sys.stdin.fileno(),
+            forward_dir=str(forward),
         )
         agent.install_signals()  # before the pid file: a stop sent as soon as `signal` finds us counts
         me = psutil.Process()

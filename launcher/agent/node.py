@@ -41,6 +41,7 @@ from typing import BinaryIO
 import psutil
 
 from launcher.image.runtime import Container, ImageRun
+from launcher.job import reports
 from launcher.job.hang import HangReport
 from launcher.job.reports import Hang, NodeReport
 from launcher.supervisor import procs
@@ -79,6 +80,9 @@ class NodeAgent:
     lease_s: float = 0.0  # 0: no lease
     lease_fd: int = 0
     released: Callable[[], bool] = lambda: False  # a hang's ranks may be ended
+    # Where the node's processes put their reports (``reports.REPORT_DIR_ENV``), forwarded through
+    # ``report`` once the command ended: on a host whose files the launcher cannot see.
+    forward_dir: str | None = None
 
     def __post_init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None  # the command, once started
@@ -107,7 +111,8 @@ class NodeAgent:
         try:
             argv = self.argv
             if container is not None and self.image is not None:
-                argv = self.image.argv(container, argv, [*self.env_names, HEARTBEAT_DIR_ENV])
+                names = [*self.env_names, HEARTBEAT_DIR_ENV, reports.REPORT_DIR_ENV]
+                argv = self.image.argv(container, argv, names)
             return self._supervise(argv)
         finally:
             if container is not None:  # before the caller records the end: a next attempt reuses the name
@@ -122,6 +127,7 @@ class NodeAgent:
 
     def _supervise(self, argv: list[str]) -> int:
         env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
+        env |= {reports.REPORT_DIR_ENV: self.forward_dir} if self.forward_dir else {}
         piped = self.output.fd is None and self.output.sink is not None
         child = subprocess.Popen(
             argv,
@@ -155,6 +161,9 @@ class NodeAgent:
             procs.terminate(psutil.Process().children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
         if pump is not None:
             pump.join(timeout=5)
+        if self.forward_dir:
+            for report in reports.read_all(Path(self.forward_dir)):
+                self.report(report)
         return code if code >= 0 else 128 - code
 
     def _report_hang(self, hang: HangReport) -> None:

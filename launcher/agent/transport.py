@@ -1,22 +1,25 @@
 """Starting the node agent from a Plan: its command line (``agent_argv``, rendered into the Plan, so that
 ``--dry-run`` shows it), and the supervisor's transport for nodes that run as child processes of the
 supervisor on this machine (``ChannelAgents``): each agent's output and reports come back over its
-channel, as they do from an SSH host. A scheduler defined outside this package (``tests/plugin/``) gets
-the hang watch, fail-fast, root cause and retries with these two alone.
+channel, as they do from an SSH host. A scheduler defined outside this package (``tests/plugin/``)
+gets the hang watch, fail-fast, root cause and retries with these two alone. ``read_channel`` reads a
+channel that ended (a short command run through the agent over ssh: the collective preflight).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.job.channel import Demux
 from launcher.job.hang import watch_args
 from launcher.job.plan import NodePlan
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec
-from launcher.supervisor.supervisor import ChildAgents, start_client
+from launcher.supervisor.transport import ChildAgents, start_client
 
 
 def agent_argv(
@@ -58,3 +61,13 @@ class ChannelAgents(ChildAgents):
             node.argv, record.dir / node.log, self.secrets, keep_stdin=False, env=env, cwd=node.cwd,
             channel_of=record.dir,
         )  # fmt: skip
+
+
+def read_channel(raw: bytes, job_dir: Path) -> str:
+    """A node agent's whole channel (the stdout of ``agent_argv`` run to its end, e.g. over ssh): its
+    reports appended to ``job_dir``'s record, its output returned as text."""
+    log = io.BytesIO()
+    demux = Demux(log, job_dir)
+    demux.feed(raw)
+    demux.close()
+    return log.getvalue().decode(errors="replace")

@@ -12,7 +12,8 @@ from launcher.preflight.collective_report import CollectiveResult, format_table
 from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
-from launcher.schedulers.ssh.hosts import ProbedHosts, health_gate, probe_job_hosts, route_hosts
+from launcher.schedulers.ssh.collective import health_gate
+from launcher.schedulers.ssh.hosts import ProbedHosts, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
 from trainer.contract import EXIT_OK, EXIT_REFUSED
 

@@ -7,7 +7,9 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
   exit code and message, and the node ranks the health gate named (a retry runs without them);
 - ``hang``: a node's watchdog found its ranks stalled and took their stacks (``HangReport``);
 - ``failed``: a node's torchrun agent failed (its exit code), when it knows first which node failed
-  (SLURM's node task: a crash leaves no error file to date it).
+  (SLURM's node task: a crash leaves no error file to date it);
+- ``collective`` / ``collective-failed``: what the collective preflight measured (rank 0), or why a
+  rank failed (``launcher.job.measurements``).
 
 Where they travel: each node appends its reports, one JSON object a line, to
 ``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
@@ -15,6 +17,10 @@ two reports are ever glued). A node that sees the job record (local, SLURM, comp
 itself; an SSH host, which may share no file system with the launcher, sends each report as a frame
 on its agent's own channel (``launcher.job.channel``), and the launcher's end appends it there. The
 readers filter by time: a requeued or retried job's earlier attempts' reports stay, older.
+
+A process the node runs (a collective preflight worker, later a user's script) reports the same way,
+into the directory its environment names (``REPORT_DIR_ENV``): one file per process, which the node
+agent forwards on its channel once the process ended (SSH), or which is the job record's own.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from launcher.job.hang import HangReport
+from launcher.job.measurements import CollectiveError, CollectiveResult
 
 REPORTS_DIR = "reports"
+REPORT_DIR_ENV = "GPTLAUNCH_REPORT_DIR"  # where a node's processes put their reports
 
 
 class _Report(BaseModel):
@@ -62,9 +70,27 @@ class Failed(_Report):
     exit_code: int
 
 
-NodeReport = Annotated[Refused | Hang | Failed, Field(discriminator="kind")]
+class CollectiveDone(_Report):
+    """Rank 0 of the collective preflight: what it measured across every rank."""
+
+    kind: Literal["collective"] = "collective"
+    rank: int
+    result: CollectiveResult
+
+
+class CollectiveFailed(_Report):
+    """A rank of the collective preflight that failed, and why."""
+
+    kind: Literal["collective-failed"] = "collective-failed"
+    rank: int
+    error: CollectiveError
+
+
+NodeReport = Annotated[
+    Refused | Hang | Failed | CollectiveDone | CollectiveFailed, Field(discriminator="kind")
+]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
-ReportT = TypeVar("ReportT", Refused, Hang, Failed)
+ReportT = TypeVar("ReportT", Refused, Hang, Failed, CollectiveDone, CollectiveFailed)
 
 
 def reports_dir(job_dir: Path) -> Path:
@@ -84,9 +110,13 @@ def decode(data: bytes) -> NodeReport:
 
 def append(job_dir: Path, report: NodeReport) -> None:
     """Append ``report`` to its node's file in the job record: one ``write`` of one line."""
-    directory = reports_dir(job_dir)
+    append_to(reports_dir(job_dir), f"node-{report.node}", report)
+
+
+def append_to(directory: Path, name: str, report: NodeReport) -> None:
+    """Append ``report`` to ``directory/name.jsonl`` (one writer a file): one ``write`` of one line."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / f"node-{report.node}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(directory / f"{name}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, encode(report))
     finally:
@@ -95,21 +125,30 @@ def append(job_dir: Path, report: NodeReport) -> None:
 
 def read(job_dir: Path, kind: type[ReportT], since: float = 0.0) -> list[ReportT]:
     """Every report of ``kind`` in the job record sent at or after ``since`` (epoch seconds), oldest
-    first. A line that is not a whole report of this version (a node killed in mid-write, another
-    version's kind) is skipped: it cannot be acted on."""
-    found: list[ReportT] = []
-    for path in sorted(reports_dir(job_dir).glob("node-*.jsonl")):
+    first."""
+    return read_dir(reports_dir(job_dir), kind, since)
+
+
+def read_dir(directory: Path, kind: type[ReportT], since: float = 0.0) -> list[ReportT]:
+    """``read`` of the reports in ``directory``."""
+    return [r for r in read_all(directory) if isinstance(r, kind) and r.time >= since]
+
+
+def read_all(directory: Path) -> list[NodeReport]:
+    """Every report in ``directory``'s ``*.jsonl`` files, oldest first. A line that is not a whole
+    report of this version (a process killed in mid-write, another version's kind) is skipped: it
+    cannot be acted on."""
+    found: list[NodeReport] = []
+    for path in sorted(directory.glob("*.jsonl")):
         try:
             lines = path.read_bytes().splitlines()
         except OSError:
             continue
         for line in lines:
             try:
-                report = decode(line)
+                found.append(decode(line))
             except ValueError:
                 continue
-            if isinstance(report, kind) and report.time >= since:
-                found.append(report)
     return sorted(found, key=lambda r: r.time)
 
 

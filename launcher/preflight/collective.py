@@ -3,35 +3,35 @@
 ``python -m launcher.preflight.collective [--backend auto|gloo|nccl] [--sizes 4,65536,...] [--iters 5]
 [--warmup 2] [--timeout-s 30]`` runs under torchrun on every host, with the job's backend and network
 settings (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, read by torch itself). For each size it checks that
-the sum is right, then times ``iters`` in-place float32 all_reduce (SUM) calls. Rank 0 prints one line
-``GPTLAUNCH_COLLECTIVE {json}`` (a ``CollectiveResult``) on stdout and a table on stderr; a rank that
-fails prints ``GPTLAUNCH_COLLECTIVE_ERROR {json}`` (a ``CollectiveError``) and exits 1, after at most
-about ``--timeout-s`` seconds when the group cannot form. (With nccl, a call that hangs past the
-timeout is ended by torch's watchdog, which aborts the process: torchrun reports the signal, and no
-error line is printed.) ``parse_result`` / ``parse_errors`` find those lines in mixed torchrun output,
-with or without a ``[rank0]:`` prefix.
+the sum is right, then times ``iters`` in-place float32 all_reduce (SUM) calls. Rank 0 reports what it
+measured (``launcher.job.reports.CollectiveDone``, a ``CollectiveResult``) and prints a table on
+stderr; a rank that fails reports why (``CollectiveFailed``, a ``CollectiveError``), prints it on
+stderr and exits 1, after at most about ``--timeout-s`` seconds when the group cannot form. (With nccl,
+a call that hangs past the timeout is ended by torch's watchdog, which aborts the process: torchrun
+reports the signal, and no report is written.) The reports go into the directory named by
+``GPTLAUNCH_REPORT_DIR`` (one file a rank), which the node agent forwards or the launcher reads; run
+by hand without it, only the table and the errors are printed.
 
-The lines, their parsing, the bandwidth formula (nccl-tests' busbw) and the table are in
-``launcher.preflight.collective_report``, which the launcher imports without torch.
+The models are in ``launcher.job.measurements``; the bandwidth formula (nccl-tests' busbw) and the
+table are in ``launcher.preflight.collective_report``, which the launcher imports without torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
+from launcher.job import reports
 from launcher.preflight import gpu_health
+from launcher.preflight.collective_flags import FLOAT32_BYTES, parser
 from launcher.preflight.collective_report import (
-    ERROR_MARKER,
-    MARKER,
     CollectiveError,
     CollectiveResult,
     DeviceResult,
@@ -40,17 +40,12 @@ from launcher.preflight.collective_report import (
     bus_bandwidth,
     format_table,
 )
-from launcher.preflight.health import PRECISIONS
 from launcher.preflight.health_measure import measure_compute, measure_pairs, synchronizer
 
 if TYPE_CHECKING:
     import torch
 
-# Bytes of the float32 tensor: latency-bound, two mid sizes, and 32 MiB where bandwidth dominates.
-# The whole run takes a couple of seconds over loopback or a veth link with CPU gloo.
-DEFAULT_SIZES = (4, 65536, 4194304, 33554432)
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-FLOAT32_BYTES = 4
 EXIT_FAILED = 1
 
 
@@ -310,91 +305,9 @@ def _compute(ctx: _Context, device: torch.device, stages: _Stages) -> list[Devic
     return [d for d in gathered if d is not None]
 
 
-def _sizes(text: str) -> list[int]:
-    """``4,65536`` -> [4, 65536]: positive multiples of 4 (whole float32 elements), in bytes."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give byte counts separated by commas") from None
-    bad = [s for s in sizes if s < FLOAT32_BYTES or s % FLOAT32_BYTES]
-    if not sizes or bad:
-        raise argparse.ArgumentTypeError(f"{text!r}: every size must be a positive multiple of 4 bytes")
-    return sizes
-
-
-def _size(text: str) -> int:
-    """One size of ``_sizes``."""
-    sizes = _sizes(text)
-    if len(sizes) != 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give one byte count")
-    return sizes[0]
-
-
-def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text} is below {minimum:g}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m launcher.preflight.collective", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA")
-    p.add_argument(
-        "--sizes",
-        type=_sizes,
-        default=",".join(map(str, DEFAULT_SIZES)),  # argparse runs a string default through type
-        help="float32 tensor sizes in bytes, comma-separated (default: %(default)s)",
-    )
-    p.add_argument("--iters", type=_positive(int, 1), default=5, help="timed calls per size")
-    p.add_argument("--warmup", type=_positive(int, 0), default=2, help="untimed calls per size first")
-    p.add_argument(
-        "--compute-s",
-        type=_positive(float, 0.0),
-        default=0.0,
-        help="seconds of matmuls on each rank's device first, reported in TFLOP/s (default: 0, no check)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="bf16",
-        help="the job's --precision: the compute check's dtype follows the trainer's rule (default: bf16)",
-    )
-    p.add_argument(
-        "--pair-bytes",
-        type=_size,
-        help="also time an all_reduce of this many bytes between pairs of hosts, in rounds (default: off)",
-    )
-    p.add_argument(
-        "--gpu-health",
-        action="store_true",
-        help="with nccl, also report each host's `nvidia-smi --query-gpu` (from its local rank 0)",
-    )
-    p.add_argument(
-        "--min-busbw",
-        type=_positive(float, 0.0),
-        help="GB/s: a pair below it is slow, as is one below half the median (the gate's rule)",
-    )
-    p.add_argument(
-        "--timeout-s",
-        type=_positive(float, 0.001),
-        default=30.0,
-        help="seconds to form the group and for each collective (default: %(default)s)",
-    )
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the preflight on this rank; 0 on success, EXIT_FAILED (after an error line) otherwise."""
-    args = _parser().parse_args(argv)
+    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
     ctx = _read_context(args.backend, args.timeout_s)
     try:
         stages = _Stages(
@@ -419,17 +332,24 @@ def main(argv: list[str] | None = None) -> int:
             message=_message(ctx, f.phase, f.detail),
         )
         _write_line(sys.stderr, f"error: {error.message}")
-        _write_line(sys.stdout, f"{ERROR_MARKER} {error.model_dump_json()}")
+        _report(reports.CollectiveFailed(node=ctx.node, rank=ctx.rank, error=error))
         return EXIT_FAILED
     if result is not None:
         _write_line(sys.stderr, format_table(result))
-        _write_line(sys.stdout, f"{MARKER} {result.model_dump_json()}")
+        _report(reports.CollectiveDone(node=ctx.node, rank=ctx.rank, result=result))
     return 0
+
+
+def _report(report: reports.CollectiveDone | reports.CollectiveFailed) -> None:
+    """Into the directory ``GPTLAUNCH_REPORT_DIR`` names, when it is set: this rank's own file."""
+    directory = os.environ.get(reports.REPORT_DIR_ENV)
+    if directory:
+        reports.append_to(Path(directory), f"rank-{report.rank}", report)
 
 
 def _write_line(stream: TextIO, text: str) -> None:
     """One write of ``text`` and its newline: under PYTHONUNBUFFERED, ``print`` writes the newline
-    separately, and the ranks sharing torchrun's pipe then glue two marker lines into one."""
+    separately, and two ranks sharing torchrun's pipe would glue their lines into one."""
     stream.write(text + "\n")
     stream.flush()
 

@@ -1,14 +1,15 @@
 """The health gate inside a SLURM job: the step after version parity, before training.
 
-With ``--health-check`` (or ``--health-check-warn``) the batch script runs the collective preflight with the
-gate's stages on every allocated node (one ``srun`` step of torchrun agents, ``--nproc-per-node``
-ranks each; node K's output in ``<job dir>/health/node-K.out``, its errors in ``node-K.log``), then
-this module on the batch node. It judges rank 0's result (``launcher.preflight.health``), prints the
-report to the batch log and, when a node is named, ends the job with exit code 3 (EXIT_REFUSED) before
-any rank of the job starts, with a ``launcher.job.reports.Refused`` report of the message and the named
-node ranks (read by ``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the
-job without those nodes (``launcher.schedulers.slurm.retry``), so SLURM allocates others in their
-place. A requeued job runs the gate again on its new nodes.
+With ``--health-check`` (or ``--health-check-warn``) the batch script runs the collective preflight
+with the gate's stages on every allocated node (one ``srun`` step of torchrun agents,
+``--nproc-per-node`` ranks each; node K's output in ``<job dir>/health/node-K.out``, its errors in
+``node-K.log``, the workers' reports beside them), then this module on the batch node. It judges rank
+0's result (``launcher.preflight.health``), prints the report to the batch log and, when a node is
+named, ends the job with exit code 3 (EXIT_REFUSED) before any rank of the job starts, with a
+``launcher.job.reports.Refused`` report of the message and the named node ranks (read by
+``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the job without
+those nodes (``launcher.schedulers.slurm.retry``), so SLURM allocates others in their place. A
+requeued job runs the gate again on its new nodes.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from launcher.job import reports
 from launcher.job.reports import Refused
-from launcher.preflight.collective_report import format_table, parse_errors, parse_result
+from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GateSettings, findings, report_text
 from launcher.preflight.parity_step import STEP_TIME_MIN, end_step
 from trainer.contract import EXIT_REFUSED, EXIT_USAGE
@@ -80,26 +82,19 @@ def _hosts(health: Path, nnodes: int) -> list[str]:
     return names if len(names) == nnodes else [f"node {k}" for k in range(nnodes)]
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused | None:
-    """Judge the workers' result; print the table and the report. Returns the failure that ends the
+    """Judge the workers' reports; print the table and the report. Returns the refusal that ends the
     job (exit 3 naming nodes, or exit 2 when the gate could not run), None to go on."""
     health = job_dir / HEALTH_DIR
     hosts = _hosts(health, nnodes)
-    outputs = [_read(health / f"node-{k}.out") for k in range(nnodes)]
-    result = parse_result(outputs[0])
-    if result is None:
-        errors = [e.message for text in outputs for e in parse_errors(text)]
+    done = reports.read_dir(health, reports.CollectiveDone)
+    if not done:
+        errors = [f.error.message for f in reports.read_dir(health, reports.CollectiveFailed)]
         errors = errors or [f"no result from rank 0: see {health}/node-*.log"]
         message = "health gate: the collective preflight failed:\n  " + "\n  ".join(errors)
         # As on SSH hosts: exit 2, not a node to retry without. Sent by the judging node, node 0.
         return Refused(node=0, check="health", exit_code=EXIT_USAGE, message=message)
+    result = done[-1].result
     found = findings(result, hosts, {}, gate)
     print(format_table(result), flush=True)
     print(report_text(result, hosts, found), flush=True)

@@ -22,7 +22,8 @@ from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcome
 from launcher.supervisor import procs
-from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, Transport, start_supervisor
+from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
+from launcher.supervisor.transport import Transport
 from trainer.contract import EXIT_FAILED, Beat, read_stop_marker
 
 

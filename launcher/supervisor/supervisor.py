@@ -1,6 +1,6 @@
 """The supervisor: a process forked by ``launcher submit`` that starts one agent per node through the
-scheduler's ``Transport`` (a torchrun child here, an ``ssh`` client, a ``docker start --attach``), follows
-them to the job's end and records it.
+scheduler's ``Transport`` (``launcher.supervisor.transport``: a torchrun child here, an ``ssh`` client, a
+``docker start --attach``), follows them to the job's end and records it.
 
 Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
 FAIL_FAST_GRACE_S) and the root cause is read from torchelastic's error files. A stop request
@@ -16,26 +16,26 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from launcher.job import channel, reports
+from launcher.job import reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
-from launcher.job.plan import NodePlan, Plan
+from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
 from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, not_retried, refusal
 from launcher.job.spec import JobSpec
-from launcher.supervisor import procs, secrets
+from launcher.supervisor import procs
+from launcher.supervisor.transport import Transport, drain_channels
 from launcher.supervisor.watchdog import Watchdog, plan_watchdog
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
@@ -53,75 +53,6 @@ class SupervisorHandle(BaseModel):
     scheduler: str  # the kind of the scheduler that wrote it
     supervisor: ProcessRef
     node_pids: list[int] = []
-
-
-class Transport(Protocol):
-    """How the supervisor starts, stops and explains the node agents of one scheduler."""
-
-    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        """Start ``node``'s agent, its output appended to the node log. Raises OSError."""
-        ...
-
-    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
-        """Ask every running agent to stop: its ranks checkpoint and exit."""
-        ...
-
-    def kill(self, job_id: str, grace_s: float) -> None:
-        """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
-        ...
-
-    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
-        """What an agent's exit code means for this transport (e.g. ssh's 255: the connection was lost),
-        or None when it is the agent's own."""
-        ...
-
-    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        """The outcome of a check that refused the nodes before training (e.g. version parity run
-        inside the nodes) recorded since ``since``, or None."""
-        ...
-
-    def keep_beats(self, record: JobRecord) -> None:
-        """Copy the ranks' last heartbeats into the job record where they are kept elsewhere (SSH: on
-        the hosts), so that the attempt's step and goodput can be read from the record."""
-        ...
-
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
-        """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
-        place of ``failed_host`` (the failed rank's host, or a hang suspect's, if any); a new Plan when the
-        hosts change, else None. Raises OSError when the next attempt cannot run."""
-        ...
-
-
-class ChildAgents:
-    """Agents that are child processes of the supervisor, on this machine (a base for transports)."""
-
-    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        return start_child(node, record)
-
-    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
-        procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
-
-    def kill(self, job_id: str, grace_s: float) -> None:
-        procs.terminate(psutil.Process().children(recursive=True), grace_s)
-        procs.sweep(job_id)
-
-    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
-        return None
-
-    def keep_beats(self, record: JobRecord) -> None:
-        """Nothing to do: the ranks beat in the job record."""
-
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
-        """Nothing to do: the agents are processes started anew on the same nodes."""
-        return None
-
-    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        # A node's parity step (compose's container entry, or any node that runs it) records a refusal
-        # in the job record: that is the job's exit code and message, not the agent's exit.
-        refused = reports.read(record.dir, reports.Refused, since=since)
-        if not refused:
-            return None
-        return Outcome(state=JobState.FAILED, exit_code=refused[-1].exit_code, message=refused[-1].message)
 
 
 class _StopAtOnce(Exception):
@@ -408,75 +339,6 @@ class _Watch:
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
         )
-
-
-def start_child(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-    """Start ``node``'s argv as a child of this process, output appended to its node log. Raises
-    OSError."""
-    with open(record.dir / node.log, "ab") as log:
-        # A new session per node: signals to the supervisor's group do not hit the agents twice. The
-        # kernel sends the agent SIGTERM if the supervisor dies, so no agent trains on orphaned.
-        return subprocess.Popen(
-            node.argv,
-            env=os.environ | node.env,
-            cwd=node.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=procs.die_with_parent,
-        )
-
-
-def start_client(
-    argv: list[str],
-    log: Path,
-    secret_env: dict[str, str],
-    *,
-    keep_stdin: bool,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
-    channel_of: Path | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
-    appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
-    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours);
-    ``cwd``: its working directory (default: ours).
-    With ``channel_of`` (a job directory), its stdout is an agent's channel (``launcher.job.channel``):
-    output to ``log``, reports into that job record. Its own session, killed with the supervisor.
-    Raises OSError."""
-    with open(log, "ab") as out:
-        client = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.PIPE,
-            stdout=out if channel_of is None else subprocess.PIPE,
-            stderr=subprocess.STDOUT if channel_of is None else out,
-            start_new_session=True,
-            preexec_fn=procs.die_with_parent,
-        )
-    if channel_of is not None:
-        assert client.stdout is not None
-        pump = threading.Thread(target=channel.pump, args=(client.stdout, log, channel_of), daemon=True)
-        pump.start()
-        _CHANNELS.append(pump)
-    assert client.stdin is not None
-    secrets.send(client.stdin, secret_env, keep_open=keep_stdin)
-    return client
-
-
-_CHANNELS: list[threading.Thread] = []  # the agents' channels this supervisor reads
-
-
-def drain_channels(timeout_s: float) -> None:
-    """Wait (at most ``timeout_s`` in all) until the channels of agents that ended are read to their
-    end: a report sent just before its agent exited is in the job record after this."""
-    deadline = time.monotonic() + timeout_s
-    for pump in list(_CHANNELS):
-        pump.join(max(0.0, deadline - time.monotonic()))
-        if not pump.is_alive():
-            _CHANNELS.remove(pump)
 
 
 class _StopOnSignal:

@@ -1,27 +1,22 @@
-"""The collective preflight: real torchrun ranks over loopback, a wrong interface, a missing peer, and
-the pure helpers the launcher imports (bandwidth formula, marker parsing, table)."""
+"""The collective preflight: real torchrun ranks over loopback, a wrong interface, a missing peer, their
+reports (each rank into its own file of the directory GPTLAUNCH_REPORT_DIR names), and the pure
+helpers the launcher imports (bandwidth formula, table)."""
 
 from __future__ import annotations
 
 import io
-import json
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from launcher.preflight.collective import DEFAULT_SIZES, _write_line, main
-from launcher.preflight.collective_report import (
-    ERROR_MARKER,
-    MARKER,
-    CollectiveResult,
-    SizeResult,
-    bus_bandwidth,
-    format_table,
-    parse_errors,
-    parse_result,
-)
+from launcher.job import reports
+from launcher.job.measurements import CollectiveError
+from launcher.preflight.collective import _write_line, main
+from launcher.preflight.collective_flags import DEFAULT_SIZES
+from launcher.preflight.collective_report import CollectiveResult, SizeResult, bus_bandwidth, format_table
 from tests.integration.conftest import run
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -34,14 +29,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_two_local_ranks_over_loopback_report_every_size() -> None:
+def _sent(directory: Path) -> tuple[list[CollectiveResult], list[CollectiveError]]:
+    """What the ranks reported into ``directory``: results (rank 0's) and errors (any rank's)."""
+    done = [r.result for r in reports.read_dir(directory, reports.CollectiveDone)]
+    return done, [r.error for r in reports.read_dir(directory, reports.CollectiveFailed)]
+
+
+def test_two_local_ranks_over_loopback_report_every_size(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    proc = run([*TORCHRUN, *WORKER, "--iters", "3"], env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", reports.REPORT_DIR_ENV: str(tmp_path)}
+    proc = run([*TORCHRUN, *WORKER, "--iters", "3"], env=env)
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count(f"{MARKER} ") == 1  # rank 0 only
-    result = parse_result(proc.stdout)
-    assert result is not None, proc.stdout
+    (result,), errors = _sent(tmp_path)  # rank 0 only
+    assert errors == [] and [p.name for p in tmp_path.iterdir()] == ["rank-0.jsonl"]
     assert (result.backend, result.world_size, result.iters) == ("gloo", 2, 3)
     assert result.ifname["GLOO_SOCKET_IFNAME"] == "lo"
     assert len(result.hosts) == 1
@@ -56,19 +57,18 @@ def test_two_local_ranks_over_loopback_report_every_size() -> None:
     print(f"\n{format_table(result)}\nwhole torchrun run: {took:.1f} s")
 
 
-def test_a_wrong_interface_fails_fast_naming_it() -> None:
+def test_a_wrong_interface_fails_fast_naming_it(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = run(
         [*TORCHRUN, *WORKER, "--timeout-s", "10"],
-        env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "nosuch0"},
+        env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "nosuch0", reports.REPORT_DIR_ENV: str(tmp_path)},
         timeout=120,
     )
     took = time.monotonic() - t0
     assert proc.returncode != 0
     assert took < 60, f"took {took:.1f} s"
-    assert parse_result(proc.stdout) is None
-    errors = parse_errors(proc.stdout)
-    assert errors, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results, errors = _sent(tmp_path)
+    assert results == [] and errors, proc.stdout[-3000:] + proc.stderr[-3000:]
     for error in errors:
         assert error.phase == "init" and error.backend == "gloo"
         assert "GLOO_SOCKET_IFNAME=nosuch0" in error.message
@@ -87,34 +87,35 @@ class _Recorder(io.StringIO):
         return super().write(s)
 
 
-def test_a_marker_line_is_one_write_so_ranks_sharing_a_pipe_cannot_glue_two() -> None:
+def test_a_line_for_people_is_one_write_so_ranks_sharing_a_pipe_cannot_glue_two() -> None:
     """Under PYTHONUNBUFFERED every write is its own syscall: ``print`` would send the newline apart
-    and two ranks' lines could join into one that neither parser reads."""
+    and two ranks' lines could join into one."""
     stream = _Recorder()
-    _write_line(stream, f"{ERROR_MARKER} {{}}")
-    assert stream.writes == [f"{ERROR_MARKER} {{}}\n"]
+    _write_line(stream, "error: x")
+    assert stream.writes == ["error: x\n"]
 
 
-def test_a_peer_that_never_comes_fails_within_the_timeout() -> None:
+def test_a_peer_that_never_comes_fails_within_the_timeout(tmp_path: Path) -> None:
     """Rank 0 of 2 alone (no torchrun): it waits for rank 1 at its own store, then gives up."""
     port = _free_port()
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    env |= {"MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+    env |= {"MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo", reports.REPORT_DIR_ENV: str(tmp_path)}
     t0 = time.monotonic()
     proc = run([sys.executable, *WORKER, "--timeout-s", "4"], env=env, timeout=120)
     took = time.monotonic() - t0
     assert proc.returncode == 1
     assert 4 <= took < 30, f"took {took:.1f} s"
-    (error,) = parse_errors(proc.stdout)
+    [], (error,) = _sent(tmp_path)
     assert error.phase == "init" and error.rank == 0
     assert f"127.0.0.1:{port}" in error.message and "(timeout 4 s)" in error.message
     print(f"\nmissing peer: exit {proc.returncode} after {took:.1f} s: {error.message}")
 
 
 @pytest.fixture
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The environment of rank 0 of 1, so ``main`` runs in this process."""
+def one_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The environment of rank 0 of 1, so ``main`` runs in this process; where it reports."""
     for key, value in {
+        reports.REPORT_DIR_ENV: str(tmp_path / "reports"),
         "RANK": "0",
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
@@ -123,27 +124,24 @@ def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
         "GLOO_SOCKET_IFNAME": "lo",
     }.items():
         monkeypatch.setenv(key, value)
+    return tmp_path / "reports"
 
 
-def test_one_rank_in_process_reports_zero_bus_bandwidth_and_leaves_the_group(
-    one_rank: None, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_one_rank_in_process_reports_zero_bus_bandwidth_and_leaves_the_group(one_rank: Path) -> None:
     import torch.distributed as dist
 
     assert (
         main(["--backend", "gloo", "--sizes", "4,4096", "--iters", "2", "--warmup", "0", "--gpu-health"]) == 0
     )
     assert not dist.is_initialized()
-    result = parse_result(capsys.readouterr().out)
-    assert result is not None and result.world_size == 1 and result.warmup == 0
+    (result,), [] = _sent(one_rank)
+    assert result.world_size == 1 and result.warmup == 0
     assert result.gpu_query == {}  # asked for, but a CPU rank has no GPU to query
     assert [(r.bytes, r.busbw_gbs) for r in result.results] == [(4, 0.0), (4096, 0.0)]
     assert all(r.algbw_gbs > 0 for r in result.results)
 
 
-def test_a_wrong_sum_fails_with_an_error_line(
-    one_rank: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_wrong_sum_fails_with_an_error_report(one_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     import torch.distributed as dist
 
@@ -158,9 +156,7 @@ def test_a_wrong_sum_fails_with_an_error_line(
     monkeypatch.setattr(dist, "all_reduce", corrupting)
     assert main(["--backend", "gloo", "--sizes", "64", "--iters", "1"]) == 1
     assert not dist.is_initialized()
-    out = capsys.readouterr().out
-    assert parse_result(out) is None
-    (error,) = parse_errors(out)
+    [], (error,) = _sent(one_rank)
     assert error.phase == "check"
     assert "1 of 16 elements" in error.message and "expected 1" in error.message
 
@@ -209,39 +205,6 @@ def _result(**changes: object) -> CollectiveResult:
         ],
     }
     return CollectiveResult.model_validate(fields | changes)
-
-
-def test_parse_result_finds_the_marker_among_other_lines() -> None:
-    result = _result()
-    error_line = ERROR_MARKER + " " + json.dumps({"rank": 1, "phase": "init", "message": "x"})
-    text = "\n".join(
-        [
-            "[rank1]: W1122 some torch warning",
-            f"[rank1]: {error_line}",  # an error line is never taken for the result
-            f"[rank0]: {MARKER} {result.model_dump_json()}",
-            "[rank0]: all_reduce sum float32, gloo ...",
-            f"{MARKER} {{not json",
-        ]
-    )
-    assert parse_result(text) == result
-    assert parse_result(f"{MARKER} {result.model_dump_json()}") == result  # no prefix
-    later = _result(world_size=4)
-    assert parse_result(f"{text}\n{MARKER} {later.model_dump_json()}") == later  # the last one wins
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "[rank0]: training started\nsome other line",
-        ERROR_MARKER + ' {"rank": 0}',
-        f"{MARKER} {{truncated",
-        f'{MARKER} {{"backend": "gloo"}}',  # valid JSON, not a result
-        f"X{MARKER} " + _result().model_dump_json(),  # the marker inside another word
-    ],
-)
-def test_parse_result_is_none_without_a_valid_marker_line(text: str) -> None:
-    assert parse_result(text) is None
 
 
 def test_format_table_has_a_row_per_size_with_units() -> None:

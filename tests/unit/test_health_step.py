@@ -17,7 +17,7 @@ from launcher.job import reports
 from launcher.job.record import JobState, Outcome
 from launcher.job.retry import refusal
 from launcher.job.spec import JobSpec
-from launcher.preflight.collective_report import ERROR_MARKER, MARKER, CollectiveResult, DeviceResult
+from launcher.preflight.collective_report import CollectiveError, CollectiveResult, DeviceResult
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.gate import gate_lines
 from launcher.schedulers.slurm.retry import command as retry_command
@@ -41,10 +41,18 @@ def _result(tflops: list[float]) -> CollectiveResult:
     )  # fmt: skip
 
 
-def _job_dir(tmp_path: Path, rank0_output: str, hosts: list[str] | None = NODES) -> Path:
+def _done(tflops: list[float]) -> reports.CollectiveDone:
+    return reports.CollectiveDone(node=0, rank=0, result=_result(tflops))
+
+
+def _job_dir(tmp_path: Path, *sent: reports.NodeReport, hosts: list[str] | None = NODES) -> Path:
+    """A job directory whose gate workers sent ``sent`` (each rank into its own file, as they do)."""
     health = tmp_path / HEALTH_DIR
     health.mkdir(parents=True)
-    (health / "node-0.out").write_text(rank0_output)
+    (health / "node-0.out").write_text("[rank0]: torchrun's output, for people\n")
+    for report in sent:
+        assert isinstance(report, reports.CollectiveDone | reports.CollectiveFailed)
+        reports.append_to(health, f"rank-{report.rank}", report)
     if hosts is not None:
         (health / HOSTS).write_text("\n".join(hosts) + "\n")
     return tmp_path
@@ -53,7 +61,7 @@ def _job_dir(tmp_path: Path, rank0_output: str, hosts: list[str] | None = NODES)
 def test_a_slow_node_ends_the_job_with_exit_3_naming_it_for_the_retry(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job_dir = _job_dir(tmp_path, f"[rank0]: {MARKER} {_result([0.1, 0.02, 0.1]).model_dump_json()}\n")
+    job_dir = _job_dir(tmp_path, _done([0.1, 0.02, 0.1]))
     assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == EXIT_REFUSED
     out, err = capsys.readouterr()
     assert "health gate: 1 host(s) named:\nn2: compute 0.02 TFLOP/s on cpu (rank 1, float32)" in out
@@ -70,7 +78,7 @@ def test_a_slow_node_ends_the_job_with_exit_3_naming_it_for_the_retry(
 
 
 def test_warn_reports_the_named_node_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    job_dir = _job_dir(tmp_path, f"{MARKER} {_result([0.1, 0.1, 0.02]).model_dump_json()}\n", hosts=None)
+    job_dir = _job_dir(tmp_path, _done([0.1, 0.1, 0.02]), hosts=None)
     assert main(["--job-dir", str(job_dir), "--nodes", "3", "--warn"]) == 0
     out = capsys.readouterr().out
     assert "\nnode 2: compute 0.02 TFLOP/s" in out  # no hosts file: node ranks name the nodes
@@ -79,17 +87,18 @@ def test_warn_reports_the_named_node_and_goes_on(tmp_path: Path, capsys: pytest.
 
 
 def test_healthy_nodes_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    job_dir = _job_dir(tmp_path, f"{MARKER} {_result([0.1, 0.09, 0.1]).model_dump_json()}\n")
+    job_dir = _job_dir(tmp_path, _done([0.1, 0.09, 0.1]))
     assert main(["--job-dir", str(job_dir), "--nodes", "3"]) == 0
     assert "health gate: no host named (3 host(s); compute checked)" in capsys.readouterr().out
     assert not reports.read(job_dir, reports.Refused)
 
 
 def test_a_gate_that_could_not_run_fails_the_job_with_the_ranks_errors(tmp_path: Path) -> None:
-    error = '{"rank": 1, "host": "n2", "backend": "gloo", "ifname": {}, "master": "n1:1", "phase": "init", '
-    error += '"message": "collective preflight failed on rank 1 of 2 on n2: could not form the group"}'
-    job_dir = _job_dir(tmp_path, "torchrun noise\n")
-    (job_dir / HEALTH_DIR / "node-1.out").write_text(f"[rank1]: {ERROR_MARKER} {error}\n")
+    error = CollectiveError(
+        rank=1, host="n2", backend="gloo", ifname={}, master="n1:1", phase="init",
+        message="collective preflight failed on rank 1 of 2 on n2: could not form the group",
+    )  # fmt: skip
+    job_dir = _job_dir(tmp_path, reports.CollectiveFailed(node=1, rank=1, error=error))
     assert main(["--job-dir", str(job_dir), "--nodes", "2"]) == EXIT_USAGE  # not a node to retry without
     (failure,) = reports.read(job_dir, reports.Refused)
     assert failure.nodes == []
@@ -113,16 +122,16 @@ def _spec(**scheduler: object) -> JobSpec:
 
 
 def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_path: Path) -> None:
-    """The gate's lines as submitit's batch script runs them with --retries, by bash: `srun` writes rank
-    0's result (n2 slow) where the step's --output says; the real judgment names n2, the retry step
-    runs (and cannot retry here: no job record) and the script exits 3."""
+    """The gate's lines as submitit's batch script runs them with --retries, by bash: `srun` puts rank
+    0's report (n2 slow) beside the step's --output; the real judgment names n2, the retry step runs
+    (and cannot retry here: no job record) and the script exits 3."""
     job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
     bin_dir.mkdir()
-    result = tmp_path / "result.out"
-    result.write_text(f"{MARKER} {_result([0.1, 0.02]).model_dump_json()}\n")
+    result = tmp_path / "rank-0.jsonl"
+    result.write_bytes(reports.encode(_done([0.1, 0.02])))
     _fake(bin_dir, "scontrol", 'echo n1; echo n2  # show hostnames "$SLURM_JOB_NODELIST"')
     srun = 'for a in "$@"; do case $a in --output=*) out=${a#--output=};; esac; done\n'
-    srun += f'cp {result} "${{out/\\%n/0}}"; echo "$@" > {tmp_path}/srun.args'
+    srun += f'cp {result} "$(dirname "$out")"; echo "$@" > {tmp_path}/srun.args'
     _fake(bin_dir, "srun", srun)
     spec = _spec(health_check=True)
     retry = retry_command(python=sys.executable, workdir=os.getcwd(), job_dir=str(job_dir))
@@ -136,7 +145,10 @@ def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_pa
     assert (job_dir / HEALTH_DIR / HOSTS).read_text() == "n1\nn2\n"
     args = (tmp_path / "srun.args").read_text()
     # The environment before the node entry (which fills in placeholders in its argv only), as for training.
-    assert f"env GLOO_SOCKET_IFNAME={{{{ifname}}}} {sys.executable} -m launcher.job.node --workdir " in args
+    reports_to = f"GPTLAUNCH_REPORT_DIR={job_dir / HEALTH_DIR}"  # where the workers report
+    assert (
+        f"env GLOO_SOCKET_IFNAME={{{{ifname}}}} {reports_to} {sys.executable} -m launcher.job.node " in args
+    )
     assert "--node-rank={{node_rank}}" in args
     assert "-m launcher.preflight.collective --timeout-s=60 --compute-s=1 " in args
     assert gate_lines(_spec(), "/", job_dir, {}, None) == []  # no --health-check, no gate

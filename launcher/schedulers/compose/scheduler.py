@@ -37,7 +37,8 @@ from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.supervisor import ChildAgents, SupervisorHandle, start_client, start_supervisor
+from launcher.supervisor.supervisor import SupervisorHandle, start_supervisor
+from launcher.supervisor.transport import ChildAgents, start_client
 from trainer.contract import atomic_write_text
 from trainer.precheck import expand_text_files, parse_train_args
 

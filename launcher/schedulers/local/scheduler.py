@@ -21,7 +21,7 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
 from launcher.schedulers.local.options import LocalOptions
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.supervisor import ChildAgents, Transport
+from launcher.supervisor.transport import ChildAgents, Transport
 from trainer.contract import HEARTBEAT_DIR_ENV
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
-from launcher.preflight.health_step import batch_lines, judge_argv
+from launcher.preflight.health_step import HEALTH_DIR, batch_lines, judge_argv
 from launcher.preflight.parity_step import PULL_TIME_MIN, STEP_TIME_MIN
 from launcher.schedulers.slurm.image import SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
@@ -40,7 +41,8 @@ def gate_lines(
         *gate.worker_args(),
     ]
     # The environment is set before the node entry, which fills in placeholders in its argv only, as
-    # the job's own environment is never filled in.
+    # the job's own environment is never filled in. The workers report into the gate's directory.
+    env = env | {REPORT_DIR_ENV: str(job_dir / HEALTH_DIR)}
     assignments = ["env", *(f"{k}={v}" for k, v in sorted(env.items()))]
     entry = ["-m", "launcher.job.node", "--workdir", workdir, "--"]
     if image is None:

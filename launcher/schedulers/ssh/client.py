@@ -144,6 +144,7 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
+    raw: bytes = b""  # stdout as it came: a node agent's channel (``launcher.agent.transport.read_channel``)
 
     @property
     def ok(self) -> bool:
@@ -190,19 +191,24 @@ def run(settings: SshSettings, host: str, command: str, timeout_s: float, stdin:
     try:
         proc = subprocess.run(
             settings.argv(host, command),
-            input=stdin if stdin is not None else "",
+            input=(stdin or "").encode(),
             capture_output=True,
-            text=True,
             timeout=timeout_s,
         )
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
-        return Result(host, None, out, "", time.monotonic() - start)
+        raw = e.stdout if isinstance(e.stdout, bytes) else b""
+        return Result(host, None, _text(raw), "", time.monotonic() - start, raw)
     except FileNotFoundError:
         raise SshError(
             "the OpenSSH client `ssh` is not installed (Debian: apt-get install openssh-client)"
         ) from None
-    return Result(host, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+    took = time.monotonic() - start
+    return Result(host, proc.returncode, _text(proc.stdout), _text(proc.stderr), took, proc.stdout)
+
+
+def _text(data: bytes) -> str:
+    """A remote command's output as text (universal newlines, as ``text=True`` would give)."""
+    return data.decode(errors="replace").replace("\r\n", "\n")
 
 
 def fan_out(

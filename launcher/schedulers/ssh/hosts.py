@@ -1,5 +1,6 @@
 """Checks of a set of SSH hosts before a job uses them: reachability, version parity, the master
-address and rendezvous port, the network interface of each host, and a collective across them.
+address and rendezvous port, the network interface of each host (the collective across them:
+``launcher.schedulers.ssh.collective``).
 
 ``launcher check`` runs them on their own; the SSH scheduler runs them before every submit. Every
 remote step runs on all hosts at once (``ssh.fan_out``, at most ``--ssh-max-parallel`` clients at a
@@ -14,15 +15,12 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
-from launcher.preflight.collective_report import CollectiveResult, parse_errors, parse_result
-from launcher.preflight.gpu_health import QUERY_TIMEOUT_S
-from launcher.preflight.health import Finding, GateSettings, findings, worker_argv
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
@@ -352,70 +350,3 @@ def plan_hosts(
     warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
     check_workdir(probed.settings, probed.hosts, workdir)
     return route_hosts(probed, port, python)
-
-
-def collective(
-    opts: SshOptions,
-    plan: HostPlan,
-    python: str,
-    env: dict[str, str],
-    timeout_s: float = 60.0,
-    nproc_per_node: int = 1,
-    worker_args: Sequence[str] = (),
-    extra_s: float = 0.0,
-) -> CollectiveResult:
-    """A short all_reduce across the hosts (``launcher.preflight.collective`` under torchrun,
-    ``nproc_per_node`` processes per host, in the job's image when it has one) with the job's
-    interface choice and ``env``, plus ``worker_args`` (the health gate's stages, which may take
-    ``extra_s`` seconds more); returns rank 0's result. Raises SpecError with every rank's error when
-    it fails, naming the hosts and interfaces when the group could not form within ``timeout_s``."""
-    settings = ssh_settings(opts)
-    n = len(plan.hosts)
-
-    def command(host: str) -> str:
-        node_env = plan.env(host, env) | env
-        master = (plan.master_addr, plan.port)
-        torchrun = [*worker_argv(n, nproc_per_node, plan.hosts.index(host), master, timeout_s), *worker_args]
-        assignments = [f"{k}={v}" for k, v in sorted(node_env.items())]
-        if plan.image is None:
-            return f"cd / && {shlex.join(['env', *assignments, python, *torchrun])}"
-        inside = exec_argv(
-            python,
-            plan.image.runtimes[host],
-            plan.image.image,
-            ["env", *assignments, IMAGE_PYTHON, *torchrun],
-        )
-        return f"cd / && {shlex.join(inside)}"
-
-    wait = timeout_s + extra_s + settings.connect_timeout_s + 30
-    results = ssh.fan_out(settings, plan.hosts, command, wait, all_at_once=True)  # ranks wait for each other
-    result = parse_result(results[0].stdout)
-    if result is not None and all(r.ok for r in results):
-        return result
-    where = ", ".join(
-        f"{h} ({'GLOO_SOCKET_IFNAME=' + (env.get('GLOO_SOCKET_IFNAME') or plan.ifnames[h])})"
-        for h in plan.hosts
-    )
-    reported = [e for r in results for e in parse_errors(r.stdout)]
-    errors = (
-        [e.message for e in reported] or [r.error() for r in results if not r.ok] or ["no result from rank 0"]
-    )
-    network = not reported or any(e.phase == "init" for e in reported)  # the group did not form
-    hint = (
-        "\n  check that the interface reaches the other hosts (`ip route get <master_addr>`), or set "
-        "--gloo-socket-ifname/--nccl-socket-ifname"
-        if network
-        else ""
-    )
-    raise SpecError(f"the all_reduce across {where} failed:\n  " + "\n  ".join(errors) + hint)
-
-
-def health_gate(
-    opts: SshOptions, plan: HostPlan, python: str, env: dict[str, str], gate: GateSettings, timeout_s: float
-) -> tuple[CollectiveResult, list[Finding]]:
-    """The collective preflight with the health gate's stages (``launcher.preflight.health``), and
-    what it found: the hosts it names (``fatal``) and warnings. Raises SpecError as ``collective``."""
-    # Beyond one all_reduce: the matmuls, the nvidia-smi query and the pair rounds, each call bounded.
-    extra_s = gate.compute_s + 2 * QUERY_TIMEOUT_S + timeout_s
-    result = collective(opts, plan, python, env, timeout_s, gate.gpus_per_node, gate.worker_args(), extra_s)
-    return result, findings(result, plan.hosts, plan.ifnames, gate)

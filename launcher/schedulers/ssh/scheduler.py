@@ -37,11 +37,11 @@ from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import (
     HealthError,
     HostImage,
     HostPlan,
-    health_gate,
     hosts_of,
     plan_hosts,
     ssh_settings,
@@ -49,7 +49,7 @@ from launcher.schedulers.ssh.hosts import (
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.supervisor import ChildAgents, start_client
+from launcher.supervisor.transport import ChildAgents, start_client
 from trainer.contract import Beat, write_beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
