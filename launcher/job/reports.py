@@ -3,6 +3,8 @@ this module is the only one that writes or reads them (an import-linter contract
 
 A report is data, never a line to find in a log: logs are for people. Kinds:
 
+- ``started`` / ``ended``: a node's agent began its node, and ended it with an exit code: a node that
+  started and never ended died with its agent (SIGKILL, a crashed machine);
 - ``refused``: a check before training refused the nodes (version parity, the health gate): the job's
   exit code and message, and the node ranks the health gate named (a retry runs without them);
 - ``hang``: a node's watchdog found its ranks stalled and took their stacks (``HangReport``);
@@ -43,6 +45,20 @@ class _Report(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     node: int  # the node rank that sent it (the judging node for a check's refusal)
     time: float = Field(default_factory=time.time)  # epoch seconds
+
+
+class Started(_Report):
+    """The node's agent began the node on ``host`` (the scheduler's name for it)."""
+
+    kind: Literal["started"] = "started"
+    host: str
+
+
+class Ended(_Report):
+    """The node's agent ended the node with ``exit_code`` (its own exit status)."""
+
+    kind: Literal["ended"] = "ended"
+    exit_code: int
 
 
 class Refused(_Report):
@@ -87,10 +103,10 @@ class CollectiveFailed(_Report):
 
 
 NodeReport = Annotated[
-    Refused | Hang | Failed | CollectiveDone | CollectiveFailed, Field(discriminator="kind")
+    Started | Ended | Refused | Hang | Failed | CollectiveDone | CollectiveFailed, Field(discriminator="kind")
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
-ReportT = TypeVar("ReportT", Refused, Hang, Failed, CollectiveDone, CollectiveFailed)
+ReportT = TypeVar("ReportT", Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed)
 
 
 def reports_dir(job_dir: Path) -> Path:
@@ -161,3 +177,13 @@ def latest_per_node(reports: list[ReportT]) -> list[ReportT]:
 def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:
     """The newest hang report of each node sent at or after ``since`` (epoch seconds), by node rank."""
     return [r.hang for r in latest_per_node(read(job_dir, Hang, since))]
+
+
+def died(job_dir: Path, since: float = 0.0) -> list[Started]:
+    """The nodes that started at or after ``since`` (epoch seconds) and sent no ``ended`` after: their
+    agent died with them (SIGKILL, a crashed machine). By node rank."""
+    ended = read(job_dir, Ended, since)
+    return [
+        s for s in latest_per_node(read(job_dir, Started, since))
+        if not any(e.node == s.node and e.time >= s.time for e in ended)
+    ]  # fmt: skip

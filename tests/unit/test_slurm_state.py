@@ -13,7 +13,7 @@ from launcher.job import reports
 from launcher.job.record import JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
-from launcher.schedulers.slurm.state import ATTEMPT_MARKER, AccountingInfo, end_outcome
+from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 from trainer.contract import write_stop_marker
 
 
@@ -73,27 +73,29 @@ def test_error_files_of_a_run_before_a_requeue_are_not_the_root_cause(record: Jo
     assert "this run" in outcome.message
 
 
-def _batch_log(record: JobRecord, text: str) -> None:
-    (record.dir / "submitit").mkdir(exist_ok=True)
-    (record.dir / "submitit" / "42_0_log.out").write_text(text)
-
-
 def test_a_task_that_died_is_a_failure_of_its_node_even_if_the_others_then_checkpointed(
     record: JobRecord,
 ) -> None:
     """srun ends the other tasks with SIGTERM when one dies (their ranks checkpoint and stop): the run
-    failed on the node srun names first in this run's part of the batch log (an earlier run's and a
-    stop's exit 75 aside); without such a line the same stop is a checkpoint."""
+    failed on the node whose task started in this run and never ended (an earlier run's aside);
+    when every task that started ended, the same stop is a checkpoint."""
     run_dir = Path(record.plan().run_dir)
     run_dir.mkdir(parents=True)
     (run_dir / "ckpt.pt").write_bytes(b"")
     write_stop_marker(run_dir, 7, run_dir / "ckpt.pt", "SIGTERM")
-    _batch_log(record, f"{ATTEMPT_MARKER} 100\nsrun: error: n1: task 0: Exited with exit code 1\n"
-               f"{ATTEMPT_MARKER} 200\nsrun: error: n2: task 0: Exited with exit code 75\n"
-               "srun: error: n3: task 1: Killed\nsrun: error: n2: task 0: Killed\n")  # fmt: skip
-    outcome = end_outcome(AccountingInfo("FAILED", 1, time.time() - 30, job_id="42"), record)
+    now = time.time()
+    sent = [
+        reports.Started(node=0, host="n1", time=now - 600),  # an earlier run: its task died too
+        reports.Started(node=0, host="n2", time=now - 20),
+        reports.Started(node=1, host="n3", time=now - 20),
+        reports.Ended(node=0, exit_code=75, time=now - 5),  # stopped by srun's SIGTERM
+    ]
+    for report in sent:
+        reports.append(record.dir, report)
+    outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30, job_id="42"), record)
     assert outcome.state == JobState.FAILED and outcome.failure is not None, outcome
-    assert (outcome.failure.node_rank, outcome.failure.host) == (1, "n3") and "Killed" in outcome.message
-    _batch_log(record, f"{ATTEMPT_MARKER} 300\nsrun: error: n2: task 0: Exited with exit code 75\n")
-    outcome = end_outcome(AccountingInfo("FAILED", 75, time.time() - 30, job_id="42"), record)
+    assert (outcome.failure.node_rank, outcome.failure.host) == (1, "n3"), outcome
+    assert "without a word" in outcome.message, outcome.message
+    reports.append(record.dir, reports.Ended(node=1, exit_code=0, time=now - 4))
+    outcome = end_outcome(AccountingInfo("FAILED", 75, now - 30, job_id="42"), record)
     assert outcome.state == JobState.CHECKPOINTED, outcome

@@ -41,7 +41,7 @@ from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.retry import batch_lines as retry_lines
 from launcher.schedulers.slurm.retry import command as retry_command
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
-from launcher.schedulers.slurm.state import ATTEMPT_MARKER, Accounting, final_outcome, job_state
+from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
 from trainer.contract import Beat
@@ -56,8 +56,8 @@ NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/sl
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
 BATCH_SETUP = [
     "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
-    # Where this run starts in the batch log (which a requeued job appends to), and when.
-    f'run_started=$(date +%s) && echo "{ATTEMPT_MARKER} $run_started"',
+    # When this run starts (the retry step's --since), said in the batch log for people.
+    'run_started=$(date +%s) && echo "batch: run started at $run_started"',
     FIRST_HOST_LINE,
 ]
 

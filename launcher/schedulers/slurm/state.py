@@ -7,7 +7,6 @@ back to ``pending`` and runs again under the same id: only SLURM's end states ar
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,6 @@ from launcher.job.retry import furthest_step, not_retried, refusal
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
-ATTEMPT_MARKER = "batch: run started at"  # the batch script's first line in its log, each run
-_SRUN_FAILED = re.compile(r"^srun: error: (\S+): tasks? (\d+)[\d,-]*: (.+)$", re.MULTILINE)
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
 
 _STATES = {
@@ -44,29 +41,6 @@ class AccountingInfo:
     start: float | None  # epoch seconds the current run started (after a requeue: the new run)
     reason: str = ""  # why a pending job waits (Resources, Priority, BeginTime, ...)
     job_id: str = ""  # SLURM's job id (its batch log: ``submitit/<id>_0_log.out``)
-
-
-@dataclass(frozen=True)
-class TaskDeath:
-    """A node task that srun reported failed (``srun: error: n2: task 1: Killed``)."""
-
-    node: int  # the task's index, which is its node's (one task per node)
-    host: str
-    how: str  # "Killed", "Exited with exit code 1", ...
-
-
-def task_death(record: JobRecord, slurm_job_id: str) -> TaskDeath | None:
-    """The first node task srun reported failed in the current run's part of the batch log (after
-    its last ATTEMPT_MARKER line), a stop's exit (75) aside; None when there is none or no log."""
-    log = record.dir / "submitit" / f"{slurm_job_id}_0_log.out"  # submitit's JobPaths(...).stdout
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None
-    for found in _SRUN_FAILED.finditer(text, max(0, text.rfind(ATTEMPT_MARKER))):
-        if found[3].strip() != f"Exited with exit code {EXIT_CHECKPOINTED}":
-            return TaskDeath(node=int(found[2]), host=found[1], how=found[3].strip())
-    return None
 
 
 class _Watcher(SlurmInfoWatcher):
@@ -148,8 +122,9 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     stopped = read_stop_marker(Path(plan.run_dir), since) is not None
     # A task that died (its node crashed, it was killed) makes srun end the others with SIGTERM: their
     # ranks checkpoint and stop, but that stop is the failure's, not a stop on request.
-    died = task_death(record, info.job_id)
-    stop = died is None and (info.exit_code == EXIT_CHECKPOINTED or stopped)
+    # A node whose task started and never ended in this run died with it (killed, its machine gone).
+    died = reports.died(record.dir, since)
+    stop = not died and (info.exit_code == EXIT_CHECKPOINTED or stopped)
     if stop:
         return stop_outcome(plan, since)
     if info.state == "CANCELLED":
@@ -164,9 +139,9 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
         failure = root_cause(record, plan.nnodes, node, code, since)
         summary = failure.summary()
         return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
-    if died is not None:
-        error = f"its task ended: {died.how} (srun), before any rank reported an error"
-        failure = Failure(node_rank=died.node, host=died.host, error=error)
+    if died:
+        error = "its task ended without a word (killed, or its node failed) before any rank reported an error"
+        failure = Failure(node_rank=died[0].node, host=died[0].host, error=error)
         return Outcome(
             state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
         )

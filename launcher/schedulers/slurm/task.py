@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -68,10 +69,22 @@ class NodeTask:
 
     def __call__(self) -> int:
         node = int(os.environ.get("SLURM_NODEID", "0"))
-        if self.standalone:
-            return self._run(node, sys.stdout.buffer)
-        with open(Path(self.job_dir) / f"node-{node}.log", "ab") as log:  # appended to across requeues
-            return self._run(node, log)
+        job_dir = Path(self.job_dir)
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        reports.append(job_dir, reports.Started(node=node, host=host))
+        code = EXIT_FAILED
+        try:
+            if self.standalone:
+                code = self._run(node, sys.stdout.buffer)
+            else:
+                with open(job_dir / f"node-{node}.log", "ab") as log:  # appended to across requeues
+                    code = self._run(node, log)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else EXIT_FAILED
+            raise
+        finally:  # not when the task is killed: then it started and never ended (``reports.died``)
+            reports.append(job_dir, reports.Ended(node=node, exit_code=code))
+        return code
 
     def _run(self, node: int, log: BinaryIO) -> int:
         global _agent
