@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
@@ -45,6 +46,31 @@ def backoff_s(base_s: float, ended: int) -> float:
 def _signature(cause: str) -> str:
     """A cause with its numbers (pids, ports, times, addresses) masked: what repeats in a bug."""
     return re.sub(r"\d+", "#", cause)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What follows an attempt's end: the next attempt runs without the nodes ``without`` (node
+    ranks), or the job stops because ``why``. Each scheduler only carries it out."""
+
+    retry: bool
+    why: str = ""  # why the job stops (``retry`` False)
+    without: tuple[int, ...] = ()  # the node ranks the next attempt runs without (``retry`` True)
+
+
+def decide(outcome: Outcome, step: int | None, history: list[Attempt], retries: int) -> Decision:
+    """The one retry decision, for every scheduler: the attempt that ended with ``outcome`` at
+    ``step``, after the attempts in ``history`` (oldest first), with ``retries`` allowed in all."""
+    why = refusal(outcome, step, history, retries)
+    if why is not None:
+        return Decision(retry=False, why=why)
+    return Decision(retry=True, without=tuple(outcome.blamed_nodes()))
+
+
+def spares(pool: Sequence[str], current: Collection[str], avoid: Collection[str]) -> list[str]:
+    """The one choice of spares: the hosts of ``pool`` (a hostfile's order) that run none of the job's
+    nodes (``current``) and were never named by a failure or the health gate (``avoid``)."""
+    return [h for h in pool if h not in current and h not in avoid]
 
 
 def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries: int) -> str | None:

@@ -32,7 +32,7 @@ from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outc
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, not_retried, refusal
+from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, not_retried
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import Transport, drain_channels
@@ -197,14 +197,14 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         detected = time.time()
         job.transport.keep_beats(job.record)
         step = furthest_step(job.record)
-        why_not = refusal(outcome, step, job.attempts, job.spec.retries)
+        decision = decide(outcome, step, job.attempts, job.spec.retries)
         if stop.requested:
             return outcome
-        if why_not is not None:
-            return not_retried(outcome, why_not, job.attempts, job.spec.retries)
+        if not decision.retry:
+            return not_retried(outcome, decision.why, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         try:
-            hosts = [job.plan.nodes[n].host for n in outcome.blamed_nodes() if n < len(job.plan.nodes)]
+            hosts = [job.plan.nodes[n].host for n in decision.without if n < len(job.plan.nodes)]
             plan = job.transport.renew(job.record, hosts[0] if hosts else None)
         except OSError as e:
             message = (

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from launcher.job.record import JobRecord
-from launcher.job.retry import backoff_s, end_attempt, furthest_step, next_in, refusal
+from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in
 from launcher.preflight import health_step, parity_step
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 
@@ -89,11 +89,11 @@ def retry(record: JobRecord, exit_code: int, since: float) -> str:
     info = AccountingInfo(state="FAILED", exit_code=exit_code, start=since, job_id=os.environ["SLURM_JOB_ID"])
     outcome = end_outcome(info, record)
     step = furthest_step(record)
-    why_not = refusal(outcome, step, status.attempts, spec.retries)
-    if status.stop_requested_at is not None or why_not is not None:
-        return f"not retried: {why_not or 'stopped on request'}"
+    decision = decide(outcome, step, status.attempts, spec.retries)
+    if status.stop_requested_at is not None or not decision.retry:
+        return f"not retried: {decision.why or 'stopped on request'}"
     hosts = _hostnames(os.environ["SLURM_JOB_NODELIST"])
-    blamed = [hosts[n] for n in outcome.blamed_nodes() if n < len(hosts)]
+    blamed = [hosts[n] for n in decision.without if n < len(hosts)]
     ended = end_attempt(record, outcome, number=len(status.attempts) + 1, started_at=since,
                         ended_at=detected, step=step, excluded=blamed, steps=STEP_FILES)  # fmt: skip
     attempts = [*status.attempts, ended]

@@ -17,7 +17,7 @@ from launcher.job import reports
 from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
 from launcher.job.hang import merge
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
-from launcher.job.retry import furthest_step, not_retried, refusal
+from launcher.job.retry import decide, furthest_step, not_retried
 from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
@@ -160,7 +160,6 @@ def final_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     spec, status = record.spec(), record.status()
     if not spec.retries or outcome.state != JobState.FAILED:
         return outcome
-    why = refusal(outcome, furthest_step(record), status.attempts, spec.retries)
-    return not_retried(
-        outcome, why or "the requeue failed: see the batch log in submitit/", status.attempts, spec.retries
-    )
+    decision = decide(outcome, furthest_step(record), status.attempts, spec.retries)
+    why = decision.why or "the requeue failed: see the batch log in submitit/"  # it was to be retried
+    return not_retried(outcome, why, status.attempts, spec.retries)

@@ -32,6 +32,7 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
+from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
 from launcher.preflight.collective_report import format_table
@@ -134,11 +135,11 @@ class SshScheduler(SupervisedScheduler):
                 return plan
             excluded |= {f.host for f in named}
             current = [n.host for n in plan.nodes]
-            spares = [h for h in hosts_of(opts) if h not in current and h not in excluded]
+            free = spares(hosts_of(opts), current, excluded)
             bad = [h for h in current if h in excluded]
-            if retry == spec.retries or len(spares) < len(bad):
+            if retry == spec.retries or len(free) < len(bad):
                 break
-            swap = dict(zip(bad, spares, strict=False))
+            swap = dict(zip(bad, free, strict=False))
             replaced = ", ".join(f"{old} replaced by spare {new}" for old, new in swap.items())
             say(f"launcher: preflight: {replaced} (--retries)")
             plan = self.replan(spec, [swap.get(h, h) for h in current], plan, job_dir)
@@ -294,8 +295,7 @@ class SshAgents(ChildAgents):
         spec = record.spec()
         opts = spec.options(SshOptions)
         self.failed.add(failed_host)
-        spares = [h for h in hosts_of(opts) if h not in current and h not in self.failed]
-        for spare in spares:
+        for spare in spares(hosts_of(opts), current, self.failed):
             try:
                 return self._replan(record, [spare if h == failed_host else h for h in current])
             except SpecError as e:
