@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
         )
         add_job_flags(s)
         s.add_argument("--json", action="store_true", help="print the Plan as JSON (render, --dry-run)")
+        s.add_argument(
+            "--file",
+            metavar="NAME",
+            help="print only this file of the Plan (render, --dry-run); with --scheduler slurm, "
+            "job.sbatch (the default: the standalone script, to sbatch yourself) or submitit.sbatch "
+            "(what `launcher submit` hands to sbatch through submitit)",
+        )
         if cmd == "submit":
             s.add_argument(
                 "--dry-run", action="store_true", help="print the Plan (every node's command) and exit"

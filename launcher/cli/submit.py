@@ -65,13 +65,21 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, S
 
 def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
     _, _, plan, _ = _plan(args, trainer_args)
-    print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
+    if args.file is not None:
+        if args.file not in plan.files:
+            names = ", ".join(sorted(plan.files)) or "no file"
+            raise UsageError(f"--file {args.file}: the Plan has {names}; pass one of them or drop --file")
+        print(plan.files[args.file].rstrip("\n"))
+    else:
+        print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
     return EXIT_OK
 
 
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.dry_run:
         return cmd_render(args, trainer_args)
+    if args.file is not None:
+        raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
     if args.detach and args.wait:
         raise UsageError("--detach and --wait contradict each other: keep one")
     spec, scheduler, plan, job_dir = _plan(args, trainer_args)

@@ -142,6 +142,9 @@ def test_two_node_job_trains_and_succeeds(prepared_data, tmp_path: Path) -> None
     assert _sacct(_slurm_id(jobs, job_id), "State") == [["COMPLETED"]]
     for node in (0, 1):  # each node's output in the job record
         assert "rank" in (jobs / job_id / f"node-{node}.log").read_text()
+    # What submit handed to sbatch (the file submitit wrote) is what render prints (--file submitit.sbatch).
+    submitted = (jobs / job_id / "submitit" / f"{_slurm_id(jobs, job_id)}_submission.sh").read_text()
+    assert submitted == json.loads((jobs / job_id / "plan.json").read_text())["files"]["submitit.sbatch"]
 
 
 def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_path: Path) -> None:

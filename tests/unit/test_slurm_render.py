@@ -199,6 +199,21 @@ def test_the_default_secrets_stay_secret_when_a_config_lists_others() -> None:
         JobSpec.model_validate({"secret_env": ["MY_KEY"], "network": {"env": {"HF_TOKEN": "x"}}})
 
 
+def test_render_prints_the_submission_file_submitit_hands_to_sbatch(tmp_path: Path, capsys) -> None:
+    """``--file submitit.sbatch``: submitit's own rendering of the job (what ``submit`` hands to sbatch
+    on that path), with the steps before training and the node tasks; the default stays the standalone
+    script (the other path: ``sbatch`` it yourself)."""
+    args = ["--jobs-root", str(tmp_path), "render", "--scheduler", "slurm", "--nodes", "2"]
+    assert main([*args, "--file", "submitit.sbatch"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in text
+    assert "-m submitit.core._submit " in text and "launcher.preflight.parity_step" in text
+    assert main(args) == 0 and "# Version parity" in capsys.readouterr().out
+    assert main([*args, "--file", "nosuch"]) == 2
+    assert "--file nosuch: the Plan has job.sbatch, submitit.json, submitit.sbatch" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_an_option_of_another_scheduler_names_it(tmp_path: Path, capsys) -> None:
     assert main(["--jobs-root", str(tmp_path), "render", "--partition", "debug"]) == 2
     assert "it is an option of --scheduler slurm" in capsys.readouterr().err

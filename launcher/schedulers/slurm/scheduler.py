@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+import submitit
 from pydantic import BaseModel, ConfigDict
 
 from launcher.image.reference import resolve as resolve_image
@@ -50,6 +51,9 @@ SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
 # `submit` runs exactly this, computing nothing of its own.
 SUBMITIT_REQUEST = "submitit.json"
+# What submit hands to sbatch through submitit: its submission file, as submitit writes it
+# (``launcher render --file submitit.sbatch``).
+SUBMITIT_SCRIPT = "submitit.sbatch"
 POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
 NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
@@ -145,6 +149,21 @@ def _submitit_request(
         teardown=retries,
         python=python,
     )
+
+
+def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> submitit.SlurmExecutor:
+    """submitit's executor of the job (its files in ``job_dir/submitit``): the one that renders the
+    submission file and the one that submits it."""
+    executor = submitit.SlurmExecutor(
+        folder=job_dir / "submitit", max_num_timeout=max_requeues, python=request.python
+    )
+    executor.update_parameters(
+        **request.parameters,
+        additional_parameters=request.additional_parameters,
+        setup=request.setup,
+        teardown=request.teardown,
+    )
+    return executor
 
 
 def _partition_has_gpus(partition: str | None) -> bool | None:
@@ -252,34 +271,26 @@ class SlurmScheduler:
         retry = retry_command(python=spec.python, workdir=facts.workdir, job_dir=str(job_dir))
         checked = checks(retry if spec.retries else None)
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
-        request_json = request.model_dump_json(indent=2)
-        return plan.model_copy(
-            update={"files": {SCRIPT: script, SUBMITIT_REQUEST: request_json + "\n"}, "primary": SCRIPT}
-        )
+        submission = _executor(request, job_dir, opts.max_requeues)
+        files = {
+            SCRIPT: script,
+            SUBMITIT_REQUEST: request.model_dump_json(indent=2) + "\n",
+            # submitit's own rendering (no side effect): what its submit writes and hands to sbatch
+            SUBMITIT_SCRIPT: submission._make_submission_file_text(submission._submitit_command_str, ""),
+        }
+        return plan.model_copy(update={"files": files, "primary": SCRIPT})
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SlurmHandle:
         """Submit through submitit; return once SLURM accepted the job (``detach`` is moot: the job
         lives in SLURM's queue). Raises SubmitRejected with SLURM's error when sbatch refuses it."""
-        import submitit  # here: status, logs and cancel never need it
-
         for command in ("sbatch", "srun"):
             if shutil.which(command) is None:
                 raise SubmitRejected(f"{command} {NO_SLURM}")
         spec = record.spec()
         opts = spec.options(SlurmOptions)
-        folder = record.dir / "submitit"
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
-        executor = submitit.SlurmExecutor(
-            folder=folder,
-            max_num_timeout=opts.max_requeues,
-            python=request.python or shlex.quote(spec.python),
-        )
-        executor.update_parameters(
-            **request.parameters,
-            additional_parameters=request.additional_parameters,
-            setup=request.setup,
-            teardown=request.teardown,
-        )
+        executor = _executor(request, record.dir, opts.max_requeues)
+        folder = executor.folder
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
         args = with_run_dir(spec.trainer_args, record.dir / "run")[0]
         image = _image(spec, SlurmFacts.model_validate(plan.facts), record.dir, args)
