@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import types
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -17,7 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from launcher.job.options import renamed_fields
+from launcher.job.options import SchedulerOptions, renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec
 
@@ -225,15 +226,45 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
     )
     for flag in scheduler_flags().values():
-        kw = _argument(flag.dest, flag.info, flag.metavar)
-        if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
-            kw["action"] = "append"  # a repeatable flag: one item each
-        action = group(flag.group_title).add_argument(flag.flag, **kw)
+        action = group(flag.group_title).add_argument(flag.flag, **_scheduler_argument(flag))
         if flag.former:
             former = [flag.former]
             if isinstance(action, argparse.BooleanOptionalAction):
                 former.append("--no-" + flag.former.removeprefix("--"))
             parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
+
+
+def _scheduler_argument(flag: SchedulerFlag) -> dict[str, Any]:
+    kw = _argument(flag.dest, flag.info, flag.metavar)
+    if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
+        kw["action"] = "append"  # a repeatable flag: one item each
+    return kw
+
+
+def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Collection[str]) -> None:
+    """The flags of ``fields`` of scheduler ``kind``'s options, made from the model as submit's are
+    (``launcher check`` takes the SSH scheduler's host and connection flags)."""
+    for flag in scheduler_flags().values():
+        if kind in flag.kinds and flag.field in fields:
+            parser.add_argument(flag.flag, **_scheduler_argument(flag))
+
+
+def scheduler_options(args: argparse.Namespace, kind: str) -> SchedulerOptions:
+    """Scheduler ``kind``'s options from the flags of ``add_scheduler_flags`` (defaults for the rest),
+    validated as a submit's. Raises UsageError naming the flag and the fix."""
+    tree: dict[str, Any] = {"scheduler": {"kind": kind}}
+    for flag in scheduler_flags().values():
+        if hasattr(args, flag.dest):
+            _set_scheduler_flag(tree, flag, getattr(args, flag.dest))
+    try:
+        return options_models()[kind].model_validate(tree["scheduler"])
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
+            name = _scheduler_flag(kind, f"scheduler.{field}") if field else None
+            lines.append(f"{name}: " * bool(name) + err["msg"].removeprefix("Value error, "))
+        raise UsageError("; ".join(lines)) from None
 
 
 def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from launcher.cli.flags import UsageError
+from launcher.cli.flags import UsageError, scheduler_options
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.collective_report import CollectiveResult, format_table
 from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
@@ -54,18 +54,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_REFUSED if mismatches or shortfalls or named else EXIT_OK
 
 
+# The SSH scheduler's options that `launcher check` takes, with the flags submit has for them.
+SSH_CHECK_FIELDS = ("hosts", "hostfile", "ssh_opts", "host_key_check", "connect_timeout_s", "max_parallel")
+
+
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
-    try:
-        return SshOptions(
-            hosts=[h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else [],
-            hostfile=args.hostfile,
-            ssh_opts=args.ssh_opt,
-            host_key_check=args.ssh_host_key_check,
-            connect_timeout_s=args.ssh_connect_timeout_s,
-            max_parallel=args.ssh_max_parallel,
-        )
-    except ValueError as e:  # pydantic's ValidationError is one
-        raise UsageError(str(e)) from None
+    opts = scheduler_options(args, "ssh")
+    assert isinstance(opts, SshOptions)
+    return opts
 
 
 def _check_collective(

@@ -14,13 +14,14 @@ from typing import Any
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
-from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.cli.flags import UsageError, add_job_flags, add_scheduler_flags, fields_help
+from launcher.cli.hosts import SSH_CHECK_FIELDS
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
-from launcher.schedulers.ssh.client import MAX_PARALLEL, SshError
+from launcher.schedulers.ssh.client import SshError
 from trainer.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
@@ -144,23 +145,13 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         formatter_class=fmt,
         allow_abbrev=False,
     )
-    hosts = s.add_mutually_exclusive_group(required=True)
-    hosts.add_argument("--hosts", metavar="H1,H2,...", help="comma-separated hosts")
-    hosts.add_argument("--hostfile", type=Path, help="file of hosts, one `host [slots=N]` per line")
+    # The hosts and how they are reached: the SSH scheduler's own flags, generated from its options.
+    add_scheduler_flags(s, "ssh", SSH_CHECK_FIELDS)
     s.add_argument("--nodes", type=int, help="check only the first N hosts (default: all)")
     s.add_argument("--gpus-per-node", "--nproc-per-node", type=int, default=1, dest="gpus_per_node",
                    help="GPUs each host must have when hosts have GPUs (default: 1)")  # fmt: skip
     s.add_argument(
         "--python", default=sys.executable, help="the interpreter on the hosts (default: this one)"
-    )
-    s.add_argument("--ssh-opt", action="append", default=[], metavar="KEY=VALUE", help="ssh -o option")
-    s.add_argument("--ssh-host-key-check", choices=["yes", "accept-new"], default="yes")
-    s.add_argument("--ssh-connect-timeout-s", type=int, default=10)
-    s.add_argument(
-        "--ssh-max-parallel",
-        type=int,
-        default=MAX_PARALLEL,
-        help="ssh clients at once while probing (default: %(default)s; 10 through one ProxyJump bastion)",
     )
     s.add_argument(
         "--collective",

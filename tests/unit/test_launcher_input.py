@@ -213,6 +213,21 @@ def test_the_launcher_raises_its_open_files_limit_to_the_hard_limit() -> None:
     assert proc.returncode == 0 and soft == hard != "256", proc.stderr
 
 
+def test_checks_host_flags_are_the_ssh_schedulers_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """``launcher check`` takes the SSH scheduler's host and connection flags, generated from
+    ``SshOptions`` as ``submit``'s are: the same names, help and checks, errors naming the flag."""
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for field in ("hosts", "ssh_opts", "host_key_check", "connect_timeout_s", "max_parallel"):
+        assert " ".join(SshOptions.model_fields[field].description.split()) in text, field  # type: ignore[union-attr]
+    assert main(["check", "--hosts", "h1;h2"]) == 2
+    assert "--hosts: 'h1;h2' is not a host name" in capsys.readouterr().err
+    assert main(["check", "--hosts", "h1", "--ssh-connect-timeout-s", "0"]) == 2
+    assert "--ssh-connect-timeout-s: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert main(["check"]) == 2 and "give the hosts either as hosts" in capsys.readouterr().err
+
+
 def test_health_gate_settings_are_checked_at_the_edge(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--hosts", "h1", "--min-busbw", "2"]) == 2  # before any host is reached
     assert "add --collective" in capsys.readouterr().err
