@@ -143,8 +143,9 @@ def test_a_workdir_missing_on_one_host_refuses_the_launch_naming_that_host(
 def test_check_probes_hosts_in_parallel(hostfile: Path, tmp_path: Path) -> None:
     one, eight = first_hosts(hostfile, 1, tmp_path), first_hosts(hostfile, 8, tmp_path)
     launcher(tmp_path, "check", "--hostfile", str(eight), check=True)  # warm: connections, page cache
-    t1 = _probe_s(tmp_path, one)
-    t8 = _probe_s(tmp_path, eight)
+    # The best of three of each: a single sample of a 0.15 s probe on a shared machine is mostly noise.
+    t1 = min(_probe_s(tmp_path, one) for _ in range(3))
+    t8 = min(_probe_s(tmp_path, eight) for _ in range(3))
     # Sequential probes take 8 × t1. Here the 8 "hosts" share this machine's cores, and a probe is
     # mostly CPU (~0.3 s of Python start-up and imports), so the floor is about 8 / cores × t1 = 4 × t1
     # on 2 cores; on 8 real hosts it is about 1 × t1. Bound: 3/4 of sequential.
