@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 import types
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -18,7 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from launcher.job.options import SchedulerOptions, renamed_fields
+from launcher.job.options import renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec
 
@@ -226,7 +225,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
     )
     for flag in scheduler_flags().values():
-        action = group(flag.group_title).add_argument(flag.flag, **_scheduler_argument(flag))
+        action = group(flag.group_title).add_argument(flag.flag, **scheduler_argument(flag))
         if flag.former:
             former = [flag.former]
             if isinstance(action, argparse.BooleanOptionalAction):
@@ -234,37 +233,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
 
 
-def _scheduler_argument(flag: SchedulerFlag) -> dict[str, Any]:
+def scheduler_argument(flag: SchedulerFlag) -> dict[str, Any]:
     kw = _argument(flag.dest, flag.info, flag.metavar)
     if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
         kw["action"] = "append"  # a repeatable flag: one item each
     return kw
-
-
-def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Collection[str]) -> None:
-    """The flags of ``fields`` of scheduler ``kind``'s options, made from the model as submit's are
-    (``launcher check`` takes the SSH scheduler's host and connection flags)."""
-    for flag in scheduler_flags().values():
-        if kind in flag.kinds and flag.field in fields:
-            parser.add_argument(flag.flag, **_scheduler_argument(flag))
-
-
-def scheduler_options(args: argparse.Namespace, kind: str) -> SchedulerOptions:
-    """Scheduler ``kind``'s options from the flags of ``add_scheduler_flags`` (defaults for the rest),
-    validated as a submit's. Raises UsageError naming the flag and the fix."""
-    tree: dict[str, Any] = {"scheduler": {"kind": kind}}
-    for flag in scheduler_flags().values():
-        if hasattr(args, flag.dest):
-            _set_scheduler_flag(tree, flag, getattr(args, flag.dest))
-    try:
-        return options_models()[kind].model_validate(tree["scheduler"])
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
-            name = _scheduler_flag(kind, f"scheduler.{field}") if field else None
-            lines.append(f"{name}: " * bool(name) + err["msg"].removeprefix("Value error, "))
-        raise UsageError("; ".join(lines)) from None
 
 
 def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str]]:
@@ -325,7 +298,7 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
             _set(tree, dotted, getattr(args, dotted))
     for flag in scheduler_flags().values():
         if hasattr(args, flag.dest):
-            _set_scheduler_flag(tree, flag, getattr(args, flag.dest))
+            set_scheduler_flag(tree, flag, getattr(args, flag.dest))
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep:
@@ -361,7 +334,7 @@ def _rename_former_keys(tree: dict[str, Any], config: Path) -> None:
             options[new] = options.pop(old)
 
 
-def _set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -> None:
+def set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -> None:
     """A scheduler flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
     mapping flag merged into the mapping of the config file, anything else as given."""
     if flag.split:
@@ -385,7 +358,7 @@ def _extra_hint(parts: list[str]) -> str:
     return "; remove it or check the spelling"
 
 
-def _scheduler_flag(kind: str | None, dotted: str) -> str | None:
+def scheduler_flag_name(kind: str | None, dotted: str) -> str | None:
     """The flag of scheduler ``kind``'s field ``dotted`` ("scheduler.time"), if it has one."""
     for flag in scheduler_flags().values():
         if kind in flag.kinds and flag.dest == dotted:
@@ -400,7 +373,7 @@ def _describe(e: ValidationError, config: Path | None) -> str:
         parts = [str(x) for x in err["loc"] if not isinstance(x, int)]
         kind = parts.pop(1) if parts[:1] == ["scheduler"] and len(parts) > 1 else None
         field = ".".join(parts)
-        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind") or _scheduler_flag(kind, field)
+        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind") or scheduler_flag_name(kind, field)
         where = f"{field} ({flag})" if flag else field or "job spec"
         got = (
             f" (got {err['input']!r})"

@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Collection
+from typing import Any
 
-from launcher.cli.flags import UsageError, scheduler_options
+from pydantic import ValidationError
+
+from launcher.cli.flags import (
+    UsageError,
+    scheduler_argument,
+    scheduler_flag_name,
+    scheduler_flags,
+    set_scheduler_flag,
+)
+from launcher.job.options import SchedulerOptions
+from launcher.job.registry import options_models
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.collective_report import CollectiveResult, format_table
 from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
@@ -96,3 +108,29 @@ def _check_collective(
         print(format_table(result))
         print(report_text(result, plan.hosts, found))
     return result, found
+
+
+def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Collection[str]) -> None:
+    """The flags of ``fields`` of scheduler ``kind``'s options, made from the model as submit's are
+    (``launcher check`` takes the SSH scheduler's host and connection flags)."""
+    for flag in scheduler_flags().values():
+        if kind in flag.kinds and flag.field in fields:
+            parser.add_argument(flag.flag, **scheduler_argument(flag))
+
+
+def scheduler_options(args: argparse.Namespace, kind: str) -> SchedulerOptions:
+    """Scheduler ``kind``'s options from the flags of ``add_scheduler_flags`` (defaults for the rest),
+    validated as a submit's. Raises UsageError naming the flag and the fix."""
+    tree: dict[str, Any] = {"scheduler": {"kind": kind}}
+    for flag in scheduler_flags().values():
+        if hasattr(args, flag.dest):
+            set_scheduler_flag(tree, flag, getattr(args, flag.dest))
+    try:
+        return options_models()[kind].model_validate(tree["scheduler"])
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
+            name = scheduler_flag_name(kind, f"scheduler.{field}") if field else None
+            lines.append(f"{name}: " * bool(name) + err["msg"].removeprefix("Value error, "))
+        raise UsageError("; ".join(lines)) from None

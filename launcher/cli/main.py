@@ -14,8 +14,8 @@ from typing import Any
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
-from launcher.cli.flags import UsageError, add_job_flags, add_scheduler_flags, fields_help
-from launcher.cli.hosts import SSH_CHECK_FIELDS
+from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
