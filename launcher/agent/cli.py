@@ -14,7 +14,9 @@ it:
   are sent on the channel once the command ended.
 - A pid file (``<state>/<job>/node-<k>.pid``: pid, create time, the container) finds the agent again
   for ``signal`` and ``status``; the exit code goes to ``node-<k>.exit``. The ranks beat in
-  ``node-<k>.heartbeat/`` there.
+  ``node-<k>.heartbeat/`` there. ``--state-dir DIR`` puts these files in DIR instead: an agent that is
+  a child of the launcher on the same machine (the local scheduler) keeps them in the job record, and
+  writes no host log (its channel cannot drop; the launcher keeps the node log).
 
 ``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (the ranks checkpoint); KILL
 ends its whole tree now (TERM, then KILL after ``--grace-s``) and removes its container. ``status``:
@@ -57,13 +59,13 @@ def state_dir(job_id: str) -> Path:
     return path
 
 
-def _files(job_id: str, node: int) -> tuple[Path, Path, Path]:
-    base = state_dir(job_id) / f"node-{node}"
+def _files(where: Path, node: int) -> tuple[Path, Path, Path]:
+    base = where / f"node-{node}"
     return base.with_suffix(".pid"), base.with_suffix(".exit"), base.with_suffix(".log")
 
 
-def _heartbeat_dir(job_id: str, node: int) -> Path:
-    return state_dir(job_id) / f"node-{node}.heartbeat"
+def _heartbeat_dir(where: Path, node: int) -> Path:
+    return where / f"node-{node}.heartbeat"
 
 
 def container_name(job_id: str, node: int) -> str:
@@ -87,20 +89,24 @@ def run(
     lease_s: float,
     image: ImageRun | None,
     heartbeat_dir: Path | None = None,
+    where: Path | None = None,
 ) -> int:
     """``run`` (see the module docstring); the node's exit code. The ranks beat in ``heartbeat_dir``
-    (default: in the agent's state dir)."""
+    (default: in the agent's state dir); ``where``: that state dir (default: ``state_dir(job_id)``,
+    and then the output also goes to a host log)."""
     channel = _take_stdout()
-    pid_file, exit_file, log_file = _files(job_id, node)
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+    pid_file, exit_file, log_file = _files(where or state_dir(job_id), node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
     assert secrets is not None  # no timeout: read until the line or EOF
     ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
-    beats = heartbeat_dir or _heartbeat_dir(job_id, node)
-    forward = state_dir(job_id) / f"node-{node}.reports"  # an earlier run's are not this one's
+    beats = heartbeat_dir or _heartbeat_dir(where or state_dir(job_id), node)
+    forward = log_file.with_suffix(".reports")  # an earlier run's are not this one's
     shutil.rmtree(forward, ignore_errors=True)
     forward.mkdir()
-    with open(log_file, "ab") as log:
+    with open(log_file if where is None else os.devnull, "ab") as log:
 
         def sink(chunk: bytes) -> None:
             log.write(chunk)
@@ -120,7 +126,7 @@ def run(
             heartbeat_dir=str(beats) if watch is not None else None,
             image=image,
             container_name=container_name(job_id, node),
-            container_mounts=[str(state_dir(job_id)), str(beats)],  # the ranks' heartbeats go there
+            container_mounts=[str(pid_file.parent), str(beats)],  # the ranks' heartbeats go there
             env_names=[*secrets, *ours],
             output=Output(sink=sink),
             lease_s=lease_s,
@@ -142,8 +148,8 @@ def run(
     return code
 
 
-def _agent(job_id: str, node: int) -> psutil.Process | None:
-    pid_file, _, _ = _files(job_id, node)
+def _agent(where: Path, node: int) -> psutil.Process | None:
+    pid_file, _, _ = _files(where, node)
     try:
         ref = json.loads(pid_file.read_text())
         proc = psutil.Process(int(ref["pid"]))
@@ -166,16 +172,16 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def _container(job_id: str, node: int) -> Container | None:
+def _container(where: Path, node: int) -> Container | None:
     """The node's container, as its agent recorded it in the pid file (None for a bare node)."""
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # KeyError: a bare node
-        runtime, name = json.loads(_files(job_id, node)[0].read_text())["container"]
+        runtime, name = json.loads(_files(where, node)[0].read_text())["container"]
         return Container(str(runtime), "", str(name))
     return None
 
 
-def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
-    agent = _agent(job_id, node)
+def send(job_id: str, where: Path, node: int, sig: str, grace_s: float) -> int:
+    agent = _agent(where, node)
     if sig == "TERM":
         if agent is not None:
             procs.signal_all([agent], signal.SIGTERM)
@@ -183,20 +189,20 @@ def send(job_id: str, node: int, sig: str, grace_s: float) -> int:
     tree = [*agent.children(recursive=True), agent] if agent is not None else []
     # A container's processes carry the node's environment too: found even outside the agent's tree.
     procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
-    container = _container(job_id, node)
+    container = _container(where, node)
     if container is not None:
         container.remove()
     return 0
 
 
-def status(job_id: str, node: int) -> dict[str, object]:
+def status(where: Path, node: int) -> dict[str, object]:
     """Whether the node runs, its exit code once it has ended, and its ranks' latest beats."""
-    _, exit_file, _ = _files(job_id, node)
-    running = _agent(job_id, node) is not None
+    _, exit_file, _ = _files(where, node)
+    running = _agent(where, node) is not None
     code: int | None = None
     if not running and exit_file.is_file():
         code = int(exit_file.read_text().strip() or EXIT_FAILED)
-    beats = [dataclasses.asdict(b) for b in read_beats(_heartbeat_dir(job_id, node))]
+    beats = [dataclasses.asdict(b) for b in read_beats(_heartbeat_dir(where, node))]
     return {"running": running, "exit_code": code, "beats": beats}
 
 
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
     p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
     p.add_argument("--heartbeat-dir", type=Path, help="run: where the ranks beat (default: the state dir)")
+    p.add_argument("--state-dir", type=Path, help="the agent's files (default: the user's state dir)")
     ImageRun.add_flags(p)
     add_watch_flags(p)
     args, command = parse_with_command(p, argv)
@@ -218,12 +225,17 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             p.error("run needs the command after --")
         watch = NodeWatch(*found) if (found := watch_of(args)) else None
-        return run(args.job, args.node, command, watch, args.lease_s, ImageRun.of(args), args.heartbeat_dir)
+        image = ImageRun.of(args)
+        return run(
+            args.job, args.node, command, watch, args.lease_s, image,
+            heartbeat_dir=args.heartbeat_dir, where=args.state_dir,
+        )  # fmt: skip
     if command:
         p.error(f"{args.action} takes no command")
+    where = args.state_dir or state_dir(args.job)
     if args.action == "signal":
-        return send(args.job, args.node, args.signal, args.grace_s)
-    print(json.dumps(status(args.job, args.node)), flush=True)
+        return send(args.job, where, args.node, args.signal, args.grace_s)
+    print(json.dumps(status(where, args.node)), flush=True)
     return 0
 
 

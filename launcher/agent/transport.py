@@ -30,17 +30,20 @@ def agent_argv(
     command: Sequence[str],
     *,
     heartbeat_dir: Path | None = None,
+    state_dir: Path | None = None,
     lease_s: float = 0.0,
     image_flags: Sequence[str] = (),
 ) -> list[str]:
     """``python -m launcher.agent run`` of node ``node``'s ``command`` with the job's hang watch: the
-    ranks beat in ``heartbeat_dir`` (default: the agent's state dir on its host), the lease is
+    ranks beat in ``heartbeat_dir`` (default: the agent's state dir on its host), the agent's files go
+    in ``state_dir`` (default: the user's state dir on its host; given, no host log), the lease is
     ``lease_s`` seconds (0: none), ``image_flags`` run it in the job's image
     (``launcher.image.runtime.ImageRun.flags``)."""
     return [
         *(python, "-m", "launcher.agent", "run", "--job", job_id, "--node", str(node)),
         *([f"--lease-s={lease_s:g}"] if lease_s else []),
         *([f"--heartbeat-dir={heartbeat_dir}"] if heartbeat_dir is not None else []),
+        *([f"--state-dir={state_dir}"] if state_dir is not None else []),
         *watch_args(spec.hang, spec.nproc_per_node),
         *image_flags,
         "--",

@@ -9,6 +9,8 @@ Layout of ``<jobs root>/<job id>/``::
     status.json    the job's state (JobStatus), rewritten as the job moves on
     handle.json    how the scheduler finds the job again (typed by the scheduler: pids, a job id, ...)
     node-<k>.log   node k's output; torchelastic/node-<k>/ its workers' error files
+    reports/       the nodes' typed reports (``launcher.job.reports``); heartbeat/node-<k>/ the ranks'
+                   beats where the nodes see the record; agent/ the local node agents' own files
 
 Every file is written atomically (temporary file, fsync, rename), so a reader or a crash never sees
 a half-written record.
@@ -218,6 +220,12 @@ def torchelastic_dir(job_dir: Path, node_rank: int | str) -> Path:
     """Where node ``node_rank``'s torchrun agent writes its workers' error files (``node_rank`` may be
     the ``{{node_rank}}`` placeholder)."""
     return job_dir / "torchelastic" / f"node-{node_rank}"
+
+
+def agent_dir(job_dir: Path) -> Path:
+    """Where node agents that run on this machine (the local scheduler's) keep their pid and exit
+    files and their processes' reports (``launcher.agent.cli --state-dir``)."""
+    return job_dir / "agent"
 
 
 class JobRecord:

@@ -36,7 +36,6 @@ from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, ne
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import Transport, drain_channels
-from launcher.supervisor.watchdog import Watchdog, plan_watchdog
 from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
@@ -146,16 +145,13 @@ class _Job:
     attempts: list[Attempt] = field(default_factory=list)
     spec: JobSpec = field(init=False)  # read once
     grace_s: float = field(init=False)  # the job's grace period (seconds)
-    watchdog: Watchdog = field(init=False)
 
     def __post_init__(self) -> None:
         self.spec = self.record.spec()
         self.grace_s = self.spec.grace_period_s
-        self.watchdog = plan_watchdog(self.plan, self.spec.hang)
 
     def next_attempt(self) -> None:
         self.agents, self.started = [], time.time()
-        self.watchdog = plan_watchdog(self.plan, self.spec.hang)
 
 
 def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
@@ -266,8 +262,8 @@ class _Watch:
         self.job, self.stop = job, stop
         self.stop_at: float | None = None
         self.stop_asked = 0.0  # wall-clock time of the stop request
-        # Nodes that watch themselves (SSH, compose) report a hang in their logs and hold their ranks.
-        self.node_watched = job.spec.hang.enabled and not job.watchdog.nodes
+        # Each node's agent watches its ranks: it reports a hang and holds them for the others' dumps.
+        self.node_watched = job.spec.hang.enabled
         self.next_read = 0.0
         self.first_report: float | None = None
 
@@ -287,8 +283,6 @@ class _Watch:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 first = min(failed, key=lambda k: killed_by(codes[k]) is None)
                 return self._failed(first, codes[first])
-            elif (hang := job.watchdog.check()) is not None:
-                return hang_outcome(job.record.dir, hang)
             elif self.node_watched and (outcome := self._node_reports()) is not None:
                 return outcome
             time.sleep(POLL_S)

@@ -3,8 +3,8 @@ before anything is killed, each rank's state (psutil) and Python stack (``py-spy
 ``--nonblocking`` where a stopped process refuses the default mode), the collective it waits in, and
 its flight recorder's last collectives (``launcher.supervisor.flight``).
 
-``Watchdog`` watches heartbeat directories on this machine: the local scheduler's supervisor gives it
-every node's, the SSH host agent its own node's.
+``Watchdog`` watches heartbeat directories on this machine: the node agent (``launcher.agent``) its own
+node's, under every scheduler.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from pathlib import Path
 import psutil
 
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
-from launcher.job.plan import Plan
 from launcher.supervisor import flight, procs
-from trainer.contract import HEARTBEAT_DIR_ENV, Beat, clear_beats, read_beats
+from trainer.contract import Beat, clear_beats, read_beats
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past
@@ -186,19 +185,6 @@ class Watchdog:
         return HangReport(
             silent_s=stall.silent_s, budget_s=stall.budget_s, step=stall.step, ranks=ranks, time=time.time()
         )
-
-
-def plan_watchdog(plan: Plan, spec: HangSpec) -> Watchdog:
-    """The watchdog of every node of ``plan`` whose heartbeat directory its environment names (the
-    local scheduler's: all on this machine)."""
-    nodes = [
-        WatchedNode(
-            n.node_rank, n.named_host or "localhost", Path(n.env[HEARTBEAT_DIR_ENV]), plan.nproc_per_node
-        )
-        for n in plan.nodes
-        if HEARTBEAT_DIR_ENV in n.env
-    ]
-    return Watchdog(nodes, spec)
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,9 @@ def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: 
     # digest, so the nodes refuse before the command runs, and the job ends with exit 3 and the diff
     spec, job_dir = JobSpec(nnodes=2), tmp_path / "job-1"
     facts = {"workdir": str(tmp_path), "rdzv_host": "127.0.0.1", "rdzv_port": 29556, "omp_num_threads": 1}
-    plan = LocalScheduler().render(spec, LocalFacts(**facts, gpus=[]), "job-1", job_dir)
+    plan = LocalScheduler().render(
+        spec, LocalFacts(**facts, gpus=[], agent_python=sys.executable), "job-1", job_dir
+    )
     entry = [
         sys.executable,
         "-m",

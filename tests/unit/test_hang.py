@@ -3,6 +3,7 @@ the one-line cause; and the trainer's heartbeat file, written and read back."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -216,7 +217,14 @@ def test_a_negative_hang_timeout_is_refused() -> None:
 
 def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) -> None:
     spec = JobSpec.model_validate({"nnodes": 2})
-    facts = LocalFacts(workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=1, omp_num_threads=1, gpus=[])
+    facts = LocalFacts(
+        workdir=str(tmp_path),
+        rdzv_host="127.0.0.1",
+        rdzv_port=1,
+        omp_num_threads=1,
+        gpus=[],
+        agent_python=sys.executable,
+    )
     plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
     now = 1000.0
     for k in (0, 1):

@@ -20,6 +20,7 @@ from launcher.supervisor.supervisor import SupervisorHandle
 from trainer.contract import EXIT_OK, EXIT_USAGE
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
+FACTS["agent_python"] = sys.executable
 
 
 def _record(

@@ -38,6 +38,7 @@ FACTS = {
     "rdzv_port": 29555,
     "omp_num_threads": 1,
     "gpus": [],
+    "agent_python": "/usr/bin/python3",
 }
 
 

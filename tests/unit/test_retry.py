@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +72,14 @@ def test_the_backoff_doubles_up_to_its_cap() -> None:
 
 def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:
     spec = JobSpec.model_validate({"nnodes": 2})
-    facts = LocalFacts(workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=1, omp_num_threads=1, gpus=[])
+    facts = LocalFacts(
+        workdir=str(tmp_path),
+        rdzv_host="127.0.0.1",
+        rdzv_port=1,
+        omp_num_threads=1,
+        gpus=[],
+        agent_python=sys.executable,
+    )
     plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
     record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
     for k in (0, 1):

@@ -4,6 +4,7 @@ only last a peer's "connection closed / timed out" (what healthy ranks see when 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +43,12 @@ PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer
 def record(tmp_path: Path) -> JobRecord:
     spec = JobSpec.model_validate({"nnodes": 2})
     facts = LocalFacts(
-        workdir=str(tmp_path), rdzv_host="127.0.0.1", rdzv_port=29500, omp_num_threads=1, gpus=[]
+        workdir=str(tmp_path),
+        rdzv_host="127.0.0.1",
+        rdzv_port=29500,
+        omp_num_threads=1,
+        gpus=[],
+        agent_python=sys.executable,
     )
     plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
     return JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time() - 60))

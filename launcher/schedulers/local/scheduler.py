@@ -3,8 +3,9 @@
 Agents meet at a c10d rendezvous on 127.0.0.1 at a free port and share the machine: the cores
 (OMP_NUM_THREADS = cores / world_size) and, where there are GPUs, the devices (each node sees its
 own slice through CUDA_VISIBLE_DEVICES). A supervisor process (``launcher.supervisor``), forked at
-submit in its own session, starts the agents and follows them to the end; the job record is all any
-other command needs to find it again.
+submit in its own session, starts each node's node agent (``launcher.agent``, as a child process: the
+hang watch, signals and reports, as on every scheduler) and follows them to the end; the job record is
+all any other command needs to find it again.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 
+from launcher.agent.transport import ChannelAgents, agent_argv
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
-from launcher.job.record import JobRecord
+from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, with_run_dir
 from launcher.schedulers.local.options import LocalOptions
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.transport import ChildAgents, Transport
-from trainer.contract import HEARTBEAT_DIR_ENV
+from launcher.supervisor.transport import Transport
 
 
 class LocalFacts(Facts):
@@ -30,6 +32,7 @@ class LocalFacts(Facts):
     rdzv_port: int
     omp_num_threads: int
     gpus: list[str]  # ids shared out between the nodes; [] for CPU processes
+    agent_python: str  # the node agents' interpreter: the launcher's (--python's need not have it)
 
 
 def free_port(host: str) -> int:
@@ -98,6 +101,7 @@ class LocalScheduler(SupervisedScheduler):
             rdzv_port=spec.rendezvous.port or free_port(host),
             omp_num_threads=int(threads or max(1, len(os.sched_getaffinity(0)) // spec.world_size)),
             gpus=gpus,
+            agent_python=sys.executable,
         )
 
     def render(self, spec: JobSpec, facts: LocalFacts, job_id: str, job_dir: Path) -> Plan:
@@ -111,9 +115,12 @@ class LocalScheduler(SupervisedScheduler):
             if facts.gpus:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device
                 first = k * spec.nproc_per_node
                 node_env["CUDA_VISIBLE_DEVICES"] = ",".join(facts.gpus[first : first + spec.nproc_per_node])
-            node_env[HEARTBEAT_DIR_ENV] = str(heartbeat_dir(job_dir, k))  # the supervisor's watchdog reads it
-            nodes.append(NodeCommand(host="localhost", argv=argv, env=node_env))
+            agent = agent_argv(
+                facts.agent_python, spec, job_id, k, argv,
+                heartbeat_dir=heartbeat_dir(job_dir, k), state_dir=agent_dir(job_dir),
+            )  # fmt: skip
+            nodes.append(NodeCommand(host="localhost", argv=agent, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
-        return ChildAgents()
+        return ChannelAgents(record.spec().secrets_here())
