@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 # Exit codes of `trainer` and `launcher` (the launcher adds EXIT_REFUSED and EXIT_INTERRUPTED).
 EXIT_OK = 0
@@ -95,22 +95,33 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class StopMarker:
+    """The run stopped on a signal after saving a checkpoint (``<run dir>/stopped.json``): the step,
+    the checkpoint's file name, when (epoch seconds) and the signal rank 0 received (None if only other
+    ranks got one): SIGUSR2 is SLURM's warning before a time limit or preemption (the job is requeued),
+    SIGTERM a request to stop."""
+
+    step: int
+    checkpoint: str
+    time: float
+    signal: str | None = None
+
+
 def write_stop_marker(run_dir: Path, step: int, checkpoint_file: Path, signal: str | None = None) -> None:
-    """Record, atomically, that the run stopped on a signal after saving ``checkpoint_file``:
-    ``{"step": int, "checkpoint": file name, "time": epoch seconds, "signal": name or null}``.
-    ``signal`` is the one rank 0 received (None if only other ranks got one): SIGUSR2 is SLURM's
-    warning before a time limit or preemption (the job is requeued), SIGTERM a request to stop."""
-    record = {"step": step, "checkpoint": checkpoint_file.name, "time": time.time(), "signal": signal}
-    atomic_write_text(run_dir / STOP_MARKER, json.dumps(record))
+    """Record, atomically, that the run stopped on ``signal`` after saving ``checkpoint_file``."""
+    marker = StopMarker(step=step, checkpoint=checkpoint_file.name, time=time.time(), signal=signal)
+    atomic_write_text(run_dir / STOP_MARKER, json.dumps(dataclasses.asdict(marker)))
 
 
-def read_stop_marker(run_dir: Path, since: float) -> dict[str, Any] | None:
-    """The stop record of a run that stopped on a signal at or after ``since`` (epoch seconds)."""
+def read_stop_marker(run_dir: Path, since: float) -> StopMarker | None:
+    """The stop marker of a run that stopped on a signal at or after ``since`` (epoch seconds); None
+    when there is none, or one that this version cannot read."""
     try:
-        record = json.loads((run_dir / STOP_MARKER).read_text())
-    except (OSError, ValueError):
+        marker = StopMarker(**json.loads((run_dir / STOP_MARKER).read_text()))
+    except (OSError, ValueError, TypeError):  # TypeError: not an object, or other fields
         return None
-    return record if isinstance(record, dict) and record.get("time", 0) >= since else None
+    return marker if marker.time >= since else None
 
 
 def clear_stop_marker(run_dir: Path) -> None:

@@ -185,7 +185,7 @@ def stop_outcome(plan: Plan, since: float) -> Outcome:
         message = "stopped on request, no checkpoint saved"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
     message = (
-        f"checkpoint {marker.get('checkpoint')} saved at step {marker.get('step')}; resume by "
+        f"checkpoint {marker.checkpoint} saved at step {marker.step}; resume by "
         f"submitting again with -- --run-dir {plan.run_dir}"
     )
     return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)

@@ -1,4 +1,5 @@
-"""The health gate inside a SLURM job: the step after version parity, before training.
+"""The health gate inside a SLURM job: the step after version parity, before training (its batch
+script lines: ``launcher.schedulers.slurm.steps``).
 
 With ``--health-check`` (or ``--health-check-warn``) the batch script runs the collective preflight
 with the gate's stages on every allocated node (one ``srun`` step of torchrun agents,
@@ -15,7 +16,6 @@ requeued job runs the gate again on its new nodes.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -23,45 +23,11 @@ from launcher.job import reports
 from launcher.job.reports import Refused
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GateSettings, findings, report_text
-from launcher.preflight.parity_step import STEP_TIME_MIN, end_step
+from launcher.preflight.parity_step import end_step
 from trainer.contract import EXIT_REFUSED, EXIT_USAGE
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
 HOSTS = "hosts"  # the allocation's node names in node-rank (SLURM_NODEID) order, one per line
-
-
-def batch_lines(
-    *,
-    node_argv: list[str],
-    srun_args: list[str],
-    judge_argv: list[str],
-    workdir: str,
-    job_dir: str,
-    nnodes: int,
-    minutes: int = STEP_TIME_MIN,
-    retry: str | None = None,
-) -> list[str]:
-    """The batch script's lines for the gate (bash; every value shell-quoted). ``node_argv`` is each
-    node's command (the workers under torchrun, behind ``launcher.job.node``), ``srun_args`` the step's
-    extra srun options (an image's), ``judge_argv`` this module's command (``judge_argv``, in the image
-    when the job has one), ``minutes`` the step's time limit. ``retry``, a command run with ``$code``
-    set when the gate ends the job (the retry step of ``--retries``), which then still exits with it."""
-    q = shlex.quote
-    health = Path(job_dir) / HEALTH_DIR
-    srun = [
-        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
-        f"--output={health}/node-%n.out", f"--error={health}/node-%n.log", *srun_args, *node_argv,
-    ]  # fmt: skip
-    judge = f"(cd -- {q(workdir)} && {shlex.join(judge_argv)})"
-    on_failure = f"{{ code=$?; {retry}; exit $code; }}" if retry else "exit $?"
-    return [
-        "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
-        "# names ends the job before training (exit 3).",
-        f"rm -rf -- {q(str(health))} && mkdir -p -- {q(str(health))}",
-        f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
-        f"{shlex.join(srun)} || true  # the judgment says what a node without a result printed",
-        f"{judge} || {on_failure}",
-    ]
 
 
 def judge_argv(python: str, job_dir: str, nnodes: int, gate: GateSettings, warn: bool) -> list[str]:

@@ -1,4 +1,5 @@
-"""Version parity inside a SLURM job: the step before training.
+"""Version parity inside a SLURM job: the step before training (its batch script lines:
+``launcher.schedulers.slurm.steps``).
 
 The batch script runs ``python -m launcher.preflight.probe --json`` on every allocated node (one
 ``srun`` step, each node's report in ``<job dir>/parity/node-K.json``, its stderr in ``node-K.log``),
@@ -14,76 +15,18 @@ gate's step sends one too), from which the SLURM scheduler tells how the job end
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
-from typing import Protocol
 
 from pydantic import ValidationError
 
 from launcher.job import reports
 from launcher.job.reports import Refused
 from launcher.preflight.parity import compare, diff_text, report_table
-from launcher.preflight.probe import IMAGE_DIGEST_ENV, Probe
+from launcher.preflight.probe import Probe
 from trainer.contract import EXIT_FAILED, EXIT_REFUSED
 
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
-STEP_TIME_MIN = 5  # srun's limit for the probe step: a cold `import torch` takes seconds, not minutes
-PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
-
-
-class InImage(Protocol):
-    """How a SLURM job runs steps in its image (``launcher.schedulers.slurm.image.SlurmImage``)."""
-
-    @property
-    def image(self) -> str: ...
-    @property
-    def python(self) -> str: ...
-    def srun_args(self) -> list[str]: ...
-    def probe(self) -> list[str]: ...
-    def batch(self, argv: list[str]) -> list[str]: ...
-
-
-def batch_lines(
-    *,
-    python: str,
-    workdir: str,
-    job_dir: str,
-    nnodes: int,
-    gpus_per_node: int,
-    skip: bool,
-    in_image: InImage | None = None,
-) -> list[str]:
-    """The batch script's lines for the step (bash; every value shell-quoted, no variable needed), the
-    same in the standalone sbatch script and in submitit's. ``gpus_per_node`` 0: no GPU requirement.
-    With ``in_image``, the probe and the comparison run in the job's image (the probe's step may pull
-    it: a longer time limit)."""
-    probes = Path(job_dir) / PROBE_DIR
-    probe = [python, "-m", "launcher.preflight.probe", "--json"]
-    minutes = STEP_TIME_MIN
-    if in_image is not None:
-        probe, python, minutes = [*in_image.srun_args(), *in_image.probe()], in_image.python, PULL_TIME_MIN
-    srun = [
-        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
-        f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log", *probe,
-    ]  # fmt: skip
-    compare_argv = [
-        python, "-m", "launcher.preflight.parity_step", "--job-dir", job_dir, "--nodes", str(nnodes),
-        "--gpus-per-node", str(gpus_per_node), *(["--skip-parity"] if skip else []),
-    ]  # fmt: skip
-    if in_image is not None:
-        compare_argv = in_image.batch(compare_argv)
-    q = shlex.quote
-    # The image the probe (and, later in the batch script, every node) runs in, as it reports it: pyxis
-    # and Apptainer pass the batch environment on (podman sets it itself).
-    digest = [f"export {IMAGE_DIGEST_ENV}={q(in_image.image)}"] if in_image is not None else []
-    return [
-        "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",
-        *digest,
-        f"rm -rf -- {q(str(probes))} && mkdir -p -- {q(str(probes))}",
-        f"{shlex.join(srun)} || true  # a node without a report is named by the comparison",
-        f"(cd -- {q(workdir)} && {shlex.join(compare_argv)}) || exit $?",
-    ]
 
 
 def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]]:

@@ -19,9 +19,8 @@ from launcher.job.retry import refusal
 from launcher.job.spec import JobSpec
 from launcher.preflight.collective_report import CollectiveError, CollectiveResult, DeviceResult
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
-from launcher.schedulers.slurm.gate import gate_lines
-from launcher.schedulers.slurm.retry import command as retry_command
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
+from launcher.schedulers.slurm.steps import gate_lines, retry_argv
 from trainer.contract import EXIT_REFUSED, EXIT_USAGE
 
 NODES = ["n1", "n2", "n3"]
@@ -134,7 +133,7 @@ def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_pa
     srun += f'cp {result} "$(dirname "$out")"; echo "$@" > {tmp_path}/srun.args'
     _fake(bin_dir, "srun", srun)
     spec = _spec(health_check=True)
-    retry = retry_command(python=sys.executable, workdir=os.getcwd(), job_dir=str(job_dir))
+    retry = retry_argv(sys.executable, str(job_dir))
     lines = gate_lines(spec, os.getcwd(), job_dir, {"GLOO_SOCKET_IFNAME": "{{ifname}}"}, None, retry)
     env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[1-2]"}
     script = "\n".join([*BATCH_SETUP, *lines, "echo trained"])

@@ -1,8 +1,8 @@
 """Retries of a SLURM job (``--retries``): the job requeues itself, excluding the node it failed on.
 
 With ``--retries``, submitit's batch script ends with ``python -m launcher.schedulers.slurm.retry
---job-dir D --since T --exit-code $?`` (``batch_lines``), run on the allocation's first node once
-every node's task has ended. For a
+--job-dir D --since T --exit-code C`` (``launcher.schedulers.slurm.steps.retry_lines``), run on the
+allocation's first node once every node's task has ended. For a
 failure that may be retried (``launcher.job.retry.refusal``) it archives the attempt in the job record
 and requeues the job under the same SLURM job id (``scontrol requeuehold``, then ``update
 ExcNodeList=... StartTime=now+backoff``, then ``release``); the next attempt resumes from the last
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -37,20 +36,6 @@ from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
 # What the steps before training leave in the job directory, kept with their attempt.
 # (Their reports stay in ``reports/``, told apart by time.)
 STEP_FILES = (parity_step.PROBE_DIR, health_step.HEALTH_DIR)
-
-
-def command(*, python: str, workdir: str, job_dir: str) -> str:
-    """The retry step (bash, every value shell-quoted) of an attempt that ended with ``$code``; also
-    run when the health gate ends an attempt before training. ``$run_started`` is set at the script's
-    start (``scheduler.BATCH_SETUP``)."""
-    argv = [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
-    return f'(cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since "$run_started" --exit-code $code)'
-
-
-def batch_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
-    """The batch script's lines after the nodes' step, for retries: the script then exits with that
-    step's status, as it would without them."""
-    return ["code=$?", command(python=python, workdir=workdir, job_dir=job_dir)]
 
 
 def _hostnames(nodelist: str) -> list[str]:

@@ -35,12 +35,9 @@ from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, with_run_dir
-from launcher.preflight.parity_step import batch_lines
-from launcher.schedulers.slurm.gate import gate_lines
+from launcher.schedulers.slurm import steps
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions
-from launcher.schedulers.slurm.retry import batch_lines as retry_lines
-from launcher.schedulers.slurm.retry import command as retry_command
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
@@ -60,8 +57,7 @@ NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/sl
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
 BATCH_SETUP = [
     "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
-    # When this run starts (the retry step's --since), said in the batch log for people.
-    'run_started=$(date +%s) && echo "batch: run started at $run_started"',
+    steps.SET_RUN_STARTED,  # the retry step's --since
     FIRST_HOST_LINE,
 ]
 
@@ -108,15 +104,25 @@ def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, trainer_args: list[s
 
 def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None) -> list[str]:
     """The batch script's version-parity step (a probe on every node before training; in the image)."""
-    return batch_lines(
+    return steps.parity_lines(
         python=spec.python,
         workdir=facts.workdir,
         job_dir=str(job_dir),
         nnodes=spec.nnodes,
         gpus_per_node=facts.gpus_per_node,
         skip=spec.options(SlurmOptions).skip_parity,
-        in_image=image,
+        image=image,
     )
+
+
+def _end_lines(
+    spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str, image: SlurmImage | None
+) -> list[str]:
+    """The standalone script's end step, on the batch node (in the image when the job has one)."""
+    return steps.end_lines(
+        python=image.python if image else spec.python, workdir=facts.workdir, job_dir=str(job_dir),
+        run_dir=run_dir, max_requeues=spec.options(SlurmOptions).max_requeues, image=image,
+    )  # fmt: skip
 
 
 def _submitit_request(
@@ -140,13 +146,13 @@ def _submitit_request(
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    retries = retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir)) if spec.retries else []
+    retries = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
     python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
     return SubmititRequest(
         parameters=parameters,
         additional_parameters=extra,
         setup=[*BATCH_SETUP, *checks],  # parity and the health gate
-        teardown=retries,
+        teardown=retries if spec.retries else [],
         python=python,
     )
 
@@ -236,9 +242,9 @@ class SlurmScheduler:
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
         parity = _parity_lines(spec, facts, job_dir, image)
 
-        def checks(retry: str | None) -> list[str]:
+        def checks(retry: list[str] | None) -> list[str]:
             """The steps before training: parity, then the health gate (which may run ``retry``)."""
-            gate = gate_lines(spec, facts.workdir, job_dir, env, image, retry)
+            gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, retry)
             return [*parity, *([""] if gate else []), *gate]
 
         # The script runs each node's command under the node task, as submitit does: watched for hangs.
@@ -259,16 +265,15 @@ class SlurmScheduler:
             options=options,
             node=plan.nodes[0].model_copy(update={"argv": [*task, *plan.nodes[0].argv]}),
             job_dir=str(job_dir),
-            run_dir=plan.run_dir,
-            max_requeues=opts.max_requeues,
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
-            parity=checks(retry=None),  # the standalone script does not retry
+            checks=checks(retry=None),  # the standalone script does not retry
+            end=_end_lines(spec, facts, job_dir, plan.run_dir, image),
             retries=spec.retries,
             srun_args=image.srun_args() if image else [],
             image=image.header() if image else None,
         )
-        retry = retry_command(python=spec.python, workdir=facts.workdir, job_dir=str(job_dir))
+        retry = steps.retry_argv(spec.python, str(job_dir))
         checked = checks(retry if spec.retries else None)
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)

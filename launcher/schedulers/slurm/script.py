@@ -12,13 +12,14 @@ shell-quoted; secrets are never in it (SLURM exports the submitting shell's envi
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from launcher.job.hang import EXIT_HANG
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_USAGE, FIRST_HOST_ENV, STOP_MARKER, package_version
+from launcher.schedulers.slurm.steps import SET_RUN_STARTED
+from trainer.contract import EXIT_USAGE, FIRST_HOST_ENV, package_version
 
 # srun's file name patterns: %n is the node's index within the job (one log per node).
 NODE_LOG_PATTERN = "node-%n.log"
@@ -64,6 +65,46 @@ _NO_WORKDIR = (
     "or pass another --workdir\\n"
 )
 
+# The standalone script. Each @slot@ is filled with lines of ``steps`` or of this module; the script's
+# only shell variable, $run_started, is set here and handed to the steps that need it.
+TEMPLATE = """\
+#!/bin/bash
+@header@
+@sbatch@
+#SBATCH --requeue
+#SBATCH --export=ALL
+
+set -uo pipefail
+mkdir -p -- @job_dir@
+
+# SLURM's warning before a time limit or preemption (SIGUSR2) reaches the ranks, which checkpoint
+# and exit; `scancel --signal=USR2 --full` also sends it to this shell, which must outlive it.
+trap 'echo "batch: SIGUSR2: the ranks checkpoint and stop"' USR2
+@set_run_started@
+
+# Environment of every node's processes (the submitting shell's is exported too).
+@environment@
+@workdir@
+
+@checks@
+
+# One task per node; each runs a torchrun agent, meeting at a c10d rendezvous on the first node.
+# When a node fails, the last step names the cause, exits with its code, and requeues the job after
+# a checkpoint on SLURM's warning signal.
+@node_step@ || \\
+  @end@
+"""
+SLOT = re.compile(r"@([a-z_]+)@")
+
+
+def fill(template: str, slots: dict[str, str]) -> str:
+    """``template`` with each ``@name@`` replaced by ``slots[name]`` (not scanned again). Raises
+    ValueError for a slot left unfilled or a value for no slot."""
+    named = set(SLOT.findall(template))
+    if named != set(slots):
+        raise ValueError(f"slots {sorted(named)} and values {sorted(slots)} differ")
+    return SLOT.sub(lambda m: slots[m.group(1)], template)
+
 
 def sbatch_script(
     *,
@@ -71,27 +112,24 @@ def sbatch_script(
     options: dict[str, str],
     node: NodePlan,
     job_dir: str,
-    run_dir: str,
-    max_requeues: int,
     world: str,
     secrets: list[str],
-    parity: list[str],
+    checks: list[str],
+    end: list[str],
     retries: int = 0,
     srun_args: list[str] | None = None,
     image: list[str] | None = None,
 ) -> str:
-    """The standalone sbatch script. ``node`` is the command every node runs (the same on every node:
-    what differs is filled in on the node); ``world`` describes the job's size for the header;
-    ``parity``, the lines of the steps before training (version parity, ``parity_step.batch_lines``, and
-    the health gate, ``slurm.gate``); ``srun_args``, the
-    node step's extra srun options (pyxis's container options); ``image``, the header's lines on how the nodes
-    run the job's image.
-    Raises SpecError for a job directory that srun's file name patterns would rewrite."""
+    """The standalone sbatch script (``TEMPLATE``). ``node`` is the command every node runs (the same on
+    every node: what differs is filled in on the node); ``world`` describes the job's size for the
+    header; ``checks``, the steps before training (``steps.parity_lines``, ``steps.gate_lines``);
+    ``end``, the step after a failed node step (``steps.end_lines``); ``srun_args``, the node step's
+    extra srun options (pyxis's container options); ``image``, the header's lines on how the nodes run
+    the job's image. Raises SpecError for a job directory that srun's file name patterns would
+    rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
-    # Long but flat: the script's lines in the order sbatch runs them, so the code reads as the script.
     q = shlex.quote
-    exports = [f"export {k}={q(v)}" for k, v in sorted(node.env.items())]
     srun = [
         "srun",
         f"--nodes={options['nodes']}",
@@ -103,9 +141,7 @@ def sbatch_script(
         *node.argv,
     ]
     secret_names = ", ".join(secrets) or "none"
-    no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(node.cwd)} "$(hostname)"; exit {EXIT_USAGE}; }}'
-    lines = [
-        "#!/bin/bash",
+    header = [
         f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
         f"# Rendered by `launcher render --scheduler slurm` (gptlaunch {package_version()}).",
         "# Submit it with `sbatch THIS_FILE`; SLURM prints the job id; the login node needs sbatch.",
@@ -113,49 +149,17 @@ def sbatch_script(
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
         *([NO_RETRIES] if retries else []),
-        *(_sbatch_line(k, v) for k, v in options.items()),
-        "#SBATCH --requeue",
-        "#SBATCH --export=ALL",
-        "",
-        "set -uo pipefail",
-        f"job_dir={q(job_dir)}",
-        f"run_dir={q(run_dir)}",
-        f"max_requeues={max_requeues}",
-        'mkdir -p -- "$job_dir"',
-        "",
-        "# SLURM's warning before a time limit or preemption (SIGUSR2) reaches the ranks, which checkpoint",
-        "# and exit; `scancel --signal=USR2 --full` also sends it to this shell, which must outlive it.",
-        "trap 'echo \"batch: SIGUSR2: the ranks checkpoint and stop\"' USR2",
-        "",
-        "# Environment of every node's processes (the submitting shell's is exported too).",
-        *exports,
-        FIRST_HOST_LINE,
-        f"cd -- {q(node.cwd)} || {no_workdir}",
-        "",
-        *parity,
-        "",
-        "started=$(date +%s)",
-        "",
-        "# One task per node; each runs a torchrun agent, meeting at a c10d rendezvous on the first node.",
-        " \\\n  ".join(shlex.join(srun[i : i + 6]) for i in range(0, len(srun), 6)),
-        "code=$?",
-        "[ $code -eq 0 ] && exit 0",
-        "",
-        "# Did the ranks stop with a checkpoint (a marker written in this run), and on which signal?",
-        f'marker="$run_dir/{STOP_MARKER}"',
-        'if [ -f "$marker" ] && [ "$(stat -c %Y "$marker")" -ge "$started" ]; then',
-        "  restarts=${SLURM_RESTART_COUNT:-0}",
-        '  if grep -q \'"signal": "SIGUSR2"\' "$marker" && [ "$restarts" -lt "$max_requeues" ]; then',
-        '    echo "batch: checkpoint saved; requeueing (restart $((restarts + 1)) of at most $max_requeues)"',
-        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
-        "  fi",
-        f'  echo "batch: stopped after a checkpoint; submit again to resume"; exit {EXIT_CHECKPOINTED}',
-        "fi",
-        f"if [ $code -eq {EXIT_HANG} ]; then",
-        '  echo "batch: the ranks hung (no progress): the cause is in $job_dir/node-*.log, stacks in '
-        '$job_dir/hang/"; exit $code',
-        "fi",
-        'echo "batch: a node failed (srun exit $code); see $job_dir/node-*.log"',
-        "exit $code",
     ]
-    return "\n".join(lines) + "\n"
+    no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(node.cwd)} "$(hostname)"; exit {EXIT_USAGE}; }}'
+    slots = {
+        "header": header,
+        "sbatch": [_sbatch_line(k, v) for k, v in options.items()],
+        "job_dir": [q(job_dir)],
+        "set_run_started": [SET_RUN_STARTED],
+        "environment": [*(f"export {k}={q(v)}" for k, v in sorted(node.env.items())), FIRST_HOST_LINE],
+        "workdir": [f"cd -- {q(node.cwd)} || {no_workdir}"],
+        "checks": checks,
+        "node_step": [" \\\n  ".join(shlex.join(srun[i : i + 6]) for i in range(0, len(srun), 6))],
+        "end": end,
+    }
+    return fill(TEMPLATE, {name: "\n".join(lines) for name, lines in slots.items()})

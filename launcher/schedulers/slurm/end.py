@@ -1,0 +1,67 @@
+"""The standalone sbatch script's last step (``python -m launcher.schedulers.slurm.end``), run on the
+batch node when the nodes' step failed: the step's exit code and the ranks' stop marker (read by its
+one reader, ``trainer.contract.read_stop_marker``) become the job's exit code and one line in the batch
+log. After a checkpoint on SLURM's warning signal (SIGUSR2), with requeues left, it exits 0: the script
+then requeues the job (``scontrol`` on the batch node, as this step may run in the job's image), which
+resumes from that checkpoint.
+
+The submitit path ends the same way through submitit (its requeue on the warning signal) and
+``launcher submit``'s reading of the job (``launcher.schedulers.slurm.state``). The standalone script
+keeps no job record, so it does not retry after a failure (``--retries``): ``launcher submit`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from launcher.job.hang import EXIT_HANG
+from trainer.contract import EXIT_CHECKPOINTED, read_stop_marker
+
+REQUEUE = 0  # this step's exit code that asks the script to requeue the job
+
+
+def ending(
+    *, exit_code: int, run_dir: Path, job_dir: Path, since: float, restarts: int, max_requeues: int
+) -> tuple[int, str]:
+    """(this step's exit code: ``REQUEUE`` or the job's, what to say) after the nodes' step failed
+    with ``exit_code``; the run started at ``since`` (epoch seconds), after ``restarts`` requeues."""
+    marker = read_stop_marker(run_dir, since)
+    if marker is not None:
+        if marker.signal == "SIGUSR2" and restarts < max_requeues:
+            return REQUEUE, f"checkpoint saved; requeueing (restart {restarts + 1} of at most {max_requeues})"
+        said = f"stopped after the checkpoint of step {marker.step}; submit again to resume"
+        return EXIT_CHECKPOINTED, said
+    if exit_code == EXIT_HANG:
+        said = (
+            f"the ranks hung (no progress): the cause is in {job_dir}/node-*.log, stacks in {job_dir}/hang/"
+        )
+        return exit_code, said
+    return exit_code, f"a node failed (srun exit {exit_code}); see {job_dir}/node-*.log"
+
+
+def main(args: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.schedulers.slurm.end",
+        description="End a standalone sbatch script's job after its nodes' step failed.",
+    )
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--job-dir", type=Path, required=True)
+    p.add_argument("--max-requeues", type=int, required=True)
+    p.add_argument("--since", type=float, required=True, help="when this run started (epoch seconds)")
+    p.add_argument("--exit-code", type=int, required=True, help="the nodes' step's (srun's), not 0")
+    a = p.parse_args(args)
+    if a.exit_code == 0:
+        p.error("--exit-code 0: the step succeeded, there is nothing to end")
+    code, said = ending(
+        exit_code=a.exit_code, run_dir=a.run_dir, job_dir=a.job_dir, since=a.since,
+        restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0), max_requeues=a.max_requeues,
+    )  # fmt: skip
+    print(f"batch: {said}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The steps of a SLURM job's batch script, as bash lines for the slots of its template (the standalone
+script's, ``launcher.schedulers.slurm.script``; submitit's setup and teardown lines): version parity and
+the health gate before training, the retry step and the standalone script's end after it. Every value
+is shell-quoted. A step reads no shell variable another step sets: what it needs from the template
+(``RUN_STARTED``, when this run of the job started) it is given as an argument.
+
+The node-side halves of the steps are ``launcher.preflight.parity_step`` (compare the probes),
+``launcher.preflight.health_step`` (judge the gate), ``launcher.schedulers.slurm.retry`` and
+``launcher.schedulers.slurm.end``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launcher.job.reports import REPORT_DIR_ENV
+from launcher.job.spec import JobSpec
+from launcher.job.torchrun import IMAGE_PYTHON
+from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
+from launcher.preflight.health_step import HEALTH_DIR, HOSTS, judge_argv
+from launcher.preflight.parity_step import PROBE_DIR
+from launcher.preflight.probe import IMAGE_DIGEST_ENV
+from launcher.schedulers.slurm.image import SlurmImage
+from launcher.schedulers.slurm.options import SlurmOptions
+from trainer.contract import EXIT_CHECKPOINTED
+
+STEP_TIME_MIN = 5  # srun's limit for a check's step: a cold `import torch` takes seconds, not minutes
+PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
+# The one shell variable of a batch script: when this run of the job started (epoch seconds), set by
+# the template before any step and handed to the steps that need it as "$run_started".
+RUN_STARTED = "run_started"
+SINCE = f'"${RUN_STARTED}"'
+SET_RUN_STARTED = f'{RUN_STARTED}=$(date +%s) && echo "batch: run started at ${RUN_STARTED}"'
+
+
+def parity_lines(
+    *, python: str, workdir: str, job_dir: str, nnodes: int, gpus_per_node: int, skip: bool,
+    image: SlurmImage | None,
+) -> list[str]:  # fmt: skip
+    """Version parity: the probe on every node (one srun step), compared on the batch node; a
+    mismatch ends the job (exit 3). ``gpus_per_node`` 0: no GPU requirement. With ``image``, the probe
+    and the comparison run in the job's image (the probe's step may pull it: a longer time limit)."""
+    probes = Path(job_dir) / PROBE_DIR
+    probe = [python, "-m", "launcher.preflight.probe", "--json"]
+    minutes = STEP_TIME_MIN
+    if image is not None:
+        probe, python, minutes = [*image.srun_args(), *image.probe()], image.python, PULL_TIME_MIN
+    srun = [
+        "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
+        f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log", *probe,
+    ]  # fmt: skip
+    compare_argv = [
+        python, "-m", "launcher.preflight.parity_step", "--job-dir", job_dir, "--nodes", str(nnodes),
+        "--gpus-per-node", str(gpus_per_node), *(["--skip-parity"] if skip else []),
+    ]  # fmt: skip
+    if image is not None:
+        compare_argv = image.batch(compare_argv)
+    q = shlex.quote
+    # The image the probe (and, later in the batch script, every node) runs in, as it reports it: pyxis
+    # and Apptainer pass the batch environment on (podman sets it itself).
+    digest = [f"export {IMAGE_DIGEST_ENV}={q(image.image)}"] if image is not None else []
+    return [
+        "# Version parity: probe every node (one srun step), compare here; a mismatch ends the job (exit 3).",
+        *digest,
+        f"rm -rf -- {q(str(probes))} && mkdir -p -- {q(str(probes))}",
+        f"{shlex.join(srun)} || true  # a node without a report is named by the comparison",
+        f"(cd -- {q(workdir)} && {shlex.join(compare_argv)}) || exit $?",
+    ]
+
+
+def gate_lines(
+    spec: JobSpec,
+    workdir: str,
+    job_dir: Path,
+    env: dict[str, str],
+    image: SlurmImage | None,
+    retry: list[str] | None = None,
+) -> list[str]:
+    """The health gate (none without ``--health-check``/``--health-check-warn``): each node runs the
+    collective preflight with the gate's stages under torchrun, with the job's environment, ranks per
+    node and precision, meeting at the job's rendezvous host and port (free until the job's own
+    rendezvous), in the job's image when it has one; judged on the batch node, a node it names ends the
+    job (exit 3). ``env`` is the nodes' environment (the Plan's); ``retry``, the retry step's argv
+    (``retry_argv``) run when the gate ends the job (``--retries``), which then still exits with the
+    gate's code."""
+    opts = spec.options(SlurmOptions)
+    if not opts.gate:
+        return []
+    gate = GateSettings.of_job(spec.trainer_args, opts.min_busbw, spec.nproc_per_node)
+    judge = judge_argv(
+        image.python if image else spec.python, str(job_dir), spec.nnodes, gate, opts.health_check_warn
+    )
+    q = shlex.quote
+    health = job_dir / HEALTH_DIR
+    srun = [
+        "srun", f"--nodes={spec.nnodes}", "--ntasks-per-node=1",
+        f"--time={PULL_TIME_MIN if image else STEP_TIME_MIN}",  # an image may be pulled (pyxis: each step)
+        f"--chdir={workdir}", f"--output={health}/node-%n.out", f"--error={health}/node-%n.log",
+        *(image.srun_args() if image else []), *_gate_node(spec, gate, workdir, job_dir, env, image),
+    ]  # fmt: skip
+    judged = f"(cd -- {q(workdir)} && {shlex.join(image.batch(judge) if image else judge)})"
+    # The retry step exits with the gate's exit code, which it is handed: the script's exit status.
+    on_failure = f"{{ {after_failure(workdir, retry)}; exit $?; }}" if retry else "exit $?"
+    return [
+        "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
+        "# names ends the job before training (exit 3).",
+        f"rm -rf -- {q(str(health))} && mkdir -p -- {q(str(health))}",
+        f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
+        f"{shlex.join(srun)} || true  # the judgment says what a node without a result printed",
+        f"{judged} || {on_failure}",
+    ]
+
+
+def _gate_node(
+    spec: JobSpec,
+    gate: GateSettings,
+    workdir: str,
+    job_dir: Path,
+    env: dict[str, str],
+    image: SlurmImage | None,
+) -> list[str]:
+    """Each node's command of the gate: the workers under torchrun, behind ``launcher.job.node``."""
+    rdzv = spec.rendezvous
+    master = (rdzv.endpoint or "{{first_host}}", rdzv.port or "{{rdzv_port}}")
+    torchrun = [
+        *worker_argv(spec.nnodes, spec.nproc_per_node, "{{node_rank}}", master, GATE_TIMEOUT_S),
+        *gate.worker_args(),
+    ]
+    # The environment is set before the node entry, which fills in placeholders in its argv only, as
+    # the job's own environment is never filled in. The workers report into the gate's directory.
+    env = env | {REPORT_DIR_ENV: str(job_dir / HEALTH_DIR)}
+    assignments = ["env", *(f"{k}={v}" for k, v in sorted(env.items()))]
+    entry = ["-m", "launcher.job.node", "--workdir", workdir, "--"]
+    if image is None:
+        return [*assignments, spec.python, *entry, spec.python, *torchrun]
+    if image.runtime == "podman":  # the entry on the host, the workers in a container
+        workers = image.run([IMAGE_PYTHON, *torchrun], env_names=sorted(env))
+        return [*assignments, image.host_python, *entry, *workers]
+    # pyxis (srun's options) and apptainer (a prefix): the whole task in the image
+    return image.wrap([*assignments, IMAGE_PYTHON, *entry, IMAGE_PYTHON, *torchrun])
+
+
+def retry_argv(python: str, job_dir: str) -> list[str]:
+    """The retry step (``launcher.schedulers.slurm.retry``) but its ``--since`` and ``--exit-code``."""
+    return [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
+
+
+def retry_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
+    """After the nodes' step, for retries (submitit's teardown): decide on the step's exit status, then
+    exit with it, as the script would without retries."""
+    return [after_failure(workdir, retry_argv(python, job_dir))]
+
+
+def end_lines(
+    *, python: str, workdir: str, job_dir: str, run_dir: str, max_requeues: int, image: SlurmImage | None
+) -> list[str]:
+    """The standalone script's end (``launcher.schedulers.slurm.end``, in the job's image when it has
+    one), run when the nodes' step failed: it exits with the job's exit code, or 0 to have the job
+    requeued here (after a checkpoint on SLURM's warning signal); a requeue SLURM refuses ends the job
+    as checkpointed."""
+    argv = [python, "-m", "launcher.schedulers.slurm.end", "--job-dir", job_dir, "--run-dir", run_dir]
+    argv.append(f"--max-requeues={max_requeues}")
+    requeue = f'scontrol requeue "$SLURM_JOB_ID" || exit {EXIT_CHECKPOINTED}'
+    # A group: after `srun ... ||`, the requeue must not run when the step succeeded.
+    return [f"{{ {after_failure(workdir, image.batch(argv) if image else argv)} && {{ {requeue}; }}; }}"]
+
+
+def after_failure(workdir: str, argv: list[str]) -> str:
+    """``argv`` run in ``workdir`` with ``--since "$run_started" --exit-code`` the exit status of the
+    command before it (taken first thing in its subshell, before the ``cd`` changes ``$?``). It is a
+    step that exits with that code (it decides, requeues, says why)."""
+    run = f'cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since {SINCE} --exit-code "$code"'
+    return f"(code=$? && {run})"
