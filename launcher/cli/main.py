@@ -17,7 +17,7 @@ from launcher.cli import hosts, jobs, submit
 from launcher.cli.flags import UsageError, add_job_flags, fields_help
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
-from launcher.job.placeholders import HELP as PLACEHOLDER_HELP
+from launcher.job.placeholders import help_text as placeholder_help
 from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
             description=f"{text}. Arguments after -- go to `trainer train` "
             "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
             usage=f"launcher {cmd} [options] [-- TRAINER_ARGS...]",
-            epilog=f"{fields_help()}\n\n{PLACEHOLDER_HELP}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            epilog=f"{fields_help()}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
             formatter_class=fmt,
             allow_abbrev=False,
         )

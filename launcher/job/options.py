@@ -14,6 +14,8 @@ deprecated alias.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -29,13 +31,25 @@ class JobView(Protocol):
     def env(self) -> dict[str, str]: ...
 
 
+@dataclass(frozen=True)
+class Placeholder:
+    """A value only a node knows, written ``{{name}}`` in a Plan (``launcher.job.placeholders``):
+    ``resolve`` reads it from the node's environment (raises ValueError naming what is missing);
+    ``help`` says where it comes from, for ``launcher render --help``."""
+
+    resolve: Callable[[Mapping[str, str]], str]
+    help: str
+
+
 class SchedulerOptions(BaseModel):
     """Base of every scheduler's options. A subclass sets ``kind`` (a ``Literal`` with that default),
-    ``scheduler`` ("module:Class" of its scheduler, imported only when a job runs) and its fields."""
+    ``scheduler`` ("module:Class" of its scheduler, imported only when a job runs), its fields, and the
+    placeholders its Plans may hold beyond the common ones (``placeholders``: name -> Placeholder)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str
     scheduler: ClassVar[str]
+    placeholders: ClassVar[dict[str, Placeholder]] = {}
 
     def check_job(self, job: JobView) -> None:
         """Checks of these options against the rest of the job (``JobSpec`` calls it after its own).

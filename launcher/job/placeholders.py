@@ -5,18 +5,16 @@ the rendezvous host: none is known where the Plan is rendered. The Plan holds th
 of a guess, so every value in it stays a literal that golden tests pin and shell quoting covers; the
 node-side entry point (``python -m launcher.job.node -- ARGV...``) replaces them just before it execs ARGV.
 
-Placeholders (``HELP`` below is what `launcher render --help` shows):
+The common placeholders are defined here (``help_text()`` is what `launcher render --help` shows):
 
 - ``{{node_rank}}``: this node's index, 0-based: ``SLURM_NODEID``, else ``GPTLAUNCH_NODE_RANK``.
 - ``{{first_host}}``: the allocation's first host: ``GPTLAUNCH_FIRST_HOST`` (which a SLURM batch script
   sets), else the first name of ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``).
 - ``{{ifname}}``: the interface this node routes ``{{first_host}}`` through (``ip route get``), for
   NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.
-- ``{{slurm_job_id}}``: ``SLURM_JOB_ID`` (the same across requeues): the rendezvous id of a SLURM job.
-- ``{{rdzv_port}}``: a rendezvous port derived from ``SLURM_JOB_ID``, PORT_BASE + id mod PORT_SPAN:
-  concurrent jobs whose first node is the same get different ports (unless their ids differ by a
-  multiple of PORT_SPAN), below Linux's ephemeral range (32768-60999) so no outgoing connection
-  holds it.
+
+A scheduler adds its own through its options model (``SchedulerOptions.placeholders``): SLURM's
+``{{slurm_job_id}}`` and ``{{rdzv_port}}`` are in ``launcher.schedulers.slurm.options``.
 """
 
 from __future__ import annotations
@@ -25,15 +23,16 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
+from launcher.job.options import Placeholder
+from launcher.job.registry import options_models
 from trainer.contract import FIRST_HOST_ENV, NODE_RANK_ENV
 
 PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
-PORT_BASE, PORT_SPAN = 15000, 15000
 
 
-class PlaceholderError(RuntimeError):
+class PlaceholderError(ValueError):
     """A placeholder that this node cannot fill in; the message says which variable is missing."""
 
 
@@ -70,17 +69,6 @@ def _ifname(env: Mapping[str, str]) -> str:
     return fields[fields.index("dev") + 1]
 
 
-def _slurm_job_id(env: Mapping[str, str]) -> str:
-    job_id = _first_env(env, "SLURM_JOB_ID")
-    if not job_id.isdigit():
-        raise PlaceholderError(f"SLURM_JOB_ID={job_id!r} is not a number")
-    return job_id
-
-
-def _rdzv_port(env: Mapping[str, str]) -> str:
-    return str(PORT_BASE + int(_slurm_job_id(env)) % PORT_SPAN)
-
-
 def _run(argv: list[str]) -> str:
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
@@ -88,13 +76,19 @@ def _run(argv: list[str]) -> str:
         raise PlaceholderError(f"`{' '.join(argv)}` failed: {e}") from None
 
 
-RESOLVERS: dict[str, Callable[[Mapping[str, str]], str]] = {
-    "node_rank": _node_rank,
-    "first_host": _first_host,
-    "ifname": _ifname,
-    "slurm_job_id": _slurm_job_id,
-    "rdzv_port": _rdzv_port,
+COMMON = {
+    "node_rank": Placeholder(_node_rank, "SLURM_NODEID, else GPTLAUNCH_NODE_RANK"),
+    "first_host": Placeholder(_first_host, "GPTLAUNCH_FIRST_HOST, else the first host of SLURM_JOB_NODELIST"),
+    "ifname": Placeholder(_ifname, "the interface that routes to {{first_host}}"),
 }
+
+
+def known() -> dict[str, Placeholder]:
+    """Every placeholder: the common ones, then each registered scheduler's."""
+    found = dict(COMMON)
+    for model in options_models().values():
+        found.update(model.placeholders)
+    return found
 
 
 def names_in(text: str) -> set[str]:
@@ -107,17 +101,19 @@ def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
 
     Raises PlaceholderError for an unknown name or a value this node cannot find."""
     env = os.environ if env is None else env
+    placeholders = known()
     values: dict[str, str] = {}
     for name in names_in(text):
-        if name not in RESOLVERS:
-            raise PlaceholderError(f"unknown placeholder {{{{{name}}}}}: known are {', '.join(RESOLVERS)}")
-        values[name] = RESOLVERS[name](env)
+        if name not in placeholders:
+            raise PlaceholderError(f"unknown placeholder {{{{{name}}}}}: known are {', '.join(placeholders)}")
+        try:
+            values[name] = placeholders[name].resolve(env)
+        except ValueError as e:
+            raise PlaceholderError(f"{{{{{name}}}}}: {e}") from None
     return PATTERN.sub(lambda m: values[m.group(1)], text)
 
 
-HELP = (
-    "placeholders (values only a node knows, filled in on the node by `python -m launcher.job.node`): "
-    "{{node_rank}} (SLURM_NODEID, else GPTLAUNCH_NODE_RANK), {{first_host}} (GPTLAUNCH_FIRST_HOST, "
-    "else the first host of SLURM_JOB_NODELIST), {{ifname}} (the interface that routes to "
-    "{{first_host}}), {{slurm_job_id}} (SLURM_JOB_ID), {{rdzv_port}} (15000 + SLURM_JOB_ID mod 15000)"
-)
+def help_text() -> str:
+    """The placeholders and where each comes from, for ``launcher render --help``."""
+    listed = ", ".join(f"{{{{{name}}}}} ({p.help})" for name, p in known().items())
+    return f"placeholders (values only a node knows, filled in by `python -m launcher.job.node`): {listed}"

@@ -19,6 +19,26 @@ def _launcher(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
 
 
+def test_a_schedulers_own_placeholder_is_listed_and_filled_in_on_the_node(tmp_path: Path) -> None:
+    helped = _launcher(tmp_path / "site", "render", "--help")
+    assert "{{queue_slot}} (QUEUE_SLOT)" in " ".join(helped.stdout.split()), helped.stdout
+    entry = [
+        sys.executable,
+        "-m",
+        "launcher.job.node",
+        "--",
+        sys.executable,
+        "-c",
+        "print(__import__('sys').argv[1])",
+    ]
+    env = os.environ | installed(tmp_path / "site") | {"QUEUE_SLOT": "7"}
+    filled = subprocess.run([*entry, "slot={{queue_slot}}"], capture_output=True, text=True, env=env)
+    assert filled.stdout == "slot=7\n", filled.stderr
+    del env["QUEUE_SLOT"]
+    missing = subprocess.run([*entry, "{{queue_slot}}"], capture_output=True, text=True, env=env)
+    assert missing.returncode != 0 and "QUEUE_SLOT is not set on this node" in missing.stderr
+
+
 def test_a_scheduler_registered_outside_the_launcher_shows_its_flags_and_renders(tmp_path: Path) -> None:
     helped = _launcher(tmp_path / "site", "submit", "--help")
     assert helped.returncode == 0, helped.stderr

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from launcher.cli.main import main
-from launcher.job.placeholders import PORT_BASE, PORT_SPAN, substitute
+from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
 from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
-from launcher.schedulers.slurm.options import SlurmOptions, slurm_minutes
+from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes
 from launcher.schedulers.slurm.scheduler import (
     BATCH_SETUP,
     SCRIPT,

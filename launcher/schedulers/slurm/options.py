@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import ContainerOptions, GateOptions, JobView, check_gpus_once, flag
+from launcher.job.options import ContainerOptions, GateOptions, JobView, Placeholder, check_gpus_once, flag
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -39,6 +40,29 @@ SBATCH_MANAGED = {
 }
 
 
+# {{rdzv_port}}: PORT_BASE + SLURM_JOB_ID mod PORT_SPAN. Concurrent jobs whose first node is the same
+# get different ports (unless their ids differ by a multiple of PORT_SPAN), below Linux's ephemeral
+# range (32768-60999) so that no outgoing connection holds it.
+PORT_BASE, PORT_SPAN = 15000, 15000
+
+
+def _slurm_job_id(env: Mapping[str, str]) -> str:
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        raise ValueError(f"SLURM_JOB_ID={job_id!r} is not a SLURM job id (is this a SLURM job?)")
+    return job_id
+
+
+def _rdzv_port(env: Mapping[str, str]) -> str:
+    return str(PORT_BASE + int(_slurm_job_id(env)) % PORT_SPAN)
+
+
+PLACEHOLDERS = {
+    "slurm_job_id": Placeholder(_slurm_job_id, "SLURM_JOB_ID, the same across requeues: the rendezvous id"),
+    "rdzv_port": Placeholder(_rdzv_port, f"{PORT_BASE} + SLURM_JOB_ID mod {PORT_SPAN}: the rendezvous port"),
+}
+
+
 def slurm_minutes(value: str) -> int:
     """Minutes (rounded up) of a SLURM time limit in any of sbatch's forms: ``MM``, ``MM:SS``,
     ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``. Raises ValueError for anything else or 0."""
@@ -64,6 +88,7 @@ class SlurmOptions(ContainerOptions, GateOptions):
 
     runtimes: ClassVar[tuple[str, ...]] = ("pyxis", "apptainer", "podman")
     scheduler: ClassVar[str] = "launcher.schedulers.slurm.scheduler:SlurmScheduler"
+    placeholders: ClassVar[dict[str, Placeholder]] = PLACEHOLDERS
     kind: Literal["slurm"] = Field("slurm", description="where the job runs (slurm: a SLURM cluster)")
     partition: str | None = Field(None, description="SLURM partition (default: the cluster's default)")
     time: str = Field(
