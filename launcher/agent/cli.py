@@ -20,14 +20,13 @@ it:
 
 ``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (the ranks checkpoint); KILL
 ends its whole tree now (TERM, then KILL after ``--grace-s``) and removes its container. ``status``:
-one JSON line, ``{"running": bool, "exit_code": int | null, "beats": [...]}``.
+a ``launcher.job.reports.NodeStatus`` report on its stdout, framed as on ``run``'s channel.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -42,6 +41,7 @@ from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ImageRun
 from launcher.job.channel import Sender
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
+from launcher.job.reports import NodeStatus
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
@@ -195,15 +195,16 @@ def send(job_id: str, where: Path, node: int, sig: str, grace_s: float) -> int:
     return 0
 
 
-def status(where: Path, node: int) -> dict[str, object]:
+def status(where: Path, node: int) -> NodeStatus:
     """Whether the node runs, its exit code once it has ended, and its ranks' latest beats."""
     _, exit_file, _ = _files(where, node)
     running = _agent(where, node) is not None
     code: int | None = None
     if not running and exit_file.is_file():
         code = int(exit_file.read_text().strip() or EXIT_FAILED)
-    beats = [dataclasses.asdict(b) for b in read_beats(_heartbeat_dir(where, node))]
-    return {"running": running, "exit_code": code, "beats": beats}
+    return NodeStatus(
+        node=node, running=running, exit_code=code, beats=read_beats(_heartbeat_dir(where, node))
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     where = args.state_dir or state_dir(args.job)
     if args.action == "signal":
         return send(args.job, where, args.node, args.signal, args.grace_s)
-    print(json.dumps(status(where, args.node)), flush=True)
+    _take_stdout().report(status(where, args.node))
     return 0
 
 

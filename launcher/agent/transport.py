@@ -2,8 +2,9 @@
 ``--dry-run`` shows it), and the supervisor's transport for nodes that run as child processes of the
 supervisor on this machine (``ChannelAgents``): each agent's output and reports come back over its
 channel, as they do from an SSH host. A scheduler defined outside this package (``tests/plugin/``)
-gets the hang watch, fail-fast, root cause and retries with these two alone. ``read_channel`` reads a
-channel that ended (a short command run through the agent over ssh: the collective preflight).
+gets the hang watch, fail-fast, root cause and retries with these two alone. ``read_channel`` and
+``channel_reports`` read a channel that ended (a short command run through the agent over ssh: the
+collective preflight, ``launcher.agent status``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.job import reports
 from launcher.job.channel import Demux
 from launcher.job.hang import watch_args
 from launcher.job.plan import NodePlan
 from launcher.job.record import JobRecord
+from launcher.job.reports import NodeReport
 from launcher.job.spec import JobSpec
 from launcher.supervisor.transport import ChildAgents, start_client
 
@@ -69,8 +72,16 @@ class ChannelAgents(ChildAgents):
 def read_channel(raw: bytes, job_dir: Path) -> str:
     """A node agent's whole channel (the stdout of ``agent_argv`` run to its end, e.g. over ssh): its
     reports appended to ``job_dir``'s record, its output returned as text."""
-    log = io.BytesIO()
-    demux = Demux(log, job_dir)
+    output, found = channel_reports(raw)
+    for report in found:
+        reports.append(job_dir, report)
+    return output
+
+
+def channel_reports(raw: bytes) -> tuple[str, list[NodeReport]]:
+    """A node agent's whole channel: (its output as text, its reports in the order sent)."""
+    log, found = io.BytesIO(), list[NodeReport]()
+    demux = Demux(log, found.append)
     demux.feed(raw)
     demux.close()
-    return log.getvalue().decode(errors="replace")
+    return log.getvalue().decode(errors="replace"), found

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -55,10 +56,10 @@ class Sender:
 
 class Demux:
     """The launcher's end: ``feed`` it the stream's bytes; output is appended to ``log``, each report
-    to the job record (``reports.append``)."""
+    handed to ``on_report`` (e.g. appended to the job record: ``to_record``)."""
 
-    def __init__(self, log: BinaryIO, job_dir: Path) -> None:
-        self.log, self.job_dir = log, job_dir
+    def __init__(self, log: BinaryIO, on_report: Callable[[NodeReport], None]) -> None:
+        self.log, self.on_report = log, on_report
         self._buffer = bytearray()  # appended to in place: a large frame in many chunks stays linear
 
     def feed(self, data: bytes) -> None:
@@ -105,7 +106,12 @@ class Demux:
         except ValueError as e:  # another version's report: say so where a person looks
             self.log.write(f"launcher: a report this launcher cannot read: {e}\n".encode())
             return
-        reports.append(self.job_dir, report)
+        self.on_report(report)
+
+
+def to_record(job_dir: Path) -> Callable[[NodeReport], None]:
+    """``on_report`` that appends each report to ``job_dir``'s record."""
+    return lambda report: reports.append(job_dir, report)
 
 
 def _length(digits: bytes) -> int | None:
@@ -118,7 +124,7 @@ def _length(digits: bytes) -> int | None:
 def pump(stream: BinaryIO, log: Path, job_dir: Path) -> None:
     """Demultiplex ``stream`` (until its end) into ``log`` and the job record's reports."""
     with open(log, "ab") as out:
-        demux = Demux(out, job_dir)
+        demux = Demux(out, to_record(job_dir))
         for chunk in iter(lambda: os.read(stream.fileno(), 1 << 16), b""):
             demux.feed(chunk)
         demux.close()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from launcher.job.hostnames import HOST_RE
 from launcher.job.spec import JobSpec, SpecError
+
+FactsT = TypeVar("FactsT", bound="Facts")
 
 
 def node_log_name(node_rank: int) -> str:
@@ -70,12 +72,20 @@ class Plan(BaseModel):
     # The file of ``files`` that is the job itself (an sbatch script): what `launcher render` prints.
     primary: str | None = None
     # What the scheduler's resolve step found at submit (free port, workdir, GPU slices, hosts):
-    # recorded here, apart from the user's spec.
-    facts: dict[str, Any] = {}
+    # recorded here, apart from the user's spec, as JSON; read back typed by its scheduler alone
+    # (``facts_as``). Not a tagged union of every scheduler's Facts: each is defined beside its
+    # scheduler, and every command reads Plans without importing the schedulers (SLURM's imports
+    # submitit, compose's the Docker SDK), which a union would make them do.
+    facts: dict[str, JsonValue] = {}
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    def facts_as(self, model: type[FactsT]) -> FactsT:
+        """The facts as the scheduler's own model. Raises pydantic's ValidationError when they are
+        another scheduler's or another version's."""
+        return model.model_validate(self.facts)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True)

@@ -11,7 +11,9 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
 - ``failed``: a node's torchrun agent failed (its exit code), when it knows first which node failed
   (SLURM's node task: a crash leaves no error file to date it);
 - ``collective`` / ``collective-failed``: what the collective preflight measured (rank 0), or why a
-  rank failed (``launcher.job.measurements``).
+  rank failed (``launcher.job.measurements``);
+- ``status``: an SSH host agent's answer to ``launcher.agent status`` (whether its node runs, its exit
+  code, its ranks' latest heartbeats), sent on the channel of that short command, never stored.
 
 Where they travel: each node appends its reports, one JSON object a line, to
 ``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from launcher.job.hang import HangReport
 from launcher.job.measurements import CollectiveError, CollectiveResult
+from trainer.contract import Beat
 
 REPORTS_DIR = "reports"
 REPORT_DIR_ENV = "GPTLAUNCH_REPORT_DIR"  # where a node's processes put their reports
@@ -102,11 +105,24 @@ class CollectiveFailed(_Report):
     error: CollectiveError
 
 
+class NodeStatus(_Report):
+    """Whether the node runs, its exit code once it ended (None before, or when it left none), and
+    its ranks' latest heartbeats."""
+
+    kind: Literal["status"] = "status"
+    running: bool
+    exit_code: int | None
+    beats: list[Beat] = []
+
+
 NodeReport = Annotated[
-    Started | Ended | Refused | Hang | Failed | CollectiveDone | CollectiveFailed, Field(discriminator="kind")
+    Started | Ended | Refused | Hang | Failed | CollectiveDone | CollectiveFailed | NodeStatus,
+    Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
-ReportT = TypeVar("ReportT", Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed)
+ReportT = TypeVar(
+    "ReportT", Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed, NodeStatus
+)
 
 
 def reports_dir(job_dir: Path) -> Path:

@@ -102,7 +102,9 @@ def _leftovers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         command = " ".join(proc.info["cmdline"] or [])
-        if proc.pid not in ours and any(mark in command for mark in LEFTOVER_MARKS):
+        # Another checkout's test run on this machine (its own .venv) is not ours to judge.
+        elsewhere = "/.venv/bin/" in command and sys.prefix not in command
+        if proc.pid not in ours and any(mark in command for mark in LEFTOVER_MARKS) and not elsewhere:
             found.append(proc)
     return found
 

@@ -12,6 +12,10 @@ from pathlib import Path
 
 import psutil
 
+from launcher.agent.transport import channel_reports
+from launcher.job.reports import NodeStatus
+from trainer.contract import Beat, write_beat
+
 LEASE_S = 1.0
 
 
@@ -75,3 +79,31 @@ def test_a_node_that_keeps_hearing_from_the_launcher_runs_to_its_end(tmp_path: P
     agent.wait(timeout=60)
     assert agent.returncode == 0, _log(tmp_path)
     assert "launcher" not in _log(tmp_path)
+
+
+def test_status_is_a_typed_report_on_the_agents_channel(tmp_path: Path) -> None:
+    """``launcher.agent status`` of a node that ended with 3, one rank's beat kept: one ``status``
+    report framed on stdout, read back typed as the ssh scheduler reads it."""
+    state = tmp_path / "state"
+    (state / "node-0.heartbeat").mkdir(parents=True)
+    (state / "node-0.exit").write_text("3")
+    beat = Beat(
+        rank=1, local_rank=0, pid=1, step=9, phase="step", phase_since=0.0, time=5.0, slowest_step_s=0.1
+    )
+    write_beat(state / "node-0.heartbeat", beat)
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.agent",
+        "status",
+        "--job",
+        "j1",
+        "--node",
+        "0",
+        f"--state-dir={state}",
+    ]
+    out = subprocess.run(argv, capture_output=True, check=True, timeout=60).stdout
+    output, found = channel_reports(out)
+    assert output == "" and found == [
+        NodeStatus(node=0, running=False, exit_code=3, beats=[beat], time=found[0].time)
+    ]

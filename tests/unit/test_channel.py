@@ -33,7 +33,7 @@ def test_output_and_reports_are_cut_apart_at_any_chunking(tmp_path: Path) -> Non
     for size in (5, 4096, len(stream)):
         job_dir = tmp_path / f"chunks-{size}"
         log = io.BytesIO()
-        demux = channel.Demux(log, job_dir)
+        demux = channel.Demux(log, channel.to_record(job_dir))
         for i in range(0, len(stream), size):
             demux.feed(stream[i : i + size])
         demux.close()
@@ -43,7 +43,7 @@ def test_output_and_reports_are_cut_apart_at_any_chunking(tmp_path: Path) -> Non
 
 def test_a_cut_frame_and_an_unknown_report_end_up_in_the_log_not_the_record(tmp_path: Path) -> None:
     log = io.BytesIO()
-    demux = channel.Demux(log, tmp_path)
+    demux = channel.Demux(log, channel.to_record(tmp_path))
     demux.feed(channel.frame(channel.REPORT, b'{"kind": "from-the-future", "node": 0}'))
     cut = channel.frame(channel.LOG, b"the last words")[:-3]
     demux.feed(cut)

@@ -143,7 +143,7 @@ class ComposeScheduler(SupervisedScheduler):
         transport = self.transport(plan, record)
         compose = transport.compose
         compose.write(plan.files[COMPOSE_FILE])
-        for path in ComposeFacts.model_validate(plan.facts).writable:
+        for path in plan.facts_as(ComposeFacts).writable:
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         try:
             compose.create()
@@ -236,7 +236,7 @@ class Compose:
 
     def __init__(self, plan: Plan, job_dir: Path) -> None:
         self.plan, self.file = plan, job_dir / COMPOSE_FILE
-        facts = ComposeFacts.model_validate(plan.facts)
+        facts = plan.facts_as(ComposeFacts)
         project = re.sub(r"[^a-z0-9_-]", "-", f"gptlaunch-{plan.job_id}".lower())
         self.argv = [*facts.compose, "--project-name", project, "--file", str(self.file)]
         # Every docker and compose call goes to the engine the image was found on, whatever the DOCKER_HOST

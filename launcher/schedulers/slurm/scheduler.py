@@ -298,7 +298,7 @@ class SlurmScheduler:
         folder = executor.folder
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
         args = with_run_dir(spec.trainer_args, record.dir / "run")[0]
-        image = _image(spec, SlurmFacts.model_validate(plan.facts), record.dir, args)
+        image = _image(spec, plan.facts_as(SlurmFacts), record.dir, args)
         task = NodeTask(
             argv=node.argv,
             env=node.env,

@@ -11,20 +11,17 @@ the node, and ``launcher.agent signal`` stops it (the ranks checkpoint) or ends 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shlex
 import subprocess
 import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import psutil
 from pydantic import Field
 
-from launcher.agent.transport import agent_argv
+from launcher.agent.transport import agent_argv, channel_reports
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
@@ -32,6 +29,7 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
+from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
@@ -153,7 +151,7 @@ class SshScheduler(SupervisedScheduler):
     def _health_gate(self, spec: JobSpec, plan: Plan) -> list[Finding]:
         """Run the gate over ``plan``'s hosts, print its report; the findings that name a host."""
         opts = spec.options(SshOptions)
-        hosts = SshFacts.model_validate(plan.facts).host_plan()
+        hosts = plan.facts_as(SshFacts).host_plan()
         gate = GateSettings.of_job(spec.trainer_args, opts.min_busbw, spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
@@ -166,7 +164,7 @@ class SshScheduler(SupervisedScheduler):
     def replan(self, spec: JobSpec, hosts: list[str], plan: Plan, job_dir: Path) -> Plan:
         """``plan`` on ``hosts``, after every check of a submit. Raises SpecError / ParityError."""
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
-        facts = SshFacts.model_validate(plan.facts)
+        facts = plan.facts_as(SshFacts)
         found = plan_hosts(
             opts,
             len(hosts),
@@ -214,8 +212,7 @@ class SshScheduler(SupervisedScheduler):
         nodes = {n.host: n.node_rank for n in record.plan().nodes}
         found = {}
         for host, status in _host_status(record, timeout_s, skip).items():
-            with contextlib.suppress(TypeError, AttributeError):  # an agent of an older release
-                found[nodes[host]] = [Beat(**b) for b in (status or {}).get("beats", [])]
+            found[nodes[host]] = status.beats if status is not None else []
         return found
 
     def remaining(self, record: JobRecord) -> str:
@@ -239,30 +236,30 @@ def _agent_command(python: str, action: str, job_id: str, node: int, *extra: str
 
 def _host_status(
     record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
-) -> dict[str, dict[str, Any] | None]:
+) -> dict[str, NodeStatus | None]:
     """Each host's ``launcher.agent status`` of its node of the job but those in ``skip``, all asked at
-    once (each for at most ``timeout_s`` seconds): None where the host could not be reached, {} where
-    its answer could not be read."""
+    once (each for at most ``timeout_s`` seconds), as the agent's report on its channel: None where the
+    host could not be reached. An answer without that report (an agent of another release) counts as
+    a node that does not run."""
     spec = record.spec()
     nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
 
     def command(host: str) -> str:
         return _agent_command(spec.python, "status", record.job_id, nodes[host])
 
-    found: dict[str, dict[str, Any] | None] = {}
+    found: dict[str, NodeStatus | None] = {}
     for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
-        try:
-            found[result.host] = dict(json.loads(result.stdout.strip().splitlines()[-1]))
-        except (ValueError, IndexError, TypeError):
-            unreachable = result.returncode is None or result.returncode == ssh.SSH_FAILED
-            found[result.host] = None if unreachable else {}
+        answers = [r for r in channel_reports(result.raw)[1] if isinstance(r, NodeStatus)]
+        unreachable = result.returncode is None or result.returncode == ssh.SSH_FAILED
+        silent = NodeStatus(node=nodes[result.host], running=False, exit_code=None)
+        found[result.host] = answers[-1] if answers else None if unreachable else silent
     return found
 
 
 def _hosts_running(record: JobRecord) -> list[str]:
     """The hosts where a node of the job still runs. A host that cannot be reached counts as running:
     nothing says its node is gone."""
-    return [host for host, status in _host_status(record).items() if status is None or status.get("running")]
+    return [host for host, status in _host_status(record).items() if status is None or status.running]
 
 
 class SshAgents(ChildAgents):
