@@ -3,7 +3,6 @@ the one-line cause; and the trainer's heartbeat file, written and read back."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from launcher.job.hang import (
 )
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
-from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor.watchdog import NodeWatch, waits_in
+from tests.unit.plans import local_plan
 from trainer.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
 from trainer.heartbeat import Heartbeat
@@ -217,15 +216,7 @@ def test_a_negative_hang_timeout_is_refused() -> None:
 
 def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) -> None:
     spec = JobSpec.model_validate({"nnodes": 2})
-    facts = LocalFacts(
-        workdir=str(tmp_path),
-        rdzv_host="127.0.0.1",
-        rdzv_port=1,
-        omp_num_threads=1,
-        gpus=[],
-        agent_python=sys.executable,
-    )
-    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    plan = local_plan(spec, tmp_path / "job", tmp_path)
     now = 1000.0
     for k in (0, 1):
         heartbeat_dir(tmp_path / "job", k).mkdir(parents=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from launcher.job.logs import tail
 from launcher.job.record import Attempt, Failure, JobRecord, JobState, JobStatus, Outcome
 from launcher.job.retry import MAX_BACKOFF_S, Decision, archive, backoff_s, decide, refusal, spares
 from launcher.job.spec import JobSpec
-from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+from tests.unit.plans import local_plan
 
 KILLED = Failure(node_rank=1, rank=1, error="rank 1 was killed by SIGKILL; see JOB/node-1.log")
 FAULT = Failure(node_rank=1, rank=1, error="RuntimeError: injected fault on rank 1 at step 3 (pid 4242)")
@@ -72,15 +71,7 @@ def test_the_backoff_doubles_up_to_its_cap() -> None:
 
 def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:
     spec = JobSpec.model_validate({"nnodes": 2})
-    facts = LocalFacts(
-        workdir=str(tmp_path),
-        rdzv_host="127.0.0.1",
-        rdzv_port=1,
-        omp_num_threads=1,
-        gpus=[],
-        agent_python=sys.executable,
-    )
-    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    plan = local_plan(spec, tmp_path / "job", tmp_path)
     record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
     for k in (0, 1):
         record.node_log(k).write_text(f"attempt 1 node {k}\n")

@@ -4,7 +4,6 @@ only last a peer's "connection closed / timed out" (what healthy ranks see when 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from launcher.job.failures import is_peer_error, root_cause, worker_deaths
 from launcher.job.logs import log_end
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
-from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+from tests.unit.plans import local_plan
 
 # torchrun's failure summary as it prints it into a node log (torch 2.13, a worker killed by SIGKILL).
 SUMMARY = """[rank1]: step 3 | loss 8.1
@@ -42,15 +41,7 @@ PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer
 @pytest.fixture
 def record(tmp_path: Path) -> JobRecord:
     spec = JobSpec.model_validate({"nnodes": 2})
-    facts = LocalFacts(
-        workdir=str(tmp_path),
-        rdzv_host="127.0.0.1",
-        rdzv_port=29500,
-        omp_num_threads=1,
-        gpus=[],
-        agent_python=sys.executable,
-    )
-    plan = LocalScheduler().render(spec, facts, "j", tmp_path / "job")
+    plan = local_plan(spec, tmp_path / "job", tmp_path)
     return JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time() - 60))
 
 
