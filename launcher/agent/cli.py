@@ -95,14 +95,14 @@ def run(
     (default: in the agent's state dir); ``where``: that state dir (default: ``state_dir(job_id)``,
     and then the output also goes to a host log)."""
     channel = _take_stdout()
-    if where is not None:
-        where.mkdir(parents=True, exist_ok=True)
-    pid_file, exit_file, log_file = _files(where or state_dir(job_id), node)
+    base = where or state_dir(job_id)
+    base.mkdir(parents=True, exist_ok=True)
+    pid_file, exit_file, log_file = _files(base, node)
     exit_file.unlink(missing_ok=True)
     secrets = receive()
     assert secrets is not None  # no timeout: read until the line or EOF
     ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
-    beats = heartbeat_dir or _heartbeat_dir(where or state_dir(job_id), node)
+    beats = heartbeat_dir or _heartbeat_dir(base, node)
     forward = log_file.with_suffix(".reports")  # an earlier run's are not this one's
     shutil.rmtree(forward, ignore_errors=True)
     forward.mkdir()

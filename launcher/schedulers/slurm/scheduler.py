@@ -146,13 +146,13 @@ def _submitit_request(
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    retries = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
+    retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
     python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
     return SubmititRequest(
         parameters=parameters,
         additional_parameters=extra,
         setup=[*BATCH_SETUP, *checks],  # parity and the health gate
-        teardown=retries if spec.retries else [],
+        teardown=retry if spec.retries else [],
         python=python,
     )
 
