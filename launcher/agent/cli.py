@@ -20,7 +20,11 @@ it:
 
 ``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (the ranks checkpoint); KILL
 ends its whole tree now (TERM, then KILL after ``--grace-s``) and removes its container. ``status``:
-a ``launcher.job.reports.NodeStatus`` report on its stdout, framed as on ``run``'s channel.
+a ``launcher.job.reports.NodeStatus`` report on its stdout, framed as on ``run``'s channel. ``probe
+--node K [--route-to HOST] [--resolve NAME] [--free-port]``: this host's ``Probed`` report
+(``launcher.preflight.probe``), the same way, before there is a job; ``pull --node K --runtime
+auto|docker|podman --image I``: the image pulled, a ``Pulled`` report (the runtime's error on stderr,
+exit 1, when it fails).
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ import psutil
 
 from launcher.agent.node import KILL_GRACE_S, NodeAgent, Output
 from launcher.agent.private import UnsafeDirError, private_dir
-from launcher.image.runtime import Container, ImageRun
+from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
 from launcher.job.channel import Sender
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
-from launcher.job.reports import NodeStatus
+from launcher.job.reports import NodeStatus, Probed, Pulled
+from launcher.preflight.probe import collect
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
@@ -207,21 +212,47 @@ def status(where: Path, node: int) -> NodeStatus:
     )
 
 
+def _pull(node: int, runtime: str, image: str | None) -> int:
+    """``pull``: a ``Pulled`` report, or the registry's (or the runtime's) error on stderr, exit 1."""
+    if not image:
+        print("agent: error: pull needs --image", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    channel = _take_stdout()
+    try:
+        picked = pick(runtime)
+        channel.report(Pulled(node=node, runtime=picked, seconds=round(pull(picked, image), 3)))
+    except ContainerError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m launcher.agent", description="The node agent of a job's node."
     )
-    p.add_argument("action", choices=["run", "signal", "status"])
-    p.add_argument("--job", required=True)
+    p.add_argument("action", choices=["run", "signal", "status", "probe", "pull"])
+    p.add_argument("--job", help="the job's id (all but probe and pull)")
     p.add_argument("--node", type=int, required=True)
     p.add_argument("--signal", choices=["TERM", "KILL"], default="TERM")
     p.add_argument("--grace-s", type=float, default=KILL_GRACE_S)
     p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
     p.add_argument("--heartbeat-dir", type=Path, help="run: where the ranks beat (default: the state dir)")
     p.add_argument("--state-dir", type=Path, help="the agent's files (default: the user's state dir)")
+    p.add_argument("--route-to", metavar="HOST", help="probe: also the route (interface) to HOST")
+    p.add_argument("--resolve", metavar="NAME", action="append", default=[], help="probe: what NAME is")
+    p.add_argument("--free-port", action="store_true", help="probe: a free TCP port on this host")
     ImageRun.add_flags(p)
     add_watch_flags(p)
     args, command = parse_with_command(p, argv)
+    if args.action == "probe":
+        channel = _take_stdout()  # first: what the probe's imports print goes to stderr
+        channel.report(Probed(node=args.node, probe=collect(args.route_to, args.resolve, args.free_port)))
+        return 0
+    if args.action == "pull":
+        return _pull(args.node, args.runtime, args.image)
+    if args.job is None:
+        p.error(f"{args.action} needs --job")
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")

@@ -2,16 +2,15 @@
 the ``run`` of a node's command and the removal of its container. The SSH host agent and the SLURM
 node task use it on the node itself, so it imports nothing heavy (no Docker SDK, no torch).
 
-``python -m launcher.image.runtime pull|exec`` is what the launcher runs on each host before a job:
-``pull`` prints one JSON line ``{"runtime": ..., "seconds": ...}``; ``exec`` runs a command (the
-version probe) in a throwaway container of the image, with the host's network and GPUs.
+``python -m launcher.image.runtime exec`` runs a command (the version probe) in a throwaway container
+of the image, with the host's network and GPUs. The pull on each SSH host before a job is the node
+agent's (``python -m launcher.agent pull``: a ``Pulled`` report on its channel).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -110,7 +109,12 @@ class ImageRun:
     @staticmethod
     def add_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--image", help="the image (pinned by digest) the command runs in")
-        parser.add_argument("--runtime", choices=RUNTIMES, default="podman", help="what runs --image")
+        parser.add_argument(
+            "--runtime",
+            choices=["auto", *RUNTIMES],
+            default="podman",
+            help="what runs --image (auto: pull only)",
+        )
         parser.add_argument("--mount", action="append", default=[], help="a directory the container mounts")
         parser.add_argument("--env-name", action="append", default=[], help="a variable the container gets")
 
@@ -174,7 +178,7 @@ def pull(runtime: str, image: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launcher.image.runtime", description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["pull", "exec"])
+    p.add_argument("action", choices=["exec"])
     p.add_argument("--runtime", default="auto", choices=["auto", *RUNTIMES])
     p.add_argument("--image", required=True)
     p.add_argument("--env-name", action="append", default=[], help="exec: pass this variable in (repeatable)")
@@ -183,11 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     args, command = p.parse_args(argv[:cut]), argv[cut + 1 :]  # exec: the command after --
     try:
         runtime = pick(args.runtime)
-        if args.action == "pull":
-            print(
-                json.dumps({"runtime": runtime, "seconds": round(pull(runtime, args.image), 3)}), flush=True
-            )
-            return 0
     except ContainerError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1

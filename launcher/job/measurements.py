@@ -1,6 +1,7 @@
-"""What the collective preflight measured, as data (``launcher.preflight.collective`` sends it as a
-report: ``launcher.job.reports.CollectiveDone`` / ``CollectiveFailed``). Pure models, no torch: the
-launcher reads them.
+"""What the preflight measured, as data: a host's probe (``launcher.preflight.probe``: versions, GPUs,
+network; an SSH host's agent sends it as a ``launcher.job.reports.Probed`` report) and the collective
+preflight's results (``launcher.preflight.collective`` sends them as ``CollectiveDone`` /
+``CollectiveFailed`` reports). Pure models, no torch: the launcher reads them.
 """
 
 from __future__ import annotations
@@ -79,3 +80,51 @@ class CollectiveError(_Line):
     master: str
     phase: Phase  # init: no group; collective: a call failed; check: a wrong sum; compute: a device failed
     message: str  # one line, names the backend, the interface setting and MASTER_ADDR:MASTER_PORT
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Gpu(_Strict):
+    """One GPU this host's torch sees."""
+
+    index: int
+    name: str
+    memory_bytes: int  # total memory, bytes
+
+
+class Route(_Strict):
+    """How this host reaches an address (``ip -o route get``)."""
+
+    to: str  # the name or address asked for
+    address: str  # what ``to`` resolved to here
+    dev: str  # the interface the route leaves by
+    src: str | None  # the source address packets get on that route
+
+
+class Probe(_Strict):
+    """One host's report. None means "not there": not installed, not built in, no GPU driver."""
+
+    hostname: str
+    os: str  # PRETTY_NAME of /etc/os-release, else platform.platform()
+    kernel: str
+    machine: str
+    python: str
+    python_executable: str
+    torch: str | None
+    torch_git: str | None  # the commit torch was built from
+    cuda: str | None  # the CUDA version torch was built with (None: a CPU build)
+    nccl: str | None
+    cudnn: str | None
+    driver: str | None  # the NVIDIA driver's version
+    gpus: list[Gpu]
+    launcher: str  # gptlaunch's version
+    packages: dict[str, str | None]  # KEY_PACKAGES -> version, None when not installed
+    image_digest: str | None  # our container image's digest (GPTLAUNCH_IMAGE_DIGEST), None outside it
+    in_container: bool
+    interfaces: dict[str, list[str]]  # up interfaces -> their IPv4 and IPv6 addresses
+    route: Route | None  # how this host reaches --route-to (None: not asked, or it does not resolve)
+    resolved: dict[str, str | None]  # --resolve/--route-to names -> address; None: no such name
+    free_port: int | None  # a TCP port free on this host when probed (--free-port)
+    probe_s: float  # seconds the probe took, the torch import included

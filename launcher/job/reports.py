@@ -13,7 +13,9 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
 - ``collective`` / ``collective-failed``: what the collective preflight measured (rank 0), or why a
   rank failed (``launcher.job.measurements``);
 - ``status``: an SSH host agent's answer to ``launcher.agent status`` (whether its node runs, its exit
-  code, its ranks' latest heartbeats), sent on the channel of that short command, never stored.
+  code, its ranks' latest heartbeats), ``probe``: its host's probe (``launcher.agent probe``), and
+  ``pulled``: the job's image pulled there (``launcher.agent pull``), each sent on the channel of that
+  short command, never stored.
 
 Where they travel: each node appends its reports, one JSON object a line, to
 ``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
@@ -37,7 +39,7 @@ from typing import Annotated, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from launcher.job.hang import HangReport
-from launcher.job.measurements import CollectiveError, CollectiveResult
+from launcher.job.measurements import CollectiveError, CollectiveResult, Probe
 from trainer.contract import Beat
 
 REPORTS_DIR = "reports"
@@ -115,14 +117,40 @@ class NodeStatus(_Report):
     beats: list[Beat] = []
 
 
+class Probed(_Report):
+    """The host's versions, GPUs and network (``launcher.preflight.probe``), for version parity and
+    the job's plan."""
+
+    kind: Literal["probe"] = "probe"
+    probe: Probe
+
+
+class Pulled(_Report):
+    """The host pulled the job's image with ``runtime`` (docker or podman) in ``seconds``."""
+
+    kind: Literal["pulled"] = "pulled"
+    runtime: str
+    seconds: float
+
+
 NodeReport = Annotated[
-    Started | Ended | Refused | Hang | Failed | CollectiveDone | CollectiveFailed | NodeStatus,
+    Started
+    | Ended
+    | Refused
+    | Hang
+    | Failed
+    | CollectiveDone
+    | CollectiveFailed
+    | NodeStatus
+    | Probed
+    | Pulled,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
 ReportT = TypeVar(
-    "ReportT", Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed, NodeStatus
-)
+    "ReportT",
+    Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed, NodeStatus, Probed, Pulled,
+)  # fmt: skip
 
 
 def reports_dir(job_dir: Path) -> Path:

@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from launcher.preflight.probe import KEY_PACKAGES, Probe, describe_gpus
+from launcher.job.measurements import Probe
+from launcher.preflight.probe import KEY_PACKAGES, describe_gpus
 
 MUST_MATCH: tuple[str, ...] = (
     "python",

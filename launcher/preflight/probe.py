@@ -28,8 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from launcher.job.measurements import Gpu, Probe, Route
 from trainer.contract import package_version
 
 # Packages whose versions must match on every host (besides Python, torch and gptlaunch): a different
@@ -40,54 +39,6 @@ IMAGE_DIGEST_ENV = "GPTLAUNCH_IMAGE_DIGEST"  # set by our container images
 COMMAND_TIMEOUT_S = 5.0  # for `ip route get` and `nvidia-smi`: a hung tool must not hang the launch
 _CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods")
 _DRIVER_VERSION = re.compile(r"\s(\d+\.\d+(?:\.\d+)*)\s")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Gpu(_Strict):
-    """One GPU this host's torch sees."""
-
-    index: int
-    name: str
-    memory_bytes: int  # total memory, bytes
-
-
-class Route(_Strict):
-    """How this host reaches an address (``ip -o route get``)."""
-
-    to: str  # the name or address asked for
-    address: str  # what ``to`` resolved to here
-    dev: str  # the interface the route leaves by
-    src: str | None  # the source address packets get on that route
-
-
-class Probe(_Strict):
-    """One host's report. None means "not there": not installed, not built in, no GPU driver."""
-
-    hostname: str
-    os: str  # PRETTY_NAME of /etc/os-release, else platform.platform()
-    kernel: str
-    machine: str
-    python: str
-    python_executable: str
-    torch: str | None
-    torch_git: str | None  # the commit torch was built from
-    cuda: str | None  # the CUDA version torch was built with (None: a CPU build)
-    nccl: str | None
-    cudnn: str | None
-    driver: str | None  # the NVIDIA driver's version
-    gpus: list[Gpu]
-    launcher: str  # gptlaunch's version
-    packages: dict[str, str | None]  # KEY_PACKAGES -> version, None when not installed
-    image_digest: str | None  # our container image's digest (GPTLAUNCH_IMAGE_DIGEST), None outside it
-    in_container: bool
-    interfaces: dict[str, list[str]]  # up interfaces -> their IPv4 and IPv6 addresses
-    route: Route | None  # how this host reaches --route-to (None: not asked, or it does not resolve)
-    resolved: dict[str, str | None]  # --resolve/--route-to names -> address; None: no such name
-    free_port: int | None  # a TCP port free on this host when probed (--free-port)
-    probe_s: float  # seconds the probe took, the torch import included
 
 
 def collect(route_to: str | None = None, resolve: Sequence[str] = (), free_port: bool = False) -> Probe:

@@ -1,10 +1,12 @@
-"""The node agent's lease over ssh, with real processes: a node whose launcher goes silent, or whose
-connection closes, kills its command's tree; one that keeps hearing from it runs to the end."""
+"""The node agent's command line with real processes. Its lease over ssh: a node whose launcher goes
+silent, or whose connection closes, kills its command's tree; one that keeps hearing from it runs to
+the end. Its short answers (status, probe): typed reports on its channel."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from launcher.agent.transport import channel_reports
-from launcher.job.reports import NodeStatus
+from launcher.job.reports import NodeStatus, Probed
 from trainer.contract import Beat, write_beat
 
 LEASE_S = 1.0
@@ -107,3 +109,13 @@ def test_status_is_a_typed_report_on_the_agents_channel(tmp_path: Path) -> None:
     assert output == "" and found == [
         NodeStatus(node=0, running=False, exit_code=3, beats=[beat], time=found[0].time)
     ]
+
+
+def test_probe_is_a_typed_report_on_the_agents_channel() -> None:
+    argv = [sys.executable, "-m", "launcher.agent", "probe", "--node", "2", "--free-port"]
+    out = subprocess.run(argv, capture_output=True, check=True, timeout=120).stdout
+    output, found = channel_reports(out)
+    assert output == "" and len(found) == 1 and isinstance(found[0], Probed), found
+    probe = found[0].probe
+    assert found[0].node == 2 and probe.hostname == socket.gethostname() and probe.free_port is not None
+    assert probe.python_executable == sys.executable

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from launcher.job import reports
+from launcher.job.measurements import Gpu, Probe
 from launcher.preflight import parity_step
 from launcher.preflight import probe as probe_module
 from launcher.preflight.parity import (
@@ -26,7 +27,7 @@ from launcher.preflight.parity import (
     host_ranges,
     report_table,
 )
-from launcher.preflight.probe import KEY_PACKAGES, Gpu, Probe, collect
+from launcher.preflight.probe import KEY_PACKAGES, collect
 from trainer.contract import EXIT_FAILED, EXIT_REFUSED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import pytest
 
 from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.job.failures import killed_by
+from launcher.job.measurements import Probe, Route
 from launcher.job.spec import JobSpec, SpecError
-from launcher.preflight.probe import Probe, Route
 from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
 from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.schedulers.ssh.options import SshOptions

@@ -10,7 +10,6 @@ times the waves, not the sum. Each failure raises SpecError (or ParityError) nam
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import threading
@@ -18,11 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher.agent.transport import channel_reports
 from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
+from launcher.job.measurements import Probe
+from launcher.job.reports import Probed, Pulled
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
-from launcher.preflight.probe import Probe
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.options import SshOptions
 from trainer.contract import EXIT_REFUSED
@@ -121,8 +122,8 @@ def pull_image(
     the runtime's) error."""
 
     def command(host: str) -> str:
-        pull = f"pull --runtime {runtime} --image {shlex.quote(image)}"
-        return f"{_python(python)} -m launcher.image.runtime {pull}"
+        pull = f"pull --node {hosts.index(host)} --runtime {runtime} --image {shlex.quote(image)}"
+        return f"{_python(python)} -m launcher.agent {pull}"
 
     def done(result: ssh.Result) -> None:
         if result.ok:
@@ -132,9 +133,10 @@ def pull_image(
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PULL_TIMEOUT_S, done)
     runtimes, errors = {}, []
     for result in results:
-        try:
-            runtimes[result.host] = str(json.loads(result.stdout.strip().splitlines()[-1])["runtime"])
-        except (ValueError, IndexError, KeyError, TypeError):
+        pulled = [r.runtime for r in channel_reports(result.raw)[1] if isinstance(r, Pulled)]
+        if pulled:
+            runtimes[result.host] = pulled[-1]
+        else:  # the runtime's (or the registry's) error, which the agent printed last
             why = result.stderr.strip().splitlines()[-1:] if result.returncode == 1 else []
             errors.append(f"{result.host}: {why[0].removeprefix('error: ')}" if why else result.error())
     if errors:
@@ -161,7 +163,7 @@ def probe_hosts(
         extra = ["--route-to", master_addr, "--resolve", master_addr] if master_addr else []
         if host == hosts[0]:
             extra.append("--free-port")
-        probe = ["-m", "launcher.preflight.probe", "--json", *extra]
+        probe = ["-m", "launcher.agent", "probe", "--node", str(hosts.index(host)), *extra]
         if image is None:
             return f"{_python(python)} {shlex.join(probe)}"
         inside = exec_argv(python, image.runtimes[host], image.image, [IMAGE_PYTHON, *probe])
@@ -170,13 +172,15 @@ def probe_hosts(
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
     probes, errors = {}, []
     for result in results:
-        try:
-            probes[result.host] = Probe.model_validate_json(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            errors.append(result.error() if not result.ok else f"{result.host}: the probe printed no report")
+        # The report on the agent's channel; the rest of its output is for people.
+        found = [r.probe for r in channel_reports(result.raw)[1] if isinstance(r, Probed)]
+        if found:
+            probes[result.host] = found[-1]
+        else:
+            errors.append(result.error() if not result.ok else f"{result.host}: the probe sent no report")
     if errors:
         hint = (
-            f"(the probe runs `{python} -m launcher.preflight.probe`: gptlaunch must be installed in that "
+            f"(the probe runs `{python} -m launcher.agent probe`: gptlaunch must be installed in that "
             "interpreter on every host; --python names it)"
         )
         raise SpecError("cannot check every host:\n  " + "\n  ".join(errors) + f"\n  {hint}")
