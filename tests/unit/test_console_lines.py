@@ -7,11 +7,11 @@ from launcher.job.console import TEE_ALL_MAX_NODES, console_lines
 
 LINES = {
     "node0 | [rank0]: step 10 | loss 5.1 | 41000 tokens/s": True,
-    "node0 | launcher: hostagent: torchrun started": True,  # node 0's agent, not a rank
+    "node0 | agent: torchrun started": True,  # node 0's agent, not a rank
     "gl-h1 node0 | [rank0]: step 11 | loss 5.0": True,  # a label with the host's name
     "node0 | [rank1]: step 10 | loss 5.1": False,  # node 0's other ranks repeat rank 0
     "node7 | [rank7]: step 10 | loss 5.1": False,
-    "node7 | launcher: hostagent: torchrun started": False,
+    "node7 | agent: torchrun started": False,
     "node7 | [rank7]: UserWarning: TypedStorage is deprecated": True,
     "node7 | [rank7]: Traceback (most recent call last):": True,
     "node7 | [rank7]: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970": True,
@@ -19,7 +19,7 @@ LINES = {
     "node7 | E1125 04:12:01.123000 99 torch/distributed/elastic/multiprocessing/api.py:869] failed": True,
     "node7 | [rank7]: loss is nan at step 12": True,
     "node7 | launcher: host agent: lease lost, ending the node": True,
-    "node7 | hostagent: cannot start 'python': No such file or directory": True,
+    "node7 | agent: cannot start 'python': No such file or directory": True,
     "node7 | launcher: host agent: the node timed out": True,
 }
 

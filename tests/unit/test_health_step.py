@@ -1,5 +1,5 @@
 """The health gate inside a SLURM job (``launcher.preflight.health_step``,
-``launcher.schedulers.slurm.gate``): the judgment of the workers' output, what it records for the
+``launcher.schedulers.slurm.steps.gate_lines``): the judgment of the workers' output, what it records for the
 job's end and its retry, and the batch script's lines run by bash with `srun` and `scontrol`
 stand-ins that write what the real ones would."""
 

@@ -192,7 +192,7 @@ class SlurmScheduler:
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """Nothing to try before a job here: the health gate (``--health-check``) runs in the allocation,
-        before training (``launcher.schedulers.slurm.gate``)."""
+        before training (``launcher.schedulers.slurm.steps.gate_lines``)."""
         return plan
 
     def resolve(self, spec: JobSpec) -> SlurmFacts:
