@@ -14,7 +14,7 @@ from trainer.contract import atomic_write_text
 
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
 # torch.cuda.get_device_name(). Anything else is measured.
-KNOWN_PEAK_FLOPS = {"H100": 989e12, "A100": 312e12, "V100": 125e12}
+KNOWN_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:

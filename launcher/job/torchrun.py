@@ -48,8 +48,6 @@ def torchrun_argv(
         f"--max-restarts={rdzv.max_restarts}",
         # SIGUSR2 is SLURM's usual pre-timeout warning: the agent must forward it, not die of it.
         f"--signals-to-handle={FORWARDED_SIGNALS}",
-        # Seconds the agent lets workers checkpoint after forwarding a signal, before SIGKILL.
-        f"--shutdown-timeout={max(1, math.ceil(spec.grace_period_s))}",
         f"--log-dir={log_dir}",
         "--tee=3",
     ]
@@ -93,6 +91,10 @@ def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[s
         **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
         JOB_ID_ENV: job_id,
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
+        # Seconds torchrun lets workers checkpoint after forwarding a signal, before SIGKILL. The
+        # variable behind --shutdown-timeout, not the flag: torch 2.11 (seen on an H200 machine) has no
+        # such flag and refuses to start; it ignores the variable and waits its default 30 s.
+        "PET_SHUTDOWN_TIMEOUT": str(max(1, math.ceil(spec.grace_period_s))),
     }
 
 

@@ -27,6 +27,12 @@ def test_a_healthy_host_passes() -> None:
     assert gpu_health.judge(rows, gpus_per_node=8) == []
 
 
+def test_a_recorded_h200_passes() -> None:
+    rows = gpu_health.parse((FIXTURES / "h200.csv").read_text())  # recorded on a real H200
+    assert [row["name"] for row in rows] == ["NVIDIA H200"]
+    assert gpu_health.judge(rows, gpus_per_node=1) == []
+
+
 def test_ecc_errors_a_pending_remap_and_a_thermal_slowdown_are_named_with_their_field() -> None:
     text = (FIXTURES / "format-8xH100-ecc-error.csv").read_text()
     lines = [f.line for f in gpu_findings({1: text}, ["gl-h1", "gl-h2"], 8)]

@@ -316,3 +316,13 @@ def test_the_slurm_parity_step_names_a_node_without_a_report(tmp_path: Path) -> 
     (failure,) = reports.read(tmp_path, reports.Refused)
     assert "node 1: no probe report" in failure.message
     assert "node 0" not in failure.message and "parity/node-1.log" in failure.message
+
+
+def test_a_probe_recorded_on_an_h200_reads_and_a_host_with_another_torch_is_named() -> None:
+    """``tests/fixtures/probe/h200.json``: ``launcher probe --json`` on a real H200 machine."""
+    h200 = Probe.model_validate_json((REPO_ROOT / "tests/fixtures/probe/h200.json").read_text())
+    assert [g.name for g in h200.gpus] == ["NVIDIA H200"] and h200.gpus[0].memory_bytes > 140e9
+    assert (h200.cuda, h200.nccl, h200.driver) == ("13.0", "2.28.9", "580.159.04")
+    other = h200.model_copy(update={"hostname": "other", "torch": "2.13.0+cu130"})
+    mismatches, shortfalls = compare({"a": h200, "b": other}, gpus_per_node=1)
+    assert [m.field for m in mismatches] == ["torch"] and shortfalls == []

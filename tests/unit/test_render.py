@@ -141,3 +141,19 @@ def test_a_malformed_thread_count_from_the_environment_is_a_clear_error() -> Non
     spec = JobSpec.model_validate({"network": {"env": {"OMP_NUM_THREADS": "many"}}})
     with pytest.raises(SpecError, match="OMP_NUM_THREADS='many'"):
         LocalScheduler().resolve(spec)
+
+
+def test_torchrun_reads_the_shutdown_grace_from_the_environment_it_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grace reaches torchrun as a variable, which a torchrun without the flag ignores (torch 2.11
+    refuses ``--shutdown-timeout``); this torchrun must still read it."""
+    from torch.distributed.run import get_args_parser
+
+    spec = _golden_spec().model_copy(update={"grace_period_s": 12.5})
+    node = _render(spec).nodes[0]
+    assert not any(a.startswith("--shutdown-timeout") for a in node.argv)
+    for name, value in node.env.items():
+        monkeypatch.setenv(name, value)
+    args = get_args_parser().parse_args(["train.py"])
+    assert args.shutdown_timeout == 13  # whole seconds, rounded up
