@@ -5,7 +5,8 @@ scheduler, and does for it what every scheduler needs done.
 there is one), then, until it ends:
 
 - forwards SIGTERM/SIGINT to it as SIGTERM (the ranks checkpoint and exit 75), one that came before it
-  started included, unless the scheduler signals the ranks itself (SLURM signals a whole step);
+  started included, unless the scheduler signals the ranks itself (SLURM signals a whole step); once
+  its ranks have ended after a stop, the command gets ``KILL_GRACE_S`` to end too (``_end_lingering``);
 - watches the ranks' heartbeats (the hang watchdog); on a hang it takes their stacks, sends a ``hang``
   report, keeps the ranks until ``released()`` (every node reported, or the launcher ended the job)
   or a bound, then ends them and exits 124 (``launcher.job.hang.EXIT_HANG``);
@@ -32,6 +33,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +51,7 @@ from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 from trainer.contract import HEARTBEAT_DIR_ENV
 
 KILL_GRACE_S = 5.0  # what is left of a node's tree after its torchrun agent ended, before SIGKILL
+POLL_S = 0.25  # how often a stopping node's tree is looked at
 
 
 @dataclass
@@ -98,9 +101,12 @@ class NodeAgent:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
+        first = not self.stop_requested
         self.stop_requested = True
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
+            if first:
+                threading.Thread(target=self._end_lingering, args=(self.child,), daemon=True).start()
 
     def run(self) -> int:
         """Run the command to its end (see the module docstring); its exit code. Raises OSError when
@@ -140,6 +146,7 @@ class NodeAgent:
         self.child = child
         if self.stop_requested:
             child.send_signal(signal.SIGTERM)
+            threading.Thread(target=self._end_lingering, args=(child,), daemon=True).start()
         pump = None
         if piped:
             pump = threading.Thread(target=self._pump, args=(child,), daemon=True)
@@ -174,6 +181,32 @@ class NodeAgent:
         assert child.stdout is not None and self.output.sink is not None
         for chunk in iter(lambda: os.read(child.stdout.fileno(), 1 << 16), b""):  # type: ignore[union-attr]
             self.output.sink(chunk)
+
+    def _end_lingering(self, child: subprocess.Popen[bytes]) -> None:
+        """After a stop: once ``child``'s process tree has had no live process for ``KILL_GRACE_S``
+        (its ranks checkpointed and exited), end ``child`` if it has not ended. torchrun can outlive
+        its ranks for ever: a signal that lands while it closes ranks that had already exited (a peer
+        node stopped them first) skips stopping its log-tail threads, and its interpreter then waits
+        for them at exit (``PContext.close``, torch 2.13). A container's ranks are not in this tree:
+        it waits for the command alone."""
+        if self.image is not None:
+            return
+        idle_since: float | None = None
+        while child.poll() is None:
+            try:
+                tree = psutil.Process(child.pid).children(recursive=True)
+                live = [p for p in tree if p.status() != psutil.STATUS_ZOMBIE]
+            except psutil.Error:  # it ended, or a process of the tree ended while looked at
+                live = [child]  # look again
+            if live:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= KILL_GRACE_S:
+                self.say(f"agent: the ranks ended but torchrun did not in {KILL_GRACE_S:.0f} s: ending it")
+                child.kill()
+                return
+            time.sleep(POLL_S)
 
     def _lease(self, child: subprocess.Popen[bytes]) -> None:
         """Kill ``child``'s tree once the launcher's word stops: no byte on ``lease_fd`` for

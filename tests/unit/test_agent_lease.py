@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from launcher.agent.node import KILL_GRACE_S
 from launcher.agent.transport import channel_reports
 from launcher.job.reports import NodeStatus, Probed
 from trainer.contract import Beat, write_beat
@@ -119,3 +121,36 @@ def test_probe_is_a_typed_report_on_the_agents_channel() -> None:
     probe = found[0].probe
     assert found[0].node == 2 and probe.hostname == socket.gethostname() and probe.free_port is not None
     assert probe.python_executable == sys.executable
+
+
+# A torchrun stand-in that, asked to stop, stops its rank and then never ends (as torchrun waiting at
+# exit for log-tail threads that a signal kept it from stopping).
+LINGERING = """
+import signal, subprocess, sys, threading
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+def stop(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    rank.terminate()
+    rank.wait()
+    threading.Event().wait()
+signal.signal(signal.SIGTERM, stop)
+rank.wait()
+"""
+
+
+def test_a_torchrun_that_outlives_its_stopped_ranks_is_ended(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "launcher.agent", "run", "--job", "j1", "--node", "0"]
+    argv += [f"--state-dir={tmp_path}", "--", sys.executable, "-c", LINGERING]
+    (tmp_path / "secrets").write_text("{}\n")
+    with open(tmp_path / "secrets", "rb") as secrets:
+        agent = subprocess.Popen(argv, stdin=secrets, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(tree := psutil.Process(agent.pid).children(recursive=True)) < 2:
+        assert time.monotonic() < deadline, "the stand-in did not start its rank within 30 s"
+        time.sleep(0.05)
+    agent.send_signal(signal.SIGTERM)
+    out, _ = agent.communicate(timeout=KILL_GRACE_S + 60)  # without the bound: for ever
+    output, _ = channel_reports(out)
+    assert agent.returncode == 128 + 9, output
+    assert "the ranks ended but torchrun did not" in output
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
