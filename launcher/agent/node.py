@@ -195,9 +195,9 @@ class NodeAgent:
         while child.poll() is None:
             try:
                 tree = psutil.Process(child.pid).children(recursive=True)
-                live = [p for p in tree if p.status() != psutil.STATUS_ZOMBIE]
+                live = any(p.status() != psutil.STATUS_ZOMBIE for p in tree)
             except psutil.Error:  # it ended, or a process of the tree ended while looked at
-                live = [child]  # look again
+                live = True  # look again
             if live:
                 idle_since = None
             elif idle_since is None:
