@@ -43,6 +43,7 @@ RUN find /opt/venv -name __pycache__ -prune -exec rm -rf {} +
 # Our code as a wheel, in a stage of its own: the final image installs it in a small last layer.
 FROM deps AS wheel
 COPY README.md /src/
+COPY gptlaunch /src/gptlaunch
 COPY launcher /src/launcher
 COPY trainer /src/trainer
 RUN /opt/venv/bin/pip wheel --no-deps --no-index --no-build-isolation --wheel-dir /dist /src

@@ -43,7 +43,7 @@ from procs import BenchError, child_env, log
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from trainer.contract import Beat, read_beats
+from gptlaunch.contract import Beat, read_beats
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("detection", "teardown", "backoff", "start-up", "recompute")

@@ -3,7 +3,7 @@ with them off, and how long a frozen rank takes to be reported.
 
 1. Cost: (e) two torchrun ranks (tiny preset, one thread each) with no heartbeat directory and
    ``--no-straggler-check`` vs (f) the same with ``GPTLAUNCH_HEARTBEAT_DIR`` set (which also turns on
-   the flight recorder and its server, ``trainer.flight_recorder``) and the straggler
+   the flight recorder and its server, ``gptlaunch.flight_recorder``) and the straggler
    check on, interleaved round by round like ``bench_trainer.py`` (whose machinery this reuses).
    Reports f/e tokens/s (target >= 99%). With ``--log-interval 1`` (the default here) the straggler
    all-reduce runs every step: the worst case; by default the trainer runs it every 10 steps.
@@ -34,7 +34,7 @@ from procs import BenchError, child_env, log
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from trainer.contract import HEARTBEAT_DIR_ENV, read_beats
+from gptlaunch.contract import HEARTBEAT_DIR_ENV, read_beats
 
 CONFIGS = [
     Config("off", "(e) 2 ranks, heartbeat and straggler check off", 2, 1, ("--no-straggler-check",), True),

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainer.config import TrainConfig
-from trainer.contract import atomic_write
+from gptlaunch.contract import atomic_write
 from trainer.errors import CheckpointError
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")

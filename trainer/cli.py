@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from trainer.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gptlaunch.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from trainer.errors import USER_ERRORS, TrainingError
 from trainer.flags import build_parser, config_from_args, flag_values
 

@@ -24,7 +24,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 
-from trainer.contract import DEBUG_ENV
+from gptlaunch.contract import DEBUG_ENV
 
 _TRUE_VALUES = {"1", "true", "yes", "on"}
 # warnings.filterwarnings matches ``message`` at the start of the text and ``module`` against the

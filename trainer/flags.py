@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from trainer.config import TrainConfig
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, package_version
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, package_version
 from trainer.errors import UsageError
 
 EPILOG = (

@@ -21,7 +21,7 @@ from trainer.errors import ConfigError, DataError, UsageError
 from trainer.flags import parse_train_args
 
 # What a launcher may use. parse_train_args, expand_text_files and DataError are re-exported: a
-# launcher imports only trainer.contract and this module, never the trainer's internals.
+# launcher imports only gptlaunch.contract and this module, never the trainer's internals.
 __all__ = [
     "DataError",
     "InvalidTrainerArgs",

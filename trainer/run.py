@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.console import warn
-from trainer.contract import write_stop_marker
+from gptlaunch.contract import write_stop_marker
 from trainer.data.batches import BatchPlan, TrainBatches
 from trainer.data.manifest import Manifest
 from trainer.data.splits import open_split

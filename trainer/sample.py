@@ -10,7 +10,7 @@ import torch
 
 from trainer import checkpoint
 from trainer.config import GPTConfig
-from trainer.contract import EXIT_OK
+from gptlaunch.contract import EXIT_OK
 from trainer.data.manifest import load_manifest
 from trainer.data.splits import load_tokenizer
 from trainer.errors import CheckpointError, ConfigError, DataError

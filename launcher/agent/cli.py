@@ -50,7 +50,7 @@ from launcher.preflight.probe import collect
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
-from trainer.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
+from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import __version__
 from launcher.job.console import say
-from trainer.contract import EXIT_OK
+from gptlaunch.contract import EXIT_OK
 
 if TYPE_CHECKING:
     from launcher.image.record import ImageRecord

@@ -27,7 +27,7 @@ from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import ProbedHosts, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
-from trainer.contract import EXIT_OK, EXIT_REFUSED
+from gptlaunch.contract import EXIT_OK, EXIT_REFUSED
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

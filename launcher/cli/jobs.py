@@ -20,7 +20,7 @@ from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
-from trainer.contract import EXIT_OK
+from gptlaunch.contract import EXIT_OK
 
 
 def follow(

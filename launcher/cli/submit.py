@@ -23,7 +23,7 @@ from launcher.job.spec import JobSpec, check_text
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
 from launcher.supervisor import procs
-from trainer.contract import EXIT_INTERRUPTED, EXIT_OK
+from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK
 
 
 def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:

@@ -29,8 +29,8 @@ IMAGE_PYTHON = "3.11"  # the Python of both base images (Debian bookworm, python
 # manylinux tags a wheel for that Python on x86_64 may carry (pip needs each one named).
 _PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)] + ["linux_x86_64"]
 CONTEXT = (
-    "Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt", "README.md", "launcher", "trainer",
-    "deploy/docker/pins",
+    "Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt", "README.md",
+    "gptlaunch", "launcher", "trainer", "deploy/docker/pins",
 )  # fmt: skip
 WHEELS_DIR = "deploy/docker/wheels"  # the Dockerfile's PIP_FIND_LINKS
 CA_FILE = "deploy/docker/certs/ca.crt"  # the Dockerfile's PIP_CERT, in its build stage only

@@ -4,6 +4,6 @@ every scheduler's options model shares) and ``registry`` (the entry-point list o
 (a node's torchrun command line), ``placeholders`` and ``node`` (values only a node knows, filled in on
 the node), ``record`` (the job's directory and status), ``logs`` and ``follow`` (node logs as one
 stream), ``failures`` (the root cause of a failure), ``console`` (the launcher's own lines) and
-``hostnames``. The bottom layer of the launcher: it imports only ``trainer.contract``,
+``hostnames``. The bottom layer of the launcher: it imports only ``gptlaunch.contract``,
 ``trainer.precheck`` and third-party libraries, and never names a scheduler.
 """

@@ -22,7 +22,7 @@ from launcher.job.hang import HangReport, hang_message, suspects, write_stacks
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Goodput: the share of a job's wall time that went into training steps that count.
 
-Each rank's heartbeat (``trainer.contract.Beat``) carries the seconds its process spent in each phase
+Each rank's heartbeat (``gptlaunch.contract.Beat``) carries the seconds its process spent in each phase
 (start-up, step, eval, checkpoint) and the step it resumed at; a retried job keeps every attempt's
 last beats in ``JOB/attempts/<k>/heartbeat/``. From rank 0's last beat of each attempt:
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from launcher.job.retry import ATTEMPTS_DIR
-from trainer.contract import Beat, read_beats
+from gptlaunch.contract import Beat, read_beats
 
 STARTUP, STEP, EVAL, CHECKPOINT = "startup", "step", "eval", "checkpoint"
 

@@ -1,7 +1,7 @@
 """When a job is hung: the watchdog's budgets, its verdict on the ranks' heartbeats, and the report a
 node's watchdog gives (pure: the processes are inspected in ``launcher.supervisor.watchdog``).
 
-Each rank publishes a ``trainer.contract.Beat``: its step, its phase (start-up, steps, evaluation,
+Each rank publishes a ``gptlaunch.contract.Beat``: its step, its phase (start-up, steps, evaluation,
 checkpoint) and when it last advanced. A node is hung when none of its ranks has advanced within the
 budget of the phase it is in: ``timeout_s`` for steps (default max(120 s, 10 × the slowest recent
 step), armed after the first completed step), and larger, separate budgets for start-up (data
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.contract import Beat
+from gptlaunch.contract import Beat
 
 FLOOR_S = 120.0  # the automatic step budget is never below this
 STEP_FACTOR = 10.0  # ... nor below this many times the slowest recent step

@@ -15,7 +15,7 @@ import socket
 import sys
 
 from launcher.job.placeholders import PlaceholderError, substitute
-from trainer.contract import EXIT_USAGE
+from gptlaunch.contract import EXIT_USAGE
 
 USAGE = "usage: python -m launcher.job.node [--workdir DIR] [--fill-env NAME]... -- PROGRAM [ARGS...]"
 

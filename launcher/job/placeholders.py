@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from launcher.job.options import Placeholder
 from launcher.job.registry import options_models
-from trainer.contract import FIRST_HOST_ENV, NODE_RANK_ENV
+from gptlaunch.contract import FIRST_HOST_ENV, NODE_RANK_ENV
 
 PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
 

@@ -1,4 +1,4 @@
-"""Where a running job's nodes are, from their ranks' heartbeats (``trainer.contract.Beat``): for
+"""Where a running job's nodes are, from their ranks' heartbeats (``gptlaunch.contract.Beat``): for
 ``launcher status``. Each scheduler finds the beats (``Scheduler.heartbeats``): in the job record
 (``recorded_beats``: local, SLURM, compose) or on the hosts (SSH)."""
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
-from trainer.contract import Beat, read_beats
+from gptlaunch.contract import Beat, read_beats
 
 
 class NodeProgress(BaseModel):

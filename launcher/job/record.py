@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from launcher.job.plan import Plan, node_log_name
 from launcher.job.spec import JobSpec
-from trainer.contract import EXIT_FAILED, atomic_write_text
+from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

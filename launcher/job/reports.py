@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from launcher.job.hang import HangReport
 from launcher.job.measurements import CollectiveError, CollectiveResult, Probe
-from trainer.contract import Beat
+from gptlaunch.contract import Beat
 
 REPORTS_DIR = "reports"
 REPORT_DIR_ENV = "GPTLAUNCH_REPORT_DIR"  # where a node's processes put their reports

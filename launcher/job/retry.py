@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 
 ATTEMPTS_DIR = "attempts"
 MAX_BACKOFF_S = 300.0

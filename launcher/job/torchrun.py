@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec
-from trainer.contract import JOB_ID_ENV
+from gptlaunch.contract import JOB_ID_ENV
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "

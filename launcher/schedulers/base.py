@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from launcher.job.plan import Facts, Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
-from trainer.contract import Beat
+from gptlaunch.contract import Beat
 
 FactsT = TypeVar("FactsT", bound=Facts)
 
@@ -60,7 +60,7 @@ class Scheduler(Protocol[FactsT]):
         ...
 
     def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
-        """The latest beat of each rank of the running job (``trainer.contract.Beat``), by node_rank,
+        """The latest beat of each rank of the running job (``gptlaunch.contract.Beat``), by node_rank,
         where they can be read; a node that cannot be reached is left out."""
         ...
 

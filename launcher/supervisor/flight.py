@@ -1,5 +1,5 @@
 """A hung rank's flight recorder, read through torch's worker server on its Unix socket
-(``trainer.flight_recorder``): which collective of its process group it reached, and whether that
+(``gptlaunch.flight_recorder``): which collective of its process group it reached, and whether that
 one finished. Read from C++ in the rank, it answers where ``py-spy`` sees no Python frame.
 
 The trace format is torch's (``torch/csrc/distributed/c10d/FlightRecorder*``, version 2.x): ``entries``

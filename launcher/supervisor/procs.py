@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import psutil
 
 from launcher.job.record import ProcessRef
-from trainer.contract import JOB_ID_ENV
+from gptlaunch.contract import JOB_ID_ENV
 
 # Stop requests: Ctrl-C, `launcher cancel` (SIGTERM), the terminal closing (SIGHUP).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

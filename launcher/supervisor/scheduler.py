@@ -24,7 +24,7 @@ from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcom
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport
-from trainer.contract import EXIT_FAILED, Beat, read_stop_marker
+from gptlaunch.contract import EXIT_FAILED, Beat, read_stop_marker
 
 
 class SupervisedScheduler(ABC):

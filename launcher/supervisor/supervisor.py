@@ -36,7 +36,7 @@ from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, ne
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import Transport, drain_channels
-from trainer.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1

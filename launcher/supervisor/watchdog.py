@@ -22,7 +22,7 @@ import psutil
 
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
 from launcher.supervisor import flight, procs
-from trainer.contract import Beat, clear_beats, read_beats
+from gptlaunch.contract import Beat, clear_beats, read_beats
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import missing_component
-from trainer.contract import Beat, read_beats
+from gptlaunch.contract import Beat, read_beats
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

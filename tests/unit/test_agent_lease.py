@@ -18,7 +18,7 @@ import psutil
 from launcher.agent.node import KILL_GRACE_S
 from launcher.agent.transport import channel_reports
 from launcher.job.reports import NodeStatus, Probed
-from trainer.contract import Beat, write_beat
+from gptlaunch.contract import Beat, write_beat
 
 LEASE_S = 1.0
 

@@ -20,7 +20,7 @@ from launcher.job.spec import JobSpec
 from launcher.preflight.probe import collect
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.schedulers.compose.scheduler import ComposeFacts, ComposeScheduler
-from trainer.contract import EXIT_REFUSED
+from gptlaunch.contract import EXIT_REFUSED
 
 IMAGE_ID = "sha256:" + "c" * 64
 

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from launcher.supervisor import flight
-from trainer import flight_recorder
+from gptlaunch import flight_recorder
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from pathlib import Path
-from trainer import flight_recorder
+from gptlaunch import flight_recorder
 print(flight_recorder.start(Path(sys.argv[1]), rank=0), flush=True)
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
 x = torch.ones(3)

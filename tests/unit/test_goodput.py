@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.job.goodput import account, archived_beats
-from trainer.contract import Beat, write_beat
+from gptlaunch.contract import Beat, write_beat
 
 
 def _beat(time: float, start_step: int, at: int, **phase_s: float) -> Beat:

@@ -27,9 +27,9 @@ from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
 from launcher.supervisor.watchdog import NodeWatch, waits_in
 from tests.unit.plans import local_plan
-from trainer.contract import Beat, read_beats, write_beat
+from gptlaunch.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
-from trainer.heartbeat import Heartbeat
+from gptlaunch.heartbeat import Heartbeat
 
 
 def _beat(rank: int, t: float, phase: str = "step", slowest: float = 0.1, step: int = 7) -> Beat:
@@ -168,9 +168,9 @@ def test_each_nodes_newest_hang_report_is_read_back_from_the_record_and_merged(t
 
 def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monkeypatch) -> None:
     clock = iter(range(1000, 2000))
-    monkeypatch.setattr("trainer.heartbeat.time.time", lambda: float(next(clock)) / 10)  # 0.1 s a call
+    monkeypatch.setattr("gptlaunch.heartbeat.time.time", lambda: float(next(clock)) / 10)  # 0.1 s a call
     served = []  # the flight recorder's server (tested against torch in test_flight_recorder)
-    monkeypatch.setattr("trainer.flight_recorder.start", lambda d, rank: served.append(rank) or "/fr.sock")
+    monkeypatch.setattr("gptlaunch.flight_recorder.start", lambda d, rank: served.append(rank) or "/fr.sock")
     beat = Heartbeat(DistEnv(rank=3, local_rank=1, world_size=4), tmp_path / "node-1")
     (startup,) = read_beats(tmp_path / "node-1")
     assert (startup.rank, startup.local_rank, startup.phase, startup.step) == (3, 1, "startup", 0)

@@ -21,7 +21,7 @@ from launcher.preflight.collective_report import CollectiveError, CollectiveResu
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
 from launcher.schedulers.slurm.steps import gate_lines, retry_argv
-from trainer.contract import EXIT_REFUSED, EXIT_USAGE
+from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 
 NODES = ["n1", "n2", "n3"]
 

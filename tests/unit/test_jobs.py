@@ -17,7 +17,7 @@ from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import SupervisorHandle
-from trainer.contract import EXIT_OK, EXIT_USAGE
+from gptlaunch.contract import EXIT_OK, EXIT_USAGE
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
 FACTS["agent_python"] = sys.executable
@@ -85,7 +85,7 @@ def test_a_created_job_whose_submitter_lives_stays_created(tmp_path: Path) -> No
 
 
 def test_a_running_job_whose_supervisor_died_after_a_stop_checkpoint_is_checkpointed(tmp_path: Path) -> None:
-    from trainer.contract import write_stop_marker
+    from gptlaunch.contract import write_stop_marker
 
     started = time.time()
     rec = _record(tmp_path, JobStatus(state=JobState.RUNNING, created_at=started, started_at=started))

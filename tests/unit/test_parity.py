@@ -28,7 +28,7 @@ from launcher.preflight.parity import (
     report_table,
 )
 from launcher.preflight.probe import KEY_PACKAGES, collect
-from trainer.contract import EXIT_FAILED, EXIT_REFUSED
+from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A100 = Gpu(index=0, name="NVIDIA A100 80GB", memory_bytes=80 * 2**30)

@@ -27,7 +27,7 @@ from launcher.schedulers.slurm.scheduler import (
     SubmititRequest,
 )
 from launcher.schedulers.slurm.state import job_state
-from trainer.contract import EXIT_USAGE
+from gptlaunch.contract import EXIT_USAGE
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FACTS = {"workdir": "/work/job", "gpus_per_node": 0}

@@ -14,7 +14,7 @@ from launcher.job.record import JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
-from trainer.contract import write_stop_marker
+from gptlaunch.contract import write_stop_marker
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.end import REQUEUE, ending
 from launcher.schedulers.slurm.scheduler import SCRIPT, SUBMITIT_SCRIPT, SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.script import fill
-from trainer.contract import EXIT_CHECKPOINTED, write_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, write_stop_marker
 
 _ASSIGNED = re.compile(r"(?:^|[\s;(&|{])(?:export )?([A-Za-z_]\w*)=", re.M)
 _USED = re.compile(r"\$\{?([A-Za-z_]\w*)")
@@ -107,7 +107,7 @@ def _fake(bin_dir: Path, name: str, body: str) -> None:
 # arguments.
 _SRUN = """import os, subprocess, sys
 from pathlib import Path
-from trainer.contract import write_stop_marker
+from gptlaunch.contract import write_stop_marker
 if "launcher.preflight.probe" in sys.argv:
     output = next(a for a in sys.argv if a.startswith("--output=")).split("=", 1)[1]
     probe = [sys.executable, "-m", "launcher.preflight.probe", "--json"]

@@ -18,7 +18,7 @@ TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 # What trainer.data may import from the trainer (its __init__ docstring says so).
-DATA_MAY_IMPORT = ("trainer.data", "trainer.errors", "trainer.contract")
+DATA_MAY_IMPORT = ("trainer.data", "trainer.errors", "gptlaunch.contract")
 
 
 def _module_name(path: Path) -> str:

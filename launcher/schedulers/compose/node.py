@@ -30,7 +30,7 @@ from launcher.preflight.parity_step import PROBE_DIR, check
 from launcher.preflight.probe import collect
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
-from trainer.contract import EXIT_FAILED, atomic_write_text
+from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
 POLL_S = 0.2

@@ -39,7 +39,7 @@ from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import ChildAgents, start_client
-from trainer.contract import atomic_write_text
+from gptlaunch.contract import atomic_write_text
 from trainer.precheck import expand_text_files, parse_train_args
 
 CONTAINER_IFNAME = "eth0"  # a container's interface on the job network

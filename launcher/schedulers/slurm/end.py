@@ -1,6 +1,6 @@
 """The standalone sbatch script's last step (``python -m launcher.schedulers.slurm.end``), run on the
 batch node when the nodes' step failed: the step's exit code and the ranks' stop marker (read by its
-one reader, ``trainer.contract.read_stop_marker``) become the job's exit code and one line in the batch
+one reader, ``gptlaunch.contract.read_stop_marker``) become the job's exit code and one line in the batch
 log. After a checkpoint on SLURM's warning signal (SIGUSR2), with requeues left, it exits 0: the script
 then requeues the job (``scontrol`` on the batch node, as this step may run in the job's image), which
 resumes from that checkpoint.
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from launcher.job.hang import EXIT_HANG
-from trainer.contract import EXIT_CHECKPOINTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, read_stop_marker
 
 REQUEUE = 0  # this step's exit code that asks the script to requeue the job
 

@@ -42,7 +42,7 @@ from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
-from trainer.contract import Beat
+from gptlaunch.contract import Beat
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:

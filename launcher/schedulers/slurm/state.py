@@ -18,7 +18,7 @@ from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_ou
 from launcher.job.hang import merge
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.retry import decide, furthest_step, not_retried
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"

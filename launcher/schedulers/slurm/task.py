@@ -47,7 +47,7 @@ from launcher.job.hang import (
     write_stacks,
 )
 from launcher.supervisor.watchdog import NodeWatch
-from trainer.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
 
 # The node agent of this process, for checkpoint(): module state, so the task itself stays picklable.
 _agent: NodeAgent | None = None

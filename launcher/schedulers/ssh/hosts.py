@@ -26,7 +26,7 @@ from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.options import SshOptions
-from trainer.contract import EXIT_REFUSED
+from gptlaunch.contract import EXIT_REFUSED
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
 PORT_TIMEOUT_S = 10.0

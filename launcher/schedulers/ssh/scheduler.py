@@ -49,7 +49,7 @@ from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import ChildAgents, start_client
-from trainer.contract import Beat, write_beat
+from gptlaunch.contract import Beat, write_beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
 REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again

@@ -143,7 +143,7 @@ class Beat:
     """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
     seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
     steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``); ``debug_socket``,
-    where torch's worker server answers for it (``trainer.flight_recorder``); ``start_step``, the step
+    where torch's worker server answers for it (``gptlaunch.flight_recorder``); ``start_step``, the step
     the process resumed at, and ``phase_s``, the seconds it has spent in each phase (for goodput)."""
 
     rank: int
@@ -155,7 +155,7 @@ class Beat:
     time: float
     slowest_step_s: float = 0.0
     straggler_ratio: float | None = None  # its compute time over the median's, while it is a straggler
-    debug_socket: str | None = None  # its flight recorder's server (``trainer.flight_recorder``)
+    debug_socket: str | None = None  # its flight recorder's server (``gptlaunch.flight_recorder``)
     start_step: int = 0  # the step this process started (resumed) at
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
 

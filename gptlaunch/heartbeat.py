@@ -1,9 +1,9 @@
-"""This rank's progress for the launcher's hang watchdog: a ``trainer.contract.Beat`` in the node's
+"""This rank's progress for the launcher's hang watchdog: a ``gptlaunch.contract.Beat`` in the node's
 heartbeat directory (``GPTLAUNCH_HEARTBEAT_DIR``), replaced when the phase changes and at most every
 ``BEAT_INTERVAL_S`` while steps complete. Without that variable (bare torchrun) it does nothing.
 
 Cost: a check of the clock per step, and a file write at most twice a second: no collective, no
-fsync. Watched, the rank's flight recorder is on and served too (``trainer.flight_recorder``).
+fsync. Watched, the rank's flight recorder is on and served too (``gptlaunch.flight_recorder``).
 """
 
 from __future__ import annotations
@@ -16,15 +16,26 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainer import flight_recorder
-from trainer.contract import BEAT_INTERVAL_S, HEARTBEAT_DIR_ENV, Beat, write_beat
-from trainer.distributed import DistEnv
+from typing import Protocol
+
+from gptlaunch import flight_recorder
+from gptlaunch.contract import BEAT_INTERVAL_S, HEARTBEAT_DIR_ENV, Beat, write_beat
 
 RECENT_STEPS = 20  # the window of "the slowest recent step"
 
 
+class Place(Protocol):
+    """This process's place in the job (e.g. ``trainer.distributed.DistEnv``)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int: ...
+
+
 class Heartbeat:
-    def __init__(self, env: DistEnv, directory: Path | None) -> None:
+    def __init__(self, env: Place, directory: Path | None) -> None:
         self.env, self.directory = env, directory
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
         self.start_step = 0
@@ -40,7 +51,7 @@ class Heartbeat:
         self._publish()
 
     @classmethod
-    def from_env(cls, env: DistEnv) -> Heartbeat:
+    def from_env(cls, env: Place) -> Heartbeat:
         directory = os.environ.get(HEARTBEAT_DIR_ENV)
         return cls(env, Path(directory) if directory else None)
 

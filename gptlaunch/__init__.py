@@ -1,0 +1,8 @@
+"""What a training program shares with the launcher that runs it, importing no torch at import time.
+
+- ``gptlaunch.runtime``: the public API a script may call (stop requests, the attempt, where to
+  checkpoint, progress beats); it does nothing under bare torchrun.
+- ``gptlaunch.shim``: ``python -m gptlaunch.shim SCRIPT.py ARGS`` (or ``-m MODULE ARGS``) runs a
+  script in this process with the launcher's watch on, and no change to the script.
+- ``gptlaunch.contract``: exit codes, environment variables, the stop marker, the heartbeat format.
+"""
