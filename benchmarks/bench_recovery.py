@@ -40,10 +40,10 @@ from pathlib import Path
 from common import text_files
 from procs import BenchError, child_env, log
 
+from gptlaunch.contract import Beat, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from gptlaunch.contract import Beat, read_beats
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("detection", "teardown", "backoff", "start-up", "recompute")

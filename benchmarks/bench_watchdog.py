@@ -31,10 +31,10 @@ from pathlib import Path
 from bench_trainer import Comparison, Config, markdown, measure, parse_args
 from procs import BenchError, child_env, log
 
+from gptlaunch.contract import HEARTBEAT_DIR_ENV, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from gptlaunch.contract import HEARTBEAT_DIR_ENV, read_beats
 
 CONFIGS = [
     Config("off", "(e) 2 ranks, heartbeat and straggler check off", 2, 1, ("--no-straggler-check",), True),

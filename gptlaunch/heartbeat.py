@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-
 from typing import Protocol
 
 from gptlaunch import flight_recorder

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import TrainConfig
 from gptlaunch.contract import atomic_write
+from trainer.config import TrainConfig
 from trainer.errors import CheckpointError
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})\.pt$")

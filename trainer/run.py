@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gptlaunch.contract import write_stop_marker
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.console import warn
-from gptlaunch.contract import write_stop_marker
 from trainer.data.batches import BatchPlan, TrainBatches
 from trainer.data.manifest import Manifest
 from trainer.data.splits import open_split

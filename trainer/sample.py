@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from gptlaunch.contract import EXIT_OK
 from trainer import checkpoint
 from trainer.config import GPTConfig
-from gptlaunch.contract import EXIT_OK
 from trainer.data.manifest import load_manifest
 from trainer.data.splits import load_tokenizer
 from trainer.errors import CheckpointError, ConfigError, DataError

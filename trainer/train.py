@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_OK, FAULT_ENV, clear_stop_marker
+from gptlaunch.heartbeat import Heartbeat
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_OK, FAULT_ENV, clear_stop_marker
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError
-from gptlaunch.heartbeat import Heartbeat
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.optim import lr_at
 from trainer.precheck import check_config

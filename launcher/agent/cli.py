@@ -40,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
 from launcher.agent.node import KILL_GRACE_S, NodeAgent, Output
 from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
@@ -50,7 +51,6 @@ from launcher.preflight.probe import collect
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
-from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 

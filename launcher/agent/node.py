@@ -42,13 +42,13 @@ from typing import BinaryIO
 
 import psutil
 
+from gptlaunch.contract import HEARTBEAT_DIR_ENV
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
 from launcher.job.hang import HangReport
 from launcher.job.reports import Hang, NodeReport
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
-from gptlaunch.contract import HEARTBEAT_DIR_ENV
 
 KILL_GRACE_S = 5.0  # what is left of a node's tree after its torchrun agent ended, before SIGKILL
 POLL_S = 0.25  # how often a stopping node's tree is looked at

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gptlaunch.contract import EXIT_OK
 from launcher import __version__
 from launcher.job.console import say
-from gptlaunch.contract import EXIT_OK
 
 if TYPE_CHECKING:
     from launcher.image.record import ImageRecord

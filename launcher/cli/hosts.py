@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gptlaunch.contract import EXIT_OK, EXIT_REFUSED
 from launcher.cli.flags import (
     UsageError,
     scheduler_argument,
@@ -27,7 +28,6 @@ from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import ProbedHosts, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
-from gptlaunch.contract import EXIT_OK, EXIT_REFUSED
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

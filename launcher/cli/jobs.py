@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError
 from launcher.job.console import say
 from launcher.job.goodput import account, archived_beats, rank0
@@ -20,7 +21,6 @@ from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
-from gptlaunch.contract import EXIT_OK
 
 
 def follow(

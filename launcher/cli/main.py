@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
@@ -22,7 +23,6 @@ from launcher.job.record import STATE_HELP, JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import SshError
-from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 
 EXIT_CODES = (
     "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK
 from launcher.cli.flags import UsageError, build_spec
 from launcher.cli.jobs import follow, summary
 from launcher.job.console import Tee, console_lines, say, shows_all
@@ -23,7 +24,6 @@ from launcher.job.spec import JobSpec, check_text
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
 from launcher.supervisor import procs
-from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK
 
 
 def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:

@@ -13,11 +13,11 @@ from docker.errors import DockerException, ImageNotFound
 from pydantic import BaseModel, ConfigDict, ValidationError
 from requests import RequestException
 
+from gptlaunch.contract import atomic_write_text
 from launcher.image.engine import DockerError
 from launcher.job.measurements import Probe
 from launcher.preflight.parity import MUST_MATCH, field_value
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
-from gptlaunch.contract import atomic_write_text
 
 PROBE_TIMEOUT_S = 300  # a CUDA image imports torch to read NCCL and cuDNN: seconds, not minutes
 VERSION_FIELDS = tuple(f for f in MUST_MATCH if f != "image_digest")

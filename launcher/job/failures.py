@@ -18,11 +18,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 from launcher.job.hang import HangReport, hang_message, suspects, write_stacks
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 
 @dataclass(frozen=True)

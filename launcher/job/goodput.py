@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from launcher.job.retry import ATTEMPTS_DIR
 from gptlaunch.contract import Beat, read_beats
+from launcher.job.retry import ATTEMPTS_DIR
 
 STARTUP, STEP, EVAL, CHECKPOINT = "startup", "step", "eval", "checkpoint"
 

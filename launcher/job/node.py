@@ -14,8 +14,8 @@ import os
 import socket
 import sys
 
-from launcher.job.placeholders import PlaceholderError, substitute
 from gptlaunch.contract import EXIT_USAGE
+from launcher.job.placeholders import PlaceholderError, substitute
 
 USAGE = "usage: python -m launcher.job.node [--workdir DIR] [--fill-env NAME]... -- PROGRAM [ARGS...]"
 

@@ -25,9 +25,9 @@ import socket
 import subprocess
 from collections.abc import Mapping
 
+from gptlaunch.contract import FIRST_HOST_ENV, NODE_RANK_ENV
 from launcher.job.options import Placeholder
 from launcher.job.registry import options_models
-from gptlaunch.contract import FIRST_HOST_ENV, NODE_RANK_ENV
 
 PATTERN = re.compile(r"\{\{([a-z_]+)\}\}")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from gptlaunch.contract import Beat, read_beats
 from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
-from gptlaunch.contract import Beat, read_beats
 
 
 class NodeProgress(BaseModel):

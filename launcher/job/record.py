@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 from launcher.job.plan import Plan, node_log_name
 from launcher.job.spec import JobSpec
-from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -38,9 +38,9 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from gptlaunch.contract import Beat
 from launcher.job.hang import HangReport
 from launcher.job.measurements import CollectiveError, CollectiveResult, Probe
-from gptlaunch.contract import Beat
 
 REPORTS_DIR = "reports"
 REPORT_DIR_ENV = "GPTLAUNCH_REPORT_DIR"  # where a node's processes put their reports

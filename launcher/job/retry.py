@@ -22,10 +22,10 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 from launcher.job.hang import HANG_DIR
 from launcher.job.progress import recorded_beats
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 
 ATTEMPTS_DIR = "attempts"
 MAX_BACKOFF_S = 300.0

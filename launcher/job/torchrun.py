@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from gptlaunch.contract import JOB_ID_ENV
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec
-from gptlaunch.contract import JOB_ID_ENV
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "

@@ -19,12 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 from launcher.job import reports
 from launcher.job.reports import Refused
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GateSettings, findings, report_text
 from launcher.preflight.parity_step import end_step
-from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
 HOSTS = "hosts"  # the allocation's node names in node-rank (SLURM_NODEID) order, one per line

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 from launcher.job import reports
 from launcher.job.measurements import Probe
 from launcher.job.reports import Refused
 from launcher.preflight.parity import compare, diff_text, report_table
-from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
 

@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.job.measurements import Gpu, Probe, Route
 from gptlaunch.contract import package_version
+from launcher.job.measurements import Gpu, Probe, Route
 
 # Packages whose versions must match on every host (besides Python, torch and gptlaunch): a different
 # tokenizer or NCCL wheel gives different tokens or a hang, not an error. The NCCL wheel is cu12 for

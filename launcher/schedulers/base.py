@@ -15,10 +15,10 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from gptlaunch.contract import Beat
 from launcher.job.plan import Facts, Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
-from gptlaunch.contract import Beat
 
 FactsT = TypeVar("FactsT", bound=Facts)
 

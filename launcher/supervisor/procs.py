@@ -18,8 +18,8 @@ from collections.abc import Iterable
 
 import psutil
 
-from launcher.job.record import ProcessRef
 from gptlaunch.contract import JOB_ID_ENV
+from launcher.job.record import ProcessRef
 
 # Stop requests: Ctrl-C, `launcher cancel` (SIGTERM), the terminal closing (SIGHUP).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

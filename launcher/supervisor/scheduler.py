@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from gptlaunch.contract import EXIT_FAILED, Beat, read_stop_marker
 from launcher.job.failures import stop_outcome
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.plan import Plan
@@ -24,7 +25,6 @@ from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcom
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport
-from gptlaunch.contract import EXIT_FAILED, Beat, read_stop_marker
 
 
 class SupervisedScheduler(ABC):

@@ -27,6 +27,7 @@ from typing import NoReturn
 import psutil
 from pydantic import BaseModel, ConfigDict
 
+from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 from launcher.job import reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
@@ -36,7 +37,6 @@ from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, ne
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import Transport, drain_channels
-from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1

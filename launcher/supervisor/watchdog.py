@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psutil
 
+from gptlaunch.contract import Beat, clear_beats, read_beats
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
 from launcher.supervisor import flight, procs
-from gptlaunch.contract import Beat, clear_beats, read_beats
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past

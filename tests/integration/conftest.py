@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import missing_component
 from gptlaunch.contract import Beat, read_beats
+from tests.conftest import missing_component
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import EXIT_REFUSED
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from tests.integration.conftest import FAST, launcher, losses, only_job_id, processes_of, wait_for_steps
-from gptlaunch.contract import EXIT_REFUSED
 
 TWO_NODES = ["submit", "--nodes", "2", "--gpus-per-node", "1"]
 

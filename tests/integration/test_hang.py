@@ -11,11 +11,11 @@ import socket
 import time
 from pathlib import Path
 
+from gptlaunch.contract import read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.integration.conftest import FAST, launcher, only_job_id, processes_of, wait_for_steps
-from gptlaunch.contract import read_beats
 
 HANG_TIMEOUT_S = 10.0
 

@@ -9,12 +9,12 @@ import os
 import signal
 from pathlib import Path
 
+from gptlaunch.contract import read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from tests.integration.conftest import FAST, launcher, only_job_id, processes_of, wait_for_steps
 from tests.plugin.queue_scheduler import QueueScheduler
 from tests.plugin.registry import installed
-from gptlaunch.contract import read_beats
 
 
 def test_a_plugin_scheduler_gets_the_hang_watch_and_retries_from_the_node_agent(

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 
+from gptlaunch.contract import Beat, write_beat
 from launcher.agent.node import KILL_GRACE_S
 from launcher.agent.transport import channel_reports
 from launcher.job.reports import NodeStatus, Probed
-from gptlaunch.contract import Beat, write_beat
 
 LEASE_S = 1.0
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gptlaunch.contract import EXIT_REFUSED
 from launcher.image.engine import DEFAULT_HOST, engine_env, with_engine
 from launcher.job import reports
 from launcher.job.spec import JobSpec
 from launcher.preflight.probe import collect
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.schedulers.compose.scheduler import ComposeFacts, ComposeScheduler
-from gptlaunch.contract import EXIT_REFUSED
 
 IMAGE_ID = "sha256:" + "c" * 64
 

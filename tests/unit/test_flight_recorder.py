@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.supervisor import flight
 from gptlaunch import flight_recorder
+from launcher.supervisor import flight
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.job.goodput import account, archived_beats
 from gptlaunch.contract import Beat, write_beat
+from launcher.job.goodput import account, archived_beats
 
 
 def _beat(time: float, start_step: int, at: int, **phase_s: float) -> Beat:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import Beat, read_beats, write_beat
+from gptlaunch.heartbeat import Heartbeat
 from launcher.job import reports
 from launcher.job.failures import hang_outcome
 from launcher.job.hang import (
@@ -27,9 +29,7 @@ from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
 from launcher.supervisor.watchdog import NodeWatch, waits_in
 from tests.unit.plans import local_plan
-from gptlaunch.contract import Beat, read_beats, write_beat
 from trainer.distributed import DistEnv
-from gptlaunch.heartbeat import Heartbeat
 
 
 def _beat(rank: int, t: float, phase: str = "step", slowest: float = 0.1, step: int = 7) -> Beat:

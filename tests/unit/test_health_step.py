@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 from launcher.job import reports
 from launcher.job.record import JobState, Outcome
 from launcher.job.retry import refusal
@@ -21,7 +22,6 @@ from launcher.preflight.collective_report import CollectiveError, CollectiveResu
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
 from launcher.schedulers.slurm.steps import gate_lines, retry_argv
-from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 
 NODES = ["n1", "n2", "n3"]
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import EXIT_OK, EXIT_USAGE
 from launcher.cli.main import main
 from launcher.job.record import JobRecord, JobState, JobStatus, ProcessRef, RecordError
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import SupervisorHandle
-from gptlaunch.contract import EXIT_OK, EXIT_USAGE
 
 FACTS = {"workdir": "/tmp", "rdzv_host": "127.0.0.1", "rdzv_port": 29555, "omp_num_threads": 1, "gpus": []}
 FACTS["agent_python"] = sys.executable

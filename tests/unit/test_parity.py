@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 from launcher.job import reports
 from launcher.job.measurements import Gpu, Probe
 from launcher.preflight import parity_step
@@ -28,7 +29,6 @@ from launcher.preflight.parity import (
     report_table,
 )
 from launcher.preflight.probe import KEY_PACKAGES, collect
-from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 A100 = Gpu(index=0, name="NVIDIA A100 80GB", memory_bytes=80 * 2**30)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import EXIT_USAGE
 from launcher.cli.main import main
 from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
@@ -27,7 +28,6 @@ from launcher.schedulers.slurm.scheduler import (
     SubmititRequest,
 )
 from launcher.schedulers.slurm.state import job_state
-from gptlaunch.contract import EXIT_USAGE
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 FACTS = {"workdir": "/work/job", "gpus_per_node": 0}

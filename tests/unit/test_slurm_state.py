@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import write_stop_marker
 from launcher.job import reports
 from launcher.job.record import JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
-from gptlaunch.contract import write_stop_marker
 
 
 @pytest.fixture

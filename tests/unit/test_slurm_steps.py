@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, write_stop_marker
 from launcher.job.hang import EXIT_HANG
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.end import REQUEUE, ending
 from launcher.schedulers.slurm.scheduler import SCRIPT, SUBMITIT_SCRIPT, SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.script import fill
-from gptlaunch.contract import EXIT_CHECKPOINTED, write_stop_marker
 
 _ASSIGNED = re.compile(r"(?:^|[\s;(&|{])(?:export )?([A-Za-z_]\w*)=", re.M)
 _USED = re.compile(r"\$\{?([A-Za-z_]\w*)")

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 from launcher.agent.node import NodeAgent, stdout_say
 from launcher.job import reports
 from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
@@ -30,7 +31,6 @@ from launcher.preflight.parity_step import PROBE_DIR, check
 from launcher.preflight.probe import collect
 from launcher.supervisor.secrets import receive
 from launcher.supervisor.watchdog import NodeWatch
-from gptlaunch.contract import EXIT_FAILED, atomic_write_text
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
 POLL_S = 0.2

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 from docker.errors import DockerException
 
+from gptlaunch.contract import atomic_write_text
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
 from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
@@ -39,7 +40,6 @@ from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import ChildAgents, start_client
-from gptlaunch.contract import atomic_write_text
 from trainer.precheck import expand_text_files, parse_train_args
 
 CONTAINER_IFNAME = "eth0"  # a container's interface on the job network

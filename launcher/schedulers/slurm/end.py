@@ -17,8 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from launcher.job.hang import EXIT_HANG
 from gptlaunch.contract import EXIT_CHECKPOINTED, read_stop_marker
+from launcher.job.hang import EXIT_HANG
 
 REQUEUE = 0  # this step's exit code that asks the script to requeue the job
 

@@ -25,6 +25,7 @@ from typing import Literal
 import submitit
 from pydantic import BaseModel, ConfigDict
 
+from gptlaunch.contract import Beat
 from launcher.image.reference import resolve as resolve_image
 from launcher.job.console import say
 from launcher.job.follow import node_logs, wait_terminal
@@ -42,7 +43,6 @@ from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 from launcher.supervisor.watchdog import NodeWatch
-from gptlaunch.contract import Beat
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 import shlex
 
+from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV, package_version
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.steps import SET_RUN_STARTED
-from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV, package_version
 
 # srun's file name patterns: %n is the node's index within the job (one log per node).
 NODE_LOG_PATTERN = "node-%n.log"

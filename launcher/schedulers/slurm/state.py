@@ -13,12 +13,12 @@ from pathlib import Path
 
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 from launcher.job import reports
 from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
 from launcher.job.hang import merge
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.retry import decide, furthest_step, not_retried
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"

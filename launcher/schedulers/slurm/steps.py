@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from gptlaunch.contract import EXIT_CHECKPOINTED
 from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON
@@ -23,7 +24,6 @@ from launcher.preflight.parity_step import PROBE_DIR
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.slurm.image import SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
-from gptlaunch.contract import EXIT_CHECKPOINTED
 
 STEP_TIME_MIN = 5  # srun's limit for a check's step: a cold `import torch` takes seconds, not minutes
 PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)

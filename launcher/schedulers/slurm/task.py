@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
 from launcher.agent.node import NodeAgent, Output, log_writer
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
@@ -47,7 +48,6 @@ from launcher.job.hang import (
     write_stacks,
 )
 from launcher.supervisor.watchdog import NodeWatch
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
 
 # The node agent of this process, for checkpoint(): module state, so the task itself stays picklable.
 _agent: NodeAgent | None = None

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gptlaunch.contract import EXIT_REFUSED
 from launcher.agent.transport import channel_reports
 from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
 from launcher.job.measurements import Probe
@@ -26,7 +27,6 @@ from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.options import SshOptions
-from gptlaunch.contract import EXIT_REFUSED
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
 PORT_TIMEOUT_S = 10.0

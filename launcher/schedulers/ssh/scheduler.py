@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 from pydantic import Field
 
+from gptlaunch.contract import Beat, write_beat
 from launcher.agent.transport import agent_argv, channel_reports
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
@@ -49,7 +50,6 @@ from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import ChildAgents, start_client
-from gptlaunch.contract import Beat, write_beat
 
 SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
 REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
