@@ -35,6 +35,9 @@ JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (d
 FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
 NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"  # a node's index where no scheduler says it (SLURM_NODEID does)
 FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no scheduler says it
+RUN_DIR_ENV = "GPTLAUNCH_RUN_DIR"  # the job's run dir: where a program's checkpoints go
+RESUME_ARGS_ENV = "GPTLAUNCH_RESUME_ARGS"  # JSON list: a program's arguments from the second attempt on
+ATTEMPT_ENV = "GPTLAUNCH_ATTEMPT"  # the job's attempt that started this process: 1, 2, ... (retries)
 # "1" (or true/yes/on): the trainer leaves torch's console chatter as torch prints it (Inductor's
 # autotune tables, known-harmless internal warnings; see trainer.console). The trainer also takes
 # TORCH_DISTRIBUTED_DEBUG=DETAIL, which `launcher submit --debug` sets, as this request.
@@ -158,6 +161,7 @@ class Beat:
     debug_socket: str | None = None  # its flight recorder's server (``gptlaunch.flight_recorder``)
     start_step: int = 0  # the step this process started (resumed) at
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
+    tokens: int | None = None  # tokens this rank has processed, when its program says (``runtime.beat``)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

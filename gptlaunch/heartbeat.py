@@ -38,6 +38,7 @@ class Heartbeat:
         self.env, self.directory = env, directory
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
         self.start_step = 0
+        self.tokens: int | None = None
         self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
@@ -62,9 +63,11 @@ class Heartbeat:
         """The run starts at ``step`` (a checkpoint's, or 0)."""
         self.step = self.start_step = step
 
-    def step_done(self, done: int, step_s: float) -> None:
-        """Optimizer step ``done`` finished after ``step_s`` seconds of compute."""
+    def step_done(self, done: int, step_s: float, tokens: int | None = None) -> None:
+        """Optimizer step ``done`` finished after ``step_s`` seconds of compute; ``tokens``: this rank's
+        tokens so far, when known."""
         self.step = done
+        self.tokens = tokens if tokens is not None else self.tokens
         self._recent.append(step_s)
         if self.phase != "step":
             self._enter("step")
@@ -109,6 +112,7 @@ class Heartbeat:
             straggler_ratio=self._straggler,
             debug_socket=self._socket,
             start_step=self.start_step,
+            tokens=self.tokens,
             phase_s=self._phase_s | {self.phase: self._phase_s.get(self.phase, 0.0) + now - self.phase_since},
         )
         try:

@@ -8,15 +8,13 @@ Exit codes: 0 success, 1 training failed, 2 invalid input (the message names the
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
-import os
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gptlaunch.shim import exit_code, exit_now
 from trainer.errors import USER_ERRORS, TrainingError
 from trainer.flags import build_parser, config_from_args, flag_values
 
@@ -58,25 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK if code is None else code
 
 
-def exit_now(code: int) -> NoReturn:
-    """Exit with ``code`` after the atexit handlers and a flush, without the interpreter's finalization:
-    there, gloo's worker threads (torch 2.13) may still hold work whose destruction aborts the process
-    (SIGABRT, "terminate called without an active exception"; pytorch/pytorch PR 179291), which
-    torchrun then reports as the failure of a rank that had finished, or hides its real error."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 def _entry() -> NoReturn:
     try:
         code = main()
     except SystemExit as e:  # argparse's usage errors and --help
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
+        code = exit_code(e)
     except BaseException:  # as Python would print it; the error file is written already (@record)
         traceback.print_exc()
         code = EXIT_FAILED

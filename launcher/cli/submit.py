@@ -32,6 +32,9 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
     (``files_here``), the data files and resume checkpoint. Raises UsageError."""
     from trainer.precheck import InvalidTrainerArgs, check_train_args
 
+    if spec.program is not None:
+        _check_program(spec, workdir, files_here)
+        return
     # Relative paths among them are the trainer's, resolved in its working directory (when it is here).
     where = contextlib.chdir(workdir) if files_here else contextlib.nullcontext()
     try:
@@ -44,6 +47,19 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
             raise
         # argparse already printed which flag it did not know
         raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
+
+
+def _check_program(spec: JobSpec, workdir: Path, files_here: bool) -> None:
+    """A script that the nodes would not find: named before anything starts. Raises UsageError."""
+    program = spec.program
+    if program is None or program.kind != "script" or not files_here:
+        return
+    script = workdir / program.target
+    if not script.is_file():
+        raise UsageError(
+            f"program: {program.target} is not a file in the working directory {workdir}; fix: give the "
+            "script's path relative to it (--workdir), or run the launcher from the script's directory"
+        )
 
 
 def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:

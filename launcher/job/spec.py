@@ -62,6 +62,49 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Program(_Strict):
+    """The user's program, in one of torchrun's forms: a Python script (``SCRIPT.py ARGS``), a module
+    (``-m MODULE ARGS``) or a program that is not Python (``--no-python PROGRAM ARGS``). Python ones run
+    through ``gptlaunch.shim``, which watches them with no change to their code."""
+
+    kind: Literal["script", "module", "no_python"] = Field(description="script, module or no_python")
+    target: str = Field(min_length=1, description="the script's path, the module's name or the program")
+    args: list[str] = Field(default_factory=list, description="the program's arguments")
+    resume_args: list[str] = Field(
+        default_factory=list,
+        description="added to args from the job's second attempt on (--init_from=resume)",
+    )
+
+    @field_validator("target", "args", "resume_args")
+    @classmethod
+    def _text(cls, v: str | list[str]) -> str | list[str]:
+        for arg in [v] if isinstance(v, str) else v:
+            check_text(arg, f"program argument {arg!r}")
+        return v
+
+    def argv(self) -> list[str]:
+        """What follows torchrun's own flags: ``-m gptlaunch.shim [-m] TARGET ARGS``, or ``--no-python
+        PROGRAM ARGS`` (no shim: it is not Python)."""
+        if self.kind == "no_python":
+            return ["--no-python", self.target, *self.args]
+        return ["-m", "gptlaunch.shim", *(["-m"] if self.kind == "module" else []), self.target, *self.args]
+
+
+def split_program(tail: list[str]) -> tuple[Program | None, list[str]]:
+    """What follows ``--`` on the command line: (the user's program, None for the built-in trainer; the
+    trainer's arguments). A program is named first, as torchrun takes it: ``SCRIPT.py ...`` (anything
+    not starting with ``-``), ``-m MODULE ...`` or ``--no-python PROGRAM ...``; trainer arguments are
+    flags. Raises SpecError for ``-m`` or ``--no-python`` with nothing after it."""
+    if not tail or (tail[0].startswith("-") and tail[0] not in ("-m", "--no-python")):
+        return None, tail
+    if tail[0] in ("-m", "--no-python"):
+        if len(tail) < 2:
+            raise SpecError(f"`-- {tail[0]}` needs a name after it, e.g. `-- {tail[0]} NAME ARGS`")
+        kind = "module" if tail[0] == "-m" else "no_python"
+        return Program(kind=kind, target=tail[1], args=tail[2:]), []
+    return Program(kind="script", target=tail[0], args=tail[1:]), []
+
+
 class RendezvousSpec(_Strict):
     """How the torchrun agents find each other (torchrun's --rdzv-* flags)."""
 
@@ -201,6 +244,7 @@ class JobSpec(_Strict):
         "written (not in env, scripts, records or logs); the job gets them from the submitting shell",
     )
     trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
+    program: Program | None = Field(None, description="the user's program (None: the built-in trainer)")
 
     @field_validator("name")
     @classmethod
@@ -262,6 +306,15 @@ class JobSpec(_Strict):
                     f"written to the job record; export it in the shell that submits (export {name}=...), "
                     "the job gets it from there at run time"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _program_or_trainer(self) -> JobSpec:
+        if self.program is not None and self.trainer_args:
+            raise ValueError(
+                "both a program and trainer_args are given: trainer_args are the built-in trainer's; "
+                "put your program's arguments after its name"
+            )
         return self
 
     @model_validator(mode="after")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
-from gptlaunch.contract import JOB_ID_ENV
+from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RUN_DIR_ENV
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec
 
@@ -24,10 +25,11 @@ def torchrun_argv(
     endpoint: str,
     rdzv_id: str,
     log_dir: str,
-    trainer_args: list[str],
+    worker: list[str],
     python: str | None = None,
 ) -> list[str]:
-    """``python -m torch.distributed.run ... -m trainer.cli train ARGS`` for node ``node_rank``.
+    """``python -m torch.distributed.run ... WORKER`` for node ``node_rank``; ``worker`` is what each
+    rank runs, in torchrun's form (``worker_argv``).
 
     ``endpoint`` is ``host:port`` of the rendezvous store. With the c10d backend the agents agree on
     node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
@@ -53,7 +55,17 @@ def torchrun_argv(
     ]
     if rdzv.backend == "static":
         argv.append(f"--node-rank={node_rank}")
-    return [*argv, "-m", "trainer.cli", "train", *trainer_args]
+    return [*argv, *worker]
+
+
+def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
+    """What every rank runs, after torchrun's own flags, and the job's run dir: ``-m trainer.cli train
+    ARGS`` with ``--run-dir`` added when absent, or the user's program (``JobSpec.program``), whose
+    run dir is ``default_run_dir`` (``RUN_DIR_ENV`` tells it)."""
+    if spec.program is not None:
+        return spec.program.argv(), str(default_run_dir)
+    args, run_dir = with_run_dir(spec.trainer_args, default_run_dir)
+    return ["-m", "trainer.cli", "train", *args], run_dir
 
 
 def node_agents(
@@ -62,7 +74,7 @@ def node_agents(
     endpoint: str,
     job_id: str,
     job_dir: Path,
-    trainer_args: list[str],
+    worker: list[str],
     python: str | None = None,
 ) -> list[list[str]]:
     """``torchrun_argv`` of every node of a job that knows its node ranks at render time: node k's
@@ -74,27 +86,34 @@ def node_agents(
             endpoint=endpoint,
             rdzv_id=spec.rendezvous.id or job_id,
             log_dir=str(torchelastic_dir(job_dir, k)),
-            trainer_args=trainer_args,
+            worker=worker,
             python=python,
         )
         for k in range(spec.nnodes)
     ]
 
 
-def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None) -> dict[str, str]:
+def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: str) -> dict[str, str]:
     """The environment every node's torchrun agent (and so every rank) gets from the Plan: the
     network settings, the thread count (None: torchrun's default), the job id that marks the job's
-    processes, and the rank prefix of every worker line."""
+    processes, the run dir (``gptlaunch.runtime.checkpoint_dir``) and the rank prefix of every worker
+    line."""
     return {
         "PYTHONUNBUFFERED": "1",
         **spec.network.as_env(),
         **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
         JOB_ID_ENV: job_id,
+        RUN_DIR_ENV: run_dir,
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
         # Seconds torchrun lets workers checkpoint after forwarding a signal, before SIGKILL. The
         # variable behind --shutdown-timeout, not the flag: torch 2.11 (seen on an H200 machine) has no
         # such flag and refuses to start; it ignores the variable and waits its default 30 s.
         "PET_SHUTDOWN_TIMEOUT": str(max(1, math.ceil(spec.grace_period_s))),
+        **(
+            {RESUME_ARGS_ENV: json.dumps(resume)}
+            if (resume := spec.program and spec.program.resume_args)
+            else {}
+        ),
     }
 
 

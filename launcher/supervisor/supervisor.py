@@ -27,7 +27,7 @@ from typing import NoReturn
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import ATTEMPT_ENV, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 from launcher.job import reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
@@ -243,6 +243,9 @@ def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
     """Start every node's agent and follow them to this attempt's end."""
     try:
         for node in job.plan.nodes:
+            # Which attempt this is, for the program (``gptlaunch.runtime.attempt``; SLURM's requeues
+            # say it with SLURM_RESTART_COUNT).
+            node = node.model_copy(update={"env": node.env | {ATTEMPT_ENV: str(len(job.attempts) + 1)}})
             job.agents.append(job.transport.start(node, job.record))
     except OSError as e:  # bad cwd, interpreter gone, out of resources
         message = f"node {len(job.agents)} could not start: {e}"

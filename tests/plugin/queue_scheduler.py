@@ -14,7 +14,7 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec
-from launcher.job.torchrun import agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import agent_env, node_agents, worker_argv
 from launcher.supervisor.scheduler import SupervisedScheduler
 from tests.plugin.queue_options import QueueOptions
 
@@ -47,9 +47,9 @@ class QueueScheduler(SupervisedScheduler):
 
     def render(self, spec: JobSpec, facts: QueueFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"127.0.0.1:{facts.rdzv_port}"
-        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        env = agent_env(spec, job_id, 1)
-        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        worker, run_dir = worker_argv(spec, job_dir / "run")
+        env = agent_env(spec, job_id, 1, run_dir)
+        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)
         nodes = [
             NodeCommand(
                 host=f"{facts.queue_name}-{k}",

@@ -32,7 +32,7 @@ from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_argv
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
 from launcher.schedulers.compose.options import ComposeOptions
@@ -103,15 +103,15 @@ class ComposeScheduler(SupervisedScheduler):
 
     def render(self, spec: JobSpec, facts: ComposeFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{service_name(0)}:{facts.rdzv_port}"
-        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
+        worker, run_dir = worker_argv(spec, job_dir / "run")
         inside = spec.model_copy(update={"python": IMAGE_PYTHON})
-        env = agent_env(spec, job_id, facts.omp_num_threads) | {
+        env = agent_env(spec, job_id, facts.omp_num_threads, run_dir) | {
             IMAGE_DIGEST_ENV: facts.image_id,
             "HOME": "/tmp",  # the submitting user has no home in the image
         }
         env = {"NCCL_SOCKET_IFNAME": CONTAINER_IFNAME, "GLOO_SOCKET_IFNAME": CONTAINER_IFNAME} | env
         gpus = spec.nproc_per_node if facts.gpus else 0
-        agents = node_agents(inside, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        agents = node_agents(inside, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)
 
         def entry(k: int) -> list[str]:
             return [
@@ -124,6 +124,7 @@ class ComposeScheduler(SupervisedScheduler):
         nodes = [  # host: the engine's machine; the service is node{k}
             NodeCommand(host="localhost", argv=[*entry(k), *agent], env=env) for k, agent in enumerate(agents)
         ]
+        args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
         mounts = job_mounts(args, Path(facts.workdir), job_dir, Path(facts.workdir) / run_dir)
         facts = facts.model_copy(update={"writable": tuple(m.path for m in mounts if not m.read_only)})
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)

@@ -21,7 +21,7 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import agent_env, node_agents, worker_argv
 from launcher.schedulers.local.options import LocalOptions
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import Transport
@@ -106,10 +106,10 @@ class LocalScheduler(SupervisedScheduler):
 
     def render(self, spec: JobSpec, facts: LocalFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.rdzv_host}:{facts.rdzv_port}"
-        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        env = agent_env(spec, job_id, facts.omp_num_threads)
+        worker, run_dir = worker_argv(spec, job_dir / "run")
+        env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         nodes = []
-        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args)
+        agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)
         for k, argv in enumerate(agents):
             node_env = dict(env)
             if facts.gpus:  # node k's GPUs, so every node's LOCAL_RANK 0 is a different device

@@ -35,7 +35,7 @@ from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker_argv
 from launcher.schedulers.slurm import steps
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions
@@ -93,12 +93,13 @@ class SubmititRequest(BaseModel):
     python: str | None = None  # the command that runs submitit's Python on the nodes (default: the spec's)
 
 
-def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, trainer_args: list[str]) -> SlurmImage | None:
+def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str) -> SlurmImage | None:
     """How the job's nodes run its image (None: on the nodes' own Python)."""
     if facts.image is None or facts.runtime is None:
         return None
     extra = spec.options(SlurmOptions).container_mounts
-    mounts = tuple(container_mounts(trainer_args, facts.workdir, job_dir, extra))
+    args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
+    mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
     return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)
 
 
@@ -217,8 +218,8 @@ class SlurmScheduler:
         opts = spec.options(SlurmOptions)
         rdzv = spec.rendezvous
         endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
-        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        image = _image(spec, facts, job_dir, args)
+        worker, run_dir = worker_argv(spec, job_dir / "run")
+        image = _image(spec, facts, job_dir, run_dir)
         python = IMAGE_PYTHON if image else spec.python  # of the node command, in the image with one
         agent = torchrun_argv(
             spec,
@@ -226,13 +227,13 @@ class SlurmScheduler:
             endpoint=endpoint,
             rdzv_id=rdzv.id or "{{slurm_job_id}}",
             log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")),
-            trainer_args=args,
+            worker=worker,
             python=python,
         )
         threads = spec.omp_num_threads or (
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
-        env = agent_env(spec, job_id, threads)
+        env = agent_env(spec, job_id, threads, run_dir)
         # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
         argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
         node = NodeCommand(host="(allocated by SLURM)", argv=argv, env=env)
@@ -297,8 +298,7 @@ class SlurmScheduler:
         executor = _executor(request, record.dir, opts.max_requeues)
         folder = executor.folder
         node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
-        args = with_run_dir(spec.trainer_args, record.dir / "run")[0]
-        image = _image(spec, plan.facts_as(SlurmFacts), record.dir, args)
+        image = _image(spec, plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
         task = NodeTask(
             argv=node.argv,
             env=node.env,

@@ -33,7 +33,7 @@ from launcher.job.record import JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, with_run_dir
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_argv
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
@@ -179,16 +179,17 @@ class SshScheduler(SupervisedScheduler):
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
-        args, run_dir = with_run_dir(spec.trainer_args, job_dir / "run")
-        env = agent_env(spec, job_id, facts.omp_num_threads)
+        worker, run_dir = worker_argv(spec, job_dir / "run")
+        env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         hosts = facts.host_plan()
         python = IMAGE_PYTHON if facts.image is not None else None
         agents = node_agents(
-            spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, trainer_args=args, python=python
+            spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker, python=python
         )
         mounts: tuple[str, ...] = ()
         if facts.image is not None:
             extra = spec.options(SshOptions).container_mounts
+            args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
             mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
         nodes = []
         for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):

@@ -1,0 +1,206 @@
+"""What a training script may cooperate on with the launcher that runs it (the public runtime API).
+
+Run through the launcher (``launcher submit ... -- train.py ARGS``), every rank of a Python program is
+already watched with no change to its code (``gptlaunch.shim``): a heartbeat after every optimizer
+step, torch's flight recorder, hang stacks. These few calls add what a script must take part in::
+
+    from gptlaunch import runtime
+
+    ckpt_dir = runtime.checkpoint_dir() or Path("out")       # where checkpoints should go
+    start = load_checkpoint(ckpt_dir) if runtime.resumed() else 0
+    runtime.resumed_from(start)
+    for step in range(start, max_steps):
+        train_step()                                           # optimizer.step() beats by itself
+        if runtime.stop_requested():                           # SIGTERM/SIGUSR2: preemption, cancel
+            path = save_checkpoint(ckpt_dir, step + 1)
+            runtime.exit_checkpointed(step + 1, path)          # exits 75: resume by submitting again
+
+Under bare ``torchrun`` (no launcher: ``GPTLAUNCH_JOB_ID`` unset) every call is inert: nothing is
+installed or written, ``stop_requested()`` is False, ``attempt()`` is 1, ``checkpoint_dir()`` is None,
+and ``exit_checkpointed`` only exits 75. It imports no torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from gptlaunch.contract import (
+    ATTEMPT_ENV,
+    EXIT_CHECKPOINTED,
+    HEARTBEAT_DIR_ENV,
+    JOB_ID_ENV,
+    RUN_DIR_ENV,
+    write_stop_marker,
+)
+from gptlaunch.heartbeat import Heartbeat
+
+__all__ = [
+    "EXIT_CHECKPOINTED",
+    "attempt",
+    "beat",
+    "checkpoint_dir",
+    "exit_checkpointed",
+    "launched",
+    "resumed",
+    "resumed_from",
+    "stop_requested",
+]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # SIGUSR2: SLURM's usual warning before a time limit
+
+
+class _Rank:
+    """This process's place in the job, from torchrun's variables (0 when there are none)."""
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+_lock = threading.Lock()
+_heartbeat: Heartbeat | None = None
+_last_beat = 0.0  # time.monotonic() of the last beat: a step's wall time
+_manual = False  # the script beats itself: the optimizer-step hook stands down
+_stop: signal.Signals | None = None
+_handlers_installed = False
+
+
+def launched() -> bool:
+    """Whether a gptlaunch launcher started this process (False under bare torchrun)."""
+    return bool(os.environ.get(JOB_ID_ENV))
+
+
+def attempt() -> int:
+    """The job's attempt that started this process: 1, then 2, 3, ... after each retry or requeue
+    (SLURM's requeues: its ``SLURM_RESTART_COUNT`` + 1)."""
+    if not launched():
+        return 1
+    if ATTEMPT_ENV in os.environ:
+        return int(os.environ[ATTEMPT_ENV])
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0")) + 1
+
+
+def resumed() -> bool:
+    """Whether this is a later attempt of the job, which should resume from its newest checkpoint."""
+    return attempt() > 1
+
+
+def checkpoint_dir() -> Path | None:
+    """The job's run dir, where checkpoints should be written (None under bare torchrun)."""
+    value = os.environ.get(RUN_DIR_ENV) if launched() else None
+    return Path(value) if value else None
+
+
+def stop_requested() -> bool:
+    """Whether the job was asked to stop (SIGTERM or SIGUSR2: a cancel, a preemption, a time limit or
+    a retry elsewhere). The first call takes those signals over (from the main thread); call it once
+    per step, then save a checkpoint and ``exit_checkpointed``. Always False under bare torchrun."""
+    global _handlers_installed
+    if not launched():
+        return False
+    if not _handlers_installed and threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _on_stop)
+        _handlers_installed = True
+    return _stop is not None
+
+
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    global _stop
+    _stop = signal.Signals(signum)
+
+
+def resumed_from(step: int) -> None:
+    """The run resumed at optimizer step ``step`` (from the script's checkpoint): steps are counted on
+    from there, and goodput does not count the steps before it as this attempt's."""
+    with _lock:
+        hb = _beats()
+        if hb is not None:
+            hb.resumed(step)
+
+
+def beat(step: int, tokens: int | None = None) -> None:
+    """``step`` optimizer steps are done (for loops without a ``torch.optim`` optimizer, whose steps
+    beat by themselves); ``tokens``: tokens this rank has processed so far, if known. Cheap: a clock
+    read, and a small file write at most twice a second."""
+    global _manual
+    _manual = True
+    _step_done(step, tokens)
+
+
+def exit_checkpointed(step: int, checkpoint: str | Path) -> NoReturn:
+    """After saving the checkpoint of a stop request: record the stop (rank 0 writes the run's stop
+    marker, so the launcher reports the job checkpointed at ``step`` rather than failed) and exit 75
+    (``EXIT_CHECKPOINTED``: submit again, or let the scheduler requeue, to resume)."""
+    run_dir = checkpoint_dir()
+    if run_dir is not None and _Rank().rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_stop_marker(run_dir, step, Path(checkpoint), _stop.name if _stop else None)
+    with _lock:
+        hb = _beats()
+        if hb is not None:
+            hb.step = step
+            hb.flush()
+    sys.exit(EXIT_CHECKPOINTED)
+
+
+def _beats() -> Heartbeat | None:
+    """This rank's heartbeat, started on first use (None when the launcher does not watch it)."""
+    global _heartbeat
+    if _heartbeat is None and os.environ.get(HEARTBEAT_DIR_ENV) and launched():
+        _heartbeat = Heartbeat.from_env(_Rank())
+    return _heartbeat
+
+
+def _step_done(step: int | None, tokens: int | None = None) -> None:
+    """An optimizer step ended: ``step`` steps are done (None: one more than the last)."""
+    global _last_beat
+    with _lock:
+        hb = _beats()
+        if hb is None:
+            return
+        now = time.monotonic()
+        step_s = now - _last_beat if _last_beat else 0.0
+        _last_beat = now
+        hb.step_done(hb.step + 1 if step is None else step, step_s, tokens)
+
+
+def _last_beat_out() -> None:
+    """At exit: the step reached, whatever the throttle (``status`` and goodput read it)."""
+    with _lock:
+        if _heartbeat is not None:
+            _heartbeat.flush()
+
+
+def _watch() -> None:
+    """Start this rank's watch before the script runs (``gptlaunch.shim``): its heartbeat and flight
+    recorder (before the process group is made), and a beat after every optimizer step through
+    torch's global step hook, counting one optimizer's steps (the first that steps)."""
+    if _beats() is None:
+        return
+    atexit.register(_last_beat_out)
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:  # not a torch program: it may still beat()
+        return
+    counted: list[int] = []
+
+    def after_step(optimizer: object, args: object, kwargs: object) -> None:
+        if not counted:
+            counted.append(id(optimizer))
+        if not _manual and id(optimizer) == counted[0]:
+            _step_done(None)
+
+    register_optimizer_step_post_hook(after_step)
