@@ -221,7 +221,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "--resume-args",
         metavar="ARGS",
         help="your program's arguments from the job's second attempt on (retries, requeues), added "
-        'after the others, e.g. --resume-args "--init_from=resume" (one string, split as a shell does)',
+        "after the others, e.g. --resume-args=--init_from=resume (one string, split as a shell does)",
     )
     group(NETWORK_GROUP).add_argument(
         "--env",

@@ -59,9 +59,10 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(
             cmd,
             help=text,
-            description=f"{text}. Arguments after -- go to `trainer train` "
-            "(see `trainer train --help`); without --run-dir there, it is JOB_DIR/run.",
-            usage=f"launcher {cmd} [options] [-- TRAINER_ARGS...]",
+            description=f"{text}. After --, your own program in torchrun's forms (SCRIPT.py ARGS, "
+            "-m MODULE ARGS or --no-python PROGRAM ARGS), or the built-in trainer's flags (see `trainer "
+            "train --help`; without --run-dir there, it is JOB_DIR/run).",
+            usage=f"launcher {cmd} [options] [-- SCRIPT.py ARGS... | -- TRAINER_ARGS...]",
             epilog=f"{fields_help()}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
             formatter_class=fmt,
             allow_abbrev=False,
