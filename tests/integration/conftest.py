@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -289,3 +290,19 @@ def slowed(root: psutil.Process) -> Iterator[None]:
         for proc in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.cpu_affinity(every_cpu)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def plain_project(tmp_path: Path, text: Path) -> Path:
+    """A user's project directory as it would be shipped to the nodes: the plain example script
+    (``examples/ddp_plain.py``, which knows nothing of the launcher) and ``input.txt`` to train on."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(EXAMPLES / "ddp_plain.py", project)
+    shutil.copy(text, project / "input.txt")
+    return project
+
+
+PLAIN_ARGS = ["ddp_plain.py", "--data", "input.txt", "--steps", "30", "--out", "out"]  # in plain_project

@@ -20,16 +20,21 @@ import psutil
 
 from tests.integration.conftest import (
     FAST,
+    PLAIN_ARGS,
     TAG,
     docker,
     launcher,
     metrics,
     only_job_id,
+    plain_project,
     processes_of,
     wait_for,
 )
 
 SECRET = "hf_compose_canary_40d2a7"
+
+
+TWO = ["--nodes", "2", "--gpus-per-node", "1"]
 
 
 def submit_args(prepared_data: list[str], run_dir: Path, steps: int, *flags: str) -> list[str]:
@@ -109,6 +114,20 @@ def test_two_containers_train_and_leave_nothing(
     assert cpu_image["id"] in compose and "GLOO_SOCKET_IFNAME: eth0" in compose
     written = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
     assert SECRET not in written + proc.stdout + proc.stderr
+
+
+def test_the_plain_script_trains_in_two_containers(
+    engine: dict[str, str], cpu_image: dict[str, Any], wikitext_valid: Path, tmp_path: Path
+) -> None:
+    jobs, project = tmp_path / "jobs", plain_project(tmp_path, wikitext_valid)
+    args = ["submit", "--scheduler", "compose", "--image", TAG, *TWO, "--workdir", str(project)]
+    proc = subprocess.run(
+        launcher_argv(jobs, [*args, "--", *PLAIN_ARGS]), capture_output=True, text=True, timeout=1200,
+        env=os.environ | {"DOCKER_HOST": engine["DOCKER_HOST"]},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "step 30/30" in proc.stdout and (project / "out" / "ckpt.pt").is_file()
+    assert left_of(engine, only_job_id(jobs)) == ("", "")
 
 
 def test_a_killed_container_ends_the_job_everywhere(

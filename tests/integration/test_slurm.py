@@ -18,11 +18,13 @@ import pytest
 from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
+    PLAIN_ARGS,
     launcher,
     losses,
     make_other_venv,
     metrics,
     missing_component,
+    plain_project,
     processes_of,
     run,
     slowed,
@@ -145,6 +147,21 @@ def test_two_node_job_trains_and_succeeds(prepared_data, tmp_path: Path) -> None
     # What submit handed to sbatch (the file submitit wrote) is what render prints (--file submitit.sbatch).
     submitted = (jobs / job_id / "submitit" / f"{_slurm_id(jobs, job_id)}_submission.sh").read_text()
     assert submitted == json.loads((jobs / job_id / "plan.json").read_text())["files"]["submitit.sbatch"]
+
+
+@pytest.mark.parametrize("path", ["submitit", "sbatch script"])
+def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, tmp_path: Path) -> None:
+    jobs, project = tmp_path / "jobs", plain_project(tmp_path, wikitext_valid)
+    if path == "submitit":
+        proc = launcher(jobs, "submit", *SLURM_2x1, "--workdir", str(project), "--wait", "--", *PLAIN_ARGS)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    else:
+        slurm_id = _sbatch_rendered(jobs, tmp_path, PLAIN_ARGS, "--workdir", str(project))
+        _until_ended(slurm_id)
+        assert _sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
+    (job_dir,) = jobs.iterdir()
+    logs = "".join(log.read_text() for log in job_dir.glob("node-*.log"))
+    assert "step 30/30" in logs and (project / "out" / "ckpt.pt").is_file()
 
 
 def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_path: Path) -> None:

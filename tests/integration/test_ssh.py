@@ -19,18 +19,21 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gptlaunch.contract import read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
+    PLAIN_ARGS,
     first_hosts,
     launcher,
     losses,
     make_other_venv,
     metrics,
     only_job_id,
+    plain_project,
     processes_of,
     run,
     wait_for,
@@ -82,6 +85,19 @@ def test_two_hosts_train_over_their_veth_interfaces(
     record_text = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
     assert CANARY not in record_text
     assert not processes_of(job)
+
+
+def test_the_plain_script_trains_on_two_hosts(hostfile: Path, wikitext_valid: Path, tmp_path: Path) -> None:
+    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    proc = launcher(
+        tmp_path / "jobs", "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--gpus-per-node", "1", "--workdir", str(project), "--", *PLAIN_ARGS,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "step 30/30" in proc.stdout and (project / "out" / "ckpt.pt").is_file()
+    job = only_job_id(tmp_path / "jobs")
+    beats = [b for k in (0, 1) for b in read_beats(tmp_path / "jobs" / job / "heartbeat" / f"node-{k}")]
+    assert sorted(b.step for b in beats) == [30, 30]  # the hosts' last beats, kept in the record
 
 
 def per_host_python(names: list[str], pythons: list[Path]) -> str:

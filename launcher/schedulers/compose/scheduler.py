@@ -126,6 +126,8 @@ class ComposeScheduler(SupervisedScheduler):
         ]
         args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
         mounts = job_mounts(args, Path(facts.workdir), job_dir, Path(facts.workdir) / run_dir)
+        if spec.program is not None:  # its code and files: the working directory, as a bare node sees it
+            mounts.append(Mount(str(Path(facts.workdir).absolute()), read_only=False))
         facts = facts.model_copy(update={"writable": tuple(m.path for m in mounts if not m.read_only)})
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         text = render(
