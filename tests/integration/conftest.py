@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +21,9 @@ import psutil
 import pytest
 
 from gptlaunch.contract import Beat, read_beats
+from launcher.job.follow import wait_terminal
+from launcher.job.record import JobRecord, JobStatus
+from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.conftest import missing_component
 
 
@@ -306,3 +310,14 @@ def plain_project(tmp_path: Path, text: Path) -> Path:
 
 
 PLAIN_ARGS = ["ddp_plain.py", "--data", "input.txt", "--steps", "30", "--out", "out"]  # in plain_project
+
+
+def frozen_until_ended(job_dir: Path, pid: int, timeout_s: float) -> JobStatus | None:
+    """Freeze process ``pid`` of a local job (SIGSTOP) and wait up to ``timeout_s`` seconds for the job
+    to end: its status (None if it did not end). The process is thawed if the job left it behind."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        return wait_terminal(LocalScheduler(), JobRecord(job_dir), timeout_s, poll_s=0.2)
+    finally:
+        if processes_of(job_dir.name):
+            os.kill(pid, signal.SIGCONT)

@@ -5,17 +5,21 @@ nothing behind."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import time
 from pathlib import Path
 
 from gptlaunch.contract import read_beats
-from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from tests.integration.conftest import FAST, launcher, only_job_id, processes_of, wait_for_steps
+from tests.integration.conftest import (
+    FAST,
+    frozen_until_ended,
+    launcher,
+    only_job_id,
+    processes_of,
+    wait_for_steps,
+)
 
 HANG_TIMEOUT_S = 10.0
 
@@ -33,12 +37,7 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=3)
     rank1 = next(b for b in beats if b.rank == 1)
     frozen = time.monotonic()
-    os.kill(rank1.pid, signal.SIGSTOP)
-    try:
-        status = wait_terminal(LocalScheduler(), JobRecord(job_dir), HANG_TIMEOUT_S + 90, poll_s=0.2)
-    finally:
-        if processes_of(job_id):
-            os.kill(rank1.pid, signal.SIGCONT)
+    status = frozen_until_ended(job_dir, rank1.pid, HANG_TIMEOUT_S + 90)
     took = time.monotonic() - frozen
     assert status is not None and status.state == "failed", status
     message = status.message

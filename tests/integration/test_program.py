@@ -17,10 +17,15 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import read_beats, read_stop_marker
-from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
-from launcher.schedulers.local.scheduler import LocalScheduler
-from tests.integration.conftest import launcher, only_job_id, processes_of, run, wait_for_steps
+from tests.integration.conftest import (
+    frozen_until_ended,
+    launcher,
+    only_job_id,
+    processes_of,
+    run,
+    wait_for_steps,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PLAIN, WITH_API = str(EXAMPLES / "ddp_plain.py"), str(EXAMPLES / "ddp_runtime.py")
@@ -58,12 +63,7 @@ def test_a_frozen_rank_of_the_plain_script_is_a_hang_with_the_scripts_frames(tex
     job_id = only_job_id(jobs)
     job_dir = jobs / job_id
     rank1 = next(b for b in wait_for_steps(_beat_dirs(job_dir), step=3) if b.rank == 1)
-    os.kill(rank1.pid, signal.SIGSTOP)
-    try:
-        status = wait_terminal(LocalScheduler(), JobRecord(job_dir), HANG_TIMEOUT_S + 90, poll_s=0.2)
-    finally:
-        if processes_of(job_id):
-            os.kill(rank1.pid, signal.SIGCONT)
+    status = frozen_until_ended(job_dir, rank1.pid, HANG_TIMEOUT_S + 90)
     assert status is not None and status.state == "failed", status
     assert status.message.startswith("hang: no progress for "), status.message
     assert "rank 1 (node " in status.message and "is stopped (SIGSTOP?)" in status.message
