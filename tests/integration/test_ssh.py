@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -98,6 +99,32 @@ def test_the_plain_script_trains_on_two_hosts(hostfile: Path, wikitext_valid: Pa
     job = only_job_id(tmp_path / "jobs")
     beats = [b for k in (0, 1) for b in read_beats(tmp_path / "jobs" / job / "heartbeat" / f"node-{k}")]
     assert sorted(b.step for b in beats) == [30, 30]  # the hosts' last beats, kept in the record
+
+
+def test_sync_copies_the_code_to_each_hosts_own_disk_where_it_trains(
+    hostfile: Path, wikitext_valid: Path, tmp_path: Path
+) -> None:
+    """``--sync``: the project reaches a workdir on each host's node-local disk, which neither this
+    machine nor the other host sees; the job runs there, and rank 0's checkpoint stays on its host."""
+    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    name = f"sync-{uuid.uuid4().hex[:8]}"
+    copies = [STATE / "hosts" / host / "local" / name for host in host_names(hosts)]
+    try:
+        proc = launcher(
+            tmp_path / "jobs", "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+            "--gpus-per-node", "1", "--sync", str(project), "--workdir", str(STATE / "local" / name),
+            "--", *PLAIN_ARGS,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        for host in host_names(hosts):  # one line per host: the script and its data
+            assert f"launcher: sync: {host}: 2 file(s), 1.1 MB into {STATE / 'local' / name}" in proc.stderr
+        assert all((copy / "ddp_plain.py").is_file() for copy in copies)
+        assert [(copy / "out" / "ckpt.pt").is_file() for copy in copies].count(True) == 1  # rank 0's host
+        assert not (STATE / "local" / name).exists()  # not on this machine
+        assert "step 30/30" in proc.stdout
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def per_host_python(names: list[str], pythons: list[Path]) -> str:

@@ -17,6 +17,7 @@ from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explai
 from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
+from launcher.schedulers.ssh.sync import rsync_argv
 
 
 def test_hostfile_lines_comments_and_slots() -> None:
@@ -145,3 +146,12 @@ def test_a_killed_agent_is_told_from_an_ssh_failure(code: int, signum: int | Non
 def test_zero_nodes_is_a_spec_error() -> None:
     with pytest.raises(SpecError, match="at least one node"):
         hosts_of(SshOptions(hosts=["a"]), 0)
+
+
+def test_sync_is_rsync_over_the_jobs_own_ssh_settings() -> None:
+    settings = SshSettings(options=("ProxyJump=bastion",), host_key_check="accept-new")
+    argv = rsync_argv(settings, "gl-h1", Path("/src"), "/work/dir")
+    assert argv[:4] == ["rsync", "-a", "--mkpath", "--stats"] and "--delete" not in argv
+    assert shlex.split(argv[argv.index("-e") + 1]) == settings.argv("gl-h1", "true")[:-3]
+    assert "ProxyJump=bastion" in argv[argv.index("-e") + 1]
+    assert argv[-2:] == ["/src/", "gl-h1:/work/dir/"]

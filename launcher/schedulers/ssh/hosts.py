@@ -342,15 +342,16 @@ def plan_hosts(
     nproc_per_node: int,
     python: str,
     port: int | None,
-    workdir: str,
+    workdir: str | None,
     warn: Callable[[str], None],
     image: str | None = None,
 ) -> HostPlan:
     """Every check before an SSH job, in order: hosts, the pull of ``image`` (pinned by digest) and
-    probes inside it (in parallel), parity, the workdir, master address resolution and routes,
-    rendezvous port. Raises SpecError / ParityError."""
+    probes inside it (in parallel), parity, the workdir (None: not checked, ``--sync`` makes it),
+    master address resolution and routes, rendezvous port. Raises SpecError / ParityError."""
     probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
     enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
     warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
-    check_workdir(probed.settings, probed.hosts, workdir)
+    if workdir is not None:
+        check_workdir(probed.settings, probed.hosts, workdir)
     return route_hosts(probed, port, python)

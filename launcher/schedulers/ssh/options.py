@@ -58,6 +58,12 @@ class SshOptions(ContainerOptions, GateOptions):
         description="seconds to wait for each ssh connection",
         json_schema_extra=flag("--ssh-connect-timeout-s"),
     )
+    sync: Path | None = Field(
+        None,
+        description="a directory here (your code) copied into the workdir on every host before launch, "
+        "with rsync over these ssh settings: for hosts that share no file system with this machine",
+        json_schema_extra=flag("--sync", metavar="DIR"),
+    )
     max_parallel: int = Field(
         MAX_PARALLEL,
         ge=1,
@@ -88,6 +94,12 @@ class SshOptions(ContainerOptions, GateOptions):
             if instead:
                 raise ValueError(f"ssh option {option!r} is set by the launcher: use {instead}")
         return v
+
+    @field_validator("sync")
+    @classmethod
+    def _sync(cls, v: Path | None) -> Path | None:
+        # Absolute as given: the supervisor that copies to a spare host may run from elsewhere.
+        return None if v is None else v.absolute()
 
     @model_validator(mode="after")
     def _one_host_list(self) -> SshOptions:

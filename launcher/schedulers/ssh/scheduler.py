@@ -47,6 +47,7 @@ from launcher.schedulers.ssh.hosts import (
     ssh_settings,
 )
 from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import ChildAgents, start_client
@@ -109,8 +110,10 @@ class SshScheduler(SupervisedScheduler):
         if opts.image is not None:
             image = resolve_image(opts.image)
             say(f"launcher: image {opts.image} is {image}")
+        # With --sync the workdir is made on submit (``preflight``): a dry run copies nothing.
+        checked = None if opts.sync else workdir
         hosts = plan_hosts(
-            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, workdir, say, image
+            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, checked, say, image
         )
         return SshFacts.of(workdir, hosts, spec)
 
@@ -122,6 +125,7 @@ class SshScheduler(SupervisedScheduler):
         HealthError (exit 3) naming each slow host (``--health-check-warn``: says it and goes on),
         SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
+        sync(opts, [n.host for n in plan.nodes], plan.facts_as(SshFacts).workdir, say)
         if not opts.gate:
             return plan
         excluded: set[str] = set()
@@ -165,6 +169,7 @@ class SshScheduler(SupervisedScheduler):
         """``plan`` on ``hosts``, after every check of a submit. Raises SpecError / ParityError."""
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
         facts = plan.facts_as(SshFacts)
+        sync(opts, [h for h in hosts if h not in {n.host for n in plan.nodes}], facts.workdir, say)  # spares
         found = plan_hosts(
             opts,
             len(hosts),
