@@ -184,10 +184,11 @@ def stop_outcome(plan: Plan, since: float) -> Outcome:
     if marker is None:
         message = "stopped on request, no checkpoint saved"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    message = (
-        f"checkpoint {marker.checkpoint} saved at step {marker.step}; resume by "
-        f"submitting again with -- --run-dir {plan.run_dir}"
-    )
+    trainer = any("trainer.cli" in node.argv for node in plan.nodes)  # not the user's own program
+    resume = f"resume by submitting again with -- --run-dir {plan.run_dir}"
+    if not trainer:
+        resume = f"in {plan.run_dir}"
+    message = f"checkpoint {marker.checkpoint} saved at step {marker.step}; {resume}"
     return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)
 
 
