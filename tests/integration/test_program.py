@@ -69,7 +69,7 @@ def test_a_frozen_rank_of_the_plain_script_is_a_hang_with_the_scripts_frames(tex
     assert "rank 1 (node " in status.message and "is stopped (SIGSTOP?)" in status.message
     [healthy_file] = (job_dir / "hang").glob("node*-rank0.txt")  # c10d picks which node holds rank 0
     healthy = healthy_file.read_text()
-    assert "ddp_plain.py" in healthy and "train_step" in healthy, healthy[:3000]  # the script's own frames
+    assert "(ddp_plain.py:" in healthy, healthy[:3000]  # the script's own frames, wherever it waits
     assert processes_of(job_id) == []
 
 
