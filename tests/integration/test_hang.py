@@ -36,6 +36,9 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     job_dir = jobs / job_id
     beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=3)
     rank1 = next(b for b in beats if b.rank == 1)
+    # c10d hands out ranks in the order the nodes join: rank 1 may be on node 0.
+    node_of = {b.rank: k for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")}
+    healthy, stopped = f"node{node_of[0]}-rank0.txt", f"node{node_of[1]}-rank1.txt"
     frozen = time.monotonic()
     status = frozen_until_ended(job_dir, rank1.pid, HANG_TIMEOUT_S + 90)
     took = time.monotonic() - frozen
@@ -43,19 +46,19 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     message = status.message
     assert message.startswith("hang: no progress for "), message
     # The node agent names its own host: this machine.
-    assert f"rank 1 (node 1, {socket.gethostname()}) is stopped (SIGSTOP?)" in message, message
+    assert f"rank 1 (node {node_of[1]}, {socket.gethostname()}) is stopped (SIGSTOP?)" in message, message
     assert "rank 0 waits in " in message and f"stacks in {job_dir / 'hang'}/" in message, message
     assert took < HANG_TIMEOUT_S + 30, f"the hang was reported {took:.0f} s after the freeze"
     stacks = {p.name: p.read_text() for p in (job_dir / "hang").iterdir()}
-    assert set(stacks) == {"node0-rank0.txt", "node1-rank1.txt"}
-    assert "state stopped" in stacks["node1-rank1.txt"] and "MainThread" in stacks["node1-rank1.txt"]
-    assert "waits in: -" not in stacks["node0-rank0.txt"] and "MainThread" in stacks["node0-rank0.txt"]
+    assert set(stacks) == {healthy, stopped}
+    assert "state stopped" in stacks[stopped] and "MainThread" in stacks[stopped]
+    assert "waits in: -" not in stacks[healthy] and "MainThread" in stacks[healthy]
     # The healthy rank's flight recorder, read from its worker server: the all_reduce it waits in.
-    recorder = stacks["node0-rank0.txt"].split("Flight recorder: the last collectives:\n")[1].splitlines()
+    recorder = stacks[healthy].split("Flight recorder: the last collectives:\n")[1].splitlines()
     assert "gloo:all_reduce #" in recorder[-1] and "NOT DONE" in recorder[-1], recorder
-    assert "Flight recorder: not asked (the process is stopped)" in stacks["node1-rank1.txt"]
+    assert "Flight recorder: not asked (the process is stopped)" in stacks[stopped]
     assert processes_of(job_id) == []
-    print(f"\n{message}\nreported {took:.1f} s after the freeze\n{stacks['node0-rank0.txt'][:1500]}")
+    print(f"\n{message}\nreported {took:.1f} s after the freeze\n{stacks[healthy][:1500]}")
     assert json.loads((job_dir / "status.json").read_text())["exit_code"] == 1
 
 
