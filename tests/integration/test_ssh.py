@@ -345,6 +345,7 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
     ]  # fmt: skip
+    rank = int(rank1.environ()["RANK"])  # c10d hands out ranks in the order the nodes join
     frozen = time.monotonic()
     rank1.suspend()  # SIGSTOP
     try:
@@ -354,11 +355,11 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
             rank1.resume()
     took = time.monotonic() - frozen
     assert final is not None and final.state == "failed", final
-    assert "rank 1 (node 1, gl-h2) is stopped (SIGSTOP?)" in final.message, final.message
+    assert f"rank {rank} (node 1, gl-h2) is stopped (SIGSTOP?)" in final.message, final.message
     # What the healthy peer waits in is asserted by the local test: a peer caught spinning may show no
     # Python frame. Here: the suspect, and a stack taken of every rank on its own host.
     stacks = {p.name: p.read_text() for p in (jobs / job / "hang").iterdir()}
-    assert sorted(stacks) == ["node0-rank0.txt", "node1-rank1.txt"]
+    assert sorted(stacks) == sorted([f"node0-rank{1 - rank}.txt", f"node1-rank{rank}.txt"])
     assert all(text.count("Process ") >= 1 and "Python v" in text for text in stacks.values()), stacks
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")
