@@ -8,7 +8,6 @@ line override the config file; flags not given leave it alone.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import types
 from dataclasses import dataclass
@@ -18,9 +17,10 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from launcher.cli.program import add_resume_flag, set_program
 from launcher.job.options import renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
-from launcher.job.spec import DEFAULT_SECRETS, JobSpec, SpecError, split_program
+from launcher.job.spec import DEFAULT_SECRETS, JobSpec, SpecError
 
 NETWORK_GROUP = "network (environment of every node)"
 # The JobSpec's own fields: (flags, dotted field, argument group). Each scheduler's flags are generated
@@ -217,12 +217,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="one more secret environment variable (repeatable; HF_TOKEN and WANDB_API_KEY are): "
         "passed from this shell to the job at run time, never written down",
     )
-    parser.add_argument(
-        "--resume-args",
-        metavar="ARGS",
-        help="your program's arguments from the job's second attempt on (retries, requeues), added "
-        "after the others, e.g. --resume-args=--init_from=resume (one string, split as a shell does)",
-    )
+    add_resume_flag(parser)
     group(NETWORK_GROUP).add_argument(
         "--env",
         action="append",
@@ -317,18 +312,9 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
             raise UsageError("secret_env in --config must be a list of names, e.g. [HF_TOKEN, MY_KEY]")
         tree["secret_env"] = [*from_file, *args.secret_env]
     try:
-        program, trainer_args = split_program(list(trainer_args))
+        trainer_args = set_program(tree, list(trainer_args), args.resume_args)
     except SpecError as e:
         raise UsageError(str(e)) from None
-    if program is not None:
-        tree["program"] = program.model_dump()
-    if args.resume_args is not None:
-        if not isinstance(tree.get("program"), dict):
-            raise UsageError(
-                "--resume-args is for your own program: name it after --, e.g. -- train.py ARGS; the "
-                "built-in trainer resumes by itself"
-            )
-        tree["program"]["resume_args"] = shlex.split(args.resume_args)
     if trainer_args:
         from_file = tree.get("trainer_args", [])
         if not isinstance(from_file, list):
