@@ -10,6 +10,9 @@ it:
   (``node-<k>.log``), where it goes on when the connection drops.
 - Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk);
   stdin then carries the lease: a byte every few seconds, without which the node is ended.
+- With ``--copy-dir``, on a host that does not see the launcher's ``--mark``: each new checkpoint there
+  is reported, for the launcher to copy, and the ``--send-back`` files go back as reports once the
+  command ended (``launcher.agent.copies``).
 - The reports of the node's processes (``launcher.job.reports.REPORT_DIR_ENV``: ``node-<k>.reports/``)
   are sent on the channel once the command ended.
 - A pid file (``<state>/<job>/node-<k>.pid``: pid, create time, the container) finds the agent again
@@ -35,12 +38,15 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
+from launcher.agent.copies import MARK, CheckpointWatch, send_back, shares_files
 from launcher.agent.node import KILL_GRACE_S, NodeAgent, Output
 from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
@@ -62,6 +68,29 @@ def state_dir(job_id: str) -> Path:
     path = private_dir(Path(state_home) / "gptlaunch" / "jobs") / job_id
     path.mkdir(exist_ok=True)
     return path
+
+
+@dataclass(frozen=True)
+class Back:
+    """``run --copy-dir DIR --send-back PATH... --mark FILE``: the node's checkpoint dir, watched, and
+    the files sent back once its command ended, unless this host sees the launcher's ``mark``."""
+
+    copy_dir: Path
+    files: list[Path]
+    mark: Path
+
+    def watch(self, job_id: str, node: int, channel: Sender) -> CheckpointWatch | None:
+        if shares_files(self.mark, job_id):
+            return None
+        watch = CheckpointWatch(self.copy_dir, node, socket.gethostname(), channel.report)
+        watch.start()
+        return watch
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Back | None:
+        if args.copy_dir is None:
+            return None
+        return cls(args.copy_dir, args.send_back, args.mark)
 
 
 def _files(where: Path, node: int) -> tuple[Path, Path, Path]:
@@ -95,10 +124,12 @@ def run(
     image: ImageRun | None,
     heartbeat_dir: Path | None = None,
     where: Path | None = None,
+    back: Back | None = None,
 ) -> int:
     """``run`` (see the module docstring); the node's exit code. The ranks beat in ``heartbeat_dir``
     (default: in the agent's state dir); ``where``: that state dir (default: ``state_dir(job_id)``,
-    and then the output also goes to a host log)."""
+    and then the output also goes to a host log); ``back``: what goes back to a launcher that does not
+    share this host's files."""
     channel = _take_stdout()
     base = where or state_dir(job_id)
     base.mkdir(parents=True, exist_ok=True)
@@ -144,11 +175,15 @@ def run(
         if image is not None:
             ref["container"] = [image.runtime, container_name(job_id, node)]
         pid_file.write_text(json.dumps(ref))
+        checkpoints = back.watch(job_id, node, channel) if back is not None else None
         try:
             code = agent.run()
         except OSError as e:  # a mount that cannot be made, a command that cannot start
             sink(f"agent: cannot start {argv[0]!r}: {e.strerror or e}\n".encode())
             code = EXIT_FAILED
+        if checkpoints is not None and back is not None:
+            checkpoints.finish()
+            send_back(back.files, node, channel.report)
     exit_file.write_text(str(code))
     return code
 
@@ -239,6 +274,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-s", type=float, default=0.0, help="run: see the module docstring (0: off)")
     p.add_argument("--heartbeat-dir", type=Path, help="run: where the ranks beat (default: the state dir)")
     p.add_argument("--state-dir", type=Path, help="the agent's files (default: the user's state dir)")
+    p.add_argument(
+        "--copy-dir",
+        type=Path,
+        help="run: the checkpoint dir, copied by a launcher that does "
+        "not see this host's files (see launcher.agent.copies)",
+    )
+    p.add_argument(
+        "--send-back",
+        type=Path,
+        action="append",
+        default=[],
+        help="run: a file or dir sent back to such a launcher once the command ended (repeatable)",
+    )
+    p.add_argument(
+        "--mark",
+        type=Path,
+        help="run, with --copy-dir: the launcher's mark in the job record "
+        f"({MARK}); a host that sees it shares the launcher's files",
+    )
     p.add_argument("--route-to", metavar="HOST", help="probe: also the route (interface) to HOST")
     p.add_argument("--resolve", metavar="NAME", action="append", default=[], help="probe: what NAME is")
     p.add_argument("--free-port", action="store_true", help="probe: a free TCP port on this host")
@@ -256,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "run":
         if not command:
             p.error("run needs the command after --")
+        if args.copy_dir is not None and args.mark is None:
+            p.error("--copy-dir needs --mark")
         watch = NodeWatch(*found) if (found := watch_of(args)) else None
         image = ImageRun.of(args)
         return run(
             args.job, args.node, command, watch, args.lease_s, image,
-            heartbeat_dir=args.heartbeat_dir, where=args.state_dir,
+            heartbeat_dir=args.heartbeat_dir, where=args.state_dir, back=Back.of(args),
         )  # fmt: skip
     if command:
         p.error(f"{args.action} takes no command")

@@ -15,11 +15,13 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from gptlaunch.contract import STOP_MARKER
+from launcher.agent.copies import MARK
 from launcher.job import reports
 from launcher.job.channel import Demux
 from launcher.job.hang import watch_args
 from launcher.job.plan import NodePlan
-from launcher.job.record import JobRecord
+from launcher.job.record import JobRecord, torchelastic_dir
 from launcher.job.reports import NodeReport
 from launcher.job.spec import JobSpec
 from launcher.supervisor.transport import ChildAgents, start_client
@@ -36,12 +38,14 @@ def agent_argv(
     state_dir: Path | None = None,
     lease_s: float = 0.0,
     image_flags: Sequence[str] = (),
+    back_flags: Sequence[str] = (),
 ) -> list[str]:
     """``python -m launcher.agent run`` of node ``node``'s ``command`` with the job's hang watch: the
     ranks beat in ``heartbeat_dir`` (default: the agent's state dir on its host), the agent's files go
     in ``state_dir`` (default: the user's state dir on its host; given, no host log), the lease is
     ``lease_s`` seconds (0: none), ``image_flags`` run it in the job's image
-    (``launcher.image.runtime.ImageRun.flags``)."""
+    (``launcher.image.runtime.ImageRun.flags``), ``back_flags`` say what goes back to a launcher that
+    does not share the host's files (``back_flags()``)."""
     return [
         *(python, "-m", "launcher.agent", "run", "--job", job_id, "--node", str(node)),
         *([f"--lease-s={lease_s:g}"] if lease_s else []),
@@ -49,8 +53,21 @@ def agent_argv(
         *([f"--state-dir={state_dir}"] if state_dir is not None else []),
         *watch_args(spec.hang, spec.nproc_per_node),
         *image_flags,
+        *back_flags,
         "--",
         *command,
+    ]
+
+
+def back_flags(job_dir: Path, node: int, run_dir: Path) -> list[str]:
+    """``launcher.agent run``'s flags for a host that may share no file system with the launcher: the
+    run dir's checkpoints are copied, the node's error files and the stop marker sent back, unless the
+    host sees the launcher's mark in ``job_dir`` (``launcher.agent.copies``)."""
+    return [
+        f"--copy-dir={run_dir}",
+        f"--mark={job_dir / MARK}",
+        f"--send-back={torchelastic_dir(job_dir, node)}",
+        f"--send-back={run_dir / STOP_MARKER}",
     ]
 
 

@@ -40,6 +40,7 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--hang-phase-s",), "hang.phase_s", "hang watchdog"),
     (("--retries",), "retries", "recovery"),
     (("--retry-backoff-s",), "retry_backoff_s", "recovery"),
+    (("--allow-start-over",), "allow_start_over", "recovery"),
     (("--rdzv-backend",), "rendezvous.backend", "rendezvous"),
     (("--rdzv-endpoint",), "rendezvous.endpoint", "rendezvous"),
     (("--rdzv-port",), "rendezvous.port", "rendezvous"),

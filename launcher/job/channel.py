@@ -109,9 +109,19 @@ class Demux:
         self.on_report(report)
 
 
-def to_record(job_dir: Path) -> Callable[[NodeReport], None]:
-    """``on_report`` that appends each report to ``job_dir``'s record."""
-    return lambda report: reports.append(job_dir, report)
+def to_record(
+    job_dir: Path, also: Callable[[NodeReport], None] | None = None
+) -> Callable[[NodeReport], None]:
+    """``on_report`` that appends each report to ``job_dir``'s record (a ``FileBack`` is a file, not a
+    report: ``also`` writes it), then hands it to ``also``."""
+
+    def on_report(report: NodeReport) -> None:
+        if not isinstance(report, reports.FileBack):
+            reports.append(job_dir, report)
+        if also is not None:
+            also(report)
+
+    return on_report
 
 
 def _length(digits: bytes) -> int | None:
@@ -121,10 +131,12 @@ def _length(digits: bytes) -> int | None:
     return size if size <= _MAX_FRAME else None
 
 
-def pump(stream: BinaryIO, log: Path, job_dir: Path) -> None:
-    """Demultiplex ``stream`` (until its end) into ``log`` and the job record's reports."""
+def pump(
+    stream: BinaryIO, log: Path, job_dir: Path, also: Callable[[NodeReport], None] | None = None
+) -> None:
+    """Demultiplex ``stream`` (until its end) into ``log`` and the job record's reports (and ``also``)."""
     with open(log, "ab") as out:
-        demux = Demux(out, to_record(job_dir))
+        demux = Demux(out, to_record(job_dir, also))
         for chunk in iter(lambda: os.read(stream.fileno(), 1 << 16), b""):
             demux.feed(chunk)
         demux.close()

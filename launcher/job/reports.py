@@ -15,7 +15,10 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
 - ``status``: an SSH host agent's answer to ``launcher.agent status`` (whether its node runs, its exit
   code, its ranks' latest heartbeats), ``probe``: its host's probe (``launcher.agent probe``), and
   ``pulled``: the job's image pulled there (``launcher.agent pull``), each sent on the channel of that
-  short command, never stored.
+  short command, never stored;
+- ``saved`` / ``file``: from a host that shares no file system with the launcher, a checkpoint that
+  the launcher then copies here (``launcher.schedulers.ssh.copies``), and a small file written for the
+  launcher (an error file, the stop marker), written into the record at its own path.
 
 Where they travel: each node appends its reports, one JSON object a line, to
 ``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
@@ -133,6 +136,27 @@ class Pulled(_Report):
     seconds: float
 
 
+class Saved(_Report):
+    """A file of the node's checkpoint dir ``directory`` (absolute, the same path here) appeared, was
+    renamed into place or was rewritten, and then stayed unchanged for one poll: a checkpoint, on a host
+    that shares no file system with the launcher. ``files``: every file there, name -> bytes."""
+
+    kind: Literal["saved"] = "saved"
+    host: str
+    directory: str
+    files: dict[str, int]
+
+
+class FileBack(_Report):
+    """A small file a node wrote for the launcher (a torchelastic error file, the stop marker), sent
+    back from a host that shares no file system with it: written here at ``path`` (absolute, inside
+    the job record or its run dir), never appended to the reports."""
+
+    kind: Literal["file"] = "file"
+    path: str
+    text: str
+
+
 NodeReport = Annotated[
     Started
     | Ended
@@ -143,13 +167,16 @@ NodeReport = Annotated[
     | CollectiveFailed
     | NodeStatus
     | Probed
-    | Pulled,
+    | Pulled
+    | Saved
+    | FileBack,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
 ReportT = TypeVar(
     "ReportT",
     Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed, NodeStatus, Probed, Pulled,
+    Saved,
 )  # fmt: skip
 
 

@@ -238,6 +238,12 @@ class JobSpec(_Strict):
     retry_backoff_s: float = Field(
         10.0, ge=0, le=3600, description="seconds before the first retry, doubled for each further one"
     )
+    allow_start_over: bool = Field(
+        False,
+        description="a retry may go on from an older checkpoint, or from step 0, when the newest one is "
+        "out of reach (SSH hosts that share no file system: it was on a lost host, not yet copied). "
+        "Without it, such a retry fails and names where that checkpoint is",
+    )
     secret_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SECRETS),
         description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "

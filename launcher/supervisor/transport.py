@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -120,14 +121,15 @@ def start_client(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     channel_of: Path | None = None,
+    on_report: Callable[[reports.NodeReport], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
     appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
     line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours);
     ``cwd``: its working directory (default: ours).
     With ``channel_of`` (a job directory), its stdout is an agent's channel (``launcher.job.channel``):
-    output to ``log``, reports into that job record. Its own session, killed with the supervisor.
-    Raises OSError."""
+    output to ``log``, reports into that job record and to ``on_report``. Its own session, killed
+    with the supervisor. Raises OSError."""
     with open(log, "ab") as out:
         client = subprocess.Popen(
             argv,
@@ -141,7 +143,9 @@ def start_client(
         )
     if channel_of is not None:
         assert client.stdout is not None
-        pump = threading.Thread(target=channel.pump, args=(client.stdout, log, channel_of), daemon=True)
+        pump = threading.Thread(
+            target=channel.pump, args=(client.stdout, log, channel_of, on_report), daemon=True
+        )
         pump.start()
         _CHANNELS.append(pump)
     assert client.stdin is not None

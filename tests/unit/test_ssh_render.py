@@ -150,7 +150,7 @@ def test_zero_nodes_is_a_spec_error() -> None:
 
 def test_sync_is_rsync_over_the_jobs_own_ssh_settings() -> None:
     settings = SshSettings(options=("ProxyJump=bastion",), host_key_check="accept-new")
-    argv = rsync_argv(settings, "gl-h1", Path("/src"), "/work/dir")
+    argv = rsync_argv(settings, "gl-h1", "/src", "gl-h1:/work/dir")
     assert argv[:4] == ["rsync", "-a", "--mkpath", "--stats"] and "--delete" not in argv
     assert shlex.split(argv[argv.index("-e") + 1]) == settings.argv("gl-h1", "true")[:-3]
     assert "ProxyJump=bastion" in argv[argv.index("-e") + 1]

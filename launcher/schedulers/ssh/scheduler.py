@@ -11,24 +11,19 @@ the node, and ``launcher.agent signal`` stops it (the ranks checkpoint) or ends 
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
 
-import psutil
 from pydantic import Field
 
-from gptlaunch.contract import Beat, write_beat
-from launcher.agent.transport import agent_argv, channel_reports
+from gptlaunch.contract import Beat
+from launcher.agent.transport import agent_argv, back_flags, channel_reports
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
-from launcher.job.hang import heartbeat_dir
 from launcher.job.mounts import container_mounts
-from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
+from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
@@ -37,6 +32,7 @@ from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_a
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.agents import LEASE_S, SIGNAL_TIMEOUT_S, SshAgents, agent_command
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import (
     HealthError,
@@ -48,20 +44,7 @@ from launcher.schedulers.ssh.hosts import (
 )
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
-from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
-from launcher.supervisor.transport import ChildAgents, start_client
-
-SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
-REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
-REJOIN_POLL_S = 10.0
-# The hosts' lease (``launcher.agent run --lease-s``): the supervisor writes a byte to every node's ssh stdin
-# each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
-# detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
-# a node before that node gives up on the launcher.
-LEASE_S = 30.0
-LEASE_RENEW_S = 5.0
-BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
 
 
 class SshFacts(Facts):
@@ -202,13 +185,17 @@ class SshScheduler(SupervisedScheduler):
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
                 image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
-            argv = agent_argv(spec.python, spec, job_id, k, agent, lease_s=LEASE_S, image_flags=image)
+            back = back_flags(job_dir, k, Path(facts.workdir) / run_dir)
+            argv = agent_argv(
+                spec.python, spec, job_id, k, agent, lease_s=LEASE_S, image_flags=image, back_flags=back
+            )
             nodes.append(NodeCommand(host=host, argv=argv, env=node_env))
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
         spec = record.spec()
-        return SshAgents(plan, ssh_settings(spec.options(SshOptions)), spec.python, spec.secrets_here(), self)
+        settings = ssh_settings(spec.options(SshOptions))
+        return SshAgents(plan, settings, spec.python, spec.secrets_here(), self, record)
 
     def heartbeats(
         self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
@@ -227,17 +214,8 @@ class SshScheduler(SupervisedScheduler):
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
         spec = record.spec()
-        SshAgents(record.plan(), ssh_settings(spec.options(SshOptions)), spec.python, {}, self).kill(
-            record.job_id, grace_s
-        )
-
-
-def _agent_argv(python: str, action: str, job_id: str, node: int) -> list[str]:
-    return [python, "-m", "launcher.agent", action, "--job", job_id, "--node", str(node)]
-
-
-def _agent_command(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
-    return f"cd / && {shlex.join([*_agent_argv(python, action, job_id, node), *extra])}"
+        settings = ssh_settings(spec.options(SshOptions))
+        SshAgents(record.plan(), settings, spec.python, {}, self, record).kill(record.job_id, grace_s)
 
 
 def _host_status(
@@ -251,7 +229,7 @@ def _host_status(
     nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
 
     def command(host: str) -> str:
-        return _agent_command(spec.python, "status", record.job_id, nodes[host])
+        return agent_command(spec.python, "status", record.job_id, nodes[host])
 
     found: dict[str, NodeStatus | None] = {}
     for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
@@ -266,120 +244,3 @@ def _hosts_running(record: JobRecord) -> list[str]:
     """The hosts where a node of the job still runs. A host that cannot be reached counts as running:
     nothing says its node is gone."""
     return [host for host, status in _host_status(record).items() if status is None or status.running]
-
-
-class SshAgents(ChildAgents):
-    """The supervisor's transport for SSH: one ``ssh host python -m launcher.agent run`` client a node."""
-
-    def __init__(
-        self,
-        plan: Plan,
-        settings: ssh.SshSettings,
-        python: str,
-        secrets: dict[str, str],
-        scheduler: SshScheduler,
-    ) -> None:
-        self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
-        self.scheduler = scheduler
-        self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
-        self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
-        self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
-        self.renewer: threading.Thread | None = None
-
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
-        """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
-        check of a submit, in place of ``failed_host``; with none, the same hosts once they all answer
-        again (every REJOIN_POLL_S, for at most REJOIN_WAIT_S). The new Plan (None: ``failed_host``
-        is not one of the job's). Raises OSError when no set of hosts can run the next attempt."""
-        current = [n.host for n in self.plan.nodes]
-        self.lost = set()  # the next attempt's hosts answer again, or are replaced
-        if failed_host not in current:
-            return None
-        spec = record.spec()
-        opts = spec.options(SshOptions)
-        self.failed.add(failed_host)
-        for spare in spares(hosts_of(opts), current, self.failed):
-            try:
-                return self._replan(record, [spare if h == failed_host else h for h in current])
-            except SpecError as e:
-                say(f"launcher: spare host {spare} cannot take over from {failed_host}: {e}")
-        deadline = time.monotonic() + REJOIN_WAIT_S
-        while True:
-            try:
-                return self._replan(record, current)
-            except SpecError as e:
-                if time.monotonic() > deadline:
-                    raise OSError(
-                        f"no spare host in the hostfile could replace {failed_host}, and the job's hosts did "
-                        f"not all answer within {REJOIN_WAIT_S:.0f} s: {e}"
-                    ) from None
-                time.sleep(REJOIN_POLL_S)
-
-    def _replan(self, record: JobRecord, hosts: list[str]) -> Plan:
-        """The job's Plan on ``hosts``, after the checks of a submit (probes, parity, workdir, routes,
-        port). Raises SpecError."""
-        self.plan = self.scheduler.replan(record.spec(), hosts, self.plan, record.dir)
-        return self.plan
-
-    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        # The secrets travel inside the encrypted channel, read once by the node agent; stdin then
-        # carries the lease, stdout the agent's channel: its output and its reports.
-        argv = self.settings.argv(node.host, node.shell_command())
-        client = start_client(
-            argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir
-        )
-        self.clients.append(client)
-        if self.renewer is None:
-            self.renewer = threading.Thread(target=self._renew_leases, daemon=True)
-            self.renewer.start()
-        return client
-
-    def keep_beats(self, record: JobRecord) -> None:
-        """The hosts' last beats into ``JOB/heartbeat/`` (a host that does not answer within
-        BEATS_TIMEOUT_S is left out: a lost host must not hold up the next attempt)."""
-        for node, beats in self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=self.lost).items():
-            directory = heartbeat_dir(record.dir, node)
-            directory.mkdir(parents=True, exist_ok=True)
-            for beat in beats:
-                write_beat(directory, beat)
-
-    def _renew_leases(self) -> None:
-        """A byte to every live node every LEASE_RENEW_S, for the life of the supervisor."""
-        while True:
-            time.sleep(LEASE_RENEW_S)
-            for client in list(self.clients):
-                try:
-                    assert client.stdin is not None
-                    client.stdin.write(b"\n")
-                    client.stdin.flush()
-                except (OSError, ValueError):  # it ended (or was closed): its node is on its own
-                    self.clients.remove(client)
-
-    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
-        nodes = [n for n, a in zip(self.plan.nodes, agents, strict=False) if a.poll() is None]
-        self._signal(nodes, "TERM", 0.0)
-
-    def kill(self, job_id: str, grace_s: float) -> None:
-        self._signal(self.plan.nodes, "KILL", grace_s)
-        procs.terminate(psutil.Process().children(recursive=True), grace_s)  # ssh clients, masters
-
-    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
-        if exit_code != ssh.SSH_FAILED:
-            return None
-        self.lost.add(node.host)
-        return (
-            f"the ssh connection to node {node.node_rank} failed or was lost (ssh exit code 255: the host "
-            "went down or the network failed)"
-        )
-
-    def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
-        # A host whose connection was lost is not waited on: its node ends itself (the lease).
-        by_host = {n.host: n for n in nodes if n.host not in self.lost}
-        extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
-
-        def command(host: str) -> str:
-            return _agent_command(self.python, "signal", self.plan.job_id, by_host[host].node_rank, *extra)
-
-        for result in ssh.fan_out(self.settings, list(by_host), command, SIGNAL_TIMEOUT_S + grace_s):
-            if not result.ok:
-                say(f"launcher: could not signal the job on {result.error()}")

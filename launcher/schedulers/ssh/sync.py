@@ -15,7 +15,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from launcher.job.spec import SpecError
 from launcher.schedulers.ssh import client as ssh
@@ -26,10 +25,17 @@ SYNC_TIMEOUT_S = 1800.0  # one host's copy (a large checkout through a slow link
 _STAT = re.compile(r"^(Number of regular files transferred|Total transferred file size): ([\d,]+)", re.M)
 
 
-def rsync_argv(settings: ssh.SshSettings, host: str, source: Path, workdir: str) -> list[str]:
-    """``rsync -a --mkpath --stats -e 'ssh ...' SOURCE/ HOST:WORKDIR/``: SOURCE's content into WORKDIR."""
+def rsync_argv(settings: ssh.SshSettings, host: str, source: str, dest: str) -> list[str]:
+    """``rsync -a --mkpath --stats -e 'ssh ...' SOURCE/ DEST/``: SOURCE's content into DEST, one of
+    them ``HOST:PATH``."""
     remote_shell = shlex.join(settings.argv(host, "")[:-3])  # the ssh client, less "-- host command"
-    return ["rsync", "-a", "--mkpath", "--stats", "-e", remote_shell, f"{source}/", f"{host}:{workdir}/"]
+    return ["rsync", "-a", "--mkpath", "--stats", "-e", remote_shell, f"{source}/", f"{dest}/"]
+
+
+def transferred(stdout: str) -> tuple[int, int]:
+    """(files, bytes) rsync's ``--stats`` says it transferred."""
+    stats = {k: int(v.replace(",", "")) for k, v in _STAT.findall(stdout)}
+    return stats.get("Number of regular files transferred", 0), stats.get("Total transferred file size", 0)
 
 
 def sync(opts: SshOptions, hosts: list[str], workdir: str, say: Callable[[str], None]) -> None:
@@ -43,16 +49,14 @@ def sync(opts: SshOptions, hosts: list[str], workdir: str, say: Callable[[str], 
 
     def one(host: str) -> str | None:
         started = time.monotonic()
-        argv = rsync_argv(settings, host, source.absolute(), workdir)
+        argv = rsync_argv(settings, host, str(source.absolute()), f"{host}:{workdir}")
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{host}: {e}"
         if done.returncode != 0:
             return f"{host}: rsync exited {done.returncode}: {done.stderr.strip()[-500:]}"
-        stats = {k: int(v.replace(",", "")) for k, v in _STAT.findall(done.stdout)}
-        files = stats.get("Number of regular files transferred", 0)
-        size = stats.get("Total transferred file size", 0)
+        files, size = transferred(done.stdout)
         say(
             f"launcher: sync: {host}: {files} file(s), {size / 1e6:.1f} MB into {workdir} "
             f"in {time.monotonic() - started:.1f} s"

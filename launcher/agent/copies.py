@@ -1,0 +1,116 @@
+"""What a node on a host that shares no file system with the launcher sends back over its agent's
+channel (``launcher.job.channel``), so that the job record on the launcher's machine stays whole:
+
+- ``CheckpointWatch``: each new checkpoint in the node's checkpoint dir, as a ``Saved`` report, upon
+  which the launcher copies that dir to its own machine (``launcher.schedulers.ssh.copies``);
+- ``send_back``: the small files a node writes for the launcher (torchelastic's error files, the stop
+  marker), as ``FileBack`` reports, once the node's command ended.
+
+Whether the host shares the launcher's file system is known from a mark the launcher writes in the
+job record (``shares_files``): a host that sees it sends nothing back, as the launcher reads the files
+itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from launcher.job.reports import FileBack, NodeReport, Saved
+
+POLL_S = 1.0  # how often the checkpoint dir is looked at (a scandir: microseconds)
+SEND_BACK_MAX_BYTES = 1 << 20  # an error file is a few KB; anything larger is not ours to send
+MARK = ".launcher-mark"  # in the job record: holds the job id
+
+# name -> (inode, bytes, mtime in ns)
+Snapshot = dict[str, tuple[int, int, int]]
+
+
+def shares_files(mark: Path, job_id: str) -> bool:
+    """Whether this host sees the launcher's mark of ``job_id`` (``MARK`` in the job record)."""
+    try:
+        return mark.read_text().strip() == job_id
+    except OSError:
+        return False
+
+
+def snapshot(directory: Path) -> Snapshot:
+    """Every file below ``directory`` (relative POSIX names), but hidden ones and ``*.tmp``: a save
+    in progress (the trainer's ``.ckpt-*.tmp``, a script's ``ckpt.pt.tmp``)."""
+    found: Snapshot = {}
+    try:
+        paths = [p for p in directory.rglob("*") if p.is_file()]
+    except OSError:  # not made yet, or removed while listed: nothing to copy now
+        return found
+    for path in paths:
+        name = path.relative_to(directory).as_posix()
+        if any(part.startswith(".") for part in name.split("/")) or name.endswith(".tmp"):
+            continue
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        found[name] = (info.st_ino, info.st_size, info.st_mtime_ns)
+    return found
+
+
+def saved_since(old: Snapshot, new: Snapshot) -> bool:
+    """Whether ``new`` holds a save that ``old`` did not: a file that appeared or was renamed into place
+    (a new inode), or one rewritten in place (a newer mtime at a size that did not grow). A log that is
+    only appended to (``metrics.jsonl``, TensorBoard's events) always grows: it is copied with the next
+    checkpoint, not on its own."""
+    for name, (inode, size, mtime) in new.items():
+        before = old.get(name)
+        if before is None or before[0] != inode or (mtime != before[2] and size <= before[1]):
+            return True
+    return False
+
+
+class CheckpointWatch:
+    """Polls ``directory`` every POLL_S seconds; a save that then stayed unchanged for one poll is
+    reported as ``Saved`` (every file's size), through ``report``."""
+
+    def __init__(self, directory: Path, node: int, host: str, report: Callable[[NodeReport], None]) -> None:
+        self.directory, self.node, self.host, self.report = directory, node, host, report
+        self._sent: Snapshot = {}
+        self._last: Snapshot | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> None:
+        """After the command ended: stop polling, and report what was saved last (the files have
+        settled: nothing writes them any more)."""
+        self._stop.set()
+        self._thread.join()
+        self._last = snapshot(self.directory)
+        self.check()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.check()
+
+    def check(self) -> None:
+        now = snapshot(self.directory)
+        if now == self._last and saved_since(self._sent, now):
+            files = {name: size for name, (_, size, _) in sorted(now.items())}
+            self.report(Saved(node=self.node, host=self.host, directory=str(self.directory), files=files))
+            self._sent = now
+        self._last = now
+
+
+def send_back(paths: Iterable[Path], node: int, report: Callable[[NodeReport], None]) -> None:
+    """Each file of ``paths`` (files, or directories searched recursively) up to SEND_BACK_MAX_BYTES,
+    as a ``FileBack`` report; missing ones are skipped (no error file: no error)."""
+    for path in paths:
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        for file in files:
+            try:
+                if file.stat().st_size <= SEND_BACK_MAX_BYTES:
+                    text = file.read_text(errors="replace")
+                    report(FileBack(node=node, path=str(file.absolute()), text=text))
+            except OSError:
+                continue
