@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from trainer.data.batches import BatchPlan, TrainBatches
 from trainer.data.manifest import Manifest
 from trainer.data.splits import open_split
 from trainer.distributed import DistEnv
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, DataError
 from trainer.model import GPT
 from trainer.optim import make_optimizer
 
@@ -47,9 +48,27 @@ class Run:
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
 
 
+def check_same_tokenizer(manifest: Manifest) -> None:
+    """Every rank encodes with the same tokenizer. Nodes whose run dirs no other node sees (hosts that
+    share no file system) each prepare their own data: text that differs between them, or another
+    ``tokenizers`` version, would make ranks train on different token ids without an error. Collective.
+    Raises DataError naming each rank's host and tokenizer sha256, and the fix."""
+    mine = (socket.gethostname(), manifest.tokenizer_sha256)
+    found = distributed.all_gather_object(mine)
+    if len({sha for _, sha in found}) > 1:
+        ranks = "; ".join(f"rank {r} on {host}: {sha[:12]}" for r, (host, sha) in enumerate(found))
+        raise DataError(
+            f"the ranks' tokenizers differ ({ranks}): each node prepared its data from its own copy of the "
+            "text; fix: give every node the same text (and the same tokenizers version), or a --data-dir "
+            "that all nodes share"
+        )
+
+
 def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manifest) -> Run:
     """Build the model, optimizer and data, resume from a checkpoint if there is one, then wrap the
-    model (DDP, compile). Collective. Raises CheckpointError / ConfigError for unusable input."""
+    model (DDP, compile). Collective. Raises CheckpointError / ConfigError for unusable input, DataError
+    when the ranks' tokenizers differ (``check_same_tokenizer``)."""
+    check_same_tokenizer(manifest)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

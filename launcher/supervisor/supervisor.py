@@ -36,12 +36,11 @@ from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRe
 from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, not_retried
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
-from launcher.supervisor.transport import Transport, drain_channels
+from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
 REPORT_READ_S = 1.0  # how often the job record is read for the nodes' hang reports
-DRAIN_S = 5.0  # after the agents ended, how long their channels get to deliver the rest
 
 
 class SupervisorHandle(BaseModel):
@@ -281,6 +280,8 @@ class _Watch:
             failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
             if self.stop_at is not None:
                 if all(c is not None for c in codes) or time.monotonic() - self.stop_at > job.grace_s:
+                    ended = [a.pid for a in job.agents if a.poll() is not None]
+                    drain_channels(DRAIN_S, ended)  # a host's stop marker comes on its channel
                     return stop_outcome(job.plan, since=self.stop_asked)
             elif failed:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
@@ -314,6 +315,7 @@ class _Watch:
 
     def _failed(self, node: int, code: int | None) -> Outcome:
         job = self.job
+        drain_channels(DRAIN_S, [job.agents[node].pid])  # a host's stop marker comes on its channel
         marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
         if marker is not None and killed_by(code) is None:
             # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a

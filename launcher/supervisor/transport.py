@@ -13,7 +13,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -147,20 +147,23 @@ def start_client(
             target=channel.pump, args=(client.stdout, log, channel_of, on_report), daemon=True
         )
         pump.start()
-        _CHANNELS.append(pump)
+        _CHANNELS[client.pid] = pump
     assert client.stdin is not None
     secrets.send(client.stdin, secret_env, keep_open=keep_stdin)
     return client
 
 
-_CHANNELS: list[threading.Thread] = []  # the agents' channels this supervisor reads
+DRAIN_S = 5.0  # after the agents ended, how long their channels get to deliver the rest
+_CHANNELS: dict[int, threading.Thread] = {}  # the agents' channels this supervisor reads, by client pid
 
 
-def drain_channels(timeout_s: float) -> None:
-    """Wait (at most ``timeout_s`` in all) until the channels of agents that ended are read to their
-    end: a report sent just before its agent exited is in the job record after this."""
+def drain_channels(timeout_s: float, pids: Collection[int] | None = None) -> None:
+    """Wait (at most ``timeout_s`` in all) until the channels of agents that ended (of the clients
+    ``pids``, default all) are read to their end: a report sent just before its agent exited is in the
+    job record after this."""
     deadline = time.monotonic() + timeout_s
-    for pump in list(_CHANNELS):
-        pump.join(max(0.0, deadline - time.monotonic()))
-        if not pump.is_alive():
-            _CHANNELS.remove(pump)
+    for pid, pump in list(_CHANNELS.items()):
+        if pids is None or pid in pids:
+            pump.join(max(0.0, deadline - time.monotonic()))
+            if not pump.is_alive():
+                del _CHANNELS[pid]

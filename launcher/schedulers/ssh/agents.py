@@ -27,7 +27,7 @@ from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.supervisor import procs
-from launcher.supervisor.transport import ChildAgents, start_client
+from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
 
 if TYPE_CHECKING:
     from launcher.schedulers.ssh.scheduler import SshScheduler
@@ -139,7 +139,10 @@ class SshAgents(ChildAgents):
 
     def keep_beats(self, record: JobRecord) -> None:
         """The hosts' last beats into ``JOB/heartbeat/`` (a host that does not answer within
-        BEATS_TIMEOUT_S is left out: a lost host must not hold up the next attempt)."""
+        BEATS_TIMEOUT_S is left out: a lost host must not hold up the next attempt), and their last
+        checkpoints copied (``copies``: at most SETTLE_S)."""
+        drain_channels(DRAIN_S)  # every agent ended: their last saves are reported
+        self.copies.settle()
         for node, beats in self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=self.lost).items():
             directory = heartbeat_dir(record.dir, node)
             directory.mkdir(parents=True, exist_ok=True)
