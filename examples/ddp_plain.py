@@ -112,6 +112,8 @@ def main() -> None:
     device = setup()
     model, opt = build(args, device)
     step = load(args.out, model, opt) if args.init_from == "resume" else 0
+    if step and dist.get_rank() == 0:
+        print(f"resumed from {args.out / 'ckpt.pt'} at step {step}", flush=True)
     sampler, loader = batches(args)
     epoch = 0
     while step < args.steps:

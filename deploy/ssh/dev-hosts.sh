@@ -13,6 +13,10 @@
 # Every namespace shares the machine's file system (same checkout, same
 # virtualenv, same /etc/hosts and ssh client config), except one directory:
 # $STATE/local is, on host K, a bind mount of $STATE/hosts/gl-hK/local.
+# Share-nothing mode is that directory: job records and run dirs made under
+# $STATE/local on this machine are its own, and each host's are its own (the
+# SSH integration tests put theirs there; each host's XDG_STATE_HOME, where
+# its node agents keep their files, is there too).
 set -eEuo pipefail
 # shellcheck source=../lib/podman.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/podman.sh"  # render_containers_conf, render_storage_conf

@@ -58,12 +58,18 @@ def torchrun_argv(
     return [*argv, *worker]
 
 
+RUN_DIR_ARG = "{{run_dir}}"  # in a program's arguments: the job's run dir, replaced when the Plan is made
+
+
 def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
     """What every rank runs, after torchrun's own flags, and the job's run dir: ``-m trainer.cli train
     ARGS`` with ``--run-dir`` added when absent, or the user's program (``JobSpec.program``), whose
-    run dir is ``default_run_dir`` (``RUN_DIR_ENV`` tells it)."""
+    run dir is ``default_run_dir`` (``RUN_DIR_ENV`` tells it, and ``RUN_DIR_ARG`` in its arguments
+    becomes it: ``--out {{run_dir}}`` for a script that takes its checkpoint dir as an argument)."""
     if spec.program is not None:
-        return spec.program.argv(), str(default_run_dir)
+        return [a.replace(RUN_DIR_ARG, str(default_run_dir)) for a in spec.program.argv()], str(
+            default_run_dir
+        )
     args, run_dir = with_run_dir(spec.trainer_args, default_run_dir)
     return ["-m", "trainer.cli", "train", *args], run_dir
 

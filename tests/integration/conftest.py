@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
@@ -260,6 +262,37 @@ def hostfile() -> Path:
     if problem is not None:
         missing_component(problem)
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+SSH_STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
+
+
+@pytest.fixture
+def private(hostfile: Path) -> Iterator[Path]:
+    """Share-nothing mode of the SSH test hosts: ``STATE/local/<unique>``, one path that this machine
+    and every host each see as a directory of its own (``dev-hosts.sh`` binds each host's own disk
+    at ``STATE/local``). Job records made under it are the launcher's alone, each host's run dir is
+    its own, and nothing crosses but through ssh."""
+    name = f"sn-{uuid.uuid4().hex[:10]}"
+    path = SSH_STATE / "local" / name
+    path.mkdir()
+    yield path
+    for root in [SSH_STATE / "local", *(SSH_STATE / "hosts").glob("*/local")]:
+        shutil.rmtree(root / name, ignore_errors=True)
+
+
+def on_host(host: str, path: Path) -> Path:
+    """Where this machine finds ``path`` (under ``SSH_STATE/local``) as dev host ``host`` sees it."""
+    return SSH_STATE / "hosts" / host / "local" / path.relative_to(SSH_STATE / "local")
+
+
+_STEP = re.compile(r"\bstep (\d+)/\d+\b")  # the trainer's and the example scripts' step lines
+
+
+def logged_step(job_dir: Path) -> int:
+    """The furthest step rank 0 logged, as the launcher's node logs show it (0 before the first)."""
+    logs = [log.read_text(errors="replace") for log in job_dir.glob("node-*.log")]
+    return max((int(step) for text in logs for step in _STEP.findall(text)), default=0)
 
 
 def first_hosts(hostfile: Path, n: int, tmp_path: Path) -> Path:

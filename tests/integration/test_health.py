@@ -83,26 +83,26 @@ def test_the_compute_check_names_a_slowed_host_and_only_it(hostfile: Path, tmp_p
 
 
 def test_submit_preflight_refuses_a_launch_with_a_slowed_host_and_starts_nothing(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     hosts = first_hosts(hostfile, 4, tmp_path)
-    jobs = tmp_path / "jobs"
+    jobs = private / "jobs"
     with slow_link(3):
         proc = launcher(
             jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--health-check",
-            "--", *prepared_data, "--preset", "tiny", "--max-steps", "5", "--run-dir", str(tmp_path / "run"),
+            "--", *prepared_data, "--preset", "tiny", "--max-steps", "5", "--run-dir", str(private / "run"),
         )  # fmt: skip
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "the health gate named 1 host(s):\n  gl-h3: link " in proc.stderr, proc.stderr[-3000:]
     assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
-    assert not (tmp_path / "run").exists(), "nothing may be started for a refused launch"
+    assert not (private / "run").exists(), "nothing may be started for a refused launch"
 
 
 def test_with_retries_a_named_host_is_replaced_by_a_spare_and_the_job_trains(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     hosts = first_hosts(hostfile, 5, tmp_path)  # 4 nodes and gl-h5, a spare
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    run_dir, jobs = private / "run", private / "jobs"
     with slow_link(3):
         proc = launcher(
             jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "4", "--health-check",

@@ -18,6 +18,7 @@ from tests.integration.conftest import (
     FAST,
     first_hosts,
     launcher,
+    logged_step,
     losses,
     metrics,
     missing_component,
@@ -88,7 +89,12 @@ def train(prepared_data: list[str], run_dir: Path, steps: int) -> list[str]:
 
 
 def test_two_hosts_pull_the_pinned_image_and_train_in_it_whatever_their_local_tag_holds(
-    hostfile: Path, engine: dict[str, str], pushed: dict[str, Any], prepared_data: list[str], tmp_path: Path
+    hostfile: Path,
+    engine: dict[str, str],
+    pushed: dict[str, Any],
+    prepared_data: list[str],
+    private: Path,
+    tmp_path: Path,
 ) -> None:
     tag, digest = pushed["image"], pushed["repo_digests"][0]
     hosts = first_hosts(hostfile, 2, tmp_path)
@@ -97,7 +103,7 @@ def test_two_hosts_pull_the_pinned_image_and_train_in_it_whatever_their_local_ta
         ssh(host, "podman rmi --all --force", check=False)
     # The second host's local image under the job's tag is another one: it must not run.
     ssh(names[1], f"tar -c -T /dev/null | podman import --quiet - {tag}")
-    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    jobs, run_dir = private / "jobs", private / "run"  # share-nothing: the run dir comes back as a copy
     proc = launcher(jobs, "submit", *ssh_job(hosts, tag, train(prepared_data, run_dir, 20)),
                     env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -150,20 +156,22 @@ def test_a_host_that_cannot_reach_the_registry_is_named_before_any_rank_starts(
 
 
 def test_killing_one_hosts_container_fails_the_job_naming_that_host_and_leaves_nothing(
-    hostfile: Path, engine: dict[str, str], pushed: dict[str, Any], prepared_data: list[str], tmp_path: Path
+    hostfile: Path,
+    engine: dict[str, str],
+    pushed: dict[str, Any],
+    prepared_data: list[str],
+    private: Path,
+    tmp_path: Path,
 ) -> None:
     hosts = first_hosts(hostfile, 2, tmp_path)
     names = [line.split()[0] for line in hosts.read_text().splitlines()]
-    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    jobs, run_dir = private / "jobs", private / "run"
     flags = ssh_job(hosts, pushed["repo_digests"][0], train(prepared_data, run_dir, 100_000))
     proc = launcher(jobs, "submit", "--detach", *flags, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = proc.stdout.split()[0]
     try:
-        started = run_dir / "metrics.jsonl"
-        wait_for(
-            lambda: started.exists() and max(losses(run_dir), default=0) >= 3, 300, "training to reach step 3"
-        )
+        wait_for(lambda: logged_step(jobs / job_id) >= 3, 300, "training to reach step 3")
         ssh(names[1], f"podman kill gptlaunch-{job_id}-node1")
         ended = launcher(jobs, "wait", job_id, timeout=300)
         assert ended.returncode not in (0, 75), ended.stderr[-3000:]

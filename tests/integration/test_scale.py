@@ -15,10 +15,10 @@ N = 8
 
 
 def test_eight_hosts_train_in_one_submit_with_one_parity_line_and_a_rank_0_console(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     hosts = first_hosts(hostfile, N, tmp_path)
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    run_dir, jobs = private / "run", private / "jobs"  # share-nothing: the metrics come back as a copy
     proc = launcher(
         jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", str(N),
         "--omp-num-threads", "1",  # N hosts share this machine's cores

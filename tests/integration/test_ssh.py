@@ -1,7 +1,9 @@
 """The SSH scheduler, version parity and the network preflight against real sshd test hosts: network
 namespaces on this machine, each with its own address, a veth link to a shared bridge and its own
-sshd (``deploy/ssh/dev-hosts.sh``). The hosts share the file system (the checkout, the virtualenv,
-the job record) but each sees its own directory at ``/var/lib/gptlaunch-ssh/local``.
+sshd (``deploy/ssh/dev-hosts.sh``). The hosts share the checkout and the virtualenv (the code, as
+if installed on each), but each sees its own directory at ``/var/lib/gptlaunch-ssh/local``: the jobs
+that train run in share-nothing mode (the ``private`` fixture), their records on this machine only
+and each host's run dir its own.
 """
 
 from __future__ import annotations
@@ -9,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
 import time
-import uuid
 from importlib.metadata import version
 from pathlib import Path
 
@@ -28,11 +29,13 @@ from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
+    SSH_STATE,
     first_hosts,
     launcher,
-    losses,
+    logged_step,
     make_other_venv,
     metrics,
+    on_host,
     only_job_id,
     plain_project,
     processes_of,
@@ -41,7 +44,6 @@ from tests.integration.conftest import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
 CANARY = "hf_canary_3f9d1e"
 
 
@@ -53,28 +55,34 @@ def train_args(prepared_data: list[str], run_dir: Path, steps: int) -> list[str]
     return [*FAST, *prepared_data, "--preset", "tiny", "--max-steps", str(steps), "--run-dir", str(run_dir)]
 
 
-def test_two_hosts_train_over_their_veth_interfaces(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+def test_two_hosts_that_share_no_files_train_over_their_veth_interfaces(
+    hostfile: Path, wikitext_valid: Path, private: Path, tmp_path: Path
 ) -> None:
+    """Share-nothing: each node prepares its own data in its own run dir, rank 0's host alone writes
+    the checkpoints, and the launcher gets its copy of them (and of the metrics) over ssh."""
     hosts = first_hosts(hostfile, 2, tmp_path)
     # A run dir no shell may interpret: spaces, quotes, $(...) and backticks reach the hosts verbatim.
-    run_dir = tmp_path / "run dir 'q' $(touch PWNED) `touch PWNED2`"
-    jobs = tmp_path / "jobs"
+    run_dir = private / "run dir 'q' $(touch PWNED) `touch PWNED2`"
+    jobs = private / "jobs"
+    args = [*FAST, "--text-files", str(wikitext_valid), "--preset", "tiny", "--max-steps", "20"]
     proc = launcher(
         jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--gpus-per-node", "1", "--", *train_args(prepared_data, run_dir, 20), "--checkpoint-interval", "10",
+        "--gpus-per-node", "1", "--", *args, "--run-dir", str(run_dir), "--checkpoint-interval", "10",
         env={"HF_TOKEN": CANARY},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [m for m in metrics(run_dir) if "tokens_per_s" in m]
+    rows = [m for m in metrics(run_dir) if "tokens_per_s" in m]  # the launcher's copy
     assert rows[-1]["step"] == 20 and {m["world_size"] for m in rows} == {2}
-    assert list(run_dir.glob("ckpt*")) or list(run_dir.glob("*.pt")), sorted(
-        p.name for p in run_dir.iterdir()
-    )
-    assert not list(tmp_path.rglob("PWNED*")), "a shell interpreted the run dir"
-    job = only_job_id(jobs)
-    plan = json.loads((jobs / job / "plan.json").read_text())
+    assert (run_dir / "ckpt-00000020.pt").is_file(), sorted(p.name for p in run_dir.iterdir())
     names = host_names(hosts)
+    holders = [h for h in names if (on_host(h, run_dir) / "ckpt-00000020.pt").is_file()]
+    assert len(holders) == 1, holders  # rank 0's host wrote it; the other host never saw it
+    assert all((on_host(h, run_dir) / "data" / "manifest.json").is_file() for h in names)  # its own data
+    assert not list(tmp_path.rglob("PWNED*")) and not list(private.rglob("PWNED*")), "a shell ran"
+    job = only_job_id(jobs)
+    assert (jobs / job / "plan.json").is_file()
+    assert not any(on_host(h, jobs / job / "plan.json").exists() for h in names)  # the record is here only
+    plan = json.loads((jobs / job / "plan.json").read_text())
     assert [n["host"] for n in plan["nodes"]] == names
     for node in plan["nodes"]:  # the interface towards master_addr, chosen per host: the veth, never lo
         assert node["env"]["GLOO_SOCKET_IFNAME"] == node["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
@@ -88,71 +96,57 @@ def test_two_hosts_train_over_their_veth_interfaces(
     assert not processes_of(job)
 
 
-def test_the_plain_script_trains_on_two_hosts(hostfile: Path, wikitext_valid: Path, tmp_path: Path) -> None:
+def test_the_plain_script_synced_to_hosts_that_share_no_files_trains_there(
+    hostfile: Path, wikitext_valid: Path, private: Path, tmp_path: Path
+) -> None:
+    """``--sync``: the project reaches the workdir on each host's own disk, which neither this machine
+    nor the other host sees; the job runs there, rank 0's checkpoint stays on its host, and the hosts'
+    last beats (the steps ``status`` shows) reach the record here."""
     hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    workdir, jobs = private / "work", private / "jobs"
     proc = launcher(
-        tmp_path / "jobs", "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--gpus-per-node", "1", "--workdir", str(project), "--", *PLAIN_ARGS,
+        jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--gpus-per-node", "1", "--sync", str(project), "--workdir", str(workdir), "--", *PLAIN_ARGS,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "step 30/30" in proc.stdout and (project / "out" / "ckpt.pt").is_file()
-    job = only_job_id(tmp_path / "jobs")
-    beats = [b for k in (0, 1) for b in read_beats(tmp_path / "jobs" / job / "heartbeat" / f"node-{k}")]
-    assert sorted(b.step for b in beats) == [30, 30]  # the hosts' last beats, kept in the record
-
-
-def test_sync_copies_the_code_to_each_hosts_own_disk_where_it_trains(
-    hostfile: Path, wikitext_valid: Path, tmp_path: Path
-) -> None:
-    """``--sync``: the project reaches a workdir on each host's node-local disk, which neither this
-    machine nor the other host sees; the job runs there, and rank 0's checkpoint stays on its host."""
-    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
-    name = f"sync-{uuid.uuid4().hex[:8]}"
-    copies = [STATE / "hosts" / host / "local" / name for host in host_names(hosts)]
-    try:
-        proc = launcher(
-            tmp_path / "jobs", "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-            "--gpus-per-node", "1", "--sync", str(project), "--workdir", str(STATE / "local" / name),
-            "--", *PLAIN_ARGS,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        for host in host_names(hosts):  # one line per host: the script and its data
-            assert f"launcher: sync: {host}: 2 file(s), 1.1 MB into {STATE / 'local' / name}" in proc.stderr
-        assert all((copy / "ddp_plain.py").is_file() for copy in copies)
-        assert [(copy / "out" / "ckpt.pt").is_file() for copy in copies].count(True) == 1  # rank 0's host
-        assert not (STATE / "local" / name).exists()  # not on this machine
-        assert "step 30/30" in proc.stdout
-    finally:
-        for copy in copies:
-            shutil.rmtree(copy, ignore_errors=True)
+    copies = [on_host(host, workdir) for host in host_names(hosts)]
+    for host in host_names(hosts):  # one line per host: the script and its data
+        assert f"launcher: sync: {host}: 2 file(s), 1.1 MB into {workdir}" in proc.stderr
+    assert all((copy / "ddp_plain.py").is_file() for copy in copies)
+    assert [(copy / "out" / "ckpt.pt").is_file() for copy in copies].count(True) == 1  # rank 0's host
+    assert not workdir.exists()  # not on this machine
+    assert "step 30/30" in proc.stdout
+    job = only_job_id(jobs)
+    beats = [b for k in (0, 1) for b in read_beats(jobs / job / "heartbeat" / f"node-{k}")]
+    assert sorted(b.step for b in beats) == [30, 30]
 
 
 def per_host_python(names: list[str], pythons: list[Path]) -> str:
     """One path, a different interpreter on each host: /var/lib/gptlaunch-ssh/local is host-local."""
     for name, python in zip(names, pythons, strict=True):
-        wrapper = STATE / "hosts" / name / "local" / "python"
+        wrapper = SSH_STATE / "hosts" / name / "local" / "python"
         wrapper.write_text(f'#!/bin/sh\nexec {python} "$@"\n')
         wrapper.chmod(0o755)
-    return str(STATE / "local" / "python")
+    return str(SSH_STATE / "local" / "python")
 
 
 def test_version_mismatch_refuses_the_launch_with_a_diff(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     hosts = first_hosts(hostfile, 2, tmp_path)
     other_python, other = make_other_venv(tmp_path)
     python = per_host_python(host_names(hosts), [Path(sys.executable), other_python])
-    jobs = tmp_path / "jobs"
+    jobs = private / "jobs"
     proc = launcher(
         jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2", "--python", python,
-        "--", *train_args(prepared_data, tmp_path / "run", 5),
+        "--", *train_args(prepared_data, private / "run", 5),
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr[-3000:]
     diff = proc.stderr
     assert "packages.tokenizers" in diff and version("tokenizers") in diff and other in diff
     assert "gl-h1" in diff and "gl-h2" in diff
     assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
-    assert not (tmp_path / "run").exists()
+    assert not (private / "run").exists()
     check = launcher(jobs, "check", "--hostfile", str(hosts), "--python", python)
     assert check.returncode == 3
     assert "packages.tokenizers" in check.stdout and other in check.stdout
@@ -162,22 +156,17 @@ def test_version_mismatch_refuses_the_launch_with_a_diff(
 
 
 def test_a_workdir_missing_on_one_host_refuses_the_launch_naming_that_host(
-    hostfile: Path, tmp_path: Path
+    hostfile: Path, private: Path, tmp_path: Path
 ) -> None:
-    """/var/lib/gptlaunch-ssh/local is host-local: the workdir made there on gl-h1 only."""
+    """The workdir made on gl-h1's own disk only."""
     hosts = first_hosts(hostfile, 2, tmp_path)
     first, second = host_names(hosts)
-    workdir = f"workdir-{uuid.uuid4().hex}"
-    there = STATE / "hosts" / first / "local" / workdir
-    there.mkdir()
-    jobs = tmp_path / "jobs"
-    try:
-        proc = launcher(
-            jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-            "--workdir", str(STATE / "local" / workdir), "--", "--max-steps", "1",
-        )  # fmt: skip
-    finally:
-        there.rmdir()
+    workdir, jobs = private / "work", private / "jobs"
+    on_host(first, workdir).mkdir(parents=True)
+    proc = launcher(
+        jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--workdir", str(workdir), "--", "--max-steps", "1",
+    )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"is not a directory on {second}:" in proc.stderr and "--workdir" in proc.stderr, proc.stderr
     assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
@@ -240,12 +229,12 @@ def test_collective_preflight_reports_bandwidth_and_names_a_wrong_interface(
 
 @pytest.mark.parametrize("victim", ["agent", "rank"])
 def test_a_kill_on_host_2_ends_the_job_everywhere_and_names_host_2(
-    victim: str, hostfile: Path, prepared_data: list[str], tmp_path: Path
+    victim: str, hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     """SIGKILL of host 2's torchrun agent, or of its rank: host 2 is the cause, not the healthy peer on
-    host 1 that saw the connection close."""
+    host 1 that saw the connection close (its error file comes back over the agent's channel)."""
     hosts = first_hosts(hostfile, 2, tmp_path)
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    run_dir, jobs = private / "run", private / "jobs"
     argv = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit",
             "--scheduler", "ssh",
             "--hostfile", str(hosts), "--nodes", "2",
@@ -258,7 +247,7 @@ def test_a_kill_on_host_2_ends_the_job_everywhere_and_names_host_2(
         env=os.environ | {"HF_TOKEN": CANARY},
     )
     try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), 300, "training to start")
+        wait_for(lambda: step_of(jobs) >= 1, 300, "training to start")
         job = only_job_id(jobs)
         ranks = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]]
         assert ranks and all(p.environ().get("HF_TOKEN") == CANARY for p in ranks)  # the secret arrived
@@ -320,21 +309,19 @@ def test_hostile_host_names_are_rejected(hosts: str, tmp_path: Path) -> None:
 
 
 def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     """Each host agent watches its own ranks' heartbeats; both report, the launcher names rank 1 on
     gl-h2 and keeps every rank's stack in the job record."""
     hosts = first_hosts(hostfile, 2, tmp_path)
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    run_dir, jobs = private / "run", private / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
         "--hang-timeout-s", "10", "--", *train_args(prepared_data, run_dir, 100000),
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-3000:]
     job = only_job_id(jobs)
-    wait_for(
-        lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 3, 300, "step 3"
-    )
+    wait_for(lambda: step_of(jobs) >= 3, 300, "step 3")
     # `launcher status` asks each host's agent for its ranks' heartbeats.
     nodes = json.loads(launcher(jobs, "status", "--json", job, check=True).stdout)["nodes"]
     assert [(n["node_rank"], n["host"], n["ranks"]) for n in nodes] == [(0, "gl-h1", 1), (1, "gl-h2", 1)], (
@@ -365,11 +352,14 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")
 
 
-def _past_step_12_with_a_spare(hostfile: Path, prepared_data: list[str], tmp_path: Path, retries: int) -> str:
-    """A detached job of 40 steps (a checkpoint every 10) on 2 of 3 hosts, with ``retries``; its id once
-    it has logged step 12 (into ``tmp_path/run``; the record in ``tmp_path/jobs``)."""
+def _past_step_12_with_a_spare(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path, retries: int
+) -> str:
+    """A detached job of 40 steps (a checkpoint every 10) on 2 of 3 hosts that share no files, with
+    ``retries``; its id once it has logged step 12 (into ``private/run`` on each host; the record and
+    the copy of the checkpoints in ``private/jobs`` and ``private/run`` here)."""
     hosts = first_hosts(hostfile, 3, tmp_path)
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
+    run_dir, jobs = private / "run", private / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
         "--retries", str(retries), "--retry-backoff-s", "1",
@@ -377,18 +367,23 @@ def _past_step_12_with_a_spare(hostfile: Path, prepared_data: list[str], tmp_pat
         "--checkpoint-interval", "10", "--eval-interval", "100000",
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-3000:]
-    wait_for(lambda: (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= 12, 300,
-             "step 12")  # fmt: skip
+    wait_for(lambda: step_of(jobs) >= 12, 300, "step 12")
     return only_job_id(jobs)
 
 
+def step_of(jobs: Path) -> int:
+    """The furthest step logged by the one job in ``jobs`` (0 before it exists)."""
+    found = list(jobs.iterdir()) if jobs.is_dir() else []
+    return logged_step(found[0]) if found else 0
+
+
 def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
     """3 hosts in the hostfile, 2 nodes, --retries 2: attempt 2 runs on gl-h1 and the spare gl-h3 from
     the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2 keeps nothing."""
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
-    job = _past_step_12_with_a_spare(hostfile, prepared_data, tmp_path, retries=2)
+    run_dir, jobs = private / "run", private / "jobs"
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=2)
     (rank,) = [
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
@@ -419,38 +414,113 @@ def _on_host(proc: psutil.Process, host: str) -> bool:
         return False
 
 
-def test_a_partitioned_host_is_replaced_by_the_spare_and_its_node_ends_itself(
-    hostfile: Path, prepared_data: list[str], tmp_path: Path
+def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_launchers_copy(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
-    """gl-h2's link is taken down mid-run (``ip link set glv2 down``: no packet in or out), 3 hosts in
-    the hostfile, 2 nodes, --retries 1: the job continues on the spare gl-h3 within 90 s; gl-h2's
-    host agent, which hears nothing from the launcher, ends its node, so when the link comes back
-    nothing of the job runs there."""
-    run_dir, jobs = tmp_path / "run", tmp_path / "jobs"
-    job = _past_step_12_with_a_spare(hostfile, prepared_data, tmp_path, retries=1)
-    assert any(_on_host(p, "gl-h2") for p in processes_of(job))
-    run(["ip", "link", "set", "glv2", "down"], check=True)
+    """Share-nothing, 3 hosts in the hostfile, 2 nodes, --retries 1: the link of the host that holds
+    rank 0 and its checkpoints is taken down mid-run (``ip link set glvK down``: no packet in or out).
+    The job continues on the spare gl-h3 within 90 s from the launcher's copy of the last checkpoint,
+    not from step 0, and ends at exactly --max-steps; the lost host's agent, which hears nothing from
+    the launcher, ends its node, so when the link comes back nothing of the job runs there."""
+    run_dir, jobs = private / "run", private / "jobs"
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=1)
+    wait_for(lambda: (run_dir / "ckpt-00000010.pt").is_file(), 60, "the launcher's copy of step 10")
+    names = [n.host for n in JobRecord(jobs / job).plan().nodes]
+    (lost,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]  # rank 0's host
+    node, link = names.index(lost), f"glv{lost.removeprefix('gl-h')}"
+    assert any(_on_host(p, lost) for p in processes_of(job))
+    run(["ip", "link", "set", link, "down"], check=True)
     down = time.monotonic()
     try:
-        node_log = jobs / job / "node-0.log"  # attempt 2's (attempt 1's was moved to attempts/1/)
-        wait_for(
-            lambda: node_log.is_file() and "resumed from" in node_log.read_text()
-            and max(losses(run_dir), default=0) >= 11,
-            90,
-            "attempt 2's first step on gl-h1 and gl-h3",
-        )  # fmt: skip
+        logs = lambda: "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))  # noqa: E731
+        wait_for(lambda: "resumed from" in logs() and step_of(jobs) >= 11, 90, "attempt 2's first step")
         took = time.monotonic() - down
-        wait_for(lambda: not any(_on_host(p, "gl-h2") for p in processes_of(job)), 60, "gl-h2's node to end")
+        wait_for(lambda: not any(_on_host(p, lost) for p in processes_of(job)), 60, f"{lost}'s node to end")
     finally:
-        run(["ip", "link", "set", "glv2", "up"], check=True)
+        run(["ip", "link", "set", link, "up"], check=True)
     final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
     (first,) = final.attempts
-    assert first.replaced == {"gl-h2": "gl-h3"} and "ssh connection to node 1" in first.cause, first
+    assert first.replaced == {lost: "gl-h3"} and f"ssh connection to node {node}" in first.cause, first
+    resumed = [
+        int(step)
+        for step in re.findall(rf"resumed from {re.escape(str(run_dir))}/ckpt-\d+\.pt at step (\d+)", logs())
+    ]
+    assert resumed and resumed[0] >= 10, logs()[-3000:]  # the copy of the last checkpoint, not step 0
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
-    assert not any(_on_host(p, "gl-h2") for p in processes_of(job))  # the link is back: still nothing
+    assert not any(_on_host(p, lost) for p in processes_of(job))  # the link is back: still nothing
     agent_log = run(
-        ["ssh", "gl-h2", f"cat $XDG_STATE_HOME/gptlaunch/jobs/{job}/node-1.log"], check=True
+        ["ssh", lost, f"cat $XDG_STATE_HOME/gptlaunch/jobs/{job}/node-{node}.log"], check=True
     ).stdout
     assert "agent: no word from the launcher for 30 s" in agent_log, agent_log[-2000:]
-    print(f"\ncontinued on the spare {took:.0f} s after the link went down; {first.describe()}")
+    print(f"\ncontinued on the spare {took:.0f} s after the link went down, from step {resumed[0]}")
+
+
+def test_a_retry_without_the_newest_checkpoint_fails_naming_where_it_is(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
+) -> None:
+    """Never a silent restart: this machine's copy of the run dir refuses every write (``chattr +i``,
+    as a full disk would), so rank 0's checkpoints exist on its host only. A rank killed after step
+    12 ends the job with a message that names the checkpoint, its host and the fix, and no attempt 2
+    starts from step 0."""
+    run_dir = private / "run"
+    run_dir.mkdir()
+    run(["chattr", "+i", str(run_dir)], check=True)
+    try:
+        job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=1)
+        names = [n.host for n in JobRecord(private / "jobs" / job).plan().nodes]
+        (holder,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]
+        (rank,) = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]
+                   and p.environ().get("GPTLAUNCH_HOST_NODE") == str(1 - names.index(holder))]  # fmt: skip
+        rank.kill()
+        final = wait_terminal(SshScheduler(), JobRecord(private / "jobs" / job), 300, poll_s=0.5)
+    finally:
+        run(["chattr", "-i", str(run_dir)], check=True)
+    assert final is not None and final.state == "failed", final
+    message = final.message
+    assert "attempt 2 of 2 could not be prepared" in message and "does not start over" in message, message
+    assert (
+        "ckpt-00000010.pt" in message and f"saved on {holder}" in message and "--allow-start-over" in message
+    )
+    assert f"rsync -a {holder}:{run_dir}/ {run_dir}/" in message, message
+    assert not (private / "jobs" / job / "attempts").exists() and not final.attempts  # no attempt 2 ran
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    print(f"\n{message}")
+
+
+def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_launchers_copy(
+    hostfile: Path, wikitext_valid: Path, private: Path, tmp_path: Path
+) -> None:
+    """The plain example script (no API) in share-nothing mode, ``--out {{run_dir}}`` and
+    ``--resume-args``, 3 hosts in the hostfile, 2 nodes, --retries 1: the rank on the host that holds
+    rank 0's checkpoint is SIGKILLed; attempt 2 runs on the spare gl-h3, which gets the launcher's copy
+    of the checkpoint first, and resumes from it, not from step 0, to the script's last step."""
+    hosts, project = first_hosts(hostfile, 3, tmp_path), plain_project(tmp_path, wikitext_valid)
+    workdir, jobs = private / "work", private / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--sync", str(project), "--workdir", str(workdir), "--retries", "1",
+        "--retry-backoff-s", "1", "--resume-args=--init-from=resume",
+        "--", "ddp_plain.py", "--data", "input.txt", "--steps", "2000", "--checkpoint-every", "100",
+        "--out", "{{run_dir}}",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job = only_job_id(jobs)
+    run_dir = JobRecord(jobs / job).plan().run_dir
+    wait_for(
+        lambda: (Path(run_dir) / "ckpt.pt").is_file() and step_of(jobs) >= 110, 300, "the copy of step 100"
+    )
+    names = [n.host for n in JobRecord(jobs / job).plan().nodes]
+    (holder,) = [h for h in names if (on_host(h, Path(run_dir)) / "ckpt.pt").is_file()]
+    (rank,) = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "gptlaunch.shim"]
+               and p.environ().get("GPTLAUNCH_HOST_NODE") == str(names.index(holder))]  # fmt: skip
+    rank.kill()
+    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    assert final is not None and final.state == "succeeded", final
+    (first,) = final.attempts
+    assert first.replaced == {holder: "gl-h3"} and "killed by SIGKILL" in first.cause, first
+    logs = "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))  # attempt 2's
+    resumed = [int(s) for s in re.findall(r"resumed from \S+/ckpt\.pt at step (\d+)", logs)]
+    assert resumed and resumed[0] >= 100 and "step 2000/2000" in logs, logs[-3000:]
+    assert (on_host("gl-h3", Path(run_dir)) / "ckpt.pt").is_file()  # the spare got the copy
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")

@@ -60,13 +60,14 @@ def _launcher(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_render_shows_the_program_on_every_node_with_its_run_dir_and_resume_args() -> None:
     out = _launcher(
         "render", "--json", "--nodes", "2", "--resume-args", "--init-from resume",
-        "--", "examples/ddp_plain.py", "--steps", "3",
+        "--", "examples/ddp_plain.py", "--steps", "3", "--out={{run_dir}}",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     for node in plan["nodes"]:
         command = node["argv"][node["argv"].index("--") + 1 :]
-        assert command[-5:] == ["-m", "gptlaunch.shim", "examples/ddp_plain.py", "--steps", "3"]
+        shim = ["-m", "gptlaunch.shim", "examples/ddp_plain.py", "--steps", "3", f"--out={plan['run_dir']}"]
+        assert command[-6:] == shim
         assert "trainer.cli" not in command
         assert node["env"][RUN_DIR_ENV] == plan["run_dir"]
         assert json.loads(node["env"][RESUME_ARGS_ENV]) == ["--init-from", "resume"]
