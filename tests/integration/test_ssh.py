@@ -270,6 +270,37 @@ def test_a_kill_on_host_2_ends_the_job_everywhere_and_names_host_2(
         assert status["failure"]["rank"] == 1 and "killed by SIGKILL" in status["failure"]["error"], status
 
 
+FAILING = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise RuntimeError("rank 1 gives up")
+dist.barrier()
+"""
+
+
+def test_a_ranks_error_on_a_host_that_shares_no_files_comes_back_as_its_error_file(
+    hostfile: Path, private: Path, tmp_path: Path
+) -> None:
+    """A script's rank 1 raises: its torchelastic error file (written by the shim), on its own host's
+    disk, reaches the record here over the agent's channel, and the root cause quotes it."""
+    hosts, project = first_hosts(hostfile, 2, tmp_path), tmp_path / "project"
+    project.mkdir()
+    (project / "fail.py").write_text(FAILING)
+    jobs = private / "jobs"
+    proc = launcher(
+        jobs, "submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--sync", str(project), "--workdir", str(private / "work"), "--", "fail.py",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    job = only_job_id(jobs)
+    errors = [p.read_text() for p in (jobs / job / "torchelastic").rglob("error.json")]  # the peer's too
+    assert any("rank 1 gives up" in text for text in errors), errors
+    status = json.loads((jobs / job / "status.json").read_text())
+    assert status["state"] == "failed" and status["failure"]["rank"] == 1, status
+    assert "RuntimeError: rank 1 gives up" in status["message"], status["message"]
+
+
 def _is_agent(proc: psutil.Process, node: int) -> bool:
     try:
         return (
