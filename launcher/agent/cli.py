@@ -72,25 +72,39 @@ def state_dir(job_id: str) -> Path:
 
 @dataclass(frozen=True)
 class Back:
-    """``run --copy-dir DIR --send-back PATH... --mark FILE``: the node's checkpoint dir, watched, and
-    the files sent back once its command ended, unless this host sees the launcher's ``mark``."""
+    """``run --copy-dir DIR [--copy-exclude SUB]... --send-back PATH... --mark FILE``: the node's
+    checkpoint dir, watched, and the files sent back once its command ended. The launcher marks the
+    job record (``mark``) and the checkpoint dir (``MARK`` in it): a host that sees a mark shares that
+    dir with the launcher, which reads it itself."""
 
     copy_dir: Path
+    exclude: tuple[str, ...]
     files: list[Path]
     mark: Path
 
     def watch(self, job_id: str, node: int, channel: Sender) -> CheckpointWatch | None:
-        if shares_files(self.mark, job_id):
+        if shares_files(self.copy_dir / MARK, job_id):
             return None
-        watch = CheckpointWatch(self.copy_dir, node, socket.gethostname(), channel.report)
+        watch = CheckpointWatch(self.copy_dir, node, socket.gethostname(), channel.report, self.exclude)
         watch.start()
         return watch
+
+    def finish(self, job_id: str, node: int, channel: Sender, watch: CheckpointWatch | None) -> None:
+        """The last save reported, then the files the launcher cannot see sent back."""
+        if watch is not None:
+            watch.finish()
+        copy_dir_seen = shares_files(self.copy_dir / MARK, job_id)
+        record_seen = shares_files(self.mark, job_id)
+        unseen = [
+            f for f in self.files if not (copy_dir_seen if f.is_relative_to(self.copy_dir) else record_seen)
+        ]
+        send_back(unseen, node, channel.report)
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Back | None:
         if args.copy_dir is None:
             return None
-        return cls(args.copy_dir, args.send_back, args.mark)
+        return cls(args.copy_dir, tuple(args.copy_exclude), args.send_back, args.mark)
 
 
 def _files(where: Path, node: int) -> tuple[Path, Path, Path]:
@@ -181,9 +195,8 @@ def run(
         except OSError as e:  # a mount that cannot be made, a command that cannot start
             sink(f"agent: cannot start {argv[0]!r}: {e.strerror or e}\n".encode())
             code = EXIT_FAILED
-        if checkpoints is not None and back is not None:
-            checkpoints.finish()
-            send_back(back.files, node, channel.report)
+        if back is not None:
+            back.finish(job_id, node, channel, checkpoints)
     exit_file.write_text(str(code))
     return code
 
@@ -279,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="run: the checkpoint dir, copied by a launcher that does "
         "not see this host's files (see launcher.agent.copies)",
+    )
+    p.add_argument(
+        "--copy-exclude",
+        action="append",
+        default=[],
+        metavar="SUB",
+        help="run: a dir below --copy-dir that is not copied (repeatable)",
     )
     p.add_argument(
         "--send-back",

@@ -35,9 +35,10 @@ def shares_files(mark: Path, job_id: str) -> bool:
         return False
 
 
-def snapshot(directory: Path) -> Snapshot:
-    """Every file below ``directory`` (relative POSIX names), but hidden ones and ``*.tmp``: a save
-    in progress (the trainer's ``.ckpt-*.tmp``, a script's ``ckpt.pt.tmp``)."""
+def snapshot(directory: Path, exclude: tuple[str, ...] = ()) -> Snapshot:
+    """Every file below ``directory`` (relative POSIX names), but hidden ones, ``*.tmp`` (a save in
+    progress: the trainer's ``.ckpt-*.tmp``, a script's ``ckpt.pt.tmp``) and those below ``exclude``
+    (relative dirs: the trainer's prepared data, which each node makes for itself)."""
     found: Snapshot = {}
     try:
         paths = [p for p in directory.rglob("*") if p.is_file()]
@@ -45,7 +46,8 @@ def snapshot(directory: Path) -> Snapshot:
         return found
     for path in paths:
         name = path.relative_to(directory).as_posix()
-        if any(part.startswith(".") for part in name.split("/")) or name.endswith(".tmp"):
+        hidden = any(part.startswith(".") for part in name.split("/")) or name.endswith(".tmp")
+        if hidden or any(name.startswith(f"{skip.rstrip('/')}/") for skip in exclude):
             continue
         try:
             info = path.stat()
@@ -55,24 +57,34 @@ def snapshot(directory: Path) -> Snapshot:
     return found
 
 
-def saved_since(old: Snapshot, new: Snapshot) -> bool:
-    """Whether ``new`` holds a save that ``old`` did not: a file that appeared or was renamed into place
-    (a new inode), or one rewritten in place (a newer mtime at a size that did not grow). A log that is
-    only appended to (``metrics.jsonl``, TensorBoard's events) always grows: it is copied with the next
-    checkpoint, not on its own."""
+def saved_since(old: Snapshot, new: Snapshot) -> dict[str, int]:
+    """The files of ``new`` that make a save ``old`` did not hold (name -> mtime in ns): a file that
+    appeared or was renamed into place (a new inode), or one rewritten in place (a newer mtime at a
+    size that did not grow). A log that is only appended to (``metrics.jsonl``, TensorBoard's events)
+    always grows: it is copied with the next checkpoint, not on its own."""
+    changed = {}
     for name, (inode, size, mtime) in new.items():
         before = old.get(name)
         if before is None or before[0] != inode or (mtime != before[2] and size <= before[1]):
-            return True
-    return False
+            changed[name] = mtime
+    return changed
 
 
 class CheckpointWatch:
     """Polls ``directory`` every POLL_S seconds; a save that then stayed unchanged for one poll is
-    reported as ``Saved`` (every file's size), through ``report``."""
+    reported as ``Saved`` (every file's size, and the mtimes of those that made it a save), through
+    ``report``. ``exclude``: dirs below ``directory`` that are not copied (see ``snapshot``)."""
 
-    def __init__(self, directory: Path, node: int, host: str, report: Callable[[NodeReport], None]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        node: int,
+        host: str,
+        report: Callable[[NodeReport], None],
+        exclude: tuple[str, ...] = (),
+    ) -> None:
         self.directory, self.node, self.host, self.report = directory, node, host, report
+        self.exclude = exclude
         self._sent: Snapshot = {}
         self._last: Snapshot | None = None
         self._stop = threading.Event()
@@ -86,7 +98,7 @@ class CheckpointWatch:
         settled: nothing writes them any more)."""
         self._stop.set()
         self._thread.join()
-        self._last = snapshot(self.directory)
+        self._last = snapshot(self.directory, self.exclude)
         self.check()
 
     def _run(self) -> None:
@@ -94,10 +106,19 @@ class CheckpointWatch:
             self.check()
 
     def check(self) -> None:
-        now = snapshot(self.directory)
-        if now == self._last and saved_since(self._sent, now):
+        now = snapshot(self.directory, self.exclude)
+        changed = saved_since(self._sent, now) if now == self._last else {}
+        if changed:
             files = {name: size for name, (_, size, _) in sorted(now.items())}
-            self.report(Saved(node=self.node, host=self.host, directory=str(self.directory), files=files))
+            self.report(
+                Saved(
+                    node=self.node,
+                    host=self.host,
+                    directory=str(self.directory),
+                    files=files,
+                    changed=changed,
+                )
+            )
             self._sent = now
         self._last = now
 

@@ -59,12 +59,13 @@ def agent_argv(
     ]
 
 
-def back_flags(job_dir: Path, node: int, run_dir: Path) -> list[str]:
+def back_flags(job_dir: Path, node: int, run_dir: Path, exclude: Sequence[str] = ()) -> list[str]:
     """``launcher.agent run``'s flags for a host that may share no file system with the launcher: the
-    run dir's checkpoints are copied, the node's error files and the stop marker sent back, unless the
-    host sees the launcher's mark in ``job_dir`` (``launcher.agent.copies``)."""
+    run dir's checkpoints are copied (but the dirs ``exclude``), the node's error files and the stop
+    marker sent back, unless the host sees the launcher's marks (``launcher.agent.copies``)."""
     return [
         f"--copy-dir={run_dir}",
+        *(f"--copy-exclude={sub}" for sub in exclude),
         f"--mark={job_dir / MARK}",
         f"--send-back={torchelastic_dir(job_dir, node)}",
         f"--send-back={run_dir / STOP_MARKER}",

@@ -11,6 +11,7 @@ outside any frame (a login script's chatter) go to the log, as output.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +120,10 @@ def to_record(
         if not isinstance(report, reports.FileBack):
             reports.append(job_dir, report)
         if also is not None:
-            also(report)
+            try:
+                also(report)
+            except Exception as e:  # the channel must be read on: its node's later reports matter more
+                print(f"launcher: a report of node {report.node} failed: {e!r}", file=sys.stderr, flush=True)
 
     return on_report
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RUN_DIR_ENV
@@ -121,6 +122,18 @@ def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: 
             else {}
         ),
     }
+
+
+def copy_excludes(spec: JobSpec, workdir: str, run_dir: str) -> tuple[str, ...]:
+    """The dirs below the (absolute) run dir that its copy leaves out (``launcher.agent.copies``): the
+    built-in trainer's prepared data, which each node makes for itself (the ranks check that their
+    tokenizers agree); none for a user's program."""
+    if spec.program is not None:
+        return ()
+    data = trainer_flag(spec.trainer_args, "--data-dir")
+    data_dir = Path(os.path.normpath(Path(workdir) / data if data is not None else Path(run_dir) / "data"))
+    run = Path(os.path.normpath(run_dir))
+    return (data_dir.relative_to(run).as_posix(),) if data_dir != run and data_dir.is_relative_to(run) else ()
 
 
 def trainer_flag(trainer_args: list[str], flag: str) -> str | None:

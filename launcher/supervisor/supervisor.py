@@ -27,7 +27,7 @@ from typing import NoReturn
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from gptlaunch.contract import ATTEMPT_ENV, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import ATTEMPT_ENV, EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
 from launcher.job import reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
@@ -317,6 +317,10 @@ class _Watch:
         job = self.job
         drain_channels(DRAIN_S, [job.agents[node].pid])  # a host's stop marker comes on its channel
         marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
+        if marker is None and code == EXIT_CHECKPOINTED:  # the marker is rank 0's: its node may end later
+            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
+            drain_channels(DRAIN_S, [a.pid for a in job.agents if a.poll() is not None])
+            marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
         if marker is not None and killed_by(code) is None:
             # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
             # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.

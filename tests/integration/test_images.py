@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from gptlaunch.contract import read_beats
+from launcher.job.record import JobRecord
 from tests.integration.conftest import (
     FAST,
     first_hosts,
@@ -23,6 +25,7 @@ from tests.integration.conftest import (
     metrics,
     missing_component,
     only_job_id,
+    plain_project,
     processes_of,
     run,
     wait_for,
@@ -118,6 +121,32 @@ def test_two_hosts_pull_the_pinned_image_and_train_in_it_whatever_their_local_ta
     assert {m["world_size"] for m in metrics(run_dir) if "world_size" in m} == {2}
     assert max(losses(run_dir)) == 20
     assert processes_of(only_job_id(jobs)) == []
+
+
+def test_the_plain_script_runs_in_the_pinned_image_on_two_hosts_that_share_no_files(
+    hostfile: Path,
+    engine: dict[str, str],
+    pushed: dict[str, Any],
+    wikitext_valid: Path,
+    private: Path,
+    tmp_path: Path,
+) -> None:
+    """A user's program with ``--image`` on SSH: synced to each host's own disk, run in the image
+    through the shim; its checkpoint (``--out {{run_dir}}``) comes back as the launcher's copy and its
+    steps as beats."""
+    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    jobs = private / "jobs"
+    plain = ["ddp_plain.py", "--data", "input.txt", "--steps", "30", "--out", "{{run_dir}}"]
+    proc = launcher(jobs, "submit", "--sync", str(project), "--workdir", str(private / "work"),
+                    *ssh_job(hosts, pushed["repo_digests"][0], plain), timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "step 30/30" in proc.stdout
+    job = only_job_id(jobs)
+    assert (Path(JobRecord(jobs / job).plan().run_dir) / "ckpt.pt").is_file()  # the launcher's copy
+    beats = [b for k in (0, 1) for b in read_beats(jobs / job / "heartbeat" / f"node-{k}")]
+    assert sorted(b.step for b in beats) == [30, 30]
+    names = [line.split()[0] for line in hosts.read_text().splitlines()]
+    assert all(containers(h) == [] for h in names) and processes_of(job) == []
 
 
 def test_a_host_that_cannot_reach_the_registry_is_named_before_any_rank_starts(

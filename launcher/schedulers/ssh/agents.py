@@ -6,10 +6,12 @@ hosts that share no file system with the launcher, the checkpoint copies (``copi
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -22,6 +24,7 @@ from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord
 from launcher.job.retry import spares
 from launcher.job.spec import SpecError
+from launcher.job.torchrun import copy_excludes
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of
@@ -64,7 +67,8 @@ class SshAgents(ChildAgents):
     ) -> None:
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
         self.scheduler = scheduler
-        self.copies = Copies(settings, record.dir, plan.run_dir, say)
+        excluded = copy_excludes(record.spec(), str(plan.facts.get("workdir", "/")), plan.run_dir)
+        self.copies = Copies(settings, record.dir, plan.run_dir, say, excluded)
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
         self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
         self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
@@ -126,7 +130,10 @@ class SshAgents(ChildAgents):
         # The secrets travel inside the encrypted channel, read once by the node agent; stdin then
         # carries the lease, stdout the agent's channel: its output and its reports.
         argv = self.settings.argv(node.host, node.shell_command())
-        (record.dir / MARK).write_text(record.job_id)  # a host that sees it shares this machine's files
+        for marked in (record.dir, Path(self.plan.run_dir)):  # a host that sees one shares that dir
+            with contextlib.suppress(OSError):  # a run dir this machine cannot write: no copy either
+                marked.mkdir(parents=True, exist_ok=True)
+                (marked / MARK).write_text(record.job_id)
         client = start_client(
             argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir,
             on_report=self.copies.on_report,
@@ -167,7 +174,9 @@ class SshAgents(ChildAgents):
 
     def kill(self, job_id: str, grace_s: float) -> None:
         self._signal(self.plan.nodes, "KILL", grace_s)
-        procs.terminate(psutil.Process().children(recursive=True), grace_s)  # ssh clients, masters
+        spared = self.copies.processes()  # a checkpoint copy in flight finishes: the retry needs it
+        children = psutil.Process().children(recursive=True)
+        procs.terminate([p for p in children if p not in spared], grace_s)  # ssh clients, masters
 
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         if exit_code != ssh.SSH_FAILED:

@@ -15,14 +15,17 @@ one more host that can be lost with the first. The launcher's machine is the one
 the job anyway (it holds the job record), and it is the "location the user names" when they name
 none: ``--run-dir`` on a file system of their choosing moves both copies.
 
-**Never a silent restart** (``check``): a next attempt whose newest checkpoint the record knows of
-(the last ``Saved``) was never copied here fails, naming the host and files, unless the user allowed
-starting over (``--allow-start-over``).
+**Never a silent restart** (``missing``): a next attempt whose newest checkpoint (the files that made
+the last ``Saved`` a save) is not in the copy here, in that version or a later one, fails,
+naming the host and files, unless the user allowed starting over (``--allow-start-over``). A pull cut
+short (the supervisor ends its other processes when a node fails; ``processes`` spares the pulls) is
+tried once more first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -30,52 +33,79 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
+from gptlaunch.contract import atomic_write
 from launcher.job.reports import FileBack, NodeReport, Saved
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.sync import rsync_argv, transferred
 
 PULL_TIMEOUT_S = 900.0  # one pull (a GPT-2 checkpoint through a slow link)
-SETTLE_S = 60.0  # at most, the wait for pulls in flight before a next attempt is judged
-_EXCLUDE = ["--exclude=.*", "--exclude=*.tmp"]  # saves in progress (see launcher.agent.copies)
+IO_TIMEOUT_S = 60  # rsync gives up on a link silent this long (a lost host)
+_HIDDEN = ["--exclude=.*", "--exclude=*.tmp"]  # saves in progress (see launcher.agent.copies)
 
 
 class Copies:
-    """The launcher's copy of the run dir ``run_dir`` of the job in ``job_dir``, from its hosts."""
+    """The launcher's copy of the run dir ``run_dir`` of the job in ``job_dir``, from its hosts;
+    ``exclude``: dirs below it that are not copied (as the agents were told)."""
 
-    def __init__(self, settings: ssh.SshSettings, job_dir: Path, run_dir: str, say: Callable[[str], None]):
+    def __init__(
+        self,
+        settings: ssh.SshSettings,
+        job_dir: Path,
+        run_dir: str,
+        say: Callable[[str], None],
+        exclude: tuple[str, ...] = (),
+    ) -> None:
         self.settings, self.job_dir, self.run_dir, self.say = settings, job_dir, run_dir, say
+        self._flags = [
+            *_HIDDEN,
+            *(f"--exclude=/{d.strip('/')}/" for d in exclude),
+            f"--timeout={IO_TIMEOUT_S}",
+        ]
         self._lock = threading.Condition()
         self._pending: dict[str, Saved] = {}  # host -> its newest save not yet pulled
         self._busy: set[str] = set()
+        self._running: set[int] = set()  # pids of the pulls in flight
         self._listed: dict[str, dict[str, int]] = {}  # host -> what its last pulled save listed
         self._errors: dict[str, str] = {}  # host -> why its last pull failed
-        self.newest: Saved | None = None  # the newest save any host reported
-        self.copied: Saved | None = None  # the newest save whose pull finished
+        self.newest: Saved | None = None  # the last save reported (in the order received here)
+        self.pulled = False  # whether any pull succeeded (then there is a copy to push)
 
     def on_report(self, report: NodeReport) -> None:
-        """A report from a host's channel: a ``FileBack`` written, a ``Saved`` pulled."""
-        if isinstance(report, FileBack):
-            self._write_back(report)
-        elif isinstance(report, Saved) and report.directory == self.run_dir:
-            with self._lock:
-                if self.newest is None or report.time >= self.newest.time:
-                    self.newest = report
-                self._pending[report.host] = report
-                if report.host in self._busy:
-                    return
-                self._busy.add(report.host)
-            threading.Thread(target=self._pulls, args=(report.host,), daemon=True).start()
+        """A report from a host's channel: a ``FileBack`` written, a ``Saved`` pulled. Never raises:
+        it runs in the thread that reads the channel."""
+        try:
+            if isinstance(report, FileBack):
+                self._write_back(report)
+            elif isinstance(report, Saved) and report.directory == self.run_dir:
+                self._saved(report)
+        except (OSError, RuntimeError) as e:
+            self.say(f"launcher: could not keep what node {report.node} sent: {e}")
+
+    def _saved(self, report: Saved) -> None:
+        with self._lock:
+            self.newest = report
+            self._pending[report.host] = report
+            if report.host in self._busy:
+                return
+            self._busy.add(report.host)
+        threading.Thread(target=self._pulls, args=(report.host,), daemon=True).start()
 
     def _write_back(self, report: FileBack) -> None:
-        path = Path(report.path)
-        if (
-            not any(path.is_relative_to(root) for root in (self.job_dir, Path(self.run_dir)))
-            or ".." in path.parts
-        ):
+        """Only inside the job record or the run dir (no ``..``, no symlinked dir), replacing the file
+        (a symlink there is replaced, never followed)."""
+        path = Path(os.path.normpath(report.path))
+        roots = [Path(os.path.normpath(r)) for r in (self.job_dir, self.run_dir)]
+        inside = any(path.is_relative_to(root) for root in roots)
+        if inside:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        real = Path(os.path.realpath(path.parent))
+        if not inside or not any(real.is_relative_to(os.path.realpath(root)) for root in roots):
             self.say(f"launcher: ignored a file sent back from node {report.node} outside the job: {path}")
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report.text)
+        with atomic_write(path) as f:
+            f.write(report.text.encode())
 
     def _pulls(self, host: str) -> None:
         while True:
@@ -85,29 +115,39 @@ class Copies:
                     self._busy.discard(host)
                     self._lock.notify_all()
                     return
-            if self._pull(report):
-                with self._lock:
-                    if self.copied is None or report.time >= self.copied.time:
-                        self.copied = report
+            self._pull(report)
 
     def _pull(self, report: Saved) -> bool:
         started = time.monotonic()
         argv = rsync_argv(self.settings, report.host, f"{report.host}:{self.run_dir}", self.run_dir)
         try:
-            done = subprocess.run(argv[:2] + _EXCLUDE + argv[2:], capture_output=True, text=True,
-                                  timeout=PULL_TIMEOUT_S)  # fmt: skip
-            error = done.stderr.strip()[-300:] if done.returncode else ""
-        except (OSError, subprocess.TimeoutExpired) as e:
-            error = str(e)
-        if error:
-            self._errors[report.host] = error
-            self.say(f"launcher: checkpoint copy from {report.host} failed: {error}")
-            return False
+            proc = subprocess.Popen(
+                [*argv[:2], *self._flags, *argv[2:]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        except OSError as e:
+            return self._failed(report.host, str(e))
+        with self._lock:
+            self._running.add(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=PULL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err = f"no end after {PULL_TIMEOUT_S:.0f} s"
+        finally:
+            with self._lock:
+                self._running.discard(proc.pid)
+        if proc.returncode != 0:
+            return self._failed(report.host, err.strip()[-300:] or f"rsync exit code {proc.returncode}")
         for gone in set(self._listed.get(report.host, {})) - set(report.files):  # the host removed it
             with contextlib.suppress(OSError):
                 (Path(self.run_dir) / gone).unlink()
-        self._listed[report.host] = report.files
-        files, size = transferred(done.stdout)
+        self._listed[report.host], self.pulled = report.files, True
+        self._errors.pop(report.host, None)
+        files, size = transferred(out)
         took = time.monotonic() - started
         if files:  # a save it already has (the copy pushed to a host, reported back) is not news
             self.say(
@@ -116,36 +156,67 @@ class Copies:
             )
         return True
 
-    def settle(self, timeout_s: float = SETTLE_S) -> None:
-        """Wait (at most ``timeout_s``) until no pull is in flight."""
+    def _failed(self, host: str, error: str) -> bool:
+        self._errors[host] = error
+        self.say(f"launcher: checkpoint copy from {host} failed: {error}")
+        return False
+
+    def processes(self) -> list[psutil.Process]:
+        """The pulls in flight and their ssh clients: what ending the job's other processes spares."""
+        with self._lock:
+            pids = list(self._running)
+        found = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                found += [proc, *proc.children(recursive=True)]
+        return found
+
+    def settle(self, timeout_s: float = PULL_TIMEOUT_S) -> None:
+        """Wait (at most ``timeout_s``) until no pull is in flight; a pull from a lost host ends within
+        ssh's keep-alive and rsync's IO_TIMEOUT_S."""
         with self._lock:
             self._lock.wait_for(lambda: not self._busy, timeout_s)
 
+    def _absent(self, report: Saved) -> list[str]:
+        """The files that made ``report`` a save and are not here in that version or a later one (rsync
+        keeps the host's mtimes: a copy at least as new, to the second, holds it)."""
+        absent = []
+        for name, mtime_ns in report.changed.items():
+            try:
+                here = (Path(self.run_dir) / name).stat().st_mtime_ns
+            except OSError:
+                here = -1
+            if here // 1_000_000_000 < mtime_ns // 1_000_000_000:
+                absent.append(name)
+        return absent
+
     def missing(self) -> str | None:
-        """Why the newest checkpoint is not here (None when it is, or none was reported)."""
-        with self._lock:
-            newest, copied = self.newest, self.copied
-        if newest is None or (copied is not None and copied.time >= newest.time):
+        """Why the newest checkpoint is not here (None when it is, or none was reported). A host whose
+        last pull failed (cut short, or the link dropped for a moment) is asked once more first."""
+        newest = self.newest
+        if newest is None or not self._absent(newest):
             return None
-        have = copied.files if copied is not None else {}
-        new = [name for name, size in newest.files.items() if have.get(name) != size]
+        if self._pull(newest) and not self._absent(newest):
+            return None
+        absent = self._absent(newest)
         when = time.strftime("%H:%M:%S", time.localtime(newest.time))
         error = self._errors.get(newest.host, "the host was lost before the copy")
         return (
-            f"the newest checkpoint ({', '.join(new[:3]) or 'its files'} in {self.run_dir}) was saved on "
-            f"{newest.host} at {when} and not copied to this machine ({error}); to resume from it, copy "
-            f"it here (`rsync -a {newest.host}:{self.run_dir}/ {self.run_dir}/`) and submit again with this "
-            "run dir"
+            f"the newest checkpoint ({', '.join(absent[:3])} in {self.run_dir}) was saved on {newest.host} "
+            f"at {when} and not copied to this machine ({error}); to resume from it, copy it here "
+            f"(`rsync -a {newest.host}:{self.run_dir}/ {self.run_dir}/`) and submit again with this run dir"
         )
 
     def push(self, hosts: list[str]) -> None:
         """The copy into the run dir of every host (nothing when none was made). Raises OSError naming
         the hosts it could not reach."""
-        if self.copied is None:
+        if not self.pulled:
             return
 
         def one(host: str) -> str | None:
             argv = rsync_argv(self.settings, host, self.run_dir, f"{host}:{self.run_dir}")
+            argv = [*argv[:2], *self._flags, *argv[2:]]  # never the launcher's mark: it says "shared"
             try:
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=PULL_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as e:

@@ -28,7 +28,7 @@ from launcher.job.record import JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_argv
+from launcher.job.torchrun import IMAGE_PYTHON, agent_env, copy_excludes, node_agents, worker_argv
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
@@ -185,7 +185,9 @@ class SshScheduler(SupervisedScheduler):
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
                 image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
-            back = back_flags(job_dir, k, Path(facts.workdir) / run_dir)
+            back = back_flags(
+                job_dir, k, Path(facts.workdir) / run_dir, copy_excludes(spec, facts.workdir, run_dir)
+            )
             argv = agent_argv(
                 spec.python, spec, job_id, k, agent, lease_s=LEASE_S, image_flags=image, back_flags=back
             )
