@@ -68,9 +68,8 @@ def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
     run dir is ``default_run_dir`` (``RUN_DIR_ENV`` tells it, and ``RUN_DIR_ARG`` in its arguments
     becomes it: ``--out {{run_dir}}`` for a script that takes its checkpoint dir as an argument)."""
     if spec.program is not None:
-        return [a.replace(RUN_DIR_ARG, str(default_run_dir)) for a in spec.program.argv()], str(
-            default_run_dir
-        )
+        run_dir = str(default_run_dir)
+        return [arg.replace(RUN_DIR_ARG, run_dir) for arg in spec.program.argv()], run_dir
     args, run_dir = with_run_dir(spec.trainer_args, default_run_dir)
     return ["-m", "trainer.cli", "train", *args], run_dir
 

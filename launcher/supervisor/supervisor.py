@@ -280,8 +280,7 @@ class _Watch:
             failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
             if self.stop_at is not None:
                 if all(c is not None for c in codes) or time.monotonic() - self.stop_at > job.grace_s:
-                    ended = [a.pid for a in job.agents if a.poll() is not None]
-                    drain_channels(DRAIN_S, ended)  # a host's stop marker comes on its channel
+                    self._drain_ended()  # a host's stop marker comes on its channel
                     return stop_outcome(job.plan, since=self.stop_asked)
             elif failed:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
@@ -313,13 +312,17 @@ class _Watch:
         self.stop_at, self.stop_asked = time.monotonic(), time.time()
         self.job.transport.stop(self.job.agents)
 
+    def _drain_ended(self) -> None:
+        """The channels of the agents that ended, read to their end (at most DRAIN_S)."""
+        drain_channels(DRAIN_S, [a.pid for a in self.job.agents if a.poll() is not None])
+
     def _failed(self, node: int, code: int | None) -> Outcome:
         job = self.job
-        drain_channels(DRAIN_S, [job.agents[node].pid])  # a host's stop marker comes on its channel
+        self._drain_ended()  # a host's stop marker comes on its channel
         marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
         if marker is None and code == EXIT_CHECKPOINTED:  # the marker is rank 0's: its node may end later
             psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
-            drain_channels(DRAIN_S, [a.pid for a in job.agents if a.poll() is not None])
+            self._drain_ended()
             marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
         if marker is not None and killed_by(code) is None:
             # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a

@@ -463,7 +463,10 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     run(["ip", "link", "set", link, "down"], check=True)
     down = time.monotonic()
     try:
-        logs = lambda: "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))  # noqa: E731
+
+        def logs() -> str:
+            return "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))
+
         wait_for(lambda: "resumed from" in logs() and step_of(jobs) >= 11, 90, "attempt 2's first step")
         took = time.monotonic() - down
         wait_for(lambda: not any(_on_host(p, lost) for p in processes_of(job)), 60, f"{lost}'s node to end")

@@ -6,18 +6,15 @@ hosts that share no file system with the launcher, the checkpoint copies (``copi
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 
 from gptlaunch.contract import write_beat
-from launcher.agent.copies import MARK
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodePlan, Plan
@@ -130,10 +127,6 @@ class SshAgents(ChildAgents):
         # The secrets travel inside the encrypted channel, read once by the node agent; stdin then
         # carries the lease, stdout the agent's channel: its output and its reports.
         argv = self.settings.argv(node.host, node.shell_command())
-        for marked in (record.dir, Path(self.plan.run_dir)):  # a host that sees one shares that dir
-            with contextlib.suppress(OSError):  # a run dir this machine cannot write: no copy either
-                marked.mkdir(parents=True, exist_ok=True)
-                (marked / MARK).write_text(record.job_id)
         client = start_client(
             argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir,
             on_report=self.copies.on_report,

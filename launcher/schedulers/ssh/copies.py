@@ -30,17 +30,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
 from gptlaunch.contract import atomic_write
+from launcher.agent.copies import MARK
 from launcher.job.reports import FileBack, NodeReport, Saved
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.sync import rsync_argv, transferred
+from launcher.schedulers.ssh.sync import rsync_argv, to_hosts, transferred
 
-PULL_TIMEOUT_S = 900.0  # one pull (a GPT-2 checkpoint through a slow link)
+PULL_TIMEOUT_S = 900.0  # one pull (a GPT-2 checkpoint through a slow link); a push: SYNC_TIMEOUT_S
 IO_TIMEOUT_S = 60  # rsync gives up on a link silent this long (a lost host)
 _HIDDEN = ["--exclude=.*", "--exclude=*.tmp"]  # saves in progress (see launcher.agent.copies)
 
@@ -73,15 +73,12 @@ class Copies:
         self.pulled = False  # whether any pull succeeded (then there is a copy to push)
 
     def on_report(self, report: NodeReport) -> None:
-        """A report from a host's channel: a ``FileBack`` written, a ``Saved`` pulled. Never raises:
-        it runs in the thread that reads the channel."""
-        try:
-            if isinstance(report, FileBack):
-                self._write_back(report)
-            elif isinstance(report, Saved) and report.directory == self.run_dir:
-                self._saved(report)
-        except (OSError, RuntimeError) as e:
-            self.say(f"launcher: could not keep what node {report.node} sent: {e}")
+        """A report from a host's channel: a ``FileBack`` written, a ``Saved`` pulled. Raises OSError
+        (a file that cannot be written), which the channel logs and reads on past."""
+        if isinstance(report, FileBack):
+            self._write_back(report)
+        elif isinstance(report, Saved) and report.directory == self.run_dir:
+            self._saved(report)
 
     def _saved(self, report: Saved) -> None:
         with self._lock:
@@ -119,10 +116,12 @@ class Copies:
 
     def _pull(self, report: Saved) -> bool:
         started = time.monotonic()
-        argv = rsync_argv(self.settings, report.host, f"{report.host}:{self.run_dir}", self.run_dir)
+        argv = rsync_argv(
+            self.settings, report.host, f"{report.host}:{self.run_dir}", self.run_dir, self._flags
+        )
         try:
             proc = subprocess.Popen(
-                [*argv[:2], *self._flags, *argv[2:]],
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -160,6 +159,14 @@ class Copies:
         self._errors[host] = error
         self.say(f"launcher: checkpoint copy from {host} failed: {error}")
         return False
+
+    def mark(self, job_id: str) -> None:
+        """The launcher's marks in the job record and the run dir: a host that sees one shares that dir
+        (``launcher.agent.copies``). None in a run dir this machine cannot write (no copy there either)."""
+        for marked in (self.job_dir, Path(self.run_dir)):
+            with contextlib.suppress(OSError):
+                marked.mkdir(parents=True, exist_ok=True)
+                (marked / MARK).write_text(job_id)
 
     def processes(self) -> list[psutil.Process]:
         """The pulls in flight and their ssh clients: what ending the job's other processes spares."""
@@ -213,18 +220,8 @@ class Copies:
         the hosts it could not reach."""
         if not self.pulled:
             return
-
-        def one(host: str) -> str | None:
-            argv = rsync_argv(self.settings, host, self.run_dir, f"{host}:{self.run_dir}")
-            argv = [*argv[:2], *self._flags, *argv[2:]]  # never the launcher's mark: it says "shared"
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=PULL_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                return f"{host}: {e}"
-            return None if done.returncode == 0 else f"{host}: {done.stderr.strip()[-300:]}"
-
-        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.max_parallel, len(hosts)))) as pool:
-            failed = [e for e in pool.map(one, hosts) if e is not None]
+        # The flags keep the launcher's mark here: a host that got it would think it shares this dir.
+        failed = to_hosts(self.settings, hosts, self.run_dir, self.run_dir, self._flags)
         if failed:
             raise OSError("could not copy the checkpoint to the next attempt's hosts: " + "; ".join(failed))
         self.say(f"launcher: checkpoint copy pushed to {', '.join(hosts)}")

@@ -179,15 +179,17 @@ class SshScheduler(SupervisedScheduler):
             extra = spec.options(SshOptions).container_mounts
             args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
             mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
+        run_here = (
+            Path(facts.workdir) / run_dir
+        )  # a relative run dir is the workdir's, as the trainer takes it
+        excluded = copy_excludes(spec, facts.workdir, str(run_here))
         nodes = []
         for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):
             node_env = env | hosts.env(host, env)
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
                 image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
-            back = back_flags(
-                job_dir, k, Path(facts.workdir) / run_dir, copy_excludes(spec, facts.workdir, run_dir)
-            )
+            back = back_flags(job_dir, k, run_here, excluded)
             argv = agent_argv(
                 spec.python, spec, job_id, k, agent, lease_s=LEASE_S, image_flags=image, back_flags=back
             )
@@ -197,7 +199,9 @@ class SshScheduler(SupervisedScheduler):
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
         spec = record.spec()
         settings = ssh_settings(spec.options(SshOptions))
-        return SshAgents(plan, settings, spec.python, spec.secrets_here(), self, record)
+        agents = SshAgents(plan, settings, spec.python, spec.secrets_here(), self, record)
+        agents.copies.mark(record.job_id)
+        return agents
 
     def heartbeats(
         self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
