@@ -1,7 +1,8 @@
 """What the shim costs a user's script per optimizer step: the same training loop run bare (``python
 loop.py``) and through ``python -m gptlaunch.shim loop.py`` with the launcher's watch on (a heartbeat
 after every optimizer step through torch's global step hook, the flight recorder and its server),
-interleaved round by round, one thread each.
+interleaved round by round, one thread each; then the watch's own work per step, timed in one
+process (the forward clock's hooks, the beat), which no run-to-run noise hides.
 
 The loop (a 2-layer MLP, batch 64, AdamW; about 1 ms a step on these CPUs: small, so that a per-step
 cost shows) times its own steps after a warm-up and prints milliseconds per step; the report is the
@@ -52,6 +53,46 @@ def ms_per_step(script: Path, steps: int, shim: bool, beats: Path) -> float:
     return float(out.split()[-1])
 
 
+# The watch's own work, timed in one process (no noise from another run): a forward of the model the
+# clock found against one of a model without hooks, and the optimizer-step hook's beat.
+DIRECT = """
+import time, torch
+from gptlaunch import runtime
+runtime.watch()
+model, plain, x = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.ones(1, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+model(x).sum().backward()
+opt.step()  # the clock has found ``model``; ``plain`` has no hook
+
+
+def per_call_us(fn, n=20000):
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+rounds = [(per_call_us(lambda: model(x)), per_call_us(lambda: plain(x))) for _ in range(5)]
+hooked, bare = min(r[0] for r in rounds), min(r[1] for r in rounds)
+print(hooked - bare, per_call_us(lambda: runtime._step_done(None)))
+"""
+
+
+def direct_cost_us(beats: Path) -> tuple[float, float]:
+    """(µs the forward clock adds to a forward, torch's hook dispatch included; µs of a beat per
+    optimizer step)."""
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "RANK": "0",
+        JOB_ID_ENV: "bench",
+        HEARTBEAT_DIR_ENV: str(beats),
+    }
+    argv = [sys.executable, "-c", DIRECT]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=600).stdout
+    hooks, beat = (float(v) for v in out.split()[-2:])
+    return hooks, beat
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -72,6 +113,12 @@ def main() -> None:
     print(f"| bare `python loop.py` | {b:.3f} | {args.rounds} |")
     print(f"| `python -m gptlaunch.shim loop.py`, watched | {s:.3f} | {args.rounds} |")
     print(f"\nshim / bare: {s / b:.3f} (bare rounds spread {spread:.1%}; {args.steps} steps a round)")
+    with tempfile.TemporaryDirectory() as tmp:
+        hooks, beat = direct_cost_us(Path(tmp) / "beats")
+    print(
+        f"the watch's own work, timed in one process: {hooks:.2f} µs added to each forward by the clock, "
+        f"{beat:.2f} µs per optimizer-step beat ({(hooks + beat) / 1e3 / b:.2%} of a bare step)"
+    )
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 with them off, and how long a frozen rank takes to be reported.
 
 1. Cost: (e) two torchrun ranks (tiny preset, one thread each) with no heartbeat directory and
-   ``--no-straggler-check`` vs (f) the same with ``GPTLAUNCH_HEARTBEAT_DIR`` set (which also turns on
-   the flight recorder and its server, ``gptlaunch.flight_recorder``) and the straggler
-   check on, interleaved round by round like ``bench_trainer.py`` (whose machinery this reuses).
+   ``--no-straggler-check`` vs (f) the same watched as the launcher watches it (``GPTLAUNCH_JOB_ID``
+   and ``GPTLAUNCH_HEARTBEAT_DIR`` set: the heartbeat, the flight recorder and its server, the forward
+   clock of ``gptlaunch.compute``) and the trainer's straggler check on, interleaved round by round
+   like ``bench_trainer.py`` (whose machinery this reuses).
    Reports f/e tokens/s (target >= 99%). With ``--log-interval 1`` (the default here) the straggler
    all-reduce runs every step: the worst case; by default the trainer runs it every 10 steps.
 2. Detection latency: a 2-node local job (``launcher submit``) with ``--hang-timeout-s T``; once both
@@ -31,7 +32,7 @@ from pathlib import Path
 from bench_trainer import Comparison, Config, markdown, measure, parse_args
 from procs import BenchError, child_env, log
 
-from gptlaunch.contract import HEARTBEAT_DIR_ENV, read_beats
+from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
@@ -40,11 +41,11 @@ CONFIGS = [
     Config("off", "(e) 2 ranks, heartbeat and straggler check off", 2, 1, ("--no-straggler-check",), True),
     Config(
         "on",
-        "(f) 2 ranks, heartbeat file + flight recorder + straggler all-reduce each log interval",
+        "(f) 2 ranks, the launcher's watch (heartbeat, flight recorder, forward clock), straggler all-reduce",
         2,
         1,
         torchrun=True,
-        env=((HEARTBEAT_DIR_ENV, "{run_dir}/heartbeat"),),
+        env=((JOB_ID_ENV, "bench-watchdog"), (HEARTBEAT_DIR_ENV, "{run_dir}/heartbeat")),
     ),
 ]
 COMPARISONS = (Comparison("cost f/e", "on", "off", 1.0, 0.99, percent=True),)

@@ -6,3 +6,14 @@
   script in this process with the launcher's watch on, and no change to the script.
 - ``gptlaunch.contract``: exit codes, environment variables, the stop marker, the heartbeat format.
 """
+
+
+def package_version() -> str:
+    """The installed gptlaunch version. Asked for lazily (``__version__`` of both packages):
+    importlib.metadata costs tens of milliseconds that quick commands should not pay."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gptlaunch")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "0.0.0+unknown"

@@ -1,23 +1,21 @@
 """The contract between the trainer and whatever launches it (our launcher, bare torchrun, a scheduler).
 
-Exit codes, the stop-marker file, the ``GPTLAUNCH_*`` environment variables, atomic file writes and
-the progress heartbeat's format.
+Exit codes, the stop-marker file, the ``GPTLAUNCH_*`` environment variables and the progress
+heartbeat's format. The trainer reaches it only through ``gptlaunch.runtime``.
 It imports no torch (nor numpy): the launcher's read-only commands (``status``, ``cancel``, ...) use it
 and must answer in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+
+from gptlaunch.files import atomic_write_text
 
 # Exit codes of `trainer` and `launcher` (the launcher adds EXIT_REFUSED and EXIT_INTERRUPTED).
 EXIT_OK = 0
@@ -32,70 +30,16 @@ EXIT_INTERRUPTED = 130  # stopped on request before any checkpoint could be save
 # Environment variables.
 JOB_ID_ENV = "GPTLAUNCH_JOB_ID"  # set by the launcher on every process of a job: finds orphans
 JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (default ./jobs)
-FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
 NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"  # a node's index where no scheduler says it (SLURM_NODEID does)
 FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no scheduler says it
 RUN_DIR_ENV = "GPTLAUNCH_RUN_DIR"  # the job's run dir: where a program's checkpoints go
 RESUME_ARGS_ENV = "GPTLAUNCH_RESUME_ARGS"  # JSON list: a program's arguments from the second attempt on
 ATTEMPT_ENV = "GPTLAUNCH_ATTEMPT"  # the job's attempt that started this process: 1, 2, ... (retries)
-# "1" (or true/yes/on): the trainer leaves torch's console chatter as torch prints it (Inductor's
-# autotune tables, known-harmless internal warnings; see trainer.console). The trainer also takes
-# TORCH_DISTRIBUTED_DEBUG=DETAIL, which `launcher submit --debug` sets, as this request.
-DEBUG_ENV = "GPTLAUNCH_DEBUG"
 
 # Written by rank 0 after the checkpoint of a stop signal, in the run dir: tells a launcher or
 # scheduler that the run stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75
 # as a plain failure).
 STOP_MARKER = "stopped.json"
-
-
-def package_version() -> str:
-    """The installed gptlaunch version. Asked for lazily (``__version__`` of both packages):
-    importlib.metadata costs tens of milliseconds that quick commands should not pay."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gptlaunch")
-    except PackageNotFoundError:  # running from a source tree that was not installed
-        return "0.0.0+unknown"
-
-
-@contextlib.contextmanager
-def atomic_write(path: Path) -> Iterator[BinaryIO]:
-    """Yield a binary file to write ``path``'s new content into. On success the temporary file is
-    fsynced, renamed over ``path`` and the directory fsynced; on any error it is removed and ``path``
-    is left as it was. The new file's mode is 0666 less the umask, like any file the process makes.
-    Raises what the writes raise (e.g. OSError for a full disk)."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    # os.open applies the umask itself: no need to read it (reading it means setting it, which races
-    # with other threads creating files).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    with atomic_write(path) as f:
-        f.write(text.encode())
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames in ``directory`` durable (a rename is on disk only once its directory entry is)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -145,7 +89,8 @@ PHASES = ("startup", "step", "eval", "checkpoint")  # startup: until the first s
 class Beat:
     """One rank's progress: ``step`` optimizer steps done, in ``phase`` since ``phase_since`` (epoch
     seconds), last advanced at ``time`` (epoch seconds); ``slowest_step_s``, the slowest of its recent
-    steps (seconds; 0 before the first); ``straggler_ratio`` (``trainer.stragglers``); ``debug_socket``,
+    steps (seconds; 0 before the first); ``compute_s``, its mean forward seconds per recent step
+    (``gptlaunch.compute``: the straggler check's measure; None before one is timed); ``debug_socket``,
     where torch's worker server answers for it (``gptlaunch.flight_recorder``); ``start_step``, the step
     the process resumed at, and ``phase_s``, the seconds it has spent in each phase (for goodput)."""
 
@@ -157,7 +102,7 @@ class Beat:
     phase_since: float
     time: float
     slowest_step_s: float = 0.0
-    straggler_ratio: float | None = None  # its compute time over the median's, while it is a straggler
+    compute_s: float | None = None  # mean forward seconds per recent step (``gptlaunch.compute``)
     debug_socket: str | None = None  # its flight recorder's server (``gptlaunch.flight_recorder``)
     start_step: int = 0  # the step this process started (resumed) at
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
@@ -185,9 +130,10 @@ def read_beats(directory: Path) -> list[Beat]:
     """Every rank's latest beat in ``directory``, by rank; a file that is unreadable or of another
     format is skipped (empty when the directory is missing)."""
     beats = []
+    known = {f.name for f in dataclasses.fields(Beat)}
     for path in sorted(directory.glob("rank-*.json")):
-        try:
-            beats.append(Beat(**json.loads(path.read_text())))
-        except (OSError, ValueError, TypeError):
+        try:  # fields this version does not know (another version's) are left out
+            beats.append(Beat(**{k: v for k, v in json.loads(path.read_text()).items() if k in known}))
+        except (OSError, ValueError, TypeError, AttributeError):  # AttributeError: not an object
             continue
     return sorted(beats, key=lambda b: b.rank)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -34,15 +34,18 @@ class Place(Protocol):
 
 
 class Heartbeat:
-    def __init__(self, env: Place, directory: Path | None) -> None:
-        self.env, self.directory = env, directory
+    def __init__(
+        self, env: Place, directory: Path | None, compute: Callable[[], float | None] | None = None
+    ) -> None:
+        """``compute``: this rank's forward seconds per recent step, asked at each publish
+        (``gptlaunch.compute.ForwardClock.mean_s``)."""
+        self.env, self.directory, self._compute = env, directory, compute
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
         self.start_step = 0
         self.tokens: int | None = None
         self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
-        self._straggler: float | None = None
         self._socket: str | None = None
         if directory is not None:
             with contextlib.suppress(OSError):
@@ -51,9 +54,9 @@ class Heartbeat:
         self._publish()
 
     @classmethod
-    def from_env(cls, env: Place) -> Heartbeat:
+    def from_env(cls, env: Place, compute: Callable[[], float | None] | None = None) -> Heartbeat:
         directory = os.environ.get(HEARTBEAT_DIR_ENV)
-        return cls(env, Path(directory) if directory else None)
+        return cls(env, Path(directory) if directory else None, compute)
 
     def flush(self) -> None:
         """Publish now, whatever the throttle (e.g. the step a failing rank reached)."""
@@ -64,7 +67,7 @@ class Heartbeat:
         self.step = self.start_step = step
 
     def step_done(self, done: int, step_s: float, tokens: int | None = None) -> None:
-        """Optimizer step ``done`` finished after ``step_s`` seconds of compute; ``tokens``: this rank's
+        """Optimizer step ``done`` finished ``step_s`` seconds after the last; ``tokens``: this rank's
         tokens so far, when known."""
         self.step = done
         self.tokens = tokens if tokens is not None else self.tokens
@@ -74,21 +77,11 @@ class Heartbeat:
         elif time.time() - self._written >= BEAT_INTERVAL_S:
             self._publish()
 
-    def straggler(self, ratio: float | None) -> None:
-        """This rank is a straggler at ``ratio`` × the median compute time (None: it is not)."""
-        if ratio != self._straggler:
-            self._straggler = ratio
-            self._publish()
-
-    @contextlib.contextmanager
-    def phase_of(self, name: str) -> Iterator[None]:
-        """Within: ``name`` (eval, checkpoint), which has its own budget; then back to steps."""
+    def enter(self, phase: str) -> str:
+        """Now in ``phase`` (eval, checkpoint: each has its own budget); returns the phase left."""
         before = self.phase
-        self._enter(name)
-        try:
-            yield
-        finally:
-            self._enter(before)
+        self._enter(phase)
+        return before
 
     def _enter(self, phase: str) -> None:
         now = time.time()
@@ -109,7 +102,7 @@ class Heartbeat:
             phase_since=self.phase_since,
             time=now,
             slowest_step_s=max(self._recent, default=0.0),
-            straggler_ratio=self._straggler,
+            compute_s=self._compute() if self._compute else None,
             debug_socket=self._socket,
             start_step=self.start_step,
             tokens=self.tokens,

@@ -18,40 +18,56 @@ step, torch's flight recorder, hang stacks. These few calls add what a script mu
 Under bare ``torchrun`` (no launcher: ``GPTLAUNCH_JOB_ID`` unset) every call is inert: nothing is
 installed or written, ``stop_requested()`` is False, ``attempt()`` is 1, ``checkpoint_dir()`` is None,
 and ``exit_checkpointed`` only exits 75. It imports no torch.
+
+Programs the launcher starts without the shim (the built-in trainer) call ``watch()`` first.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from gptlaunch.compute import ForwardClock
 from gptlaunch.contract import (
     ATTEMPT_ENV,
     EXIT_CHECKPOINTED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
     HEARTBEAT_DIR_ENV,
     JOB_ID_ENV,
     RUN_DIR_ENV,
+    clear_stop_marker,
     write_stop_marker,
 )
 from gptlaunch.heartbeat import Heartbeat
 
 __all__ = [
     "EXIT_CHECKPOINTED",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
     "attempt",
     "beat",
     "checkpoint_dir",
+    "checkpointed",
     "exit_checkpointed",
     "launched",
+    "phase",
     "resumed",
     "resumed_from",
     "stop_requested",
+    "watch",
 ]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # SIGUSR2: SLURM's usual warning before a time limit
@@ -73,6 +89,9 @@ _lock = threading.Lock()
 _heartbeat: Heartbeat | None = None
 _last_beat = 0.0  # time.monotonic() of the last beat: a step's wall time
 _manual = False  # the script beats itself: the optimizer-step hook stands down
+_start_told = False  # the script said where it resumed (``resumed_from``)
+_clock = ForwardClock()  # this rank's own compute per step, for the straggler check
+_watching = False
 _stop: signal.Signals | None = None
 _handlers_installed = False
 
@@ -124,7 +143,11 @@ def _on_stop(signum: int, frame: FrameType | None) -> None:
 
 def resumed_from(step: int) -> None:
     """The run resumed at optimizer step ``step`` (from the script's checkpoint): steps are counted on
-    from there, and goodput does not count the steps before it as this attempt's."""
+    from there, and goodput does not count the steps before it as this attempt's. Without it, a program
+    whose optimizer keeps a step count (Adam, AdamW: ``state["step"]``, restored from its checkpoint) is
+    counted on from that count, read once at its first step."""
+    global _start_told
+    _start_told = True
     with _lock:
         hb = _beats()
         if hb is not None:
@@ -141,26 +164,55 @@ def beat(step: int, tokens: int | None = None) -> None:
 
 
 def exit_checkpointed(step: int, checkpoint: str | Path) -> NoReturn:
-    """After saving the checkpoint of a stop request: record the stop (rank 0 writes the run's stop
-    marker, so the launcher reports the job checkpointed at ``step`` rather than failed) and exit 75
+    """After saving the checkpoint of a stop request: ``checkpointed``, then exit 75
     (``EXIT_CHECKPOINTED``: submit again, or let the scheduler requeue, to resume)."""
+    checkpointed(step, checkpoint, _stop.name if _stop else None)
+    sys.exit(EXIT_CHECKPOINTED)
+
+
+def checkpointed(step: int, checkpoint: str | Path, signal: str | None = None) -> None:
+    """Record that the run stops after saving ``checkpoint`` at ``step`` on a stop request (``signal``:
+    its name, e.g. "SIGUSR2"): rank 0 writes the run's stop marker, so the launcher reports the job
+    checkpointed rather than failed once the ranks exit 75. For programs that exit by themselves
+    (``exit_checkpointed`` does both). Raises OSError when the marker cannot be written."""
     run_dir = checkpoint_dir()
     if run_dir is not None and _Rank().rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_stop_marker(run_dir, step, Path(checkpoint), _stop.name if _stop else None)
+        write_stop_marker(run_dir, step, Path(checkpoint), signal)
     with _lock:
         hb = _beats()
         if hb is not None:
             hb.step = step
             hb.flush()
-    sys.exit(EXIT_CHECKPOINTED)
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Within: ``name``, "eval" or "checkpoint", each with its own hang budget (``--hang-eval-s``,
+    ``--hang-checkpoint-s``), its forwards not counted as training compute; then steps again.
+    Raises ValueError for another name."""
+    global _last_beat
+    if name not in ("eval", "checkpoint"):
+        raise ValueError(f"phase {name!r}: use 'eval' or 'checkpoint'")
+    with _lock:
+        hb = _beats()
+        before = hb.enter(name) if hb is not None else None
+        paused, _clock.paused = _clock.paused, True
+    try:
+        yield
+    finally:
+        with _lock:
+            if hb is not None and before is not None:
+                hb.enter(before)
+            _clock.paused = paused
+            _last_beat = time.monotonic()  # the next step's time leaves this phase out
 
 
 def _beats() -> Heartbeat | None:
     """This rank's heartbeat, started on first use (None when the launcher does not watch it)."""
     global _heartbeat
     if _heartbeat is None and os.environ.get(HEARTBEAT_DIR_ENV) and launched():
-        _heartbeat = Heartbeat.from_env(_Rank())
+        _heartbeat = Heartbeat.from_env(_Rank(), _clock.mean_s)
     return _heartbeat
 
 
@@ -174,6 +226,7 @@ def _step_done(step: int | None, tokens: int | None = None) -> None:
         now = time.monotonic()
         step_s = now - _last_beat if _last_beat else 0.0
         _last_beat = now
+        _clock.step_done()
         hb.step_done(hb.step + 1 if step is None else step, step_s, tokens)
 
 
@@ -184,23 +237,44 @@ def _last_beat_out() -> None:
             _heartbeat.flush()
 
 
-def _watch() -> None:
-    """Start this rank's watch before the script runs (``gptlaunch.shim``): its heartbeat and flight
-    recorder (before the process group is made), and a beat after every optimizer step through
-    torch's global step hook, counting one optimizer's steps (the first that steps)."""
-    if _beats() is None:
+def watch() -> None:
+    """Start this rank's watch, once, before the program trains (``gptlaunch.shim`` does it before the
+    script runs): its heartbeat and flight recorder (before the process group is made), a beat after
+    every optimizer step through torch's global step hook (counting the first optimizer that steps),
+    and the forward clock of the straggler check (``gptlaunch.compute``). Nothing under bare torchrun."""
+    global _watching
+    if _watching or _beats() is None:
         return
+    _watching = True
     atexit.register(_last_beat_out)
+    run_dir = checkpoint_dir()
+    if run_dir is not None and _Rank().rank == 0:
+        clear_stop_marker(run_dir)  # a new start: the last stop is history
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
     except ImportError:  # not a torch program: it may still beat()
         return
+    # The global hook that finds the model is gone after its first call; torch.compile warns once that
+    # it sees one (it would fire an extra time for the compiled wrapper: the clock ignores that).
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+    _clock.attach()
     counted: list[int] = []
 
-    def after_step(optimizer: object, args: object, kwargs: object) -> None:
+    def after_step(optimizer: Any, args: object, kwargs: object) -> None:
         if not counted:
             counted.append(id(optimizer))
+            _first_step(optimizer)
         if not _manual and id(optimizer) == counted[0]:
             _step_done(None)
 
     register_optimizer_step_post_hook(after_step)
+
+
+def _first_step(optimizer: Any) -> None:
+    """Where a resumed program starts, from its optimizer's own step count (see ``resumed_from``)."""
+    steps = next((s["step"] for s in optimizer.state.values() if "step" in s), None)
+    if steps is not None and not _start_told and int(steps) > 1:  # int(): one sync on a GPU, once
+        with _lock:
+            hb = _beats()
+            if hb is not None:
+                hb.resumed(int(steps) - 1)

@@ -1,6 +1,6 @@
 """``python -m gptlaunch.shim SCRIPT.py ARGS`` or ``python -m gptlaunch.shim -m MODULE ARGS``: run a
 user's training program in this process, as ``python SCRIPT.py ARGS`` (``python -m MODULE ARGS``)
-would, with the launcher's watch started first (``gptlaunch.runtime._watch``: the heartbeat after
+would, with the launcher's watch started first (``gptlaunch.runtime.watch``: the heartbeat after
 every optimizer step, the flight recorder). The launcher renders every rank of a Python program this
 way; the script needs no change and sees its own ``sys.argv``, ``__main__`` and exit code. From the
 job's second attempt on, the program's ``--resume-args`` (``RESUME_ARGS_ENV``) follow its arguments.
@@ -8,8 +8,6 @@ job's second attempt on, the program's ``--resume-args`` (``RESUME_ARGS_ENV``) f
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
 import runpy
@@ -20,6 +18,7 @@ from typing import NoReturn
 
 from gptlaunch import runtime
 from gptlaunch.contract import RESUME_ARGS_ENV
+from gptlaunch.exits import exit_code, exit_now
 
 USAGE = "usage: python -m gptlaunch.shim SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 
@@ -34,7 +33,7 @@ def main(argv: list[str]) -> None:
     target, args = argv[target_at], argv[target_at + 1 :]
     if runtime.resumed():
         args += json.loads(os.environ.get(RESUME_ARGS_ENV, "[]"))
-    runtime._watch()
+    runtime.watch()
     sys.argv = [target, *args]  # for -m, runpy then puts the module's path in argv[0], as python does
     if not module:
         sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT.py` sets it
@@ -56,25 +55,6 @@ def _recorded(fn: Callable[[], None]) -> Callable[[], None]:
     except ImportError:
         return fn
     return record(fn)
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit with ``code`` after the atexit handlers and a flush, without the interpreter's finalization:
-    there, gloo's worker threads (torch 2.13) may still hold work whose destruction aborts the process
-    (SIGABRT, "terminate called without an active exception"; pytorch/pytorch PR 179291), which
-    torchrun then reports as the failure of a rank that had finished, or hides its real error."""
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def exit_code(e: SystemExit) -> int:
-    """The process exit code of ``e``, as the interpreter makes it (a message is printed, exit 1)."""
-    if isinstance(e.code, str):
-        print(e.code, file=sys.stderr)
-    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
 def _entry() -> NoReturn:

@@ -4,8 +4,8 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # looked up on first use (see gptlaunch.contract.package_version)
-        from gptlaunch.contract import package_version
+    if name == "__version__":  # looked up on first use (see gptlaunch.package_version)
+        from gptlaunch import package_version
 
         return package_version()
     raise AttributeError(name)

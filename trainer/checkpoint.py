@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptlaunch.contract import atomic_write
+from gptlaunch.files import atomic_write
 from trainer.config import TrainConfig
 from trainer.errors import CheckpointError
 

@@ -13,8 +13,8 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from gptlaunch.contract import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from gptlaunch.shim import exit_code, exit_now
+from gptlaunch.exits import exit_code, exit_now
+from gptlaunch.runtime import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from trainer.errors import USER_ERRORS, TrainingError
 from trainer.flags import build_parser, config_from_args, flag_values
 

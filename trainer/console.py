@@ -24,8 +24,10 @@ import sys
 import warnings
 from collections.abc import Mapping
 
-from gptlaunch.contract import DEBUG_ENV
-
+# "1" (or true/yes/on): leave torch's console chatter as torch prints it (Inductor's autotune tables,
+# known-harmless internal warnings). TORCH_DISTRIBUTED_DEBUG=DETAIL, which `launcher submit --debug`
+# sets, is taken as this request too.
+DEBUG_ENV = "GPTLAUNCH_DEBUG"
 _TRUE_VALUES = {"1", "true", "yes", "on"}
 # warnings.filterwarnings matches ``message`` at the start of the text and ``module`` against the
 # module the warning is attributed to: torch's own modules only, so our code would still be told.

@@ -17,7 +17,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE, package_version
+from gptlaunch import package_version
+from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
 

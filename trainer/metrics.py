@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gptlaunch.contract import atomic_write_text
+from gptlaunch.files import atomic_write_text
 
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
 # torch.cuda.get_device_name(). Anything else is measured.

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gptlaunch.contract import write_stop_marker
+from gptlaunch import runtime
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.console import warn
@@ -233,6 +233,6 @@ def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = 
             tokenizer_sha256=run.manifest.tokenizer_sha256,
         )
         path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
-        if stopping:
-            write_stop_marker(run.cfg.run_dir, next_step, path, signal)
+        if stopping:  # for the launcher (``runtime``): the job checkpointed, not failed
+            runtime.checkpointed(next_step, path, signal)
     distributed.barrier()  # nobody exits or moves on before the files are in place

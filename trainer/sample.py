@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gptlaunch.contract import EXIT_OK
+from gptlaunch.runtime import EXIT_OK
 from trainer import checkpoint
 from trainer.config import GPTConfig
 from trainer.data.manifest import load_manifest

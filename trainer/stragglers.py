@@ -104,7 +104,6 @@ class StragglerWatch:
         self.device, self.rank, self.world_size = device, rank, world_size
         self._verdict = Stragglers(world_size)
         self._places: list[tuple[int, str]] | None = None
-        self.named: dict[int, float] = {}  # rank -> ratio, as of the last interval
 
     def interval(self) -> list[dict[str, object]]:
         """At a log interval (every rank, collective): share the compute times and return the
@@ -113,7 +112,6 @@ class StragglerWatch:
         if not self.clock.enabled:
             return []
         found = self._verdict.update(share(self.clock.take(), self.rank, self.world_size, self.device))
-        self.named = {s.rank: s.ratio for s in found}
         if not found:
             return []
         if self._places is None:  # once, and only once there is someone to name: same on every rank

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_OK, FAULT_ENV, clear_stop_marker
-from gptlaunch.heartbeat import Heartbeat
+from gptlaunch import runtime
+from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_OK
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
@@ -37,6 +37,8 @@ from trainer.run import Run, save, setup
 from trainer.signals import StopRequest
 from trainer.step import agree, evaluate, train_step
 from trainer.stragglers import StragglerWatch, describe
+
+FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -79,9 +81,10 @@ def _run_dir_lock(run_dir: Path, enabled: bool) -> Iterator[None]:
 
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
-    beat = Heartbeat.from_env(env)  # first: start-up (data, rendezvous, compile) has its own budget
+    # First: start-up (data, rendezvous, compile) has its own hang budget. The watch's last beat, at
+    # exit, gives the step a failing rank reached (the launcher's retry rule compares it).
+    runtime.watch()
     if env.is_main:  # under the run-dir lock: no other run is writing here
-        clear_stop_marker(cfg.run_dir)  # a new run: the last stop is history
         checkpoint.remove_partial_saves(cfg.run_dir)
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
@@ -103,23 +106,20 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     try:
         run = setup(cfg, env, device, manifest)
         with StopRequest(cfg.stop_signals) as stop:
-            return loop(run, stop, beat)
-    except BaseException:
-        beat.flush()  # the step it failed at, not throttled: the launcher's retry rule compares it
-        raise
+            return loop(run, stop)
     finally:
         distributed.shutdown()
 
 
-def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
+def loop(run: Run, stop: StopRequest) -> int:
     """Train from ``run.start_step`` to ``max_steps``. Collective. Returns EXIT_OK, or EXIT_CHECKPOINTED
     once the checkpoint of a stop signal is saved. Raises TrainingError when the loss diverges."""
     cfg = run.cfg
     cadence = Cadence(cfg, run.start_step)
     fault = FaultInjection.from_env(run.env)
     stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
-    obs = Observers(Throughput(run), beat, stragglers)
-    beat.resumed(run.start_step)
+    obs = Observers(Throughput(run), stragglers)
+    runtime.resumed_from(run.start_step)
     with Report(run) as report:
         report.log(_start_line(run, obs.meter.tokens_per_step))
         for step in range(run.start_step, cfg.max_steps):
@@ -130,7 +130,7 @@ def loop(run: Run, stop: StopRequest, beat: Heartbeat) -> int:
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss))
             if stopping or cadence.checkpoints(done):
-                with obs.beat.phase_of("checkpoint"):
+                with runtime.phase("checkpoint"):
                     save(run, done, stopping, stop.received.name if stop.received else None)
             if stopping:
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
@@ -147,11 +147,10 @@ def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) 
         lr = lr_at(step, run.cfg)
         record = {"step": done, "loss": loss, "lr": lr, **obs.meter.take(), "world_size": run.env.world_size}
         stragglers = obs.stragglers.interval()
-        obs.beat.straggler(obs.stragglers.named.get(run.env.rank))
         if stragglers:
             record["stragglers"] = stragglers
     if cadence.evaluates(done):
-        with obs.beat.phase_of("eval"):
+        with runtime.phase("eval"):
             val = evaluate(run)
         record |= {"step": done, "loss": loss, "val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
     return record
@@ -159,16 +158,16 @@ def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) 
 
 @dataclass(frozen=True)
 class Observers:
-    """What watches each step without changing it: throughput, the heartbeat, the straggler check."""
+    """What watches each step without changing it: throughput, the straggler check, the launcher's
+    heartbeat (``gptlaunch.runtime``)."""
 
     meter: Throughput
-    beat: Heartbeat
     stragglers: StragglerWatch
 
     def step_done(self, done: int, step_s: float) -> None:
         self.meter.add(step_s)  # step time only: evaluation and checkpoints excluded
         self.stragglers.clock.step_done()
-        self.beat.step_done(done, step_s)
+        runtime.beat(done)
 
 
 @dataclass(frozen=True)

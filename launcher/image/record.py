@@ -13,7 +13,7 @@ from docker.errors import DockerException, ImageNotFound
 from pydantic import BaseModel, ConfigDict, ValidationError
 from requests import RequestException
 
-from gptlaunch.contract import atomic_write_text
+from gptlaunch.files import atomic_write_text
 from launcher.image.engine import DockerError
 from launcher.job.measurements import Probe
 from launcher.preflight.parity import MUST_MATCH, field_value

@@ -1,9 +1,18 @@
 """Where a running job's nodes are, from their ranks' heartbeats (``gptlaunch.contract.Beat``): for
 ``launcher status``. Each scheduler finds the beats (``Scheduler.heartbeats``): in the job record
-(``recorded_beats``: local, SLURM, compose) or on the hosts (SSH)."""
+(``recorded_beats``: local, SLURM, compose) or on the hosts (SSH).
+
+Stragglers are judged here, for every program alike: each rank's beat carries its mean forward
+seconds per recent step (``Beat.compute_s``, timed with no change to the program by
+``gptlaunch.compute``), and a rank slower than ``STRAGGLER_RATIO`` × the median of the *other* ranks
+is named. Against the others' median, a rank does not pull its own baseline up: with two ranks the
+plain median is their mean, and a rank at half speed would show as only 1.33×; this way it shows as 2×.
+"""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -11,6 +20,10 @@ from pydantic import BaseModel, ConfigDict
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
+
+# A rank this much slower than the median of the others is a straggler. Each measure is already a mean
+# over the rank's last 10 s of steps (``gptlaunch.compute.WINDOW_S``), so one slow step names nobody.
+STRAGGLER_RATIO = 1.25
 
 
 class NodeProgress(BaseModel):
@@ -24,7 +37,7 @@ class NodeProgress(BaseModel):
     phase: str  # the phase of the rank that beat last
     heartbeat_age_s: float  # since the node's most recent beat
     stalled_s: float | None  # seconds without progress past the hang budget, else None
-    stragglers: dict[int, float]  # rank -> its compute time over the median's
+    stragglers: dict[int, float]  # rank -> its compute time over the median of the other ranks
 
     def describe(self) -> str:
         where = f"node {self.node_rank}" + (f" ({self.host})" if self.host else "")
@@ -32,7 +45,7 @@ class NodeProgress(BaseModel):
         if self.stalled_s is not None:
             text += f", NO PROGRESS for {self.stalled_s:.0f} s (over the hang budget)"
         for rank, ratio in sorted(self.stragglers.items()):
-            text += f", straggler: rank {rank} at {ratio:.1f}× the median step time"
+            text += f", straggler: rank {rank} at {ratio:.1f}× the others' compute time (forward passes)"
         return text
 
 
@@ -46,6 +59,7 @@ def node_progress(
 ) -> list[NodeProgress]:
     """The progress of each node of ``plan`` with beats in ``beats_of`` (by node_rank). ``now``:
     epoch seconds."""
+    slow = stragglers(b for beats in beats_of.values() for b in beats)
     found = []
     for node in plan.nodes:
         beats = beats_of.get(node.node_rank, [])
@@ -62,7 +76,20 @@ def node_progress(
                 phase=last.phase,
                 heartbeat_age_s=max(0.0, now - last.time),
                 stalled_s=stall.silent_s if stall else None,
-                stragglers={b.rank: b.straggler_ratio for b in beats if b.straggler_ratio is not None},
+                stragglers={b.rank: slow[b.rank] for b in beats if b.rank in slow},
             )
         )
+    return found
+
+
+def stragglers(beats: Iterable[Beat]) -> dict[int, float]:
+    """The ranks whose compute per step (``Beat.compute_s``) is over STRAGGLER_RATIO × the median of the
+    other ranks', by rank, with that ratio; ranks not yet timed are left out (none with fewer than two)."""
+    timed = {b.rank: b.compute_s for b in beats if b.compute_s}
+    found = {}
+    for rank, seconds in timed.items():
+        others = [s for r, s in timed.items() if r != rank]
+        ratio = seconds / statistics.median(others) if others else 0.0
+        if ratio > STRAGGLER_RATIO:
+            found[rank] = ratio
     return found

@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gptlaunch.contract import EXIT_FAILED, atomic_write_text
+from gptlaunch.contract import EXIT_FAILED
+from gptlaunch.files import atomic_write_text
 from launcher.job.plan import Plan, node_log_name
 from launcher.job.spec import JobSpec
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from gptlaunch.contract import package_version
+from gptlaunch import package_version
 from launcher.job.measurements import Gpu, Probe, Route
 
 # Packages whose versions must match on every host (besides Python, torch and gptlaunch): a different

@@ -89,10 +89,12 @@ def test_a_retry_resumes_the_plain_script_with_its_resume_args(text, tmp_path: P
     while not (record.status().attempt == 2 and (steps := _printed_steps(job_dir, printed))):
         assert time.monotonic() < deadline, "the second attempt printed no step in 180 s"
         time.sleep(0.2)
+    resumed = wait_for_steps(_beat_dirs(job_dir), step=steps[0])  # the second attempt's beats
     launcher(jobs, "cancel", job_dir.name, check=True)
     # The second attempt loaded the checkpoint of step 20 or later: its steps go on from there (the
-    # script prints every 10th).
+    # script prints every 10th), and so does its heartbeat, from AdamW's own step count.
     assert steps[0] > 20, steps
+    assert all(b.start_step >= 20 and b.step >= steps[0] for b in resumed), resumed
     argv = json.loads((job_dir / "plan.json").read_text())["nodes"][0]["env"]
     assert json.loads(argv["GPTLAUNCH_RESUME_ARGS"]) == ["--init-from", "resume"]
 

@@ -1,21 +1,28 @@
 """Stragglers against real contention: two local ranks, each pinned to its own core; nobody is named
-while they run alone, and rank 1 is named (metrics.jsonl, the console, `launcher status`) once a busy
-loop shares its core."""
+while they run alone, and rank 1 is named once a busy loop shares its core: by the built-in trainer's
+own check (metrics.jsonl, the console) and by the launcher (`launcher status`, from the ranks' beats),
+and, for a plain script with no change to it, once a CPU quota (a cgroup) throttles rank 1 to a share
+of its core (`launcher status`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 
+from gptlaunch.compute import WINDOW_S
+from gptlaunch.contract import Beat, read_beats
 from tests.integration.conftest import FAST, launcher, only_job_id, wait_for_steps
 
 LOG_INTERVAL = 5
+PLAIN = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_plain.py")
 
 
 def _stragglers_in_status(jobs: Path, job_id: str) -> dict[str, float]:
@@ -33,6 +40,57 @@ def _pin(pid: int, core: int) -> None:
 def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _sharing_its_core(pid: int) -> subprocess.Popen[bytes]:
+    """A busy loop on the core ``pid`` is pinned to: that rank now has half a core."""
+    (core,) = os.sched_getaffinity(pid)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(busy.pid, {core})
+    return busy
+
+
+@contextlib.contextmanager
+def _throttled(pid: int, share: float, period_us: int = 20_000) -> Iterator[None]:
+    """``pid`` (all its threads) held to ``share`` of one core by a CPU quota: a cgroup v1 ``cpu``
+    controller's ``cfs_quota_us`` (these machines' layout), or v2's ``cpu.max``. A quota, unlike a busy
+    loop on the core, also slows a rank that waits for its peers between steps: the scheduler owes a
+    task that slept, but a quota is spent whatever the task did before."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    root = v1 if (v1 / "cpu.cfs_quota_us").is_file() else Path("/sys/fs/cgroup")
+    group = root / f"gptlaunch-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        if root == v1:
+            (group / "cpu.cfs_period_us").write_text(str(period_us))
+            (group / "cpu.cfs_quota_us").write_text(str(int(share * period_us)))
+        else:
+            (group / "cpu.max").write_text(f"{int(share * period_us)} {period_us}")
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the process may be gone
+            (root / "cgroup.procs").write_text(str(pid))
+        group.rmdir()
+
+
+def _beats_at(beat_dirs: list[Path], since: float, timeout_s: float = 120) -> list[Beat]:
+    """Both ranks' beats once each was published at or after ``since`` (epoch seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        beats = [b for d in beat_dirs for b in read_beats(d)]
+        if len(beats) == 2 and all(b.time >= since for b in beats):
+            return beats
+        time.sleep(0.5)
+    raise AssertionError(f"the ranks did not beat after {since} within {timeout_s} s")
+
+
+def _named_in_status(jobs: Path, job_id: str, timeout_s: float = 120) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while not (named := _stragglers_in_status(jobs, job_id)):
+        assert time.monotonic() < deadline, f"no straggler in `launcher status` within {timeout_s} s"
+        time.sleep(0.5)
+    return named
 
 
 def _wait_for_log_intervals(run_dir: Path, after_step: int, n: int, timeout_s: float = 240) -> list[dict]:
@@ -65,18 +123,13 @@ def test_a_rank_sharing_its_core_with_a_busy_loop_is_named_and_nobody_before(
             _pin(beat.pid, beat.rank)
         alone = _wait_for_log_intervals(run_dir, after_step=beats[0].step + LOG_INTERVAL, n=4)
         assert not any("stragglers" in r for r in alone), alone
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        os.sched_setaffinity(busy.pid, {1})
+        busy = _sharing_its_core(next(b.pid for b in beats if b.rank == 1))
         shared = _wait_for_log_intervals(run_dir, after_step=alone[-1]["step"], n=4)
         named = [r["stragglers"] for r in shared if "stragglers" in r]
         assert named, shared
         (straggler,) = named[-1]
         assert (straggler["rank"], straggler["node"]) == (1, 1) and straggler["ratio"] > 1.25, straggler
-        # Rank 1 (the slow one) publishes its beat after rank 0 wrote the metrics line: wait for it.
-        deadline = time.monotonic() + 60
-        while not (in_status := _stragglers_in_status(jobs, job_id)):
-            assert time.monotonic() < deadline, "rank 1's beat did not name it a straggler within 60 s"
-            time.sleep(0.5)
+        in_status = _named_in_status(jobs, job_id)  # the launcher's verdict, from the ranks' beats
         assert set(in_status) == {"1"} and in_status["1"] > 1.25, in_status
         text = launcher(jobs, "status", job_id, check=True).stdout
         assert "straggler: rank 1 at " in text, text
@@ -86,4 +139,34 @@ def test_a_rank_sharing_its_core_with_a_busy_loop_is_named_and_nobody_before(
     finally:
         if busy is not None:
             busy.kill()
+        launcher(jobs, "cancel", job_id)
+
+
+def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
+    wikitext_valid: Path, tmp_path: Path
+) -> None:
+    assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
+    jobs = tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--nodes", "2", "--", PLAIN, "--data", str(wikitext_valid),
+        "--batch-size", "512", "--steps", "1000000", "--checkpoint-every", "1000000",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job_id = only_job_id(jobs)
+    beat_dirs = [jobs / job_id / "heartbeat" / f"node-{k}" for k in (0, 1)]
+    try:
+        beats = wait_for_steps(beat_dirs, step=1)
+        for beat in beats:
+            _pin(beat.pid, beat.rank)
+        alone = _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window since pinned
+        assert _stragglers_in_status(jobs, job_id) == {}
+        with _throttled(next(b.pid for b in alone if b.rank == 1), share=0.4):
+            _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window under the quota
+            named = _stragglers_in_status(jobs, job_id)
+            text = launcher(jobs, "status", job_id, check=True).stdout
+        assert set(named) == {"1"} and named["1"] > 1.25, named
+        assert "straggler: rank 1 at " in text, text
+        print(f"\n{text}")
+    finally:
         launcher(jobs, "cancel", job_id)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import atomic_write, atomic_write_text
+from gptlaunch.files import atomic_write, atomic_write_text
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_the_file_mode_follows_the_umask_without_changing_it(tmp_path: Path) -> 
         "os.umask(0o027)\n"
         "def refuse(mask): raise AssertionError('the umask was changed')\n"
         "os.umask = refuse  # another thread may be creating files: never set it, not even briefly\n"
-        "from gptlaunch.contract import atomic_write_text\n"
+        "from gptlaunch.files import atomic_write_text\n"
         "atomic_write_text(Path(sys.argv[1]), 'x')\n"
     )
     path = tmp_path / "f.json"

@@ -183,8 +183,9 @@ def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monk
         beat.step_done(step, 0.5)
     latest = read_beats(tmp_path / "node-1")[0]
     assert latest.step > 2 and latest.slowest_step_s == 2.0
-    with beat.phase_of("checkpoint"):
-        assert read_beats(tmp_path / "node-1")[0].phase == "checkpoint"
+    assert beat.enter("checkpoint") == "step"
+    assert read_beats(tmp_path / "node-1")[0].phase == "checkpoint"
+    beat.enter("step")
     assert read_beats(tmp_path / "node-1")[0].phase == "step"
     # For goodput: the seconds spent in each phase so far (a fake clock of 0.1 s a call), and the resume.
     beat.resumed(40)
@@ -220,11 +221,13 @@ def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) ->
     now = 1000.0
     for k in (0, 1):
         heartbeat_dir(tmp_path / "job", k).mkdir(parents=True)
-    write_beat(heartbeat_dir(tmp_path / "job", 0), _beat(0, now - 3, step=41))
-    slow = Beat(**{**_beat(1, now - 200, step=40).__dict__, "straggler_ratio": 1.9})
+    fast = Beat(**{**_beat(0, now - 3, step=41).__dict__, "compute_s": 0.010})
+    write_beat(heartbeat_dir(tmp_path / "job", 0), fast)
+    slow = Beat(**{**_beat(1, now - 200, step=40).__dict__, "compute_s": 0.019})
     write_beat(heartbeat_dir(tmp_path / "job", 1), slow)
     beats = recorded_beats(plan, tmp_path / "job")
     node0, node1 = node_progress(plan, HangSpec(timeout_s=60), beats, now)
-    assert (node0.step, node0.heartbeat_age_s, node0.stalled_s) == (41, 3.0, None)
-    assert (node1.step, node1.stalled_s, node1.stragglers) == (40, 200.0, {1: 1.9})
+    assert (node0.step, node0.heartbeat_age_s, node0.stalled_s, node0.stragglers) == (41, 3.0, None, {})
+    assert (node1.step, node1.stalled_s) == (40, 200.0)
+    assert node1.stragglers == {1: pytest.approx(1.9)}  # against the other ranks' median: 19 ms / 10 ms
     assert "NO PROGRESS for 200 s" in node1.describe() and "straggler: rank 1 at 1.9×" in node1.describe()

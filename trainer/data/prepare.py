@@ -15,7 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from gptlaunch.contract import atomic_write
+from gptlaunch.files import atomic_write
 from trainer.data.corpus import Corpus, DataSource, load_corpus
 from trainer.data.manifest import (
     FORMAT_VERSION,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gptlaunch.contract import atomic_write
+from gptlaunch.files import atomic_write
 from trainer.data.manifest import EOT_TOKEN
 
 ENCODE_BATCH_DOCS = 8192  # documents per encode_batch call: parallel in Rust, bounded memory here

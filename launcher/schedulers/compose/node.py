@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_FAILED, atomic_write_text
+from gptlaunch.contract import EXIT_FAILED
+from gptlaunch.files import atomic_write_text
 from launcher.agent.node import NodeAgent, stdout_say
 from launcher.job import reports
 from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of

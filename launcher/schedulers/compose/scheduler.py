@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 from docker.errors import DockerException
 
-from gptlaunch.contract import atomic_write_text
+from gptlaunch.files import atomic_write_text
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
 from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of

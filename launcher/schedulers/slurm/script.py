@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import shlex
 
-from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV, package_version
+from gptlaunch import package_version
+from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV
 from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from gptlaunch.contract import atomic_write
+from gptlaunch.files import atomic_write
 from launcher.agent.copies import MARK
 from launcher.job.reports import FileBack, NodeReport, Saved
 from launcher.schedulers.ssh import client as ssh

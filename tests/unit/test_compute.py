@@ -1,0 +1,153 @@
+"""What the watch learns with no change to a program: its own compute per step (the forward clock of
+the straggler check, ``gptlaunch.compute``) and where a resumed program starts (its optimizer's step
+count). Real interpreters through ``gptlaunch.shim``, real DDP over gloo."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.modules import module as torch_module
+from torch.nn.parallel import DistributedDataParallel
+
+from gptlaunch.compute import ForwardClock
+from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, Beat, read_beats
+from launcher.job.progress import stragglers
+from tests.unit.test_hang import _beat
+
+FORWARD_S, OUTSIDE_S, EVAL_S, STEPS = 0.01, 0.05, 0.2, 5
+
+TIMED = f"""
+import time, torch
+from gptlaunch import runtime
+
+class Slow(torch.nn.Linear):
+    delay = {FORWARD_S}
+    def forward(self, x):
+        time.sleep(self.delay)  # the rank's own compute
+        return super().forward(x)
+
+model = Slow(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range({STEPS}):
+    model(torch.ones(1, 2)).sum().backward()
+    time.sleep({OUTSIDE_S})  # outside the forward: a wait for peers, the data loader
+    opt.step()
+    with runtime.phase("eval"):  # evaluation's forwards are not training compute
+        model.delay = {EVAL_S}
+        model(torch.ones(1, 2))
+        model.delay = {FORWARD_S}
+"""
+
+
+def _watched(tmp_path: Path, source: str, beats: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(source)
+    env = os.environ | {JOB_ID_ENV: "j", HEARTBEAT_DIR_ENV: str(beats), "RANK": "0"}
+    argv = [sys.executable, "-m", "gptlaunch.shim", str(script)]
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert ran.returncode == 0, ran.stderr
+
+
+def test_the_beat_carries_the_forward_time_per_step_alone(tmp_path: Path) -> None:
+    _watched(tmp_path, TIMED, tmp_path / "beats")
+    [beat] = read_beats(tmp_path / "beats")
+    assert beat.step == STEPS and beat.compute_s is not None
+    # At least the forward's sleep; under the step's other wait, and under the mean an evaluation's
+    # forward would add (EVAL_S / STEPS = 40 ms) if it were counted.
+    assert FORWARD_S <= beat.compute_s < min(OUTSIDE_S, FORWARD_S + EVAL_S / STEPS), beat
+
+
+def test_the_clock_times_ddps_inner_module_and_leaves_every_other_module_alone(tmp_path: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        clock = ForwardClock()
+        clock.attach()
+        with torch.no_grad():
+            torch.nn.Linear(2, 2)(torch.ones(1, 2))  # not training (a transform, an evaluation): passed by
+        frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+        frozen(torch.ones(1, 2))  # nothing to train (a frozen encoder): passed by
+        inner = torch.nn.Linear(2, 1)
+        ddp = DistributedDataParallel(inner)
+        for _ in range(3):  # the first timed step (compilation, warm-up) is left out
+            ddp(torch.ones(1, 2)).sum().backward()
+            clock.step_done()
+        assert len(inner._forward_pre_hooks) == 1 and len(inner._forward_hooks) == 1
+        assert not ddp._forward_pre_hooks and not ddp._forward_hooks  # DDP's forward may broadcast
+        assert not frozen._forward_pre_hooks
+        assert not torch_module._global_forward_pre_hooks  # other modules' calls pay nothing
+        mean = clock.mean_s()
+        assert mean is not None and mean > 0
+    finally:
+        dist.destroy_process_group()
+
+
+class Fails(torch.nn.Linear):
+    fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("out of memory")  # caught by the program: it retries with less
+        return super().forward(x)
+
+
+def test_a_forward_that_raises_or_a_copy_of_the_model_leaves_the_clock_working() -> None:
+    clock = ForwardClock()
+    clock.attach()
+    model = Fails(2, 1)
+    model(torch.ones(1, 2))
+    clock.step_done()  # the first timed step: left out
+    model.fail = True
+    with pytest.raises(RuntimeError):
+        model(torch.ones(1, 2))
+    model.fail = False
+    twin = copy.deepcopy(model)  # an EMA, a best-model snapshot: the hooks copy no clock
+    twin(torch.ones(1, 2))
+    model(torch.ones(1, 2))
+    clock.step_done()
+    assert clock.mean_s() is not None  # the raise left no open forward behind
+    assert len(clock._done) == 1
+
+
+RESUMES = """
+import sys, torch
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.AdamW(model.parameters())
+saved = sys.argv[1]
+try:
+    opt.load_state_dict(torch.load(saved))  # resume, as a script does from its checkpoint
+except FileNotFoundError:
+    pass
+for _ in range(4):
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+torch.save(opt.state_dict(), saved)
+"""
+
+
+def test_a_resumed_script_counts_on_from_its_optimizers_step_count(tmp_path: Path) -> None:
+    saved = tmp_path / "opt.pt"
+    first, second = tmp_path / "beats-1", tmp_path / "beats-2"
+    _watched(tmp_path, RESUMES.replace("sys.argv[1]", repr(str(saved))), first)
+    _watched(tmp_path, RESUMES.replace("sys.argv[1]", repr(str(saved))), second)
+    [before], [after] = read_beats(first), read_beats(second)
+    assert (before.start_step, before.step) == (0, 4)
+    assert (after.start_step, after.step) == (4, 8)
+
+
+def test_stragglers_are_judged_against_the_other_ranks_median() -> None:
+    def beat(rank: int, compute_s: float | None) -> Beat:
+        return dataclasses.replace(_beat(rank, 0.0), compute_s=compute_s)
+
+    even = [beat(0, 0.010), beat(1, 0.011), beat(2, 0.012), beat(3, None)]
+    assert stragglers(even) == {}  # within 1.25×; rank 3 not timed yet
+    slow = [*even[:3], beat(3, 0.030)]
+    assert list(stragglers(slow)) == [3] and 2.5 < stragglers(slow)[3] < 3.0  # 30 / median(10, 11, 12)
+    assert stragglers([beat(0, 0.5)]) == {}  # one rank: nobody to compare with
