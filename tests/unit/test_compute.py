@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -13,9 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.nn.modules import module as torch_module
-from torch.nn.parallel import DistributedDataParallel
 
 from gptlaunch.compute import ForwardClock
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, Beat, read_beats
@@ -65,28 +63,46 @@ def test_the_beat_carries_the_forward_time_per_step_alone(tmp_path: Path) -> Non
     assert FORWARD_S <= beat.compute_s < min(OUTSIDE_S, FORWARD_S + EVAL_S / STEPS), beat
 
 
+DDP_PROBE = """
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.nn.modules import module as torch_module
+from torch.nn.parallel import DistributedDataParallel
+from gptlaunch.compute import ForwardClock
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+clock = ForwardClock()
+clock.attach()
+with torch.no_grad():
+    torch.nn.Linear(2, 2)(torch.ones(1, 2))  # not training (a transform, an evaluation): passed by
+frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+frozen(torch.ones(1, 2))  # nothing to train (a frozen encoder): passed by
+inner = torch.nn.Linear(2, 1)
+ddp = DistributedDataParallel(inner)
+for _ in range(3):  # the first timed step (compilation, warm-up) is left out
+    ddp(torch.ones(1, 2)).sum().backward()
+    clock.step_done()
+print(json.dumps({
+    "inner": [len(inner._forward_pre_hooks), len(inner._forward_hooks)],
+    "ddp": [len(ddp._forward_pre_hooks), len(ddp._forward_hooks)],
+    "frozen": len(frozen._forward_pre_hooks),
+    "global": len(torch_module._global_forward_pre_hooks),
+    "mean_s": clock.mean_s(),
+}), flush=True)
+os._exit(0)  # not through DDP's teardown: torch 2.13's gloo may hang joining its threads (gptlaunch.exits)
+"""
+
+
 def test_the_clock_times_ddps_inner_module_and_leaves_every_other_module_alone(tmp_path: Path) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        clock = ForwardClock()
-        clock.attach()
-        with torch.no_grad():
-            torch.nn.Linear(2, 2)(torch.ones(1, 2))  # not training (a transform, an evaluation): passed by
-        frozen = torch.nn.Linear(2, 2).requires_grad_(False)
-        frozen(torch.ones(1, 2))  # nothing to train (a frozen encoder): passed by
-        inner = torch.nn.Linear(2, 1)
-        ddp = DistributedDataParallel(inner)
-        for _ in range(3):  # the first timed step (compilation, warm-up) is left out
-            ddp(torch.ones(1, 2)).sum().backward()
-            clock.step_done()
-        assert len(inner._forward_pre_hooks) == 1 and len(inner._forward_hooks) == 1
-        assert not ddp._forward_pre_hooks and not ddp._forward_hooks  # DDP's forward may broadcast
-        assert not frozen._forward_pre_hooks
-        assert not torch_module._global_forward_pre_hooks  # other modules' calls pay nothing
-        mean = clock.mean_s()
-        assert mean is not None and mean > 0
-    finally:
-        dist.destroy_process_group()
+    argv = [sys.executable, "-c", DDP_PROBE, str(tmp_path / "store")]
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    found = json.loads(ran.stdout.splitlines()[-1])
+    assert found["inner"] == [1, 1]
+    assert found["ddp"] == [0, 0]  # DDP's forward may broadcast buffers
+    assert found["frozen"] == 0
+    assert found["global"] == 0  # other modules' calls pay nothing
+    assert found["mean_s"] is not None and found["mean_s"] > 0
 
 
 class Fails(torch.nn.Linear):
