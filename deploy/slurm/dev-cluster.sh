@@ -14,6 +14,7 @@ readonly CLUSTER="gptlaunch"
 readonly MARKER="# written by gptlaunch deploy/slurm/dev-cluster.sh"
 readonly HOSTS_MARKER="# gptlaunch-dev-cluster"
 readonly SLURM_CONF="/etc/slurm/slurm.conf"
+readonly LOCAL_MNT="$STATE/local"   # each node's "node-local disk", the same path on every node
 readonly DBD_CONF="/etc/slurm/slurmdbd.conf"
 # Ports stay below 15000: SLURM jobs derive their rendezvous port from 15000-29999.
 readonly DB_PORT=13306
@@ -55,6 +56,10 @@ Usage: $0 up [--nodes N] | down | status | --help
                   the /etc/hosts lines and the slurm configs it wrote.
   status          print each daemon's state and sinfo; exit 0 iff all are up
                   and all N nodes are idle/allocated/mixed.
+
+On node nK (its slurmd, and so its jobs' processes), $LOCAL_MNT is a private
+bind mount of $STATE/node-local/nK: a node-local disk, which neither this
+machine nor the other nodes see. Everything else is shared, as on a cluster.
 
 State (database, logs *.log, pid files, spool dirs) lives in
 \$GPTLAUNCH_SLURM_DIR (default /var/lib/gptlaunch-slurm). Configs are written to
@@ -420,7 +425,12 @@ ensure_slurmd() {
     pid_alive "$STATE/slurmd-n$k.pid" slurmd && return 0
     log "starting slurmd -N n$k (port $((NODE_PORT_BASE + k)))"
     rm -f "$STATE/slurmd-n$k.pid"
-    spawn "$STATE/slurmd-n$k.log" slurmd -N "n$k"
+    install -d -m 0755 "$LOCAL_MNT" "$STATE/node-local/n$k"
+    # A private mount namespace (propagation slave: the node still sees mounts made
+    # later on the machine, its own stay private) in which $LOCAL_MNT is the
+    # node's own disk; slurmd's steps inherit it.
+    spawn "$STATE/slurmd-n$k.log" unshare --mount --propagation slave \
+        sh -c 'mount --bind "$1" "$2" && exec slurmd -N "$3"' sh "$STATE/node-local/n$k" "$LOCAL_MNT" "n$k"
     wait_until "slurmd n$k" "$STATE/slurmd-n$k.log" pid_alive "$STATE/slurmd-n$k.pid" slurmd
 }
 

@@ -90,7 +90,9 @@ class CheckpointWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> None:
+    def start(self, known: Snapshot | None = None) -> None:
+        """Poll from now on; ``known``: the files already copied (not reported as a save)."""
+        self._sent = known or {}
         self._thread.start()
 
     def finish(self) -> None:
@@ -121,6 +123,27 @@ class CheckpointWatch:
             )
             self._sent = now
         self._last = now
+
+
+def absent(report: Saved, directory: Path) -> list[str]:
+    """The files that made ``report`` a save and are not in ``directory`` in that version or a later
+    one (copies keep the saved files' mtimes: a file at least as new, to the second, holds it)."""
+    missing = []
+    for name, mtime_ns in report.changed.items():
+        try:
+            here = (directory / name).stat().st_mtime_ns
+        except OSError:
+            here = -1
+        if here // 1_000_000_000 < mtime_ns // 1_000_000_000:
+            missing.append(name)
+    return missing
+
+
+def write_mark(directory: Path, job_id: str) -> None:
+    """The launcher's mark of ``job_id`` in ``directory`` (made if needed): a host or node that sees
+    it shares that dir (``shares_files``). Raises OSError when it cannot be written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARK).write_text(job_id)
 
 
 def send_back(paths: Iterable[Path], node: int, report: Callable[[NodeReport], None]) -> None:

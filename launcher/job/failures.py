@@ -18,7 +18,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, StopMarker, read_stop_marker
 from launcher.job.hang import HangReport, hang_message, suspects, write_stacks
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan
@@ -177,10 +177,22 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def stop_outcome(plan: Plan, since: float) -> Outcome:
-    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since``, else
-    "cancelled" (exit 130)."""
-    marker = read_stop_marker(Path(plan.run_dir), since)
+RUN_COPY = "run-copy"  # in the job record: a node-local run dir's copy (launcher.schedulers.slurm.run_copy)
+
+
+def stop_marker(run_dir: Path, since: float, job_dir: Path | None = None) -> StopMarker | None:
+    """The ranks' stop marker written at or after ``since`` (epoch seconds), in ``run_dir`` or, when
+    ``job_dir`` is given, in its copy there (a SLURM job whose run dir is node-local)."""
+    marker = read_stop_marker(run_dir, since)
+    if marker is None and job_dir is not None:
+        marker = read_stop_marker(job_dir / RUN_COPY, since)
+    return marker
+
+
+def stop_outcome(plan: Plan, since: float, job_dir: Path | None = None) -> Outcome:
+    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since`` (in
+    the run dir, or its copy in ``job_dir``: see ``stop_marker``), else "cancelled" (exit 130)."""
+    marker = stop_marker(Path(plan.run_dir), since, job_dir)
     if marker is None:
         message = "stopped on request, no checkpoint saved"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)

@@ -70,11 +70,11 @@ class Ended(_Report):
 
 
 class Refused(_Report):
-    """A check before training ended the job: exit 3 (a parity mismatch, nodes the health gate named),
-    1 (a node gave no probe) or 2 (the gate could not run)."""
+    """A check before training ended the job: exit 3 (a parity mismatch, nodes the health gate named,
+    a newest checkpoint out of reach), 1 (a node gave no probe) or 2 (the gate could not run)."""
 
     kind: Literal["refused"] = "refused"
-    check: Literal["parity", "health"]
+    check: Literal["parity", "health", "checkpoint"]
     exit_code: int
     message: str
     nodes: list[int] = []  # the node ranks the health gate named

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from importlib.metadata import version
@@ -461,3 +462,110 @@ def test_a_failed_node_is_excluded_and_the_next_attempt_runs_on_the_two_others(
     text = launcher(jobs, "status", job_id, check=True).stdout
     assert "attempt 2 of 2" in text and f"{failed} excluded" in text, text
     _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+
+
+SLURM_STATE = Path(os.environ.get("GPTLAUNCH_SLURM_DIR", "/var/lib/gptlaunch-slurm"))
+NODE_LOCAL = SLURM_STATE / "local"  # on each node, its own disk (deploy/slurm/dev-cluster.sh)
+
+
+def _node_disk(host: str) -> Path:
+    """What node ``host`` sees at NODE_LOCAL, as this machine sees it."""
+    disk = SLURM_STATE / "node-local" / host
+    assert disk.is_dir(), f"no node-local disk {disk}: restart the cluster (dev-cluster.sh down, then up)"
+    return disk
+
+
+def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, str, str]:
+    """A 2-node job with ``--retries 1`` whose run dir is on each node's own disk (not declared: the
+    nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
+    step 7 passed and a checkpoint is in the job record's copy."""
+    jobs, name = tmp_path / "jobs", f"run-{tmp_path.name}"
+    args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
+    args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
+    flags = ["--retries", "1", "--retry-backoff-s", "1"]
+    proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    disks = [_node_disk(host) / name for host in _hostnames("ALL")]
+    copy = jobs / job_id / "run-copy"
+    _until("step 7", lambda: any(_reached(d, 7) for d in disks) and list(copy.glob("ckpt-*.pt")), 300)
+    assert not (NODE_LOCAL / name / "metrics.jsonl").exists()  # the launcher's machine sees none of it
+    return jobs, job_id, name
+
+
+def _lose_rank_0s_node(job_id: str) -> str:
+    """SIGKILL the task of the node that holds rank 0 (and so its checkpoints); that node's name."""
+    (rank0,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "0"]
+    (task,) = [p for p in rank0.parents() if "submitit.core._submit" in p.cmdline()]
+    task.kill()
+    return str(rank0.environ()["SLURMD_NODENAME"])
+
+
+def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, tmp_path: Path) -> None:
+    """The node holding rank 0 and its checkpoints is lost (its task SIGKILLed): attempt 2 runs on the
+    two other nodes, which never held a checkpoint, restores the job record's copy on both, resumes
+    from it and trains exactly ``--max-steps`` steps, each logged once."""
+    steps = 30
+    jobs, job_id, name = _node_local_job(prepared_data, tmp_path, steps)
+    failed = _lose_rank_0s_node(job_id)
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
+    assert status["state"] == "succeeded", status
+    (first,) = status["attempts"]
+    assert first["excluded"] == [failed], first
+    copy = jobs / job_id / "run-copy"
+    logged = [m["step"] for m in metrics(copy) if "tokens_per_s" in m]
+    assert logged == list(range(1, steps + 1))  # from the copy: resumed, no step twice, none missing
+    assert (copy / f"ckpt-{steps:08d}.pt").is_file()
+    logs = "".join((jobs / job_id / f"node-{k}.log").read_text() for k in (0, 1))
+    assert "task: restored" in logs and "resumed from" in logs and "task: checkpoint copy" in logs, logs[
+        -3000:
+    ]
+    (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]
+    assert failed not in _hostnames(nodelist)
+    assert all(not (_node_disk(h) / name / f"ckpt-{steps:08d}.pt").exists() for h in [failed])
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+
+
+def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
+    prepared_data, tmp_path: Path
+) -> None:
+    """As above, but the job record's copy is gone too: attempt 2 does not quietly train from step 0;
+    it fails, naming the checkpoint, where it was saved and ``--allow-start-over``."""
+    jobs, job_id, name = _node_local_job(prepared_data, tmp_path, 200)
+    failed = _lose_rank_0s_node(job_id)
+    shutil.rmtree(jobs / job_id / "run-copy")
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
+    assert status["state"] == "failed" and status["exit_code"] == 3, status
+    message = status["message"]
+    for words in (
+        "the newest checkpoint (ckpt-",
+        f"saved on {failed}",
+        "is not in its copy",
+        "--allow-start-over",
+    ):
+        assert words in message, message
+    assert len(status["attempts"]) == 1  # attempt 2 was refused, not retried
+    ranks_started = [r for r in _files_containing(jobs / job_id, "resumed from")]
+    assert ranks_started == [], ranks_started
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+
+
+def test_the_sbatch_script_with_a_node_local_run_dir_requeues_and_resumes_from_the_copy(
+    prepared_data, tmp_path: Path
+) -> None:
+    """The standalone script, told the run dir is node-local: on SLURM's warning signal the stop
+    marker and the checkpoint reach the job record's copy, the script requeues the job, and the next
+    run restores the copy and trains exactly to the end."""
+    jobs, name = tmp_path / "jobs", f"run-{tmp_path.name}"
+    args = _trainer_args(prepared_data, NODE_LOCAL / name, 40)
+    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--slurm-node-local-run-dir")
+    disks = [_node_disk(host) / name for host in _hostnames("ALL")]
+    _until("step 5", lambda: any(_reached(d, 5) for d in disks))
+    run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
+    _until_ended(slurm_id, timeout=600)
+    assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
+    (job_dir,) = jobs.iterdir()
+    assert sorted(losses(job_dir / "run-copy")) == list(range(1, 41))  # resumed: no step twice
+    assert "task: checkpoint copy" in "".join(p.read_text() for p in job_dir.glob("node-*.log"))

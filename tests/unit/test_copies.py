@@ -12,6 +12,7 @@ from launcher.agent.copies import (
     MARK,
     SEND_BACK_MAX_BYTES,
     CheckpointWatch,
+    absent,
     saved_since,
     send_back,
     shares_files,
@@ -119,16 +120,15 @@ def test_files_sent_back_are_written_inside_the_job_only(tmp_path: Path) -> None
 
 
 def test_the_copy_holds_a_save_when_its_files_are_there_in_that_version_or_later(tmp_path: Path) -> None:
-    copies = _copies(tmp_path, [])
     run_dir = tmp_path / "job" / "run"
     run_dir.mkdir(parents=True)
     (run_dir / "ckpt.pt").write_bytes(b"x")
     here = (run_dir / "ckpt.pt").stat().st_mtime_ns
     older, newer = {"ckpt.pt": here - 5_000_000_000}, {"ckpt.pt": here + 5_000_000_000}
     saved = Saved(node=0, host="h", directory=str(run_dir), files={"ckpt.pt": 1}, changed=older)
-    assert copies._absent(saved) == []
-    assert copies._absent(saved.model_copy(update={"changed": newer})) == ["ckpt.pt"]
-    assert copies._absent(saved.model_copy(update={"changed": {"ckpt-2.pt": 0}})) == ["ckpt-2.pt"]
+    assert absent(saved, run_dir) == []
+    assert absent(saved.model_copy(update={"changed": newer}), run_dir) == ["ckpt.pt"]
+    assert absent(saved.model_copy(update={"changed": {"ckpt-2.pt": 0}}), run_dir) == ["ckpt-2.pt"]
 
 
 def test_the_trainers_prepared_data_is_not_watched(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """The standalone sbatch script's last step (``python -m launcher.schedulers.slurm.end``), run on the
-batch node when the nodes' step failed: the step's exit code and the ranks' stop marker (read by its
-one reader, ``gptlaunch.contract.read_stop_marker``) become the job's exit code and one line in the batch
-log. After a checkpoint on SLURM's warning signal (SIGUSR2), with requeues left, it exits 0: the script
-then requeues the job (``scontrol`` on the batch node, as this step may run in the job's image), which
-resumes from that checkpoint.
+batch node when the nodes' step failed: the step's exit code and the ranks' stop marker (in the run
+dir, or its copy in the job record: ``launcher.job.failures.stop_marker``) become the job's exit code
+and one line in the batch log. After a checkpoint on SLURM's warning signal (SIGUSR2), with requeues
+left, it exits 0: the script then requeues the job (``scontrol`` on the batch node, as this step may
+run in the job's image), which resumes from that checkpoint.
 
 The submitit path ends the same way through submitit (its requeue on the warning signal) and
 ``launcher submit``'s reading of the job (``launcher.schedulers.slurm.state``). The standalone script
@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED
+from launcher.job.failures import stop_marker
 from launcher.job.hang import EXIT_HANG
 
 REQUEUE = 0  # this step's exit code that asks the script to requeue the job
@@ -28,7 +29,7 @@ def ending(
 ) -> tuple[int, str]:
     """(this step's exit code: ``REQUEUE`` or the job's, what to say) after the nodes' step failed
     with ``exit_code``; the run started at ``since`` (epoch seconds), after ``restarts`` requeues."""
-    marker = read_stop_marker(run_dir, since)
+    marker = stop_marker(run_dir, since, job_dir)
     if marker is not None:
         if marker.signal == "SIGUSR2" and restarts < max_requeues:
             return REQUEUE, f"checkpoint saved; requeueing (restart {restarts + 1} of at most {max_requeues})"

@@ -121,6 +121,13 @@ class SlurmOptions(ContainerOptions, GateOptions):
         description="requeues after reaching the time limit (through submitit preemptions are not "
         "counted; the standalone sbatch script counts every requeue)",
     )
+    node_local_run_dir: bool | None = Field(
+        None,
+        description="the run dir is on each node's own disk, not on the file system the nodes share: "
+        "each node copies its saves into the job record (JOB/run-copy) and restores that copy before its "
+        "ranks start, so a checkpoint survives a lost node (default: when the nodes do not see the mark "
+        "the launcher writes in the run dir at submit; the standalone sbatch script needs it said)",
+    )
     sbatch: dict[str, str] = Field(
         default_factory=dict,
         description="any other sbatch option, e.g. mail-type=END or exclusive (repeatable; in a config "

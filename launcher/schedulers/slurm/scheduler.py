@@ -42,7 +42,6 @@ from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
-from launcher.supervisor.watchdog import NodeWatch
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
@@ -256,6 +255,7 @@ class SlurmScheduler:
             "--run-dir",
             plan.run_dir,
             *watch_args(spec.hang, spec.nproc_per_node),
+            *steps.copy_args(spec, opts.node_local_run_dir, facts.workdir, plan.run_dir),
         ]
         if image is not None:
             podman = image.image_run([*env, *spec.secret_env])
@@ -297,17 +297,10 @@ class SlurmScheduler:
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor = _executor(request, record.dir, opts.max_requeues)
         folder = executor.folder
-        node = plan.nodes[0]  # every node runs the same command; what differs is filled in on the node
+        node = plan.nodes[0]
         image = _image(spec, plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
-        task = NodeTask(
-            argv=node.argv,
-            env=node.env,
-            job_dir=str(record.dir),
-            run_dir=plan.run_dir,
-            grace_s=spec.grace_period_s,
-            watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
-            image=image.image_run([*node.env, *spec.secret_env]) if image else None,
-        )
+        image_run = image.image_run([*node.env, *spec.secret_env]) if image else None
+        task = NodeTask.of(plan, spec, plan.facts_as(SlurmFacts).workdir, record.dir, image_run)
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it
                 job = executor.submit(task)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED
 from launcher.job import reports
-from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_outcome
+from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_marker, stop_outcome
 from launcher.job.hang import merge
 from launcher.job.record import Failure, JobRecord, JobState, Outcome
 from launcher.job.retry import decide, furthest_step, not_retried
@@ -110,7 +110,7 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     if info.state == "COMPLETED":
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
     if status.stop_requested_at is not None:  # a cancel (also during the steps before training)
-        return stop_outcome(plan, since)  # checkpointed, or cancelled (130) if no checkpoint was saved
+        return stop_outcome(plan, since, record.dir)  # checkpointed, or cancelled (130) if none saved
     refused = reports.read(record.dir, reports.Refused, since)
     if refused:  # a step before training ended the job: nothing trained
         return Outcome(  # the nodes the health gate named are the ones a retry leaves out
@@ -119,14 +119,14 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
             message=refused[-1].message,
             suspect_nodes=refused[-1].nodes,
         )
-    stopped = read_stop_marker(Path(plan.run_dir), since) is not None
+    stopped = stop_marker(Path(plan.run_dir), since, record.dir) is not None
     # A task that died (its node crashed, it was killed) makes srun end the others with SIGTERM: their
     # ranks checkpoint and stop, but that stop is the failure's, not a stop on request.
     # A node whose task started and never ended in this run died with it (killed, its machine gone).
     died = reports.died(record.dir, since)
     stop = not died and (info.exit_code == EXIT_CHECKPOINTED or stopped)
     if stop:
-        return stop_outcome(plan, since)
+        return stop_outcome(plan, since, record.dir)
     if info.state == "CANCELLED":
         message = "cancelled in SLURM before the ranks saved a checkpoint"
         return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)

@@ -17,7 +17,7 @@ from pathlib import Path
 from gptlaunch.contract import EXIT_CHECKPOINTED
 from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
-from launcher.job.torchrun import IMAGE_PYTHON
+from launcher.job.torchrun import IMAGE_PYTHON, copy_excludes
 from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, judge_argv
 from launcher.preflight.parity_step import PROBE_DIR
@@ -150,6 +150,15 @@ def retry_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
     """After the nodes' step, for retries (submitit's teardown): decide on the step's exit status, then
     exit with it, as the script would without retries."""
     return [after_failure(workdir, retry_argv(python, job_dir))]
+
+
+def copy_args(spec: JobSpec, node_local_run_dir: bool | None, workdir: str, run_dir: str) -> list[str]:
+    """The standalone script's node task flags for a declared node-local run dir
+    (``launcher.schedulers.slurm.run_copy``): without a launcher at submit, nothing else tells it."""
+    if not node_local_run_dir:
+        return []
+    excluded = [f"--copy-exclude={d}" for d in copy_excludes(spec, workdir, run_dir)]
+    return ["--node-local-run-dir", *excluded, *(["--allow-start-over"] if spec.allow_start_over else [])]
 
 
 def end_lines(

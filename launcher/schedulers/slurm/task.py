@@ -23,19 +23,24 @@ log itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, BinaryIO
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, read_stop_marker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_REFUSED
+from launcher.agent.copies import write_mark
 from launcher.agent.node import NodeAgent, Output, log_writer
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
+from launcher.job.failures import stop_marker
 from launcher.job.hang import (
     EXIT_HANG,
     HANG_REPORTS_S,
@@ -47,10 +52,21 @@ from launcher.job.hang import (
     watch_of,
     write_stacks,
 )
+from launcher.job.plan import Plan
+from launcher.job.spec import JobSpec
+from launcher.job.torchrun import copy_excludes
+from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.schedulers.slurm.run_copy import RunCopy, node_local
 from launcher.supervisor.watchdog import NodeWatch
 
-# The node agent of this process, for checkpoint(): module state, so the task itself stays picklable.
+# The node agent of this process and its run dir's copy (None: the run dir is shared), for
+# checkpoint(): module state, so the task itself stays picklable.
 _agent: NodeAgent | None = None
+_copy: RunCopy | None = None
+# When this task got SLURM's stop signal (SIGTERM, SIGUSR2): its ranks are checkpointing, not failing.
+_signalled: list[float] = []
+_started = 0.0  # when this run of the task started (epoch seconds)
+MARKER_WAIT_S = 30.0  # beyond the grace period: a node-local rank 0's stop marker reaching the copy
 # What the node command and the ranks read in a container: the plan's variables, SLURM's (with the
 # GPUs it gave this job) and ours.
 _PASSED_ON = ("SLURM_", "GPTLAUNCH_", "CUDA_VISIBLE_DEVICES")
@@ -66,6 +82,34 @@ class NodeTask:
     watch: NodeWatch | None = None  # the hang watchdog of this node's ranks (None: off)
     standalone: bool = False  # run by the sbatch script: srun writes stdout to the node log
     image: ImageRun | None = None  # podman: the node's command runs in a container of the image
+    job_id: str = ""  # the launcher's: the mark it wrote in a shared run dir (launcher.agent.copies)
+    node_local_run_dir: bool | None = None  # declared; None: a run dir without the mark is node-local
+    copy_exclude: tuple[str, ...] = ()  # dirs below the run dir its copy leaves out (prepared data)
+    allow_start_over: bool = False  # start without the newest checkpoint when it is out of reach
+
+    @classmethod
+    def of(cls, plan: Plan, spec: JobSpec, workdir: str, job_dir: Path, image: ImageRun | None) -> NodeTask:
+        """The submitit path's task for every node of ``plan`` (every node runs the same command;
+        what differs is filled in on the node). For a run dir not declared shared or node-local,
+        the launcher's mark goes into it here: a node that does not see it has a node-local run dir,
+        as do all when it cannot be written here."""
+        opts = spec.options(SlurmOptions)
+        if opts.node_local_run_dir is None:
+            with contextlib.suppress(OSError):
+                write_mark(Path(plan.run_dir), plan.job_id)
+        return cls(
+            argv=plan.nodes[0].argv,
+            env=plan.nodes[0].env,
+            job_dir=str(job_dir),
+            run_dir=plan.run_dir,
+            grace_s=spec.grace_period_s,
+            watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
+            image=image,
+            job_id=plan.job_id,
+            node_local_run_dir=opts.node_local_run_dir,
+            copy_exclude=copy_excludes(spec, workdir, plan.run_dir),
+            allow_start_over=spec.allow_start_over,
+        )
 
     def __call__(self) -> int:
         node = int(os.environ.get("SLURM_NODEID", "0"))
@@ -75,10 +119,10 @@ class NodeTask:
         code = EXIT_FAILED
         try:
             if self.standalone:
-                code = self._run(node, sys.stdout.buffer)
+                code = self._run(node, host, sys.stdout.buffer)
             else:
                 with open(job_dir / f"node-{node}.log", "ab") as log:  # appended to across requeues
-                    code = self._run(node, log)
+                    code = self._run(node, host, log)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else EXIT_FAILED
             raise
@@ -86,9 +130,10 @@ class NodeTask:
             reports.append(job_dir, reports.Ended(node=node, exit_code=code))
         return code
 
-    def _run(self, node: int, log: BinaryIO) -> int:
-        global _agent
-        started, job_dir = time.time(), Path(self.job_dir)
+    def _run(self, node: int, host: str, log: BinaryIO) -> int:
+        global _agent, _copy, _started
+        started = _started = time.time()
+        job_dir = Path(self.job_dir)
         env = os.environ | self.env  # the node command changes to the workdir itself
         hang_from = [time.time()]  # when this node's hang was found: the others' reports come after
         nnodes = int(os.environ.get("SLURM_NNODES", "1"))
@@ -102,6 +147,8 @@ class NodeTask:
             reports.append(job_dir, report)
 
         log.flush()
+        _copy = self._restored(node, host, log)
+        _note_stop_signals()
         # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
         # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
         # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
@@ -128,7 +175,34 @@ class NodeTask:
         except OSError as e:  # a mount that cannot be made, a command that cannot start
             log_writer(log)(f"task: cannot start the node's command: {e}")
             raise SystemExit(EXIT_FAILED) from None
+        finally:
+            if _copy is not None:
+                _copy.finish()
         return self._end(node, code, started, log)
+
+    def _restored(self, node: int, host: str, log: BinaryIO) -> RunCopy | None:
+        """For a node-local run dir (``launcher.schedulers.slurm.run_copy``): its copy, restored into
+        it and watching it (None for a shared run dir). Exits EXIT_REFUSED when the newest checkpoint
+        is out of reach and starting over is not allowed, EXIT_FAILED when the restore fails."""
+        run_dir, say = Path(self.run_dir), log_writer(log)
+        if not node_local(run_dir, self.job_id, self.node_local_run_dir):
+            return None
+        copy = RunCopy(Path(self.job_dir), run_dir, node, host, say, self.copy_exclude)
+        why = copy.refusal()
+        if why is not None and not self.allow_start_over:
+            refused = reports.Refused(node=node, check="checkpoint", exit_code=EXIT_REFUSED, message=why)
+            reports.append(Path(self.job_dir), refused)
+            say(f"task: not started: {why}")
+            raise SystemExit(EXIT_REFUSED)
+        if why is not None:
+            say(f"task: warning: going on from an older checkpoint (--allow-start-over): {why}")
+        try:
+            copy.restore()
+        except OSError as e:
+            say(f"task: cannot restore the run dir {run_dir} from its copy: {e}")
+            raise SystemExit(EXIT_FAILED) from None
+        copy.start()
+        return copy
 
     def _end(self, node: int, code: int, started: float, log: BinaryIO) -> int:
         """The task's exit status (see the module docstring) for the node agent's ``code``."""
@@ -141,7 +215,7 @@ class NodeTask:
             raise SystemExit(EXIT_HANG)
         if code == 0:
             return 0
-        if read_stop_marker(Path(self.run_dir), started) is not None:  # stopped on request, checkpointed
+        if self._stop_marker(started):  # stopped on request, checkpointed
             if node == 0:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
@@ -158,7 +232,38 @@ class NodeTask:
         if child is not None:
             # Past the timeout, requeue anyway: the last periodic checkpoint is what resumes.
             _wait_exited(child.pid, timeout_s=self.grace_s + 30)
+        if _copy is not None:  # the requeue ends this task: the save must be in the copy first
+            _copy.finish()
+            self._stop_marker(_started)
         return DelayedSubmission(self)
+
+    def _stop_marker(self, since: float) -> bool:
+        """Whether the ranks wrote a stop marker at or after ``since``: in the run dir or, for a
+        node-local one, in its copy, where rank 0's node puts it once its ranks ended; so, after a
+        stop signal, it is waited for (at most the grace period and MARKER_WAIT_S)."""
+        job_dir = Path(self.job_dir) if _copy is not None else None
+        deadline = time.monotonic() + (self.grace_s + MARKER_WAIT_S if _copy and _signalled else 0)
+        while stop_marker(Path(self.run_dir), since, job_dir) is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+
+def _note_stop_signals() -> None:
+    """Note SLURM's stop signals in ``_signalled`` before the handler already set (submitit's, the
+    standalone script's) runs."""
+
+    def noted(previous: Any) -> Callable[[int, FrameType | None], Any]:
+        def handler(signum: int, frame: FrameType | None) -> Any:
+            _signalled.append(time.time())
+            return previous(signum, frame)
+
+        return handler
+
+    for sig in (signal.SIGTERM, signal.SIGUSR2):
+        if callable(previous := signal.getsignal(sig)):  # not the default: that would end the task
+            signal.signal(sig, noted(previous))
 
 
 def _wait_exited(pid: int, timeout_s: float) -> None:
@@ -183,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     add_watch_flags(p)
     ImageRun.add_flags(p)
+    p.add_argument("--node-local-run-dir", action="store_true", help="copy the run dir into the job record")
+    p.add_argument("--copy-exclude", action="append", default=[], help="a dir below the run dir not copied")
+    p.add_argument("--allow-start-over", action="store_true", help="start without the newest checkpoint")
     args, command = parse_with_command(p, argv)
     if not command:
         p.error("the node's command goes after --")
@@ -200,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         watch=watch,
         standalone=True,
         image=ImageRun.of(args),
+        node_local_run_dir=args.node_local_run_dir,
+        copy_exclude=tuple(args.copy_exclude),
+        allow_start_over=args.allow_start_over,
     )
     return task()
 

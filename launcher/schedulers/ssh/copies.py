@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from gptlaunch.files import atomic_write
-from launcher.agent.copies import MARK
+from launcher.agent.copies import absent, write_mark
 from launcher.job.reports import FileBack, NodeReport, Saved
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.sync import rsync_argv, to_hosts, transferred
@@ -165,8 +165,7 @@ class Copies:
         (``launcher.agent.copies``). None in a run dir this machine cannot write (no copy there either)."""
         for marked in (self.job_dir, Path(self.run_dir)):
             with contextlib.suppress(OSError):
-                marked.mkdir(parents=True, exist_ok=True)
-                (marked / MARK).write_text(job_id)
+                write_mark(marked, job_id)
 
     def processes(self) -> list[psutil.Process]:
         """The pulls in flight and their ssh clients: what ending the job's other processes spares."""
@@ -185,32 +184,19 @@ class Copies:
         with self._lock:
             self._lock.wait_for(lambda: not self._busy, timeout_s)
 
-    def _absent(self, report: Saved) -> list[str]:
-        """The files that made ``report`` a save and are not here in that version or a later one (rsync
-        keeps the host's mtimes: a copy at least as new, to the second, holds it)."""
-        absent = []
-        for name, mtime_ns in report.changed.items():
-            try:
-                here = (Path(self.run_dir) / name).stat().st_mtime_ns
-            except OSError:
-                here = -1
-            if here // 1_000_000_000 < mtime_ns // 1_000_000_000:
-                absent.append(name)
-        return absent
-
     def missing(self) -> str | None:
         """Why the newest checkpoint is not here (None when it is, or none was reported). A host whose
         last pull failed (cut short, or the link dropped for a moment) is asked once more first."""
         newest = self.newest
-        if newest is None or not self._absent(newest):
+        if newest is None or not absent(newest, Path(self.run_dir)):
             return None
-        if self._pull(newest) and not self._absent(newest):
+        if self._pull(newest) and not absent(newest, Path(self.run_dir)):
             return None
-        absent = self._absent(newest)
+        files = absent(newest, Path(self.run_dir))
         when = time.strftime("%H:%M:%S", time.localtime(newest.time))
         error = self._errors.get(newest.host, "the host was lost before the copy")
         return (
-            f"the newest checkpoint ({', '.join(absent[:3])} in {self.run_dir}) was saved on {newest.host} "
+            f"the newest checkpoint ({', '.join(files[:3])} in {self.run_dir}) was saved on {newest.host} "
             f"at {when} and not copied to this machine ({error}); to resume from it, copy it here "
             f"(`rsync -a {newest.host}:{self.run_dir}/ {self.run_dir}/`) and submit again with this run dir"
         )

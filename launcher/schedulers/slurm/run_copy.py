@@ -1,0 +1,155 @@
+"""SLURM nodes whose run dir is node-local (a local NVMe, ``/tmp``: not the file system the nodes
+share): a checkpoint survives the loss of a node, and what the ranks write for the launcher (the stop
+marker) reaches it.
+
+Design: **the job record keeps the second copy**, in ``JOB/run-copy`` (``RUN_COPY``). SLURM's nodes
+share the job record (submitit's folder and the sbatch script's logs are in it): it is the one place
+that every node of the next attempt and the launcher's machine can read. No launcher need be alive
+during a SLURM job (``launcher submit`` returns once SLURM has it), so the nodes copy for themselves:
+
+- each node's task watches its run dir (``launcher.agent.copies.CheckpointWatch``, as an SSH host's
+  agent does) and, for each save, first records a ``Saved`` report in the job record, then copies the
+  files that changed into the copy (each to a temporary name, then renamed into place; mtimes kept),
+  in the watch's thread, off the ranks' critical path; a file the node removed (an old checkpoint
+  rotated out) leaves the copy too. Once the ranks ended, the last save and the stop marker follow;
+- before the ranks start, every node's task restores the copy into its run dir: c10d places rank 0 on
+  any node, and a node that replaces an excluded one has nothing. The rendezvous waits for every node,
+  so no rank starts before its node holds the checkpoint.
+
+Why not a peer node's disk: the job record must be reachable anyway (the job cannot run without it),
+a peer is one more node that can be lost, and SLURM gives a task no login to its peers.
+
+**Never a silent restart** (``RunCopy.refusal``): when the newest ``Saved`` of the job record is not
+in the copy, in that version or a later one, the node refuses to start its ranks (``Refused``, exit 3),
+naming the node and the files, unless the user allowed starting over (``--allow-start-over``).
+
+Which run dirs are node-local: the declared ones (``--slurm-node-local-run-dir``), else those in which a
+node does not see the mark the launcher wrote at submit (``launcher.agent.copies.MARK``). The
+standalone sbatch script has no launcher at submit: there only the declaration counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gptlaunch.contract import STOP_MARKER
+from launcher.agent.copies import MARK, CheckpointWatch, absent, shares_files, snapshot
+from launcher.job import reports
+from launcher.job.failures import RUN_COPY
+from launcher.job.reports import NodeReport, Saved
+
+
+def node_local(run_dir: Path, job_id: str, declared: bool | None) -> bool:
+    """Whether ``run_dir`` is node-local: as ``declared``, or (None) when this node does not see the
+    launcher's mark of ``job_id`` in it; never without both (the standalone sbatch script)."""
+    if declared is not None:
+        return declared
+    return bool(job_id) and not shares_files(run_dir / MARK, job_id)
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """``source`` to ``target`` (its dir made), all or nothing: a temporary name, then renamed into
+    place; the mtime is kept, which ``absent`` compares. Raises OSError."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copy2(source, partial)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+class RunCopy:
+    """The copy of node ``node``'s (on ``host``) run dir ``run_dir`` in the job record ``job_dir``;
+    ``exclude``: dirs below the run dir that are not copied (the trainer's prepared data: each node
+    makes its own). ``say``: a line for the node's log."""
+
+    def __init__(
+        self,
+        job_dir: Path,
+        run_dir: Path,
+        node: int,
+        host: str,
+        say: Callable[[str], None],
+        exclude: tuple[str, ...] = (),
+    ) -> None:
+        self.job_dir, self.run_dir, self.node, self.host, self.say = job_dir, run_dir, node, host, say
+        self.copy = job_dir / RUN_COPY
+        self._listed: dict[str, int] = {}  # what this node's last copied save listed
+        self._watch = CheckpointWatch(run_dir, node, host, self._saved, exclude)
+
+    def refusal(self) -> str | None:
+        """Why the ranks must not start here: the newest checkpoint a node of this job saved is not in
+        the copy (None when it is, or none was saved)."""
+        saved = reports.read(self.job_dir, Saved)
+        newest = max(saved, key=lambda r: r.time) if saved else None
+        if newest is None or not (files := absent(newest, self.copy)):
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest.time))
+        return (
+            f"the newest checkpoint ({', '.join(files[:3])}) was saved on {newest.host} (node "
+            f"{newest.node}) at {when} in its node-local run dir {newest.directory}, and is not in its "
+            f"copy {self.copy} (that node was lost before the copy, or the copy failed: see its log); "
+            f"copy it there from {newest.host} and submit again with this run dir, or allow starting "
+            "from an older checkpoint with --allow-start-over"
+        )
+
+    def restore(self) -> None:
+        """The copy into the run dir: each file that is missing there or differs in size or mtime.
+        Raises OSError."""
+        here = snapshot(self.run_dir)
+        copied = 0
+        for name, (_, size, mtime) in snapshot(self.copy).items():
+            if here.get(name, (0, -1, -1))[1:] != (size, mtime):
+                copy_file(self.copy / name, self.run_dir / name)
+                copied += 1
+        if copied:
+            self.say(f"task: restored {copied} file(s) of the run dir from its copy {self.copy}")
+
+    def start(self) -> None:
+        """Copy each save from now on (the files already here were restored, or are older)."""
+        now = snapshot(self.run_dir, self._watch.exclude)
+        self._listed = {name: size for name, (_, size, _) in now.items()}
+        self._watch.start(known=now)
+
+    def finish(self) -> None:
+        """Once the ranks ended: copy what they saved last (the files have settled), and stop."""
+        self._watch.finish()
+
+    def _saved(self, report: NodeReport) -> None:
+        """A save: recorded first (a node lost during the copy leaves a save the copy lacks, which the
+        next attempt refuses to pass over), then copied. A copy that fails is said and left: the next
+        attempt names it."""
+        if not isinstance(report, Saved):
+            return
+        reports.append(self.job_dir, report)
+        started, size = time.monotonic(), 0
+        there = snapshot(self.copy)
+        try:
+            # Every file that differs (an appended log comes with the save), the stop marker last:
+            # once a reader sees it, the checkpoint it names is in the copy.
+            for name in sorted(report.files, key=lambda name: name == STOP_MARKER):
+                try:
+                    here = (self.run_dir / name).stat()
+                except FileNotFoundError:  # removed since it was listed: the next save says so
+                    continue
+                if there.get(name, (0, -1, -1))[1:] != (here.st_size, here.st_mtime_ns):
+                    copy_file(self.run_dir / name, self.copy / name)
+                    size += here.st_size
+            for gone in set(self._listed) - set(report.files):  # the node removed it: so does the copy
+                with contextlib.suppress(FileNotFoundError):
+                    (self.copy / gone).unlink()
+        except OSError as e:
+            self.say(f"task: the copy of the run dir's save into {self.copy} failed: {e}")
+            return
+        self._listed = report.files
+        took = time.monotonic() - started
+        self.say(
+            f"task: checkpoint copy: {size / 1e6:.1f} MB in {took:.1f} s "
+            f"({size / 1e6 / max(took, 1e-3):.0f} MB/s) into {self.copy}"
+        )

@@ -1,0 +1,160 @@
+"""SLURM nodes with a node-local run dir (``launcher.schedulers.slurm.run_copy``): each save goes into
+the job record's copy, every node restores that copy before its ranks start, and a node refuses to
+start when the newest save is not in it. The real thing, on a SLURM cluster whose nodes each have
+their own disk, is in ``tests/integration/test_slurm.py``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gptlaunch.contract import EXIT_REFUSED, STOP_MARKER, write_stop_marker
+from launcher.agent.copies import MARK, write_mark
+from launcher.job import reports
+from launcher.job.failures import RUN_COPY
+from launcher.job.reports import Refused, Saved
+from launcher.schedulers.slurm import task as task_module
+from launcher.schedulers.slurm.run_copy import RunCopy, node_local
+from launcher.schedulers.slurm.task import NodeTask
+
+
+def _saved_once(job: Path, run: Path, write: dict[str, bytes], remove: tuple[str, ...] = ()) -> RunCopy:
+    """A node's copy that watched ``run`` while ``write`` was written and ``remove`` removed."""
+    copy = RunCopy(job, run, node=1, host="n2", say=lambda line: None)
+    copy.start()
+    for name, data in write.items():
+        (run / name).write_bytes(data)
+    for name in remove:
+        (run / name).unlink()
+    copy.finish()
+    return copy
+
+
+def test_a_save_is_recorded_then_copied_with_its_mtime_and_a_removed_one_leaves_the_copy(
+    tmp_path: Path,
+) -> None:
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    _saved_once(job, run, {"ckpt-1.pt": b"a" * 10, "metrics.jsonl": b"{}\n{}\n"})
+    assert (job / RUN_COPY / "metrics.jsonl").read_text() == "{}\n{}\n"  # an appended log comes along
+    copied = job / RUN_COPY / "ckpt-1.pt"
+    assert copied.read_bytes() == b"a" * 10
+    assert copied.stat().st_mtime_ns == (run / "ckpt-1.pt").stat().st_mtime_ns  # what ``absent`` compares
+    (saved,) = reports.read(job, Saved)
+    assert (saved.node, saved.host, list(saved.changed)) == (1, "n2", ["ckpt-1.pt"])
+    _saved_once(job, run, {"ckpt-2.pt": b"b" * 10}, remove=("ckpt-1.pt",))  # the trainer's rotation
+    assert sorted(p.name for p in (job / RUN_COPY).iterdir()) == ["ckpt-2.pt", "metrics.jsonl"]
+
+
+def test_the_files_a_node_already_had_are_not_copied_again(tmp_path: Path) -> None:
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt-1.pt").write_bytes(b"old")  # restored, or there before
+    _saved_once(job, run, {})
+    assert reports.read(job, Saved) == [] and not (job / RUN_COPY).exists()
+
+
+def test_a_copy_that_fails_is_said_and_the_save_stays_recorded(tmp_path: Path) -> None:
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    job.mkdir()
+    (job / RUN_COPY).write_text("not a dir")  # the copy cannot be made
+    said: list[str] = []
+    copy = RunCopy(job, run, node=0, host="n1", say=said.append)
+    copy.start()
+    (run / "ckpt-1.pt").write_bytes(b"x")
+    copy.finish()
+    assert len(reports.read(job, Saved)) == 1
+    assert any("copy of the run dir's save" in line and "failed" in line for line in said), said
+
+
+def test_every_node_restores_what_it_lacks_from_the_copy(tmp_path: Path) -> None:
+    job, run = tmp_path / "job", tmp_path / "run"
+    (job / RUN_COPY / "sub").mkdir(parents=True)
+    (job / RUN_COPY / "ckpt-2.pt").write_bytes(b"saved")
+    (job / RUN_COPY / "sub" / "state.json").write_text("{}")
+    said: list[str] = []
+    RunCopy(job, run, node=2, host="n3", say=said.append).restore()
+    assert (run / "ckpt-2.pt").read_bytes() == b"saved" and (run / "sub" / "state.json").is_file()
+    assert (run / "ckpt-2.pt").stat().st_mtime_ns == (job / RUN_COPY / "ckpt-2.pt").stat().st_mtime_ns
+    assert said == [f"task: restored 2 file(s) of the run dir from its copy {job / RUN_COPY}"]
+    said.clear()
+    RunCopy(job, run, node=2, host="n3", say=said.append).restore()  # the same: nothing to do
+    assert said == []
+
+
+def test_a_node_refuses_to_start_without_the_newest_save_unless_starting_over_is_allowed(
+    tmp_path: Path,
+) -> None:
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    newest = {"ckpt-20.pt": 10**18}  # saved at an mtime no copy here has
+    saved = Saved(node=0, host="n1", directory=str(run), files={"ckpt-20.pt": 5}, changed=newest)
+    reports.append(job, saved)
+    task = NodeTask(["true"], {}, str(job), str(run), grace_s=0.0, node_local_run_dir=True)
+    with pytest.raises(SystemExit) as ended, open(tmp_path / "node-1.log", "ab") as log:
+        task._restored(node=1, host="n2", log=log)
+    assert ended.value.code == EXIT_REFUSED
+    (refused,) = reports.read(job, Refused)
+    assert refused.check == "checkpoint" and refused.node == 1
+    for words in ("ckpt-20.pt", "n1 (node 0)", str(run), str(job / RUN_COPY), "--allow-start-over"):
+        assert words in refused.message, (words, refused.message)
+    allowed = NodeTask(
+        ["true"], {}, str(job), str(run), grace_s=0.0, node_local_run_dir=True, allow_start_over=True
+    )
+    with open(tmp_path / "node-1.log", "ab") as log:
+        copy = allowed._restored(node=1, host="n2", log=log)
+    assert copy is not None
+    copy.finish()
+    said = (tmp_path / "node-1.log").read_text()
+    assert "task: not started: the newest checkpoint" in said and "going on from an older checkpoint" in said
+
+
+def test_a_run_dir_is_node_local_when_declared_or_when_the_node_misses_the_launchers_mark(
+    tmp_path: Path,
+) -> None:
+    assert node_local(tmp_path, "job-1", declared=True) and not node_local(tmp_path, "job-1", declared=False)
+    assert node_local(tmp_path, "job-1", declared=None)  # no mark here: written on another machine's disk
+    assert not node_local(tmp_path, "", declared=None)  # the standalone script: only a declaration counts
+    write_mark(tmp_path, "job-1")
+    assert (tmp_path / MARK).read_text() == "job-1"
+    assert not node_local(tmp_path, "job-1", declared=None)
+    assert node_local(tmp_path, "job-2", declared=None)  # an earlier job's mark
+
+
+def test_after_a_stop_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 ran on another node: its stop marker reaches this node only through the copy, once that
+    node's task copied it; without a stop signal, no marker means a failure at once."""
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    task = NodeTask(["true"], {}, str(job), str(run), grace_s=1.0, node_local_run_dir=True)
+    monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
+    since = time.time()
+    monkeypatch.setattr(task_module, "_signalled", [])
+    assert not task._stop_marker(since)
+    monkeypatch.setattr(task_module, "_signalled", [since])
+    (job / RUN_COPY).mkdir(parents=True)
+    looked, found = threading.Event(), []
+    real = task_module.stop_marker
+
+    def seen(*args: object) -> object:  # the task's look: the first one finds nothing yet
+        found.append(real(*args))  # type: ignore[arg-type]
+        looked.set()
+        return found[-1]
+
+    def rank_0s_node() -> None:  # its task copies the marker once its ranks ended
+        looked.wait()
+        write_stop_marker(job / RUN_COPY, step=20, checkpoint_file=run / "ckpt-20.pt", signal="SIGTERM")
+
+    monkeypatch.setattr(task_module, "stop_marker", seen)
+    writer = threading.Thread(target=rank_0s_node)
+    writer.start()
+    assert task._stop_marker(since)
+    writer.join()
+    assert found[0] is None and found[-1] is not None and (job / RUN_COPY / STOP_MARKER).is_file()
