@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -475,11 +476,24 @@ def _node_disk(host: str) -> Path:
     return disk
 
 
+@pytest.fixture
+def node_disks(tmp_path: Path) -> Iterator[None]:
+    """The test's run dirs on the nodes' own disks, removed after it (the disks outlive a test)."""
+    yield
+    for disk in (SLURM_STATE / "node-local").glob(f"*/{_local_run_name(tmp_path)}"):
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def _local_run_name(tmp_path: Path) -> str:
+    """A run dir name of this test's own, on every node's disk (which outlives pytest's tmp dirs)."""
+    return f"run-{tmp_path.parent.name}-{tmp_path.name}"
+
+
 def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, str, str]:
     """A 2-node job with ``--retries 1`` whose run dir is on each node's own disk (not declared: the
     nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
     step 7 passed and a checkpoint is in the job record's copy."""
-    jobs, name = tmp_path / "jobs", f"run-{tmp_path.name}"
+    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
     args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
     args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
     flags = ["--retries", "1", "--retry-backoff-s", "1"]
@@ -501,6 +515,7 @@ def _lose_rank_0s_node(job_id: str) -> str:
     return str(rank0.environ()["SLURMD_NODENAME"])
 
 
+@pytest.mark.usefixtures("node_disks")
 def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, tmp_path: Path) -> None:
     """The node holding rank 0 and its checkpoints is lost (its task SIGKILLed): attempt 2 runs on the
     two other nodes, which never held a checkpoint, restores the job record's copy on both, resumes
@@ -518,7 +533,7 @@ def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, t
     assert logged == list(range(1, steps + 1))  # from the copy: resumed, no step twice, none missing
     assert (copy / f"ckpt-{steps:08d}.pt").is_file()
     logs = "".join((jobs / job_id / f"node-{k}.log").read_text() for k in (0, 1))
-    for said in ("task: restored", "resumed from", "task: checkpoint copy"):
+    for said in ("task: restored", "resumed from", "task: run dir copy"):
         assert said in logs, logs[-3000:]
     (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]
     assert failed not in _hostnames(nodelist)
@@ -526,6 +541,7 @@ def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, t
     _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
+@pytest.mark.usefixtures("node_disks")
 def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
     prepared_data, tmp_path: Path
 ) -> None:
@@ -551,15 +567,16 @@ def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
     _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
+@pytest.mark.usefixtures("node_disks")
 def test_the_sbatch_script_with_a_node_local_run_dir_requeues_and_resumes_from_the_copy(
     prepared_data, tmp_path: Path
 ) -> None:
     """The standalone script, told the run dir is node-local: on SLURM's warning signal the stop
     marker and the checkpoint reach the job record's copy, the script requeues the job, and the next
     run restores the copy and trains exactly to the end."""
-    jobs, name = tmp_path / "jobs", f"run-{tmp_path.name}"
+    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
     args = _trainer_args(prepared_data, NODE_LOCAL / name, 40)
-    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--slurm-node-local-run-dir")
+    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--node-local-run-dir")
     disks = [_node_disk(host) / name for host in _hostnames("ALL")]
     _until("step 5", lambda: any(_reached(d, 5) for d in disks))
     run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
@@ -567,4 +584,4 @@ def test_the_sbatch_script_with_a_node_local_run_dir_requeues_and_resumes_from_t
     assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
     (job_dir,) = jobs.iterdir()
     assert sorted(losses(job_dir / "run-copy")) == list(range(1, 41))  # resumed: no step twice
-    assert "task: checkpoint copy" in "".join(p.read_text() for p in job_dir.glob("node-*.log"))
+    assert "task: run dir copy" in "".join(p.read_text() for p in job_dir.glob("node-*.log"))

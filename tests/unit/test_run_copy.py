@@ -5,6 +5,7 @@ their own disk, is in ``tests/integration/test_slurm.py``."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.reports import Refused, Saved
 from launcher.schedulers.slurm import task as task_module
-from launcher.schedulers.slurm.run_copy import RunCopy, node_local
+from launcher.schedulers.slurm.run_copy import NOT_IN_COPY, RunCopy, node_local
 from launcher.schedulers.slurm.task import NodeTask
 
 
@@ -72,7 +73,7 @@ def test_a_copy_that_fails_is_said_and_the_save_stays_recorded(tmp_path: Path) -
     assert any("copy of the run dir's save" in line and "failed" in line for line in said), said
 
 
-def test_every_node_restores_what_it_lacks_from_the_copy(tmp_path: Path) -> None:
+def test_every_node_restores_what_it_lacks_and_sets_aside_saves_the_copy_lacks(tmp_path: Path) -> None:
     job, run = tmp_path / "job", tmp_path / "run"
     (job / RUN_COPY / "sub").mkdir(parents=True)
     (job / RUN_COPY / "ckpt-2.pt").write_bytes(b"saved")
@@ -85,6 +86,15 @@ def test_every_node_restores_what_it_lacks_from_the_copy(tmp_path: Path) -> None
     said.clear()
     RunCopy(job, run, node=2, host="n3", say=said.append).restore()  # the same: nothing to do
     assert said == []
+    (run / "ckpt-3.pt").write_bytes(b"saved here, never copied")  # then this node was lost
+    (run / "data").mkdir()
+    (run / "data" / "train.bin").write_bytes(b"prepared")  # each node's own: never copied
+    reports.append(job, Saved(node=0, host="n1", directory=str(run), files={}, changed={}))
+    RunCopy(job, run, node=2, host="n3", say=said.append, exclude=("data",)).restore()
+    assert not (run / "ckpt-3.pt").exists() and (run / NOT_IN_COPY / "ckpt-3.pt").is_file()
+    assert (run / "data" / "train.bin").is_file() and (run / "ckpt-2.pt").is_file()
+    moved = f"; 1 not in it moved to {run / NOT_IN_COPY}"
+    assert said == [f"task: restored 0 file(s) of the run dir from its copy {job / RUN_COPY}{moved}"]
 
 
 def test_a_node_refuses_to_start_without_the_newest_save_unless_starting_over_is_allowed(
@@ -126,19 +136,20 @@ def test_a_run_dir_is_node_local_when_declared_or_when_the_node_misses_the_launc
     assert node_local(tmp_path, "job-2", declared=None)  # an earlier job's mark
 
 
-def test_after_a_stop_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
+def test_after_slurms_warning_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank 0 ran on another node: its stop marker reaches this node only through the copy, once that
-    node's task copied it; without a stop signal, no marker means a failure at once."""
+    node's task copied it. Without the warning (a SIGTERM may be srun ending the step after another
+    node failed), no marker means a failure at once."""
     job, run = tmp_path / "job", tmp_path / "run"
     run.mkdir()
     task = NodeTask(["true"], {}, str(job), str(run), grace_s=1.0, node_local_run_dir=True)
     monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
     since = time.time()
-    monkeypatch.setattr(task_module, "_signalled", [])
+    monkeypatch.setattr(task_module, "_signalled", {signal.SIGTERM: since})
     assert not task._stop_marker(since)
-    monkeypatch.setattr(task_module, "_signalled", [since])
+    monkeypatch.setattr(task_module, "_signalled", {signal.SIGUSR2: since})
     (job / RUN_COPY).mkdir(parents=True)
     looked, found = threading.Event(), []
     real = task_module.stop_marker
@@ -150,7 +161,7 @@ def test_after_a_stop_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
 
     def rank_0s_node() -> None:  # its task copies the marker once its ranks ended
         looked.wait()
-        write_stop_marker(job / RUN_COPY, step=20, checkpoint_file=run / "ckpt-20.pt", signal="SIGTERM")
+        write_stop_marker(job / RUN_COPY, step=20, checkpoint_file=run / "ckpt-20.pt", signal="SIGUSR2")
 
     monkeypatch.setattr(task_module, "stop_marker", seen)
     writer = threading.Thread(target=rank_0s_node)
@@ -158,3 +169,24 @@ def test_after_a_stop_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
     assert task._stop_marker(since)
     writer.join()
     assert found[0] is None and found[-1] is not None and (job / RUN_COPY / STOP_MARKER).is_file()
+
+
+def test_a_node_whose_ranks_slurm_stopped_does_not_report_a_failure_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """srun ends the step with SIGTERM when another node failed: with rank 0's stop marker on another
+    node's disk, this node's agent ended non-zero but the failure is not this node's (so that the one
+    that died is found); with a shared run dir nothing changes: no marker, a failure."""
+    job, run = tmp_path / "job", tmp_path / "run"
+    run.mkdir()
+    task = NodeTask(["true"], {}, str(job), str(run), grace_s=0.0)
+    monkeypatch.setattr(task_module, "_signalled", {signal.SIGTERM: time.time()})
+    with open(tmp_path / "node-1.log", "ab") as log:
+        monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
+        assert task._end(1, 1, time.time(), log) == 0
+        assert reports.read(job, reports.Failed) == []
+        monkeypatch.setattr(task_module, "_copy", None)
+        with pytest.raises(SystemExit) as ended:
+            task._end(1, 1, time.time(), log)
+    assert ended.value.code == 1 and [r.node for r in reports.read(job, reports.Failed)] == [1]
+    assert "task: the ranks stopped on SLURM's SIGTERM" in (tmp_path / "node-1.log").read_text()

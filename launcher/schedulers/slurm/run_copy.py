@@ -43,6 +43,8 @@ from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.reports import NodeReport, Saved
 
+NOT_IN_COPY = ".not-in-copy"  # below the run dir (hidden: never copied): files a restore set aside
+
 
 def node_local(run_dir: Path, job_id: str, declared: bool | None) -> bool:
     """Whether ``run_dir`` is node-local: as ``declared``, or (None) when this node does not see the
@@ -101,15 +103,21 @@ class RunCopy:
 
     def restore(self) -> None:
         """The copy into the run dir: each file that is missing there or differs in size or mtime.
-        Raises OSError."""
-        here = snapshot(self.run_dir)
-        copied = 0
-        for name, (_, size, mtime) in snapshot(self.copy).items():
-            if here.get(name, (0, -1, -1))[1:] != (size, mtime):
-                copy_file(self.copy / name, self.run_dir / name)
-                copied += 1
-        if copied:
-            self.say(f"task: restored {copied} file(s) of the run dir from its copy {self.copy}")
+        Once this job saved, the files of the run dir that are not in the copy (a save this node made
+        but never copied, having been lost) go aside into ``NOT_IN_COPY``: every node then starts from
+        the same files, and rank 0 cannot pick a checkpoint that its peers lack. Raises OSError."""
+        here, there = snapshot(self.run_dir, self._watch.exclude), snapshot(self.copy)
+        copied = [name for name, info in there.items() if here.get(name, (0, -1, -1))[1:] != info[1:]]
+        for name in copied:
+            copy_file(self.copy / name, self.run_dir / name)
+        aside = sorted(set(here) - set(there)) if reports.read(self.job_dir, Saved) else []
+        for name in aside:
+            target = self.run_dir / NOT_IN_COPY / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.run_dir / name, target)
+        if copied or aside:
+            moved = f"; {len(aside)} not in it moved to {self.run_dir / NOT_IN_COPY}" if aside else ""
+            self.say(f"task: restored {len(copied)} file(s) of the run dir from its copy {self.copy}{moved}")
 
     def start(self) -> None:
         """Copy each save from now on (the files already here were restored, or are older)."""
@@ -149,7 +157,8 @@ class RunCopy:
             return
         self._listed = report.files
         took = time.monotonic() - started
+        saved = ", ".join(sorted(report.changed)[:3])
         self.say(
-            f"task: checkpoint copy: {size / 1e6:.1f} MB in {took:.1f} s "
+            f"task: run dir copy: {saved}: {size / 1e6:.1f} MB in {took:.1f} s "
             f"({size / 1e6 / max(took, 1e-3):.0f} MB/s) into {self.copy}"
         )

@@ -63,8 +63,9 @@ from launcher.supervisor.watchdog import NodeWatch
 # checkpoint(): module state, so the task itself stays picklable.
 _agent: NodeAgent | None = None
 _copy: RunCopy | None = None
-# When this task got SLURM's stop signal (SIGTERM, SIGUSR2): its ranks are checkpointing, not failing.
-_signalled: list[float] = []
+# The signals SLURM sent this task (SIGUSR2: its warning before a time limit or a preemption; SIGTERM:
+# a cancel, or srun ending the step after another node failed) -> when: its ranks were stopped.
+_signalled: dict[int, float] = {}
 _started = 0.0  # when this run of the task started (epoch seconds)
 MARKER_WAIT_S = 30.0  # beyond the grace period: a node-local rank 0's stop marker reaching the copy
 # What the node command and the ranks read in a container: the plan's variables, SLURM's (with the
@@ -148,7 +149,7 @@ class NodeTask:
 
         log.flush()
         _copy = self._restored(node, host, log)
-        _note_stop_signals()
+        _note_signals()
         # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
         # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
         # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
@@ -219,6 +220,11 @@ class NodeTask:
             if node == 0:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
+        if _copy is not None and signal.SIGTERM in _signalled:
+            # Stopped by SLURM, with rank 0's stop marker (if any) on another node's disk: this node did
+            # not fail on its own (a node that did is found by its own report, or as one that died).
+            log_writer(log)("task: the ranks stopped on SLURM's SIGTERM")
+            return 0
         # Which node failed first, even when no rank could write an error file (a crash, a kill).
         reports.append(job_dir, reports.Failed(node=node, exit_code=code))
         raise SystemExit(EXIT_FAILED)
@@ -239,10 +245,13 @@ class NodeTask:
 
     def _stop_marker(self, since: float) -> bool:
         """Whether the ranks wrote a stop marker at or after ``since``: in the run dir or, for a
-        node-local one, in its copy, where rank 0's node puts it once its ranks ended; so, after a
-        stop signal, it is waited for (at most the grace period and MARKER_WAIT_S)."""
+        node-local one, in its copy, where rank 0's node puts it once its ranks ended; so, after
+        SLURM's warning signal (SIGUSR2), it is waited for (at most the grace period and
+        MARKER_WAIT_S). Not after a SIGTERM: srun sends it too when another node failed."""
         job_dir = Path(self.job_dir) if _copy is not None else None
-        deadline = time.monotonic() + (self.grace_s + MARKER_WAIT_S if _copy and _signalled else 0)
+        deadline = time.monotonic() + (
+            self.grace_s + MARKER_WAIT_S if _copy and signal.SIGUSR2 in _signalled else 0
+        )
         while stop_marker(Path(self.run_dir), since, job_dir) is None:
             if time.monotonic() >= deadline:
                 return False
@@ -250,20 +259,21 @@ class NodeTask:
         return True
 
 
-def _note_stop_signals() -> None:
-    """Note SLURM's stop signals in ``_signalled`` before the handler already set (submitit's, the
-    standalone script's) runs."""
+def _note_signals() -> None:
+    """Note SLURM's signals (SIGUSR2, SIGTERM) in ``_signalled``, then run the handler already set
+    (submitit's, the standalone script's); none is set where the default would end the task."""
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        if callable(previous):
+            signal.signal(sig, _noting(previous))
 
-    def noted(previous: Any) -> Callable[[int, FrameType | None], Any]:
-        def handler(signum: int, frame: FrameType | None) -> Any:
-            _signalled.append(time.time())
-            return previous(signum, frame)
 
-        return handler
+def _noting(previous: Callable[[int, FrameType | None], Any]) -> Callable[[int, FrameType | None], Any]:
+    def handler(signum: int, frame: FrameType | None) -> Any:
+        _signalled.setdefault(signum, time.time())
+        return previous(signum, frame)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR2):
-        if callable(previous := signal.getsignal(sig)):  # not the default: that would end the task
-            signal.signal(sig, noted(previous))
+    return handler
 
 
 def _wait_exited(pid: int, timeout_s: float) -> None:
