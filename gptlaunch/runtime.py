@@ -62,6 +62,7 @@ __all__ = [
     "checkpoint_dir",
     "checkpointed",
     "exit_checkpointed",
+    "flush",
     "launched",
     "phase",
     "resumed",
@@ -230,6 +231,12 @@ def _step_done(step: int | None, tokens: int | None = None) -> None:
         hb.step_done(hb.step + 1 if step is None else step, step_s, tokens)
 
 
+def flush() -> None:
+    """Write this rank's last beat now, whatever the throttle (it is written at exit too): before a
+    teardown that may hang, such as ``destroy_process_group``. Nothing under bare torchrun."""
+    _last_beat_out()
+
+
 def _last_beat_out() -> None:
     """At exit: the step reached, whatever the throttle (``status`` and goodput read it)."""
     with _lock:
@@ -273,8 +280,9 @@ def watch() -> None:
 def _first_step(optimizer: Any) -> None:
     """Where a resumed program starts, from its optimizer's own step count (see ``resumed_from``)."""
     steps = next((s["step"] for s in optimizer.state.values() if "step" in s), None)
-    if steps is not None and not _start_told and int(steps) > 1:  # int(): one sync on a GPU, once
+    count = int(steps) if steps is not None and not _start_told else 0  # int(): one sync on a GPU, once
+    if count > 1:
         with _lock:
             hb = _beats()
             if hb is not None:
-                hb.resumed(int(steps) - 1)
+                hb.resumed(count - 1)

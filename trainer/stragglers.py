@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from gptlaunch.stats import ratios_to_others
 from trainer import distributed
 
 THRESHOLD = 1.25
@@ -83,15 +83,7 @@ class Stragglers:
 
     def update(self, seconds: list[float]) -> list[Straggler]:
         """Feed one interval's per-rank compute seconds; return the stragglers now named."""
-        # Against the median of the *other* ranks: a slow rank does not pull its own baseline up (with two
-        # ranks the plain median is their mean, and a rank at half speed would show as only 1.33×).
-        others = [
-            statistics.median(seconds[:k] + seconds[k + 1 :]) if len(seconds) > 1 else s
-            for k, s in enumerate(seconds)
-        ]
-        if min(others) <= 0:
-            return []
-        ratios = [s / m for s, m in zip(seconds, others, strict=True)]
+        ratios = ratios_to_others(seconds)  # against the median of the *other* ranks (0.0: no verdict)
         self._streak = [n + 1 if r > THRESHOLD else 0 for n, r in zip(self._streak, ratios, strict=True)]
         return [Straggler(k, ratios[k]) for k, n in enumerate(self._streak) if n >= INTERVALS]
 

@@ -108,6 +108,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         with StopRequest(cfg.stop_signals) as stop:
             return loop(run, stop)
     finally:
+        runtime.flush()  # the step reached, before a teardown that may hang
         distributed.shutdown()
 
 

@@ -13,6 +13,7 @@ itself.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -105,7 +106,10 @@ class CheckpointWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            self.check()
+            try:
+                self.check()
+            except Exception as e:
+                logging.getLogger(__name__).warning("checkpoint watch of %s: %s", self.directory, e)
 
     def check(self) -> None:
         now = snapshot(self.directory, self.exclude)

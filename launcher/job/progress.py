@@ -11,13 +11,13 @@ plain median is their mean, and a rank at half speed would show as only 1.33×; 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from gptlaunch.contract import Beat, read_beats
+from gptlaunch.stats import ratios_to_others
 from launcher.job.hang import HangSpec, heartbeat_dir, stalled
 from launcher.job.plan import Plan
 
@@ -86,10 +86,5 @@ def stragglers(beats: Iterable[Beat]) -> dict[int, float]:
     """The ranks whose compute per step (``Beat.compute_s``) is over STRAGGLER_RATIO × the median of the
     other ranks', by rank, with that ratio; ranks not yet timed are left out (none with fewer than two)."""
     timed = {b.rank: b.compute_s for b in beats if b.compute_s}
-    found = {}
-    for rank, seconds in timed.items():
-        others = [s for r, s in timed.items() if r != rank]
-        ratio = seconds / statistics.median(others) if others else 0.0
-        if ratio > STRAGGLER_RATIO:
-            found[rank] = ratio
-    return found
+    ratios = zip(timed, ratios_to_others(list(timed.values())), strict=True)
+    return {rank: ratio for rank, ratio in ratios if ratio > STRAGGLER_RATIO}

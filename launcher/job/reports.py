@@ -139,8 +139,9 @@ class Pulled(_Report):
 class Saved(_Report):
     """A file of the node's checkpoint dir ``directory`` (absolute, the same path here) appeared, was
     renamed into place or was rewritten, and then stayed unchanged for one poll: a checkpoint, on a host
-    that shares no file system with the launcher. ``files``: every file there, name -> bytes;
-    ``changed``: those that made it a save, name -> mtime (ns since the epoch, the host's clock)."""
+    that shares no file system with the launcher, or in a SLURM node's own run dir. ``files``: every
+    file there, name -> bytes; ``changed``: those that made it a save, name -> mtime (ns since the
+    epoch, the host's clock)."""
 
     kind: Literal["saved"] = "saved"
     host: str

@@ -241,8 +241,8 @@ class JobSpec(_Strict):
     allow_start_over: bool = Field(
         False,
         description="a retry may go on from an older checkpoint, or from step 0, when the newest one is "
-        "out of reach (SSH hosts that share no file system: it was on a lost host, not yet copied). "
-        "Without it, such a retry fails and names where that checkpoint is",
+        "out of reach (SSH hosts that share no file system, SLURM nodes with a node-local run dir: it was "
+        "on a lost host, not yet copied). Without it, such a retry fails and names where that checkpoint is",
     )
     secret_env: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SECRETS),

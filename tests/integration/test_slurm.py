@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher.agent.copies import MARK
 from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
@@ -127,6 +128,11 @@ def _node_of(rank: psutil.Process) -> int:
 def _is_rank(cmdline: list[str]) -> bool:
     """A training process (torchrun's worker), not the torchrun agent that started it."""
     return "trainer.cli" in cmdline and "torch.distributed.run" not in cmdline
+
+
+def _untouched(run_dir: Path) -> bool:
+    """Nothing in ``run_dir`` but the launcher's mark (``launcher.agent.copies.MARK``, written at submit)."""
+    return sorted(p.name for p in run_dir.iterdir()) == [MARK]
 
 
 def _files_containing(root: Path, needle: str) -> list[Path]:
@@ -323,7 +329,7 @@ def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, 
     job_id = proc.stdout.splitlines()[0]
     assert _status(jobs, job_id)["state"] == "failed" and _status(jobs, job_id)["exit_code"] == 3
     assert _sacct(_slurm_id(jobs, job_id), "State,ExitCode") == [["FAILED", "3:0"]]
-    assert not run_dir.exists(), "no rank may start when the versions differ"
+    assert _untouched(run_dir), "no rank may start when the versions differ"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
 
 
@@ -357,7 +363,7 @@ def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
     assert (status["state"], status["exit_code"]) == ("failed", 3), status
     assert status["message"].startswith("the health gate named 1 node(s):\n  n1: compute "), status["message"]
     assert "n1: compute " in proc.stderr, proc.stderr[-3000:]
-    assert not run_dir.exists(), "no rank may start when the gate names a node"
+    assert _untouched(run_dir), "no rank may start when the gate names a node"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
 
 

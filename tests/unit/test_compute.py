@@ -8,6 +8,8 @@ import copy
 import dataclasses
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ import torch
 
 from gptlaunch.compute import ForwardClock
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, Beat, read_beats
+from gptlaunch.stats import ratios_to_others
 from launcher.job.progress import stragglers
 from tests.unit.test_hang import _beat
 
@@ -167,3 +170,17 @@ def test_stragglers_are_judged_against_the_other_ranks_median() -> None:
     slow = [*even[:3], beat(3, 0.030)]
     assert list(stragglers(slow)) == [3] and 2.5 < stragglers(slow)[3] < 3.0  # 30 / median(10, 11, 12)
     assert stragglers([beat(0, 0.5)]) == {}  # one rank: nobody to compare with
+
+
+def test_each_ranks_ratio_is_to_the_median_of_the_other_ranks() -> None:
+    """``ratios_to_others`` (one sort) against the definition (a median per rank), on ties, even and
+    odd counts, and zeros."""
+    rng = random.Random(0)
+    cases = [[], [1.0], [1.0, 2.0], [0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 5.0]]
+    cases += [[rng.choice([0.5, 1.0, 1.5, rng.random()]) for _ in range(n)] for n in range(2, 40)]
+    for seconds in cases:
+        others = [seconds[:k] + seconds[k + 1 :] for k in range(len(seconds))]
+        medians = [statistics.median(rest) if rest else 0.0 for rest in others]
+        want = [s / m if m > 0 else 0.0 for s, m in zip(seconds, medians, strict=True)]
+        assert ratios_to_others(seconds) == pytest.approx(want), seconds
+    assert ratios_to_others([1.0, 2.0]) == [0.5, 2.0]  # a rank at half speed: 2×, not 1.33×

@@ -5,6 +5,7 @@ their own disk, is in ``tests/integration/test_slurm.py``."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 import time
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import EXIT_REFUSED, STOP_MARKER, write_stop_marker
+from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_REFUSED, STOP_MARKER, write_stop_marker
 from launcher.agent.copies import MARK, write_mark
 from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.reports import Refused, Saved
+from launcher.schedulers.slurm import run_copy
 from launcher.schedulers.slurm import task as task_module
-from launcher.schedulers.slurm.run_copy import NOT_IN_COPY, RunCopy, node_local
+from launcher.schedulers.slurm.run_copy import NOT_IN_COPY, RunCopy, copy_file, node_local
 from launcher.schedulers.slurm.task import NodeTask
 
 
@@ -183,10 +185,52 @@ def test_a_node_whose_ranks_slurm_stopped_does_not_report_a_failure_of_its_own(
     monkeypatch.setattr(task_module, "_signalled", {signal.SIGTERM: time.time()})
     with open(tmp_path / "node-1.log", "ab") as log:
         monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
-        assert task._end(1, 1, time.time(), log) == 0
+        later = time.time() + 1
+        assert task._end(1, 1, time.time(), log, ended=later) == 0
         assert reports.read(job, reports.Failed) == []
+        with pytest.raises(SystemExit) as node_0:  # a job whose tasks all exit 0 would be COMPLETED
+            task._end(0, 1, time.time(), log, ended=later)
+        assert node_0.value.code == EXIT_INTERRUPTED and reports.read(job, reports.Failed) == []
+        with pytest.raises(SystemExit) as failed_first:  # its agent ended before the SIGTERM came
+            task._end(1, 1, time.time(), log, ended=time.time() - 60)
+        assert failed_first.value.code == 1
         monkeypatch.setattr(task_module, "_copy", None)
         with pytest.raises(SystemExit) as ended:
-            task._end(1, 1, time.time(), log)
-    assert ended.value.code == 1 and [r.node for r in reports.read(job, reports.Failed)] == [1]
+            task._end(1, 1, time.time(), log, ended=later)
+    assert ended.value.code == 1 and [r.node for r in reports.read(job, reports.Failed)] == [1, 1]
     assert "task: the ranks stopped on SLURM's SIGTERM" in (tmp_path / "node-1.log").read_text()
+
+
+def test_a_file_that_changes_while_copied_is_not_put_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target = tmp_path / "ckpt.pt", tmp_path / "copy" / "ckpt.pt"
+    source.write_bytes(b"first")
+    real = shutil.copy2
+
+    def rewritten_meanwhile(src: Path, dst: Path) -> object:
+        done = real(src, dst)
+        source.write_bytes(b"second, longer")  # a save rewritten in place during the copy
+        return done
+
+    monkeypatch.setattr(run_copy.shutil, "copy2", rewritten_meanwhile)
+    assert not copy_file(source, target) and not target.exists()
+    assert list(target.parent.iterdir()) == []  # no temporary file left
+    monkeypatch.setattr(run_copy.shutil, "copy2", real)
+    assert copy_file(source, target) and target.read_bytes() == b"second, longer"
+
+
+def test_a_node_pushes_back_only_what_it_changed_not_what_it_restored(tmp_path: Path) -> None:
+    """Node 1 restored rank 0's metrics and checkpoint, then wrote a file of its own: only that one
+    goes into the copy, never its older restored files over rank 0's newer ones."""
+    job, run = tmp_path / "job", tmp_path / "run"
+    (job / RUN_COPY).mkdir(parents=True)
+    (job / RUN_COPY / "metrics.jsonl").write_text("step 10\n")
+    copy = RunCopy(job, run, node=1, host="n2", say=lambda line: None)
+    copy.restore()
+    copy.start()
+    (job / RUN_COPY / "metrics.jsonl").write_text("step 10\nstep 20\n")  # rank 0's node, meanwhile
+    (run / "shard-1.pt").write_bytes(b"node 1's own")
+    copy.finish()
+    assert (job / RUN_COPY / "metrics.jsonl").read_text() == "step 10\nstep 20\n"
+    assert (job / RUN_COPY / "shard-1.pt").read_bytes() == b"node 1's own"

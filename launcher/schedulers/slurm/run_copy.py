@@ -23,7 +23,7 @@ a peer is one more node that can be lost, and SLURM gives a task no login to its
 in the copy, in that version or a later one, the node refuses to start its ranks (``Refused``, exit 3),
 naming the node and the files, unless the user allowed starting over (``--allow-start-over``).
 
-Which run dirs are node-local: the declared ones (``--slurm-node-local-run-dir``), else those in which a
+Which run dirs are node-local: the declared ones (``--node-local-run-dir``), else those in which a
 node does not see the mark the launcher wrote at submit (``launcher.agent.copies.MARK``). The
 standalone sbatch script has no launcher at submit: there only the declaration counts.
 """
@@ -33,12 +33,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from gptlaunch.contract import STOP_MARKER
-from launcher.agent.copies import MARK, CheckpointWatch, absent, shares_files, snapshot
+from launcher.agent.copies import MARK, CheckpointWatch, Snapshot, absent, shares_files, snapshot
 from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.reports import NodeReport, Saved
@@ -54,16 +55,26 @@ def node_local(run_dir: Path, job_id: str, declared: bool | None) -> bool:
     return bool(job_id) and not shares_files(run_dir / MARK, job_id)
 
 
-def copy_file(source: Path, target: Path) -> None:
+def copy_file(source: Path, target: Path) -> bool:
     """``source`` to ``target`` (its dir made), all or nothing: a temporary name, then renamed into
-    place; the mtime is kept, which ``absent`` compares. Raises OSError."""
+    place; the mtime is kept, which ``absent`` compares. False, and nothing copied, when ``source``
+    changed meanwhile (a torn copy would pass for the save). Raises OSError."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial = target.with_name(f".{target.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
+        before = _version(source)
         shutil.copy2(source, partial)
+        if _version(source) != before:
+            return False
         os.replace(partial, target)
+        return True
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _version(path: Path) -> tuple[int, int, int]:
+    info = path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 class RunCopy:
@@ -82,8 +93,9 @@ class RunCopy:
     ) -> None:
         self.job_dir, self.run_dir, self.node, self.host, self.say = job_dir, run_dir, node, host, say
         self.copy = job_dir / RUN_COPY
-        self._listed: dict[str, int] = {}  # what this node's last copied save listed
+        self._copied: Snapshot = {}  # this node's files as last copied (or restored): what is not news
         self._watch = CheckpointWatch(run_dir, node, host, self._saved, exclude)
+        self._finishing = False
 
     def refusal(self) -> str | None:
         """Why the ranks must not start here: the newest checkpoint a node of this job saved is not in
@@ -95,10 +107,11 @@ class RunCopy:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest.time))
         return (
             f"the newest checkpoint ({', '.join(files[:3])}) was saved on {newest.host} (node "
-            f"{newest.node}) at {when} in its node-local run dir {newest.directory}, and is not in its "
-            f"copy {self.copy} (that node was lost before the copy, or the copy failed: see its log); "
-            f"copy it there from {newest.host} and submit again with this run dir, or allow starting "
-            "from an older checkpoint with --allow-start-over"
+            f"{newest.node}) at {when} in its own run dir {newest.directory}, and is not in its copy "
+            f"{self.copy} (that node was lost before the copy, or the copy failed: see its log); to "
+            f"resume from it, copy it from {newest.host} into the same run dir on every node of the next "
+            "job (or into a shared --run-dir) and submit again, or let a retry go on from the copy's "
+            "older checkpoint with --allow-start-over"
         )
 
     def restore(self) -> None:
@@ -114,48 +127,54 @@ class RunCopy:
         for name in aside:
             target = self.run_dir / NOT_IN_COPY / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.run_dir / name, target)
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile
+                os.replace(self.run_dir / name, target)
         if copied or aside:
             moved = f"; {len(aside)} not in it moved to {self.run_dir / NOT_IN_COPY}" if aside else ""
             self.say(f"task: restored {len(copied)} file(s) of the run dir from its copy {self.copy}{moved}")
 
     def start(self) -> None:
         """Copy each save from now on (the files already here were restored, or are older)."""
-        now = snapshot(self.run_dir, self._watch.exclude)
-        self._listed = {name: size for name, (_, size, _) in now.items()}
-        self._watch.start(known=now)
+        self._copied = snapshot(self.run_dir, self._watch.exclude)
+        self._watch.start(known=self._copied)
 
     def finish(self) -> None:
-        """Once the ranks ended: copy what they saved last (the files have settled), and stop."""
-        self._watch.finish()
+        """Once the ranks ended: copy what they saved last (the files have settled), and stop. Once:
+        a second call (SLURM's warning, handled while the first runs) returns at once."""
+        if not self._finishing:
+            self._finishing = True
+            self._watch.finish()
 
     def _saved(self, report: NodeReport) -> None:
         """A save: recorded first (a node lost during the copy leaves a save the copy lacks, which the
-        next attempt refuses to pass over), then copied. A copy that fails is said and left: the next
-        attempt names it."""
+        next attempt refuses to pass over), then copied. A failure is said and left: the next save
+        tries again, and the next attempt names a save that never reached the copy."""
         if not isinstance(report, Saved):
             return
-        reports.append(self.job_dir, report)
-        started, size = time.monotonic(), 0
-        there = snapshot(self.copy)
         try:
-            # Every file that differs (an appended log comes with the save), the stop marker last:
-            # once a reader sees it, the checkpoint it names is in the copy.
-            for name in sorted(report.files, key=lambda name: name == STOP_MARKER):
-                try:
-                    here = (self.run_dir / name).stat()
-                except FileNotFoundError:  # removed since it was listed: the next save says so
-                    continue
-                if there.get(name, (0, -1, -1))[1:] != (here.st_size, here.st_mtime_ns):
-                    copy_file(self.run_dir / name, self.copy / name)
-                    size += here.st_size
-            for gone in set(self._listed) - set(report.files):  # the node removed it: so does the copy
-                with contextlib.suppress(FileNotFoundError):
-                    (self.copy / gone).unlink()
-        except OSError as e:
+            reports.append(self.job_dir, report)
+            self._copy(report)
+        except Exception as e:
             self.say(f"task: the copy of the run dir's save into {self.copy} failed: {e}")
-            return
-        self._listed = report.files
+
+    def _copy(self, report: Saved) -> None:
+        """The files of ``report`` this node changed since it last copied (an appended log comes with
+        the save; what it restored and never touched is not pushed back over a newer copy), the stop
+        marker last: once a reader sees it, the checkpoint it names is in the copy. A file this node
+        removed (a rotated checkpoint) leaves the copy too."""
+        started, size = time.monotonic(), 0
+        now = snapshot(self.run_dir, self._watch.exclude)
+        copied = dict(self._copied)
+        for name in sorted(report.files, key=lambda name: name == STOP_MARKER):
+            changed = name in now and now[name] != self._copied.get(name)
+            if changed and copy_file(self.run_dir / name, self.copy / name):
+                copied[name] = now[name]
+                size += now[name][1]
+        for gone in set(self._copied) - set(now):
+            with contextlib.suppress(FileNotFoundError):
+                (self.copy / gone).unlink()
+            copied.pop(gone, None)
+        self._copied = copied
         took = time.monotonic() - started
         saved = ", ".join(sorted(report.changed)[:3])
         self.say(

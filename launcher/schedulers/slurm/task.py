@@ -18,12 +18,14 @@ from its command line, ``python -m launcher.schedulers.slurm.task --job-dir D --
 [--nproc-per-node N --hang-*] -- ARGV``: srun writes its output to the node log, and with no launcher
 to gather the nodes' reports, the task writes the stacks to ``D/hang/`` and the one-line cause to the
 log itself.
+
+A run dir on each node's own disk (``launcher.schedulers.slurm.run_copy``) is restored from its copy in
+the job record before the node agent starts, and each save is copied there while the ranks run.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import socket
@@ -35,11 +37,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_REFUSED
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED
 from launcher.agent.copies import write_mark
 from launcher.agent.node import NodeAgent, Output, log_writer
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
+from launcher.job.console import say
 from launcher.job.failures import stop_marker
 from launcher.job.hang import (
     EXIT_HANG,
@@ -67,7 +70,7 @@ _copy: RunCopy | None = None
 # a cancel, or srun ending the step after another node failed) -> when: its ranks were stopped.
 _signalled: dict[int, float] = {}
 _started = 0.0  # when this run of the task started (epoch seconds)
-MARKER_WAIT_S = 30.0  # beyond the grace period: a node-local rank 0's stop marker reaching the copy
+MARKER_WAIT_S = 15.0  # beyond the grace period: a node-local rank 0's stop marker reaching the copy
 # What the node command and the ranks read in a container: the plan's variables, SLURM's (with the
 # GPUs it gave this job) and ours.
 _PASSED_ON = ("SLURM_", "GPTLAUNCH_", "CUDA_VISIBLE_DEVICES")
@@ -92,12 +95,19 @@ class NodeTask:
     def of(cls, plan: Plan, spec: JobSpec, workdir: str, job_dir: Path, image: ImageRun | None) -> NodeTask:
         """The submitit path's task for every node of ``plan`` (every node runs the same command;
         what differs is filled in on the node). For a run dir not declared shared or node-local,
-        the launcher's mark goes into it here: a node that does not see it has a node-local run dir,
-        as do all when it cannot be written here."""
+        the launcher's mark goes into it here: a node that does not see it has a node-local run dir.
+        One that cannot be written is taken as shared, with a warning."""
         opts = spec.options(SlurmOptions)
-        if opts.node_local_run_dir is None:
-            with contextlib.suppress(OSError):
+        declared = opts.node_local_run_dir
+        if declared is None:
+            try:
                 write_mark(Path(plan.run_dir), plan.job_id)
+            except OSError as e:  # no mark: every node would take a shared run dir for its own disk
+                declared = False
+                say(
+                    f"launcher: warning: cannot write the launcher's mark in the run dir ({e}): taken as "
+                    "shared by the nodes; if it is on each node's own disk, say --node-local-run-dir"
+                )
         return cls(
             argv=plan.nodes[0].argv,
             env=plan.nodes[0].env,
@@ -107,7 +117,7 @@ class NodeTask:
             watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
             image=image,
             job_id=plan.job_id,
-            node_local_run_dir=opts.node_local_run_dir,
+            node_local_run_dir=declared,
             copy_exclude=copy_excludes(spec, workdir, plan.run_dir),
             allow_start_over=spec.allow_start_over,
         )
@@ -148,8 +158,8 @@ class NodeTask:
             reports.append(job_dir, report)
 
         log.flush()
-        _copy = self._restored(node, host, log)
         _note_signals()
+        _copy = self._restored(node, host, log)
         # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
         # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
         # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
@@ -177,9 +187,10 @@ class NodeTask:
             log_writer(log)(f"task: cannot start the node's command: {e}")
             raise SystemExit(EXIT_FAILED) from None
         finally:
+            ended = time.time()
             if _copy is not None:
                 _copy.finish()
-        return self._end(node, code, started, log)
+        return self._end(node, code, started, log, ended)
 
     def _restored(self, node: int, host: str, log: BinaryIO) -> RunCopy | None:
         """For a node-local run dir (``launcher.schedulers.slurm.run_copy``): its copy, restored into
@@ -205,8 +216,9 @@ class NodeTask:
         copy.start()
         return copy
 
-    def _end(self, node: int, code: int, started: float, log: BinaryIO) -> int:
-        """The task's exit status (see the module docstring) for the node agent's ``code``."""
+    def _end(self, node: int, code: int, started: float, log: BinaryIO, ended: float) -> int:
+        """The task's exit status (see the module docstring) for the node agent's ``code``; the agent
+        ended at ``ended`` (epoch seconds)."""
         job_dir = Path(self.job_dir)
         if code == EXIT_HANG:
             if self.standalone:  # no launcher to gather the reports: say what they found
@@ -220,10 +232,14 @@ class NodeTask:
             if node == 0:
                 raise SystemExit(EXIT_CHECKPOINTED)
             return 0
-        if _copy is not None and signal.SIGTERM in _signalled:
-            # Stopped by SLURM, with rank 0's stop marker (if any) on another node's disk: this node did
-            # not fail on its own (a node that did is found by its own report, or as one that died).
+        if _copy is not None and _signalled.get(signal.SIGTERM, ended + 1) <= ended:
+            # Stopped by SLURM (a cancel, or srun ending the step after another node failed) before the
+            # agent ended, with rank 0's stop marker (if any) on another node's disk: this node did not
+            # fail on its own (a node that did is found by its own report, or as one that died). Node 0
+            # exits non-zero all the same: a job whose tasks all exit 0 is COMPLETED, not stopped.
             log_writer(log)("task: the ranks stopped on SLURM's SIGTERM")
+            if node == 0:
+                raise SystemExit(EXIT_INTERRUPTED)
             return 0
         # Which node failed first, even when no rank could write an error file (a crash, a kill).
         reports.append(job_dir, reports.Failed(node=node, exit_code=code))
@@ -249,11 +265,11 @@ class NodeTask:
         SLURM's warning signal (SIGUSR2), it is waited for (at most the grace period and
         MARKER_WAIT_S). Not after a SIGTERM: srun sends it too when another node failed."""
         job_dir = Path(self.job_dir) if _copy is not None else None
-        deadline = time.monotonic() + (
-            self.grace_s + MARKER_WAIT_S if _copy and signal.SIGUSR2 in _signalled else 0
-        )
+        warned = _signalled.get(signal.SIGUSR2) if _copy is not None else None
+        # From the warning, not from now: all of a requeue's waits fit in SLURM's warning time.
+        deadline = warned + self.grace_s + MARKER_WAIT_S if warned is not None else 0.0
         while stop_marker(Path(self.run_dir), since, job_dir) is None:
-            if time.monotonic() >= deadline:
+            if time.time() >= deadline:
                 return False
             time.sleep(0.5)
         return True
