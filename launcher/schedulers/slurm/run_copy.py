@@ -9,12 +9,14 @@ during a SLURM job (``launcher submit`` returns once SLURM has it), so the nodes
 
 - each node's task watches its run dir (``launcher.agent.copies.CheckpointWatch``, as an SSH host's
   agent does) and, for each save, first records a ``Saved`` report in the job record, then copies the
-  files that changed into the copy (each to a temporary name, then renamed into place; mtimes kept),
-  in the watch's thread, off the ranks' critical path; a file the node removed (an old checkpoint
-  rotated out) leaves the copy too. Once the ranks ended, the last save and the stop marker follow;
+  files it changed into the copy (each to a temporary name, then renamed into place, mtimes kept; one
+  that changed during its copy waits for the next save), in the watch's thread, off the ranks'
+  critical path; a file the node removed (an old checkpoint rotated out) leaves the copy too. Once the
+  ranks ended, the last save and the stop marker follow, the marker last;
 - before the ranks start, every node's task restores the copy into its run dir: c10d places rank 0 on
   any node, and a node that replaces an excluded one has nothing. The rendezvous waits for every node,
-  so no rank starts before its node holds the checkpoint.
+  so no rank starts before its node holds the checkpoint. Files the copy lacks (a save its node never
+  copied, being lost first) are set aside, so that every node starts from the same files.
 
 Why not a peer node's disk: the job record must be reachable anyway (the job cannot run without it),
 a peer is one more node that can be lost, and SLURM gives a task no login to its peers.
@@ -24,8 +26,9 @@ in the copy, in that version or a later one, the node refuses to start its ranks
 naming the node and the files, unless the user allowed starting over (``--allow-start-over``).
 
 Which run dirs are node-local: the declared ones (``--node-local-run-dir``), else those in which a
-node does not see the mark the launcher wrote at submit (``launcher.agent.copies.MARK``). The
-standalone sbatch script has no launcher at submit: there only the declaration counts.
+node does not see the mark the launcher wrote at submit (``launcher.agent.copies.MARK``; a run dir
+the launcher cannot write it in is taken as shared). The standalone sbatch script has no launcher at
+submit, and a launcher on one of the job's nodes sees its own mark: there only the declaration counts.
 """
 
 from __future__ import annotations
