@@ -27,8 +27,8 @@ NETWORK_GROUP = "network (environment of every node)"
 # from its options model (``scheduler_flags``).
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
-    (("--nodes",), "nnodes", "job"),
-    (("--nproc-per-node", "--gpus-per-node"), "nproc_per_node", "job"),
+    (("--nodes", "--nnodes"), "nnodes", "job"),  # --nnodes, --nproc_per_node: torchrun's spellings
+    (("--nproc-per-node", "--gpus-per-node", "--nproc_per_node"), "nproc_per_node", "job"),
     (("--name",), "name", "job"),
     (("--job-dir",), "job_dir", "job"),
     (("--workdir",), "workdir", "job"),

@@ -16,6 +16,7 @@ from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
 from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.cli.hints import unknown_arguments
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import help_text as placeholder_help
@@ -215,12 +216,23 @@ def allow_many_open_files() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def _command(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-parser of ``launcher COMMAND``."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[command]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     allow_many_open_files()
     split = argv.index("--") if "--" in argv else len(argv)
     own, trainer_args = argv[:split], argv[split + 1 :]
-    args = _parser().parse_args(own)
+    parser = _parser()
+    args, extras = parser.parse_known_args(own)
+    if extras:  # each with the flag it likely meant, or where it goes
+        error = unknown_arguments(_command(parser, args.command), args.command, extras)
+        print(f"launcher: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if trainer_args and args.command not in ("submit", "render"):
         print(f"launcher: error: `{args.command}` takes no arguments after --", file=sys.stderr)
         return EXIT_USAGE

@@ -301,3 +301,33 @@ def test_job_record_written_before_the_health_check_rename_still_reads(
     assert capsys.readouterr().err == ""  # silently: only what a user types is warned about
     with pytest.raises(ValidationError, match="keep health_check"):
         JobSpec.model_validate({"scheduler": {"kind": "ssh", "preflight": True, "health_check": True}})
+
+
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["-N", "2"], "-N: did you mean --nodes?"),  # SLURM's
+        (["--job-name", "x"], "--job-name: did you mean --name?"),
+        (["--nodse", "2"], "--nodse: did you mean --nodes?"),  # a near-miss
+        (["--rdzv_endpoint", "h:1"], "--rdzv_endpoint: did you mean --rdzv-endpoint?"),  # torchrun's `_`
+        (["--master-addr", "h"], "--master-addr: did you mean --rdzv-endpoint?"),
+        (
+            ["--max-steps", "5", "--lr", "1e-3"],
+            "go after --: launcher submit [options] -- --max-steps 5 --lr 1e-3",
+        ),
+        (["train.py", "--epochs", "3"], "go after --: launcher submit [options] -- train.py --epochs 3"),
+    ],
+)
+def test_unknown_arguments_name_the_flag_meant_or_where_they_go(args, hint, jobs_root: Path, capsys) -> None:
+    _assert_rejected(
+        _submit(jobs_root, "--dry-run", *args), capsys, jobs_root, "unrecognized arguments:", hint
+    )
+
+
+def test_torchruns_spellings_of_nodes_and_processes_are_accepted(jobs_root: Path, capsys) -> None:
+    import json
+
+    for args in (["--nnodes", "2", "--nproc_per_node", "3"], ["--nodes", "2", "--nproc-per-node", "3"]):
+        assert _submit(jobs_root, "--dry-run", "--json", *args) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert (plan["nnodes"], plan["nproc_per_node"]) == (2, 3)
