@@ -32,16 +32,22 @@ SPELLINGS = {
 CLOSE = 0.8  # difflib's ratio from which a flag is offered as the one meant (--nodse -> --nodes)
 
 
-def unknown_arguments(parser: argparse.ArgumentParser, command: str, extras: list[str]) -> str:
+def unknown_arguments(
+    parser: argparse.ArgumentParser, command: str, extras: list[str], top: argparse.ArgumentParser
+) -> str:
     """The error for ``extras``, arguments of ``launcher COMMAND`` that ``parser`` (that command's)
-    does not know: each flag with the one it likely meant, or where it and what follows it go."""
+    does not know: each flag with the one it likely meant, or where it and what follows it go (a flag
+    of ``top``, the ``launcher`` parser itself, before the command)."""
     known = [flag for action in parser._actions for flag in action.option_strings]
+    launcher_flags = {flag for action in top._actions for flag in action.option_strings}
     lines = [f"unrecognized arguments: {' '.join(extras)}"]
     program = command in ("submit", "render")
     for k, arg in enumerate(extras):
         name = arg.split("=", 1)[0]
         meant = _meant(name, known) if name.startswith("-") else None
-        if meant is not None:
+        if name in launcher_flags:
+            lines.append(f"  {name} goes before the command: launcher {name} ... {command} ...")
+        elif meant is not None:
             lines.append(f"  {arg}: did you mean {meant}?")
         elif program and (k == 0 or name.startswith("-")):  # not the value of an unknown flag
             rest = " ".join(extras[k:])

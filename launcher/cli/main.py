@@ -28,8 +28,8 @@ from launcher.schedulers.ssh.client import SshError
 EXIT_CODES = (
     "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
     "2 invalid input (nothing is written); 3 nodes refused before training: the hosts' versions differ "
-    "(parity check; the diff is printed) or the health check named a node (one line each); no rank "
-    "started; 75 stopped on request after a checkpoint "
+    "(parity check; the diff is printed), the health check named a node (one line each) or the newest "
+    "checkpoint is out of reach; no rank started; 75 stopped on request after a checkpoint "
     "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
 )
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, extras = parser.parse_known_args(own)
     if extras:  # each with the flag it likely meant, or where it goes
-        error = unknown_arguments(_command(parser, args.command), args.command, extras)
+        error = unknown_arguments(_command(parser, args.command), args.command, extras, parser)
         print(f"launcher: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if trainer_args and args.command not in ("submit", "render"):
