@@ -18,7 +18,7 @@ from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
 from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
-from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes
+from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes, time_note
 from launcher.schedulers.slurm.scheduler import (
     BATCH_SETUP,
     SCRIPT,
@@ -263,3 +263,14 @@ def test_with_retries_the_batch_script_ends_in_the_retry_step_keeping_the_nodes_
     )
     plain = SubmititRequest.model_validate_json(_render(_spec()).files[SUBMITIT_REQUEST])
     assert plain.teardown == []
+
+
+def test_a_time_limit_in_slurms_mm_ss_form_is_said_in_words(tmp_path: Path, capsys) -> None:
+    """``4:00`` reads as four hours and is four minutes in sbatch: the render says so, and the fix."""
+    assert (
+        time_note("4:00") == "--time 4:00 is 4 minute(s) 0 second(s) (SLURM's MM:SS); for 4 hours say 4:00:00"
+    )
+    assert [time_note(t) for t in ("90", "4:00:00", "1-12", "1-12:00")] == [None] * 4
+    args = ["--jobs-root", str(tmp_path), "render", "--scheduler", "slurm", "--nodes", "2", "--time", "4:00"]
+    assert main([*args, "--", "--max-steps", "3"]) == 0
+    assert "launcher: note: --time 4:00 is 4 minute(s)" in capsys.readouterr().err

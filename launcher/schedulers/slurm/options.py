@@ -82,6 +82,19 @@ def slurm_minutes(value: str) -> int:
     return math.ceil(seconds / 60)
 
 
+def time_note(value: str) -> str | None:
+    """What a time limit in SLURM's ``MM:SS`` form means, said, since ``4:00`` reads as hours: None
+    for the other forms."""
+    match = re.fullmatch(r"(\d+):(\d+)", value.strip())
+    if match is None:
+        return None
+    minutes, seconds = (int(x) for x in match.groups())
+    return (
+        f"--time {value} is {minutes} minute(s) {seconds} second(s) (SLURM's MM:SS); for {minutes} hours "
+        f"say {minutes}:{seconds:02d}:00"
+    )
+
+
 class SlurmOptions(ContainerOptions, GateOptions):
     """The SLURM scheduler: one allocation of ``nnodes`` nodes, one task (one torchrun agent) per node,
     submitted through submitit (or as a standalone sbatch script)."""

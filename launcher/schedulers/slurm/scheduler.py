@@ -38,7 +38,7 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker_argv
 from launcher.schedulers.slurm import steps
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
-from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
@@ -199,6 +199,8 @@ class SlurmScheduler:
         """The working directory (absolute) and whether to request GPUs (asked from sinfo when not set:
         where sinfo is missing, GPUs are requested, as on the GPU clusters this is for)."""
         opts = spec.options(SlurmOptions)
+        if (note := time_note(opts.time)) is not None:
+            say(f"launcher: note: {note}")
         gpus = opts.gpus
         if gpus is None:
             gpus = _partition_has_gpus(opts.partition) is not False
