@@ -79,8 +79,20 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, S
     return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir
 
 
+def _check_new(job_dir: Path) -> None:
+    """Raises UsageError when ``job_dir`` is not a place for a new job's record."""
+    try:
+        JobRecord.check_new(job_dir)
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
-    _, _, plan, _ = _plan(args, trainer_args)
+    return _print(args, _plan(args, trainer_args)[2])
+
+
+def _print(args: argparse.Namespace, plan: Plan) -> int:
+    """The Plan, or one file of it (``--file``), as ``render`` prints it."""
     if args.file is not None:
         if args.file not in plan.files:
             names = ", ".join(sorted(plan.files)) or "no file"
@@ -92,13 +104,16 @@ def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    if args.detach and args.wait:  # a dry run too refuses what the submit would
+        raise UsageError("--detach and --wait contradict each other: keep one")
     if args.dry_run:
-        return cmd_render(args, trainer_args)
+        _, _, plan, job_dir = _plan(args, trainer_args)
+        _check_new(job_dir)
+        return _print(args, plan)
     if args.file is not None:
         raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
-    if args.detach and args.wait:
-        raise UsageError("--detach and --wait contradict each other: keep one")
     spec, scheduler, plan, job_dir = _plan(args, trainer_args)
+    _check_new(job_dir)
     plan = scheduler.preflight(spec, plan, job_dir)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
     try:

@@ -240,15 +240,21 @@ class JobRecord:
     def job_id(self) -> str:
         return self.plan().job_id
 
+    @staticmethod
+    def check_new(path: Path) -> None:
+        """Raises FileExistsError when ``path`` holds anything: a new job's record needs a new or empty
+        directory."""
+        if path.is_dir() and any(path.iterdir()):
+            what = "a job record" if (path / "plan.json").exists() else "files"
+            raise FileExistsError(f"{path} already holds {what}: choose another --job-dir")
+
     @classmethod
     def create(cls, path: Path, spec: JobSpec, plan: Plan, status: JobStatus) -> JobRecord:
         """Make the record of a new job in ``path``, a new or empty directory. Raises FileExistsError if
         it holds anything."""
         created = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
-        if any(path.iterdir()):
-            what = "a job record" if (path / "plan.json").exists() else "files"
-            raise FileExistsError(f"{path} already holds {what}: choose another --job-dir")
+        cls.check_new(path)
         rec = cls(path, created_dir=created)
         atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2, exclude_unset=True))
         rec.write_status(status)

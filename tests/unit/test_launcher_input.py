@@ -330,3 +330,13 @@ def test_torchruns_spellings_of_nodes_and_processes_are_accepted(jobs_root: Path
         assert _submit(jobs_root, "--dry-run", "--json", *args) == 0
         plan = json.loads(capsys.readouterr().out)
         assert (plan["nnodes"], plan["nproc_per_node"]) == (2, 3)
+
+
+def test_a_dry_run_refuses_what_the_submit_would(tmp_path: Path, jobs_root: Path, capsys) -> None:
+    _assert_rejected(_submit(jobs_root, "--dry-run", "--detach", "--wait"), capsys, jobs_root, "contradict")
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    code = _submit(jobs_root, "--dry-run", "--job-dir", str(used))
+    _assert_rejected(code, capsys, jobs_root, f"{used} already holds files: choose another --job-dir")
+    assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]  # nothing written, nothing removed
