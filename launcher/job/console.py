@@ -19,6 +19,13 @@ NOTEWORTHY = re.compile(
     re.IGNORECASE,
 )
 
+# Lines every rank prints alike that say nothing to act on: torch's start-up line of the flight
+# recorder's debug server, and c10d's warning when a peer's address has no name (as in network
+# namespaces). Never on the console; the node logs keep them.
+NOISE = re.compile(
+    r"WorkerServer\.cpp:\d+\] \[c10d\] Server listening|hostname of the client socket cannot be retrieved"
+)
+
 
 def say(text: str) -> None:
     """Print ``text`` to stderr at once; a terminal that is gone (SIGHUP, a closed pipe) is ignored,
@@ -35,13 +42,16 @@ def shows_all(tee: Tee, nnodes: int) -> bool:
 def console_lines(tee: Tee, nnodes: int) -> Callable[[str], bool]:
     """Which followed lines (``nodeK | text``, from ``launcher.job.logs.tail``) the console shows:
     ``all`` every line; ``rank0`` node 0's own lines and its rank 0's, and from every node the lines
-    NOTEWORTHY matches; ``auto`` is ``all`` up to TEE_ALL_MAX_NODES nodes, else ``rank0``."""
-    if shows_all(tee, nnodes):
-        return lambda line: True
+    NOTEWORTHY matches; ``auto`` is ``all`` up to TEE_ALL_MAX_NODES nodes, else ``rank0``. Never the
+    NOISE lines."""
+    every = shows_all(tee, nnodes)
 
     def keep(line: str) -> bool:
         label, _, text = line.partition(" | ")
-        if label.endswith("node0") and (text.startswith("[rank0]:") or not text.startswith("[rank")):
+        if NOISE.search(text):
+            return False
+        rank0 = text.startswith("[rank0]:") or not text.startswith("[rank")
+        if every or (label.endswith("node0") and rank0):
             return True
         return NOTEWORTHY.search(text) is not None
 

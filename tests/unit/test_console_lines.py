@@ -33,3 +33,16 @@ def test_few_nodes_or_tee_all_show_every_line_and_rank0_filters_even_two_nodes()
     assert all(map(console_lines("auto", TEE_ALL_MAX_NODES), LINES))
     assert all(map(console_lines("all", 16), LINES))
     assert not console_lines("rank0", 2)("node1 | [rank1]: step 10 | loss 5.1")
+
+
+NOISE = [
+    "node1 | [rank1]: [W1126 11:51:51.628947673 WorkerServer.cpp:113] [c10d] Server listening to UNIX "
+    "/tmp/gptlaunch-0/fr-f6df16badc4372e7-1.sock",
+    "node0 | [rank0]: [W1126 11:51:51.6 socket.cpp:752] [c10d] The hostname of the client socket cannot be "
+    "retrieved. err=-3",
+]
+
+
+def test_lines_every_rank_prints_alike_to_no_purpose_are_never_on_the_console() -> None:
+    for tee, nnodes in (("all", 2), ("auto", 2), ("auto", 16), ("rank0", 2)):
+        assert not any(map(console_lines(tee, nnodes), NOISE)), tee  # node logs keep them
