@@ -45,7 +45,8 @@ vfs (slow: every layer is a full copy); \$GPTLAUNCH_DOCKER_STORAGE=vfs|overlay2 
 are kept per driver: after a switch the base image is made again.
 
 State (images, logs, pid file) lives in \$GPTLAUNCH_DOCKER_DIR (default /var/lib/gptlaunch-docker);
-\$GPTLAUNCH_BASE_IMAGE names the base image. Needs root.
+\$GPTLAUNCH_BASE_IMAGE names the base image. Its Debian packages come from the mirror this
+machine's apt uses, or from \$GPTLAUNCH_DEBIAN_MIRROR (a URL) when set. Needs root.
 EOF
 }
 
@@ -122,9 +123,14 @@ start_engine() {
     log "engine up: $(docker_ version --format 'Docker {{.Server.Version}}, API {{.Server.APIVersion}}')"
 }
 
-# The mirror this machine's apt uses (deb822 sources first, then sources.list).
+# The Debian mirror for the base image: $GPTLAUNCH_DEBIAN_MIRROR, else the one this machine's apt
+# uses (deb822 sources first, then sources.list).
 apt_mirror() {
     local uri
+    if [[ -n ${GPTLAUNCH_DEBIAN_MIRROR:-} ]]; then
+        echo "$GPTLAUNCH_DEBIAN_MIRROR"
+        return
+    fi
     uri="$(grep -hoP '^URIs:\s*\K\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -n 1 || true)"
     [[ -n $uri ]] || uri="$(grep -hoP '^deb\s+(\[[^]]*\]\s+)?\K\S+' /etc/apt/sources.list 2>/dev/null | grep -v security | head -n 1 || true)"
     echo "${uri:-http://deb.debian.org/debian}"
