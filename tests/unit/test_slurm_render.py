@@ -18,6 +18,7 @@ from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
 from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
+from launcher.schedulers.slurm import partition
 from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes, time_note
 from launcher.schedulers.slurm.scheduler import (
     BATCH_SETUP,
@@ -274,3 +275,28 @@ def test_a_time_limit_in_slurms_mm_ss_form_is_said_in_words(tmp_path: Path, caps
     args = ["--jobs-root", str(tmp_path), "render", "--scheduler", "slurm", "--nodes", "2", "--time", "4:00"]
     assert main([*args, "--", "--max-steps", "3"]) == 0
     assert "launcher: note: --time 4:00 is 4 minute(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sinfo", "asked", "said"),
+    [
+        ("(null)\n(null)\n", False, "the nodes of partition debug have no GPU in their GRES (sinfo: (null))"),
+        ("gpu:8\n(null)\n", True, ""),
+        (None, True, ""),  # no sinfo here: the GPU clusters this is for
+    ],
+)
+def test_no_gpus_are_requested_silently(sinfo, asked, said, monkeypatch, capsys) -> None:
+    """A partition whose GRES has no GPU gets none requested, and the job says so, with the flag."""
+
+    def fake_sinfo(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        assert argv[:3] == ["sinfo", "--noheader", "--format=%G"] and "--partition=debug" in argv
+        if sinfo is None:
+            raise FileNotFoundError("sinfo")
+        return subprocess.CompletedProcess(argv, 0, stdout=sinfo)
+
+    monkeypatch.setattr(partition.subprocess, "run", fake_sinfo)
+    spec = _spec(scheduler={"kind": "slurm", "partition": "debug"}, nproc_per_node=4)
+    assert partition.gpus_asked(spec, spec.options(SlurmOptions)) is asked
+    err = capsys.readouterr().err
+    assert said in err and (("--slurm-gpus requests them" in err) == (not asked))
+    assert ("4 CPU process(es)" in err) == (not asked)

@@ -39,6 +39,7 @@ from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker
 from launcher.schedulers.slurm import steps
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
+from launcher.schedulers.slurm.partition import gpus_asked
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
@@ -172,16 +173,6 @@ def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> sub
     return executor
 
 
-def _partition_has_gpus(partition: str | None) -> bool | None:
-    """Whether the partition's nodes have GPU GRES (``sinfo``), None when sinfo cannot tell."""
-    argv = ["sinfo", "--noheader", "--format=%G", *([f"--partition={partition}"] if partition else [])]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return "gpu" in out
-
-
 class SlurmScheduler:
     name = "slurm"
     files_here = False  # the nodes see the job record and run dir (shared), not necessarily the data
@@ -201,9 +192,7 @@ class SlurmScheduler:
         opts = spec.options(SlurmOptions)
         if (note := time_note(opts.time)) is not None:
             say(f"launcher: note: {note}")
-        gpus = opts.gpus
-        if gpus is None:
-            gpus = _partition_has_gpus(opts.partition) is not False
+        gpus = gpus_asked(spec, opts)
         image = runtime = None
         if opts.image is not None:
             image, runtime = resolve_image(opts.image), pick_runtime(opts.container_runtime)
