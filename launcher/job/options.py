@@ -50,6 +50,7 @@ class SchedulerOptions(BaseModel):
     kind: str
     scheduler: ClassVar[str]
     placeholders: ClassVar[dict[str, Placeholder]] = {}
+    one_machine: ClassVar[bool] = False  # every node on this machine (the loopback reaches them all)
 
     def check_job(self, job: JobView) -> None:
         """Checks of these options against the rest of the job (``JobSpec`` calls it after its own).

@@ -304,6 +304,22 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _loopback_only_on_one_machine(self) -> JobSpec:
+        if self.nnodes < 2 or self.scheduler.one_machine:
+            return self
+        for flag, name in (
+            ("--gloo-socket-ifname", self.network.gloo_socket_ifname),
+            ("--nccl-socket-ifname", self.network.nccl_socket_ifname),
+        ):
+            if name in ("lo", "lo0"):
+                raise ValueError(
+                    f"{flag} {name}: the loopback interface reaches no other machine, and the {self.nnodes} "
+                    f"nodes of a {self.scheduler.kind} job are on different ones; name the interface "
+                    "that routes between them (e.g. eth0), or leave it unset"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _secrets_not_written(self) -> JobSpec:
         for name in {*self.secret_env, *DEFAULT_SECRETS}:
             if name in self.network.env:

@@ -340,3 +340,23 @@ def test_a_dry_run_refuses_what_the_submit_would(tmp_path: Path, jobs_root: Path
     code = _submit(jobs_root, "--dry-run", "--job-dir", str(used))
     _assert_rejected(code, capsys, jobs_root, f"{used} already holds files: choose another --job-dir")
     assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]  # nothing written, nothing removed
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "ssh", "compose"])
+def test_the_loopback_interface_is_refused_where_nodes_are_on_other_machines(
+    scheduler: str, jobs_root: Path, capsys
+) -> None:
+    args = ["--scheduler", scheduler, "--nodes", "2", "--gloo-socket-ifname", "lo", "--dry-run"]
+    args += {"ssh": ["--hosts", "a,b"], "compose": ["--image", "gptlaunch:cpu"]}.get(scheduler, [])
+    code = _submit(jobs_root, *args)
+    _assert_rejected(
+        code, capsys, jobs_root, "--gloo-socket-ifname lo: the loopback interface reaches no other"
+    )
+
+
+def test_the_loopback_interface_is_fine_for_one_node_or_the_local_scheduler(jobs_root: Path, capsys) -> None:
+    assert _submit(jobs_root, "--nodes", "2", "--gloo-socket-ifname", "lo", "--dry-run") == 0
+    one = ["--scheduler", "slurm", "--nodes", "1", "--nccl-socket-ifname", "lo", "--dry-run"]
+    assert _submit(jobs_root, *one) == 0, capsys.readouterr().err
+    apart = ["--scheduler", "slurm", "--nodes", "2", "--nccl-socket-ifname", "^docker,lo", "--dry-run"]
+    assert _submit(jobs_root, *apart) == 0, capsys.readouterr().err  # an exclusion, not the loopback

@@ -14,6 +14,7 @@ class LocalOptions(SchedulerOptions):
     """The local scheduler: ``nnodes`` emulated nodes on this machine."""
 
     scheduler: ClassVar[str] = "launcher.schedulers.local.scheduler:LocalScheduler"
+    one_machine: ClassVar[bool] = True
     kind: Literal["local"] = Field(
         "local", description="where the job runs (local: emulated nodes on this machine)"
     )
