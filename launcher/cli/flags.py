@@ -27,8 +27,8 @@ NETWORK_GROUP = "network (environment of every node)"
 # from its options model (``scheduler_flags``).
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
-    (("--nodes", "--nnodes"), "nnodes", "job"),  # --nnodes, --nproc_per_node: torchrun's spellings
-    (("--nproc-per-node", "--gpus-per-node", "--nproc_per_node"), "nproc_per_node", "job"),
+    (("--nodes",), "nnodes", "job"),
+    (("--nproc-per-node", "--gpus-per-node"), "nproc_per_node", "job"),
     (("--name",), "name", "job"),
     (("--job-dir",), "job_dir", "job"),
     (("--workdir",), "workdir", "job"),
@@ -55,6 +55,8 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--debug",), "network.debug", NETWORK_GROUP),
 ]
 FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
+# torchrun's spellings of a flag, accepted as they are and left out of --help.
+ALIASES = {"--nodes": ("--nnodes",), "--nproc-per-node": ("--nproc_per_node",)}
 
 
 class UsageError(Exception):
@@ -209,7 +211,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
             kw = {k: v for k, v in kw.items() if k != "choices"} | {"metavar": "NAME", "type": str}
             kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: {DEFAULT_KIND})"
-        group(title).add_argument(*flags, **kw)
+        action = group(title).add_argument(*flags, **kw)
+        if flags[0] in ALIASES:
+            hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS, "metavar": action.metavar}
+            parser.add_argument(*ALIASES[flags[0]], dest=action.dest, type=action.type, **hidden)
     parser.add_argument(
         "--secret-env",
         action="append",
