@@ -360,3 +360,14 @@ def test_the_loopback_interface_is_fine_for_one_node_or_the_local_scheduler(jobs
     assert _submit(jobs_root, *one) == 0, capsys.readouterr().err
     apart = ["--scheduler", "slurm", "--nodes", "2", "--nccl-socket-ifname", "^docker,lo", "--dry-run"]
     assert _submit(jobs_root, *apart) == 0, capsys.readouterr().err  # an exclusion, not the loopback
+
+
+def test_config_fields_are_listed_beside_their_flags() -> None:
+    """A config file's field names differ from some flags (``nnodes``/``--nodes``,
+    ``scheduler.sbatch``/``--slurm-opt``): --help shows both side by side."""
+    from launcher.cli.flags import describe_fields
+
+    flags = {(name, flag) for name, flag, _ in describe_fields()}
+    for pair in [("nnodes", "--nodes"), ("scheduler.sbatch", "--slurm-opt"), ("scheduler.gpus", "--slurm-gpus"),
+                 ("scheduler.max_parallel", "--ssh-max-parallel"), ("rendezvous.port", "--rdzv-port")]:  # fmt: skip
+        assert pair in flags, pair
