@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import types
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -197,9 +198,10 @@ def _argument(dotted: str, info: FieldInfo, metavar: str | None) -> dict[str, An
     return kw
 
 
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
+def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None = None) -> None:
     """Add a flag for every field in FLAGS and every scheduler's flag, typed and documented from the
-    field."""
+    field. ``shown``: the schedulers whose own flags --help lists (None: every one); the others' are
+    accepted all the same (a config file may name the scheduler)."""
     parser.add_argument("--config", type=Path, help="job config file (YAML; fields below); flags override it")
     groups: dict[str, Any] = {}
 
@@ -233,7 +235,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
     )
     for flag in scheduler_flags().values():
-        action = group(flag.group_title).add_argument(flag.flag, **scheduler_argument(flag))
+        kw = scheduler_argument(flag)
+        if shown is not None and not set(flag.kinds) & set(shown):
+            kw["help"] = argparse.SUPPRESS
+        action = group(flag.group_title).add_argument(flag.flag, **kw)
         if flag.former:
             former = [flag.former]
             if isinstance(action, argparse.BooleanOptionalAction):
@@ -248,15 +253,19 @@ def scheduler_argument(flag: SchedulerFlag) -> dict[str, Any]:
     return kw
 
 
-def describe_fields(model: type[BaseModel] = JobSpec, prefix: str = "") -> list[tuple[str, str, str]]:
+def describe_fields(
+    model: type[BaseModel] = JobSpec, prefix: str = "", shown: Collection[str] | None = None
+) -> list[tuple[str, str, str]]:
     """(dotted name, its flag or "", help) of every config-file field, nested models flattened: for
-    --help."""
+    --help. ``shown``: the schedulers whose own fields are listed (None: every one)."""
     rows: list[tuple[str, str, str]] = []
     for name, info in model.model_fields.items():
         models = [m for m in _members(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+        if prefix + name == "scheduler" and shown is not None:
+            models = [m for m in models if m.model_fields["kind"].default in shown]
         if models:
             for sub in models:  # a field that several schedulers share is listed once
-                rows += [row for row in describe_fields(sub, f"{prefix}{name}.") if row not in rows]
+                rows += [row for row in describe_fields(sub, f"{prefix}{name}.", shown) if row not in rows]
         elif (row := (prefix + name, _flag_of(model, prefix + name), _help(info))) not in rows:
             rows.append(row)
     return rows
@@ -273,11 +282,17 @@ def _flag_of(model: type[BaseModel], dotted: str) -> str:
     return "--scheduler" if field == "kind" else next(found, "")
 
 
-def fields_help() -> str:
-    rows = [f"  {name:32} {flag:27} {text}" for name, flag, text in describe_fields()]
-    return "config file fields (YAML; nested as rendezvous: {port: 29500}) and their flags:\n" + "\n".join(
-        rows
-    )
+def fields_help(shown: Collection[str] | None = None) -> str:
+    """The config file's fields beside their flags; ``shown``: as in ``describe_fields``."""
+    rows = [f"  {name:32} {flag:27} {text}" for name, flag, text in describe_fields(shown=shown)]
+    text = "config file fields (YAML; nested as rendezvous: {port: 29500}) and their flags:\n"
+    text += "\n".join(rows)
+    if shown is not None and not shown:
+        kinds = ", ".join(scheduler_kinds())
+        text += (
+            f"\n\neach scheduler's own flags and fields: launcher submit --scheduler NAME --help ({kinds})"
+        )
+    return text
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:

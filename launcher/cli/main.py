@@ -35,7 +35,8 @@ EXIT_CODES = (
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
+    """``shown``: the schedulers whose own flags and fields ``submit --help`` lists (None: every one)."""
     # Long but flat: one declaration per command and flag, in the order `launcher --help` lists them.
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -64,11 +65,11 @@ def _parser() -> argparse.ArgumentParser:
             "-m MODULE ARGS or --no-python PROGRAM ARGS), or the built-in trainer's flags (see `trainer "
             "train --help`; without --run-dir there, it is JOB_DIR/run).",
             usage=f"launcher {cmd} [options] [-- SCRIPT.py ARGS... | -- TRAINER_ARGS...]",
-            epilog=f"{fields_help()}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            epilog=f"{fields_help(shown)}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
             formatter_class=fmt,
             allow_abbrev=False,
         )
-        add_job_flags(s)
+        add_job_flags(s, shown)
         s.add_argument("--json", action="store_true", help="print the Plan as JSON (render, --dry-run)")
         s.add_argument(
             "--file",
@@ -216,6 +217,19 @@ def allow_many_open_files() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def _help_for(argv: list[str]) -> list[str] | None:
+    """For ``--help``, the schedulers whose own flags it lists: the one ``--scheduler`` names, or
+    none (the common flags, and how to see a scheduler's); None when no help is asked."""
+    if "-h" not in argv and "--help" not in argv:
+        return None
+    for k, arg in enumerate(argv):
+        if arg == "--scheduler" and k + 1 < len(argv):
+            return [argv[k + 1]]
+        if arg.startswith("--scheduler="):
+            return [arg.split("=", 1)[1]]
+    return []
+
+
 def _command(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
     """The sub-parser of ``launcher COMMAND``."""
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -227,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     allow_many_open_files()
     split = argv.index("--") if "--" in argv else len(argv)
     own, trainer_args = argv[:split], argv[split + 1 :]
-    parser = _parser()
+    parser = _parser(_help_for(own))
     args, extras = parser.parse_known_args(own)
     if extras:  # each with the flag it likely meant, or where it goes
         error = unknown_arguments(_command(parser, args.command), args.command, extras, parser)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -270,7 +271,7 @@ def test_former_health_check_flags_still_work_and_warn_once(capsys: pytest.Captu
 
 def test_submit_help_shows_only_the_health_check_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        main(["submit", "--help"])
+        main(["submit", "--scheduler", "ssh", "--help"])
     out = capsys.readouterr().out
     assert "--health-check" in out and "--health-check-warn" in out
     assert "--preflight" not in out and "preflight_warn" not in out
@@ -376,3 +377,31 @@ def test_config_fields_are_listed_beside_their_flags() -> None:
         ("rendezvous.port", "--rdzv-port"),
     ]
     assert [pair for pair in pairs if pair not in flags] == []
+
+
+def _help(*args: str, capsys) -> str:
+    with pytest.raises(SystemExit) as ended:
+        main(["submit", *args, "--help"])
+    assert ended.value.code == 0
+    return str(capsys.readouterr().out)
+
+
+def test_submit_help_shows_the_common_flags_and_a_schedulers_own_when_named(capsys) -> None:
+    common = _help(capsys=capsys)
+    assert "--nodes" in common and "--partition" not in common and "--hostfile" not in common
+    assert "launcher submit --scheduler NAME --help (local, compose, slurm, ssh)" in common
+    slurm = _help("--scheduler", "slurm", capsys=capsys)
+    assert "--partition" in slurm and "scheduler.partition" in slurm and "--nodes" in slurm
+    assert "--hostfile" not in slurm and "scheduler.hostfile" not in slurm
+    ssh = _help("--scheduler=ssh", capsys=capsys)
+    assert "--hostfile" in ssh and "--partition" not in ssh
+    assert len(common.splitlines()) < len(slurm.splitlines())
+
+
+def test_a_schedulers_flag_is_accepted_whatever_help_shows(jobs_root: Path, tmp_path: Path, capsys) -> None:
+    """Help lists a scheduler's flags only with --scheduler; parsing takes them anyway (a config file
+    may name the scheduler)."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("scheduler: slurm\nnnodes: 2\n")
+    assert _submit(jobs_root, "--config", str(cfg), "--partition", "gpu", "--dry-run", "--json") == 0
+    assert "#SBATCH --partition=gpu" in json.loads(capsys.readouterr().out)["files"]["job.sbatch"]

@@ -40,7 +40,7 @@ def test_a_schedulers_own_placeholder_is_listed_and_filled_in_on_the_node(tmp_pa
 
 
 def test_a_scheduler_registered_outside_the_launcher_shows_its_flags_and_renders(tmp_path: Path) -> None:
-    helped = _launcher(tmp_path / "site", "submit", "--help")
+    helped = _launcher(tmp_path / "site", "submit", "--scheduler", "queue", "--help")
     assert helped.returncode == 0, helped.stderr
     assert "--queue-name" in helped.stdout and "the made-up queue that takes the job" in helped.stdout
     assert "queue (with --scheduler queue)" in helped.stdout
