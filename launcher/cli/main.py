@@ -15,7 +15,8 @@ from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
-from launcher.cli.flags import UsageError, add_job_flags, fields_help
+from launcher.cli.fields import fields_help
+from launcher.cli.flags import UsageError, add_job_flags
 from launcher.cli.hints import unknown_arguments
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES

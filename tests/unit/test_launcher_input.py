@@ -366,7 +366,7 @@ def test_the_loopback_interface_is_fine_for_one_node_or_the_local_scheduler(jobs
 def test_config_fields_are_listed_beside_their_flags() -> None:
     """A config file's field names differ from some flags (``nnodes``/``--nodes``,
     ``scheduler.sbatch``/``--slurm-opt``): --help shows both side by side."""
-    from launcher.cli.flags import describe_fields
+    from launcher.cli.fields import describe_fields
 
     flags = {(name, flag) for name, flag, _ in describe_fields()}
     pairs = [

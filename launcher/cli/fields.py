@@ -1,0 +1,53 @@
+"""The config file's fields beside their flags, for ``launcher submit --help``."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from pydantic import BaseModel
+
+from launcher.cli.flags import FIELD_FLAGS, _help, _members, scheduler_flags
+from launcher.job.registry import scheduler_kinds
+from launcher.job.spec import JobSpec
+
+
+def describe_fields(
+    model: type[BaseModel] = JobSpec, prefix: str = "", shown: Collection[str] | None = None
+) -> list[tuple[str, str, str]]:
+    """(dotted name, its flag or "", help) of every config-file field, nested models flattened: for
+    --help. ``shown``: the schedulers whose own fields are listed (None: every one)."""
+    rows: list[tuple[str, str, str]] = []
+    for name, info in model.model_fields.items():
+        models = [m for m in _members(info.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+        if prefix + name == "scheduler" and shown is not None:
+            models = [m for m in models if m.model_fields["kind"].default in shown]
+        if models:
+            for sub in models:  # a field that several schedulers share is listed once
+                rows += [row for row in describe_fields(sub, f"{prefix}{name}.", shown) if row not in rows]
+        elif (row := (prefix + name, _flag_of(model, prefix + name), _help(info))) not in rows:
+            rows.append(row)
+    return rows
+
+
+def _flag_of(model: type[BaseModel], dotted: str) -> str:
+    """The flag of config field ``dotted`` of ``model`` (a scheduler's options for ``scheduler.*``),
+    or "" for a field that has none."""
+    if not dotted.startswith("scheduler."):
+        return FIELD_FLAGS.get(dotted, "")
+    kind = model.model_fields["kind"].default
+    field = dotted.removeprefix("scheduler.")
+    found = (f.flag for f in scheduler_flags().values() if f.field == field and kind in f.kinds)
+    return "--scheduler" if field == "kind" else next(found, "")
+
+
+def fields_help(shown: Collection[str] | None = None) -> str:
+    """The config file's fields beside their flags; ``shown``: as in ``describe_fields``."""
+    rows = [f"  {name:32} {flag:27} {text}" for name, flag, text in describe_fields(shown=shown)]
+    text = "config file fields (YAML; nested as rendezvous: {port: 29500}) and their flags:\n"
+    text += "\n".join(rows)
+    if shown is not None and not shown:
+        kinds = ", ".join(scheduler_kinds())
+        text += (
+            f"\n\neach scheduler's own flags and fields: launcher submit --scheduler NAME --help ({kinds})"
+        )
+    return text
