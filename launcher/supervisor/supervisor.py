@@ -248,9 +248,9 @@ def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
             job.agents.append(job.transport.start(node, job.record))
     except OSError as e:  # bad cwd, interpreter gone, out of resources
         message = f"node {len(job.agents)} could not start: {e}"
+        # `started` is not called: `launcher submit` returns once `_run` has recorded this end
         return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
-    finally:
-        started()
+    started()
     first_start = job.record.status().started_at or job.started
     if job.record.update_status(state=JobState.RUNNING, started_at=first_start).state.is_terminal:
         stop.requested = True  # cancelled while starting: stop what was started

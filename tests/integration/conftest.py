@@ -58,12 +58,38 @@ def run(
     timeout: float = 600,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        argv, env=os.environ | (env or {}), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    with subprocess.Popen(
+        argv, env=os.environ | (env or {}), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = _stacks(child.pid)  # where it hung, before the kill
+            child.kill()
+            stdout, stderr = child.communicate()
+            raise AssertionError(
+                f"{argv} ran past {timeout} s\n{stdout[-4000:]}\n{stderr[-4000:]}\n{stacks}"
+            ) from None
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def _stacks(pid: int) -> str:
+    """py-spy's dump of the Python stacks of ``pid`` and its descendants (a timeout's diagnosis)."""
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return ""
+    spy = Path(sys.executable).with_name("py-spy")
+    dumps = []
+    for proc in tree:
+        with contextlib.suppress(psutil.Error, OSError, subprocess.TimeoutExpired):
+            argv = [str(spy), "dump", "--pid", str(proc.pid)]
+            dump = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            dumps.append(f"--- {proc.pid} {' '.join(proc.cmdline())[:200]}\n{dump.stdout}{dump.stderr}")
+    return "\n".join(dumps)
 
 
 def launcher(jobs_root: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

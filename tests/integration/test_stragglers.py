@@ -1,16 +1,13 @@
 """Stragglers against real contention: two local ranks, each pinned to its own core; nobody is named
-while they run alone, and rank 1 is named once a busy loop shares its core: by the built-in trainer's
-own check (metrics.jsonl, the console) and by the launcher (`launcher status`, from the ranks' beats),
-and, for a plain script with no change to it, once a CPU quota (a cgroup) throttles rank 1 to a share
-of its core (`launcher status`)."""
+while they run alone, and rank 1 is named once a CPU quota (a cgroup) throttles it to a share of its
+core: by the built-in trainer's own check (metrics.jsonl, the console) and by the launcher (`launcher
+status`, from the ranks' beats), and for a plain script with no change to it (`launcher status`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,14 +37,6 @@ def _pin(pid: int, core: int) -> None:
 def _records(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def _sharing_its_core(pid: int) -> subprocess.Popen[bytes]:
-    """A busy loop on the core ``pid`` is pinned to: that rank now has half a core."""
-    (core,) = os.sched_getaffinity(pid)
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    os.sched_setaffinity(busy.pid, {core})
-    return busy
 
 
 @contextlib.contextmanager
@@ -103,9 +92,7 @@ def _wait_for_log_intervals(run_dir: Path, after_step: int, n: int, timeout_s: f
     raise AssertionError(f"{n} log intervals after step {after_step} not reached in {timeout_s} s")
 
 
-def test_a_rank_sharing_its_core_with_a_busy_loop_is_named_and_nobody_before(
-    prepared_data, tmp_path: Path
-) -> None:
+def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_data, tmp_path: Path) -> None:
     assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
     jobs = tmp_path / "jobs"
     submit = launcher(
@@ -116,29 +103,28 @@ def test_a_rank_sharing_its_core_with_a_busy_loop_is_named_and_nobody_before(
     assert submit.returncode == 0, submit.stderr[-3000:]
     job_id = only_job_id(jobs)
     job_dir, run_dir = jobs / job_id, jobs / job_id / "run"
-    busy = None
     try:
         beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=1)
         for beat in beats:
             _pin(beat.pid, beat.rank)
         alone = _wait_for_log_intervals(run_dir, after_step=beats[0].step + LOG_INTERVAL, n=4)
         assert not any("stragglers" in r for r in alone), alone
-        busy = _sharing_its_core(next(b.pid for b in beats if b.rank == 1))
-        shared = _wait_for_log_intervals(run_dir, after_step=alone[-1]["step"], n=4)
+        # A quota, not a busy loop on its core: a busy loop gave rank 1 only about 1.3x against the
+        # 1.25 threshold, too little margin on a loaded machine; 40% of a core gives about 2.5x.
+        with _throttled(next(b.pid for b in beats if b.rank == 1), share=0.4):
+            shared = _wait_for_log_intervals(run_dir, after_step=alone[-1]["step"], n=4)
+            in_status = _named_in_status(jobs, job_id)  # the launcher's verdict, from the ranks' beats
+            text = launcher(jobs, "status", job_id, check=True).stdout
         named = [r["stragglers"] for r in shared if "stragglers" in r]
         assert named, shared
         (straggler,) = named[-1]
         assert (straggler["rank"], straggler["node"]) == (1, 1) and straggler["ratio"] > 1.25, straggler
-        in_status = _named_in_status(jobs, job_id)  # the launcher's verdict, from the ranks' beats
         assert set(in_status) == {"1"} and in_status["1"] > 1.25, in_status
-        text = launcher(jobs, "status", job_id, check=True).stdout
         assert "straggler: rank 1 at " in text, text
         log = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))  # rank 0's, wherever it is
         assert "straggler: rank 1 on node 1 (" in log, log[-2000:]
         print(f"\n{text}\n{next(line for line in log.splitlines() if 'straggler' in line)}")
     finally:
-        if busy is not None:
-            busy.kill()
         launcher(jobs, "cancel", job_id)
 
 
