@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # Arguments for `make run`, e.g. make run ARGS="-- --max-steps 50"
 ARGS ?=
 
-.PHONY: setup run test unit integration lint bench bench-launcher clean
+.PHONY: setup run test unit integration lint docs reference bench bench-launcher clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,16 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: lint
+test: lint docs
 	$(VENV)/bin/pytest -q
+
+# The docs site into site/; --strict (mkdocs.yml): a broken link or anchor, or a page left out, fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
+
+# The generated reference pages (docs/reference/): the CLI's --help, the config fields, the exit codes.
+reference: setup
+	$(PY) -m tools.reference docs/reference
 
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit
@@ -42,4 +50,4 @@ bench-launcher: setup
 	$(PY) benchmarks/bench_launcher.py
 
 clean:
-	rm -rf $(VENV) jobs runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) jobs runs site .pytest_cache .mypy_cache .ruff_cache

@@ -189,8 +189,8 @@ def checkpointed(step: int, checkpoint: str | Path, signal: str | None = None) -
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
-    """Within: ``name``, "eval" or "checkpoint", each with its own hang budget (``--hang-eval-s``,
-    ``--hang-checkpoint-s``), its forwards not counted as training compute; then steps again.
+    """Within: ``name``, "eval" or "checkpoint", with the hang budget of a phase (``--hang-phase-s``)
+    instead of a step's, its forwards not counted as training compute; then steps again.
     Raises ValueError for another name."""
     global _last_beat
     if name not in ("eval", "checkpoint"):

@@ -15,8 +15,10 @@ from typing import Any, TextIO
 
 from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError
+from launcher.job.collapse import collapsed
 from launcher.job.console import say
 from launcher.job.goodput import account, archived_beats, rank0
+from launcher.job.logs import TICK
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.schedulers import get_scheduler
@@ -30,13 +32,16 @@ def follow(
     node: int | None = None,
     attached: bool = False,
     keep: Callable[[str], bool] = lambda line: True,
+    collapse: bool = False,
 ) -> JobStatus:
     """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
     output to ``out`` (None: discard it) until the job reaches a terminal state; return that status.
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
-    shown (``launcher.job.console.console_lines``)."""
-    _copy(filter(keep, scheduler.logs(record, node, follow=True)), out, attached)
+    shown (``launcher.job.console.console_lines``); ``collapse``: lines that several ranks print alike
+    are shown once, naming the ranks (``launcher.job.collapse``: the console's, not ``logs -f``)."""
+    lines = filter(lambda line: line == TICK or keep(line), scheduler.logs(record, node, follow=True))
+    _copy(collapsed(lines) if collapse else lines, out, attached)
     return scheduler.state(record)
 
 

@@ -15,6 +15,7 @@ from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit
+from launcher.cli.exits import exit_codes_help
 from launcher.cli.fields import fields_help
 from launcher.cli.flags import UsageError, add_job_flags
 from launcher.cli.hints import unknown_arguments
@@ -26,13 +27,7 @@ from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import SshError
 
-EXIT_CODES = (
-    "exit codes: 0 success; 1 job failed (the failing node, rank and error are printed) or lost; "
-    "2 invalid input (nothing is written); 3 nodes refused before training: the hosts' versions differ "
-    "(parity check; the diff is printed), the health check named a node (one line each) or the newest "
-    "checkpoint is out of reach; no rank started; 75 stopped on request after a checkpoint "
-    "(submit again with the same --run-dir to resume); 130 stopped on request, no checkpoint"
-)
+EXIT_CODES = exit_codes_help()
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 

@@ -18,7 +18,7 @@ from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK
 from launcher.cli.flags import UsageError, build_spec
 from launcher.cli.jobs import follow, summary
 from launcher.job.console import Tee, console_lines, say, shows_all
-from launcher.job.plan import Plan
+from launcher.job.plan import Plan, UnresolvedHosts
 from launcher.job.record import JobRecord, JobStatus, new_job_id
 from launcher.job.spec import JobSpec, check_text
 from launcher.schedulers import get_scheduler
@@ -62,7 +62,12 @@ def _check_program(spec: JobSpec, workdir: Path, files_here: bool) -> None:
         )
 
 
-def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:
+def _plan(
+    args: argparse.Namespace, trainer_args: list[str], dry_run: bool = False
+) -> tuple[JobSpec, Scheduler[Any], Plan, Path, list[str]]:
+    """The job's spec, scheduler, Plan and record directory, after every check that starts nothing,
+    and (``dry_run`` only) the hosts that do not resolve here, whose checks could not run: a dry run
+    prints the Plan with them marked, where a submit refuses it. Raises UsageError, SpecError."""
     try:
         check_text(str(args.jobs_root), "--jobs-root")
     except ValueError as e:
@@ -71,12 +76,18 @@ def _plan(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, S
     scheduler = get_scheduler(spec.scheduler.kind)
     if not scheduler.files_here:  # no local file is read: check before the nodes' (slow) checks and pulls
         check_trainer_args(spec, Path.cwd(), files_here=False)
-    facts = scheduler.resolve(spec)
+    unresolved: list[str] = []
+    try:
+        facts = scheduler.resolve(spec)
+    except UnresolvedHosts as e:
+        if not dry_run or e.facts is None:
+            raise
+        facts, unresolved = e.facts, e.hosts
     if scheduler.files_here:
         check_trainer_args(spec, Path(facts.workdir), files_here=True)
     job_id = new_job_id(spec.name)
     job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
-    return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir
+    return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir, unresolved
 
 
 def _check_new(job_dir: Path) -> None:
@@ -88,31 +99,46 @@ def _check_new(job_dir: Path) -> None:
 
 
 def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
-    return _print(args, _plan(args, trainer_args)[2])
+    _, _, plan, _, unresolved = _plan(args, trainer_args, dry_run=True)
+    return _print(args, plan, unresolved)
 
 
-def _print(args: argparse.Namespace, plan: Plan) -> int:
-    """The Plan, or one file of it (``--file``), as ``render`` prints it."""
+def _print(args: argparse.Namespace, plan: Plan, unresolved: list[str]) -> int:
+    """The Plan, or one file of it (``--file``), as ``render`` prints it; with ``unresolved`` hosts,
+    their nodes marked and, after it, a UsageError (exit 2) that names them and the fix."""
     if args.file is not None:
         if args.file not in plan.files:
             names = ", ".join(sorted(plan.files)) or "no file"
             raise UsageError(f"--file {args.file}: the Plan has {names}; pass one of them or drop --file")
         print(plan.files[args.file].rstrip("\n"))
     else:
-        print(plan.to_json() if args.json else plan.to_text().rstrip("\n"))
+        print(plan.to_json() if args.json else _marked(plan.to_text(), unresolved).rstrip("\n"))
+    if unresolved:
+        raise UsageError(
+            f"{len(unresolved)} host(s) do not resolve here: {', '.join(unresolved)}. The plan above is "
+            "unchecked (no parity, no interface chosen, the rendezvous port not probed); `launcher "
+            "submit` refuses it until they resolve: check the names, /etc/hosts or ~/.ssh/config"
+        )
     return EXIT_OK
+
+
+def _marked(text: str, hosts: list[str]) -> str:
+    """``text`` with each node header on one of ``hosts`` marked as not resolving here."""
+    for host in hosts:
+        text = text.replace(f" on {host} (log:", f" on {host} (DOES NOT RESOLVE HERE; log:")
+    return text
 
 
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.detach and args.wait:  # a dry run too refuses what the submit would
         raise UsageError("--detach and --wait contradict each other: keep one")
     if args.dry_run:
-        _, _, plan, job_dir = _plan(args, trainer_args)
+        _, _, plan, job_dir, unresolved = _plan(args, trainer_args, dry_run=True)
         _check_new(job_dir)
-        return _print(args, plan)
+        return _print(args, plan, unresolved)
     if args.file is not None:
         raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
-    spec, scheduler, plan, job_dir = _plan(args, trainer_args)
+    spec, scheduler, plan, job_dir, _ = _plan(args, trainer_args)
     _check_new(job_dir)
     plan = scheduler.preflight(spec, plan, job_dir)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
@@ -135,7 +161,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     with _CancelOnSignal(scheduler, record) as stopper:
         _submit_or_discard(scheduler, plan, record, detach=False)
         stopper.job_started()
-        final = follow(scheduler, record, sys.stdout, attached=True, keep=keep)
+        final = follow(scheduler, record, sys.stdout, attached=True, keep=keep, collapse=True)
     say(summary(plan.job_id, final))
     return final.job_exit_code
 
@@ -185,7 +211,7 @@ def _submit_detached(
         f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
     )
     try:
-        final = follow(scheduler, record, sys.stdout, keep=console())
+        final = follow(scheduler, record, sys.stdout, keep=console(), collapse=True)
     except KeyboardInterrupt:
         say(f"launcher: stopped following job {plan.job_id}; it goes on")
         return EXIT_INTERRUPTED

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 POLL_S = 0.1  # how often followed files are read again when nothing new came
+TICK = ""  # what a follower yields when nothing new came (launcher.job.collapse holds lines back)
 END_BYTES = 8 << 20  # what end-of-job readers look at: a days-long run's node log can be gigabytes
 
 
@@ -28,7 +29,8 @@ def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda:
     """Yield every line of each ``(label, file)`` as ``label | line`` (with its newline), then, while
     ``keep_going()`` is true, the lines added later. Files that do not exist yet are read once they
     appear. After ``keep_going()`` turns false, what was written meanwhile is still yielded, and a
-    last line without its newline too."""
+    last line without its newline too. While following, TICK (an empty string) is yielded every
+    POLL_S seconds that bring nothing new."""
     handles: dict[Path, TextIO] = {}
     partial: dict[Path, str] = {}
     try:
@@ -43,6 +45,7 @@ def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda:
                 break
             if not moved:
                 time.sleep(POLL_S)
+                yield TICK  # nothing new: a consumer that holds lines back may show them now
         for label, path in files:
             if partial.get(path):
                 yield f"{label} | {partial[path]}\n"

@@ -119,6 +119,16 @@ class Facts(BaseModel):
     workdir: str  # absolute: every node's processes start there
 
 
+class UnresolvedHosts(SpecError):
+    """Hosts whose names do not resolve on this machine, so the checks that reach them (parity, routes,
+    a free port) cannot run. ``facts``: the job's facts without those checks, for a dry run to print
+    the Plan with these hosts marked (``launcher submit`` itself refuses the job)."""
+
+    def __init__(self, message: str, hosts: list[str], facts: Facts | None = None) -> None:
+        super().__init__(message)
+        self.hosts, self.facts = hosts, facts
+
+
 class NodeCommand(BaseModel):
     """One node's process before it is numbered: where, what, with which added environment."""
 

@@ -39,7 +39,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class JobState(StrEnum):
-    """One set of states for every scheduler (listed in `launcher --help` and the README)."""
+    """One set of states for every scheduler (listed in `launcher --help` and the docs' reference)."""
 
     CREATED = "created"  # the record is written; the job is not submitted yet
     PENDING = "pending"  # accepted by the scheduler, waiting for resources (a SLURM queue)
@@ -55,6 +55,18 @@ class JobState(StrEnum):
     def is_terminal(self) -> bool:
         return self not in (JobState.CREATED, JobState.PENDING, JobState.RUNNING)
 
+
+STATE_MEANINGS: dict[JobState, str] = {
+    JobState.CREATED: "the job record is written; the job is not started yet",
+    JobState.PENDING: "accepted by a queueing scheduler, waiting for resources (SLURM)",
+    JobState.RUNNING: "the nodes are running",
+    JobState.SUCCEEDED: "every rank finished",
+    JobState.FAILED: "a rank or node failed; the others were stopped; `status` names the node, rank, error",
+    JobState.CHECKPOINTED: "stopped on request after every rank saved a checkpoint: resubmit to resume",
+    JobState.CANCELLED: "stopped on request before a checkpoint could be saved",
+    JobState.LOST: "whatever followed the job died before recording its end, and nothing of the job runs",
+    JobState.UNKNOWN: "the job ended while nothing observed it: see its node logs and run dir",
+}
 
 STATE_HELP = (
     "job states: created, pending (queued), running; terminal: succeeded, failed, checkpointed "

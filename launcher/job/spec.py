@@ -206,7 +206,11 @@ class JobSpec(_Strict):
     )
     rendezvous: RendezvousSpec = RendezvousSpec()  # frozen: safe to share as a default
     network: NetworkSpec = NetworkSpec()
-    python: str = Field(sys.executable, description="the Python interpreter that runs torchrun on each node")
+    python: str = Field(
+        sys.executable,
+        description="the Python interpreter that runs torchrun on each node (default: the one that runs "
+        "the launcher)",
+    )
     workdir: Path | None = Field(
         None, description="working directory of every node's processes (default: the current directory)"
     )

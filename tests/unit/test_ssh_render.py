@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.private import UnsafeDirError, private_dir
+from launcher.cli.main import main
 from launcher.job.failures import killed_by
 from launcher.job.measurements import Probe, Route
 from launcher.job.spec import JobSpec, SpecError
@@ -155,3 +156,25 @@ def test_sync_is_rsync_over_the_jobs_own_ssh_settings() -> None:
     assert shlex.split(argv[argv.index("-e") + 1]) == settings.argv("gl-h1", "true")[:-3]
     assert "ProxyJump=bastion" in argv[argv.index("-e") + 1]
     assert argv[-2:] == ["/src/", "gl-h1:/work/dir/"]
+
+
+def test_a_dry_run_whose_hosts_do_not_resolve_prints_the_plan_marked_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The real OpenSSH client: ".invalid" never resolves (RFC 2606), and the failure needs no network.
+    hosts = "gl-nowhere-a.invalid,gl-nowhere-b.invalid"
+    jobs = tmp_path / "jobs"
+    argv = ["--jobs-root", str(jobs), "submit", "--scheduler", "ssh", "--hosts", hosts, "--nodes", "2"]
+    code = main([*argv, "--dry-run", "--", "--max-steps", "5"])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert "# node 0 on gl-nowhere-a.invalid (DOES NOT RESOLVE HERE; log: node-0.log)" in out, out
+    assert "# node 1 on gl-nowhere-b.invalid (DOES NOT RESOLVE HERE; log: node-1.log)" in out, out
+    assert "--rdzv-endpoint=gl-nowhere-a.invalid:29500" in out, out
+    assert "2 host(s) do not resolve here: gl-nowhere-a.invalid, gl-nowhere-b.invalid" in err, err
+    assert "refuses it until they resolve" in err and "Traceback" not in err, err
+    assert not jobs.exists(), "a dry run writes nothing"
+    # submit itself refuses the same job before anything is written
+    assert main([*argv, "--", "--max-steps", "5"]) == 2
+    assert "do not resolve here" in capsys.readouterr().err
+    assert not jobs.exists()

@@ -30,6 +30,7 @@ from launcher.job.hostnames import HOST_RE
 # KEY=VALUE of ``ssh -o`` (e.g. ProxyJump=bastion, Port=2222).
 SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\x00-\x1f\x7f]+")
 SSH_FAILED = 255  # ssh's own exit code for a connection or authentication failure
+UNRESOLVED = "Could not resolve hostname"  # what ssh says of a name that does not resolve
 # Concurrent ssh clients of one fan-out, by default: 1,000 hosts are probed in 16 waves, with at most
 # 64 clients (a few MB and three descriptors each) on this machine. Through one ProxyJump bastion,
 # lower it to 10: sshd's MaxStartups (default 10:30:100) drops new unauthenticated connections beyond.
@@ -150,6 +151,11 @@ class Result:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    @property
+    def unresolved(self) -> bool:
+        """ssh failed because the host's name does not resolve here."""
+        return self.returncode == SSH_FAILED and UNRESOLVED in self.stderr
+
     def error(self) -> str:
         """Why it failed, naming the host and the fix for ssh's own failures."""
         if self.returncode is None:
@@ -177,7 +183,7 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
         )
     if "Permission denied" in text:
         return "authentication failed (BatchMode: no password prompt): set up a key or an agent"
-    if "Could not resolve hostname" in text:
+    if UNRESOLVED in text:
         return "the host name does not resolve here: check the name, /etc/hosts or ~/.ssh/config"
     for cause in ("Connection timed out", "No route to host", "Connection refused", "Network is unreachable"):
         if cause in text:

@@ -21,6 +21,7 @@ from gptlaunch.contract import EXIT_REFUSED
 from launcher.agent.transport import channel_reports
 from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
 from launcher.job.measurements import Probe
+from launcher.job.plan import UnresolvedHosts
 from launcher.job.reports import Probed, Pulled
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
@@ -131,6 +132,7 @@ def pull_image(
 
     say(f"launcher: pulling {image} on {', '.join(hosts)} ...")
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PULL_TIMEOUT_S, done)
+    _refuse_unresolved(results)
     runtimes, errors = {}, []
     for result in results:
         pulled = [r.runtime for r in channel_reports(result.raw)[1] if isinstance(r, Pulled)]
@@ -146,6 +148,19 @@ def pull_image(
             "/etc/containers/certs.d or /etc/docker/certs.d), and that they are logged in where it needs it"
         )
     return HostImage(image, runtimes)
+
+
+def _refuse_unresolved(results: list[ssh.Result]) -> None:
+    """Raise UnresolvedHosts (without facts: the scheduler adds them) when every host that failed
+    failed because its name does not resolve here."""
+    failed = [r for r in results if not r.ok]
+    if failed and all(r.unresolved for r in failed):
+        names = [r.host for r in failed]
+        raise UnresolvedHosts(
+            f"{len(names)} host(s) do not resolve here: {', '.join(names)}; check the names, /etc/hosts "
+            "or ~/.ssh/config (HostName)",
+            names,
+        )
 
 
 def probe_hosts(
@@ -170,6 +185,7 @@ def probe_hosts(
         return f"cd / && {shlex.join(inside)}"
 
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
+    _refuse_unresolved(results)
     probes, errors = {}, []
     for result in results:
         # The report on the agent's channel; the rest of its output is for people.
@@ -266,6 +282,8 @@ class HostPlan:
 
     def env(self, host: str, user_env: dict[str, str]) -> dict[str, str]:
         """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for ``host``, unless the user set them."""
+        if host not in self.ifnames:  # not probed (a dry run whose hosts do not resolve)
+            return {}
         chosen = {"NCCL_SOCKET_IFNAME": self.ifnames[host], "GLOO_SOCKET_IFNAME": self.ifnames[host]}
         return {k: v for k, v in chosen.items() if k not in user_env}
 

@@ -23,7 +23,7 @@ from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
 from launcher.job.mounts import container_mounts
-from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
+from launcher.job.plan import Facts, NodeCommand, Plan, UnresolvedHosts, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
@@ -39,12 +39,15 @@ from launcher.schedulers.ssh.hosts import (
     HostImage,
     HostPlan,
     hosts_of,
+    master_address,
     plan_hosts,
     ssh_settings,
 )
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor.scheduler import SupervisedScheduler
+
+TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default
 
 
 class SshFacts(Facts):
@@ -75,6 +78,24 @@ class SshFacts(Facts):
         )
 
 
+def _unchecked(spec: JobSpec, workdir: str, image: str | None) -> SshFacts:
+    """The facts of ``spec`` without the checks that reach the hosts: no interface chosen, the
+    rendezvous port torchrun's default unless given, the image run with the configured runtime."""
+    opts = spec.options(SshOptions)
+    hosts = hosts_of(opts, spec.nnodes, spec.nproc_per_node)
+    runtime = "podman" if opts.container_runtime == "auto" else opts.container_runtime
+    return SshFacts(
+        workdir=workdir,
+        hosts=hosts,
+        master_addr=master_address(ssh_settings(opts), hosts[0]),
+        rdzv_port=spec.rendezvous.port or TORCHRUN_DEFAULT_PORT,
+        ifnames={},
+        omp_num_threads=spec.omp_num_threads,
+        image=image,
+        runtimes=dict.fromkeys(hosts, runtime) if image else {},
+    )
+
+
 class SshScheduler(SupervisedScheduler):
     name = "ssh"
     files_here = False  # the hosts may not share this machine's files
@@ -95,9 +116,12 @@ class SshScheduler(SupervisedScheduler):
             say(f"launcher: image {opts.image} is {image}")
         # With --sync the workdir is made on submit (``preflight``): a dry run copies nothing.
         checked = None if opts.sync else workdir
-        hosts = plan_hosts(
-            opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, checked, say, image
-        )
+        try:
+            hosts = plan_hosts(
+                opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, checked, say, image
+            )
+        except UnresolvedHosts as e:  # a dry run still prints the plan, with these hosts marked
+            raise UnresolvedHosts(str(e), e.hosts, _unchecked(spec, workdir, image)) from None
         return SshFacts.of(workdir, hosts, spec)
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:

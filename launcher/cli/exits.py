@@ -1,0 +1,48 @@
+"""The launcher's exit codes and what each means: one table for ``--help`` and the docs' reference
+(``tools/reference.py``). The codes themselves are the contract's (``gptlaunch.contract``)."""
+
+from __future__ import annotations
+
+from gptlaunch.contract import (
+    EXIT_CHECKPOINTED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+)
+from launcher.job.hang import EXIT_HANG
+
+# (code, the job state it goes with, what it means)
+EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
+    (EXIT_OK, "succeeded", "success"),
+    (
+        EXIT_FAILED,
+        "failed, lost, unknown",
+        "job failed (the failing node, rank and error are printed; a hang too) or lost",
+    ),
+    (EXIT_USAGE, "", "invalid input: the message names the flag or field and the fix; nothing is written"),
+    (
+        EXIT_REFUSED,
+        "failed",
+        "nodes refused before training: the hosts' versions differ (parity check; the diff is printed), "
+        "the health check named a node (one line each) or the newest checkpoint is out of reach; no rank "
+        "started",
+    ),
+    (
+        EXIT_CHECKPOINTED,
+        "checkpointed",
+        "stopped on request after a checkpoint (submit again with the same --run-dir to resume)",
+    ),
+    (EXIT_INTERRUPTED, "cancelled", "stopped on request, no checkpoint"),
+)
+
+HANG_NOTE = (
+    f"A SLURM job that hung ends with {EXIT_HANG} in `sacct` (the standalone script's exit code, as "
+    f"`timeout` does); `launcher` reports it as failed ({EXIT_FAILED})."
+)
+
+
+def exit_codes_help() -> str:
+    """The one-paragraph form, for the ``--help`` epilogs."""
+    return "exit codes: " + "; ".join(f"{code} {text}" for code, _, text in EXIT_MEANINGS)

@@ -1,0 +1,85 @@
+"""The console's view of lines that several ranks print alike: one line naming the ranks.
+
+At scale every rank prints the same warning, and 64 copies bury the one line that differs. A followed
+line ``LABEL | [rankR]: TEXT`` waits up to WINDOW_S for the same TEXT from other ranks; then it is
+shown once, as ``LABEL | [ranks 0-7]: TEXT`` (``N nodes | ...`` when the ranks are on several nodes).
+A line that differs is never merged, so the first differing line is always shown; order is kept,
+every line is shown at most WINDOW_S late, and the node logs keep every line as it was.
+(torchrun's maintainers proposed the same, pytorch/pytorch#162999.)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from launcher.job.logs import TICK
+
+WINDOW_S = 0.5  # how long a line waits for the same text from other ranks (seconds)
+RANK_LINE = re.compile(r"^(?P<label>.*?) \| \[rank(?P<rank>\d+)\]: (?P<text>.*)$", re.DOTALL)
+
+
+@dataclass
+class _Pending:
+    """One line to show, or several ranks' alike: their labels and ranks, its text, when it came."""
+
+    line: str  # as it came (shown as is when no other rank joins it)
+    text: str | None  # the text after the rank prefix; None: a line without one, never merged
+    since: float
+    labels: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+    def shown(self) -> str:
+        if len(self.ranks) < 2:
+            return self.line
+        label = self.labels[0] if len(set(self.labels)) == 1 else f"{len(set(self.labels))} nodes"
+        return f"{label} | [ranks {rank_ranges(self.ranks)}]: {self.text}"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``0-3,5,7-8``."""
+    out: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)):
+        if run and rank != run[-1] + 1:
+            out.append(_span(run))
+            run = []
+        run.append(rank)
+    if run:
+        out.append(_span(run))
+    return ",".join(out)
+
+
+def _span(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
+    """``lines`` (each ending in a newline, or TICK) with alike rank lines merged (see the module).
+    ``clock``: seconds, monotonic."""
+    pending: list[_Pending] = []
+    for line in lines:
+        now = clock()
+        if line != TICK:
+            _add(pending, line, now)
+        while pending and now - pending[0].since >= WINDOW_S:
+            yield pending.pop(0).shown()
+        if line == TICK:
+            yield TICK
+    yield from (p.shown() for p in pending)
+
+
+def _add(pending: list[_Pending], line: str, now: float) -> None:
+    match = RANK_LINE.match(line)
+    if match is None:
+        pending.append(_Pending(line, None, now))
+        return
+    label, rank, text = match["label"], int(match["rank"]), match["text"]
+    for group in pending:
+        if group.text == text and rank not in group.ranks:
+            group.labels.append(label)
+            group.ranks.append(rank)
+            return
+    pending.append(_Pending(line, text, now, [label], [rank]))

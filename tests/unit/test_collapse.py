@@ -1,0 +1,69 @@
+"""Lines that several ranks print alike are shown once on the console, naming the ranks; the line that
+differs is shown as it came, order is kept, and nothing waits more than WINDOW_S."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from launcher.job.collapse import WINDOW_S, collapsed, rank_ranges
+from launcher.job.logs import TICK
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fed(clock: Clock, timed: list[tuple[float, str]]) -> Iterator[str]:
+    for at, line in timed:
+        clock.now = at
+        yield line
+
+
+def _shown(timed: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """(when it was shown, line) for each line shown, ticks left out."""
+    clock = Clock()
+    return [(clock.now, line) for line in collapsed(_fed(clock, timed), clock) if line != TICK]
+
+
+def test_rank_ranges_are_compact() -> None:
+    assert rank_ranges([3, 0, 1, 2, 5, 7, 8]) == "0-3,5,7-8"
+    assert rank_ranges([4]) == "4"
+
+
+def test_eight_ranks_alike_are_one_line_and_the_one_that_differs_is_shown() -> None:
+    warning = "UserWarning: TypedStorage is deprecated\n"
+    timed = [(0.01 * r, f"node{r // 4} | [rank{r}]: {warning}") for r in range(8) if r != 6]
+    timed.append((0.06, "node1 | [rank6]: RuntimeError: NCCL error\n"))
+    timed.append((1.0, TICK))
+    assert _shown(timed) == [
+        (1.0, f"2 nodes | [ranks 0-5,7]: {warning}"),
+        (1.0, "node1 | [rank6]: RuntimeError: NCCL error\n"),
+    ]
+
+
+def test_ranks_of_one_node_keep_its_label() -> None:
+    timed = [(0.0, "gl-h1 node0 | [rank0]: data: ready\n"), (0.1, "gl-h1 node0 | [rank1]: data: ready\n")]
+    assert [line for _, line in _shown(timed)] == ["gl-h1 node0 | [ranks 0-1]: data: ready\n"]
+
+
+def test_a_lone_line_waits_no_longer_than_the_window_and_order_is_kept() -> None:
+    timed = [
+        (0.0, "node0 | [rank0]: step 1 | loss 9.0\n"),
+        (0.2, "node0 | agent: torchrun started\n"),
+        (0.2 + WINDOW_S / 2, TICK),
+        (WINDOW_S, TICK),
+        (0.2 + WINDOW_S, TICK),
+    ]
+    assert _shown(timed) == [
+        (WINDOW_S, "node0 | [rank0]: step 1 | loss 9.0\n"),
+        (0.2 + WINDOW_S, "node0 | agent: torchrun started\n"),
+    ]
+
+
+def test_the_same_rank_twice_is_two_lines_and_the_end_of_the_stream_shows_what_waits() -> None:
+    line = "node0 | [rank0]: retrying\n"
+    assert _shown([(0.0, line), (0.1, line)]) == [(0.1, line), (0.1, line)]

@@ -1,0 +1,1 @@
+"""Maintainers' tools: generators for the docs (``tools.reference``)."""
