@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError
+from launcher.job.announce import Announcer
 from launcher.job.collapse import collapsed
 from launcher.job.console import say
 from launcher.job.goodput import account, archived_beats, rank0
@@ -32,17 +33,30 @@ def follow(
     node: int | None = None,
     attached: bool = False,
     keep: Callable[[str], bool] = lambda line: True,
-    collapse: bool = False,
+    console: bool = False,
 ) -> JobStatus:
     """The one follow loop (attached submit, ``logs --follow``, ``wait``): copy the job's node-prefixed
     output to ``out`` (None: discard it) until the job reaches a terminal state; return that status.
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
-    shown (``launcher.job.console.console_lines``); ``collapse``: lines that several ranks print alike
-    are shown once, naming the ranks (``launcher.job.collapse``: the console's, not ``logs -f``)."""
-    lines = filter(lambda line: line == TICK or keep(line), scheduler.logs(record, node, follow=True))
-    _copy(collapsed(lines) if collapse else lines, out, attached)
+    shown (``launcher.job.console.console_lines``). ``console`` (an attached submit, ``--wait``, not
+    ``logs -f``): lines that several ranks print alike are shown once, naming the ranks
+    (``launcher.job.collapse``), and each retry is announced (``launcher.job.announce``)."""
+    lines: Iterator[str] = (
+        line for line in scheduler.logs(record, node, follow=True) if line == TICK or keep(line)
+    )
+    if console:
+        lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))
+    _copy(lines, out, attached)
     return scheduler.state(record)
+
+
+def _announced(lines: Iterator[str], announcer: Announcer) -> Iterator[str]:
+    """``lines``, with the announcer's lines about the attempts said (stderr) as they come."""
+    for line in lines:
+        for said in announcer.lines():
+            say(said)
+        yield line
 
 
 def _copy(lines: Iterator[str], out: TextIO | None, keep_reading: bool = False) -> None:

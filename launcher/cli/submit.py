@@ -161,7 +161,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     with _CancelOnSignal(scheduler, record) as stopper:
         _submit_or_discard(scheduler, plan, record, detach=False)
         stopper.job_started()
-        final = follow(scheduler, record, sys.stdout, attached=True, keep=keep, collapse=True)
+        final = follow(scheduler, record, sys.stdout, attached=True, keep=keep, console=True)
     say(summary(plan.job_id, final))
     return final.job_exit_code
 
@@ -211,7 +211,7 @@ def _submit_detached(
         f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
     )
     try:
-        final = follow(scheduler, record, sys.stdout, keep=console(), collapse=True)
+        final = follow(scheduler, record, sys.stdout, keep=console(), console=True)
     except KeyboardInterrupt:
         say(f"launcher: stopped following job {plan.job_id}; it goes on")
         return EXIT_INTERRUPTED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 from launcher.job.logs import tail
@@ -18,10 +19,15 @@ class HasState(Protocol):
 
 def node_logs(scheduler: HasState, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
     """A scheduler's ``logs`` when its nodes write ``node-<k>.log`` in the job record: the lines
-    as ``<label> | line`` (``NodePlan.label``), with ``follow`` until ``scheduler.state`` is terminal."""
+    as ``<label> | line`` (``NodePlan.label``, of the plan when each log was opened: a replaced host's
+    spare is named), with ``follow`` until ``scheduler.state`` is terminal."""
     nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
     files = [(n.label, record.node_log(n.node_rank)) for n in nodes]
-    return tail(files, lambda: follow and not scheduler.state(record).state.is_terminal)
+
+    def relabel() -> dict[Path, str]:  # after a host was replaced, the plan names the spare
+        return {record.node_log(n.node_rank): n.label for n in record.plan().nodes}
+
+    return tail(files, lambda: follow and not scheduler.state(record).state.is_terminal, relabel)
 
 
 def wait_terminal(

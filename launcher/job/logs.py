@@ -25,28 +25,38 @@ def log_end(path: Path, max_bytes: int = END_BYTES) -> str:
         return ""
 
 
-def tail(files: list[tuple[str, Path]], keep_going: Callable[[], bool] = lambda: False) -> Iterator[str]:
+def tail(
+    files: list[tuple[str, Path]],
+    keep_going: Callable[[], bool] = lambda: False,
+    relabel: Callable[[], dict[Path, str]] | None = None,
+) -> Iterator[str]:
     """Yield every line of each ``(label, file)`` as ``label | line`` (with its newline), then, while
     ``keep_going()`` is true, the lines added later. Files that do not exist yet are read once they
     appear. After ``keep_going()`` turns false, what was written meanwhile is still yielded, and a
     last line without its newline too. While following, TICK (an empty string) is yielded every
-    POLL_S seconds that bring nothing new."""
+    POLL_S seconds that bring nothing new. ``relabel``: the labels now, asked whenever a file is
+    opened (a retried job's next attempt may run a node on another host)."""
+    labels = {path: label for label, path in files}
     handles: dict[Path, TextIO] = {}
     partial: dict[Path, str] = {}
     try:
         while True:
             going = keep_going()  # asked before reading: nothing written before it turned false is lost
             moved = False
-            for label, path in files:
-                for line in _new_lines(path, handles, partial):
+            for path in list(labels):
+                opened = path not in handles
+                lines = _new_lines(path, handles, partial)
+                if opened and path in handles and relabel is not None:
+                    labels |= {p: label for p, label in relabel().items() if p in labels}
+                for line in lines:
                     moved = True
-                    yield f"{label} | {line}\n"
+                    yield f"{labels[path]} | {line}\n"
             if not going:
                 break
             if not moved:
                 time.sleep(POLL_S)
                 yield TICK  # nothing new: a consumer that holds lines back may show them now
-        for label, path in files:
+        for path, label in labels.items():
             if partial.get(path):
                 yield f"{label} | {partial[path]}\n"
     finally:

@@ -94,3 +94,16 @@ def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Pa
     )
     record.node_log(0).write_text("attempt 2 node 0\n")
     assert next(follow) == "node0 | attempt 2 node 0\n"  # the follower found the new file
+
+
+def test_a_follower_labels_a_nodes_next_log_with_the_host_it_runs_on_now(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text("attempt 1\n")
+    labels = {log: "gl-h1 node0"}
+    lines = tail([("gl-h1 node0", log)], keep_going=lambda: True, relabel=lambda: dict(labels))
+    follow = (line for line in lines if line != TICK)
+    assert next(follow) == "gl-h1 node0 | attempt 1\n"
+    log.rename(tmp_path / "archived.log")  # the attempt is archived; the plan then names the spare
+    labels[log] = "gl-h3 node0"
+    log.write_text("attempt 2\n")
+    assert next(follow) == "gl-h3 node0 | attempt 2\n"

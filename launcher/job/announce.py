@@ -1,0 +1,57 @@
+"""The console's lines about a retried job's attempts, from its record (never from its logs).
+
+When an attempt fails and the job retries, a followed job shows one line saying what failed, where
+and at which step, and when the next attempt starts (the supervisor's own status line); once that
+attempt's rank 0 beats, one more says the step it resumed at (from the beat: a script's own
+checkpoint is known only to it)::
+
+    launcher: attempt 1 at step 32: node 1 (host gl-h2) failed: ...; attempt 2 of 3 starts in 10 s
+    launcher: attempt 2 of 3 resumed at step 30
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gptlaunch.contract import Beat
+from launcher.job.goodput import rank0
+from launcher.job.record import Attempt, JobRecord
+from launcher.job.retry import backoff_s, next_in
+
+READ_EVERY_S = 1.0  # how often the job's status is read (seconds)
+
+
+class Announcer:
+    """Reads the job's status every READ_EVERY_S; ``lines()`` returns what to show now."""
+
+    def __init__(self, record: JobRecord, beats: Callable[[], dict[int, list[Beat]]]) -> None:
+        spec = record.spec()
+        self.record, self.beats = record, beats
+        self.total, self.backoff_base_s = spec.retries + 1, spec.retry_backoff_s
+        self.seen = len(record.status().attempts)  # a follower that starts late says only what is new
+        self.waiting: Attempt | None = None  # the last failed attempt, until the next one resumes
+        self.next_read = 0.0
+
+    def lines(self) -> list[str]:
+        if self.total == 1 or time.monotonic() < self.next_read:
+            return []
+        self.next_read = time.monotonic() + READ_EVERY_S
+        out = []
+        attempts = self.record.status().attempts
+        for attempt in attempts[self.seen :]:
+            wait_s = backoff_s(self.backoff_base_s, attempt.number)
+            out.append(f"launcher: {next_in(attempt, self.total - 1, wait_s)}")
+            self.waiting = attempt
+        self.seen = len(attempts)
+        if self.waiting is not None and (beat := self._next_attempts_beat(self.waiting)) is not None:
+            number = self.waiting.number + 1
+            out.append(f"launcher: attempt {number} of {self.total} resumed at step {beat.start_step:,}")
+            self.waiting = None
+        return out
+
+    def _next_attempts_beat(self, ended: Attempt) -> Beat | None:
+        """Rank 0's first beat of the attempt after ``ended`` (written after that attempt was cleaned up)."""
+        beat = rank0([b for node in self.beats().values() for b in node])
+        since = ended.cleaned_at or ended.ended_at
+        return beat if beat is not None and beat.time > since else None

@@ -1,0 +1,52 @@
+"""A followed job's retries are said in one line each, from the record: what failed, where, at which
+step, when the next attempt starts; then the step that attempt resumed at, from its rank 0's beat."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gptlaunch.contract import Beat
+from launcher.job import announce
+from launcher.job.announce import Announcer
+from launcher.job.record import Attempt, Failure, JobRecord, JobStatus
+from launcher.job.spec import JobSpec
+from tests.unit.plans import local_plan
+
+KILLED = Failure(node_rank=1, rank=1, error="rank 1 was killed by SIGKILL; see JOB/node-1.log")
+
+
+def _beat(at: float, start_step: int) -> Beat:
+    return Beat(rank=0, local_rank=0, pid=1, step=start_step + 1, phase="step", phase_since=at, time=at,
+                start_step=start_step)  # fmt: skip
+
+
+def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(announce, "READ_EVERY_S", 0.0)
+    spec = JobSpec.model_validate({"nnodes": 2, "retries": 2, "retry_backoff_s": 10})
+    record = JobRecord.create(tmp_path / "job", spec, local_plan(spec, tmp_path / "job", tmp_path),
+                              JobStatus(created_at=time.time()))  # fmt: skip
+    beats: dict[int, list[Beat]] = {0: [_beat(50.0, 0)]}
+    announcer = Announcer(record, lambda: beats)
+    assert announcer.lines() == []  # nothing ended yet
+    ended = Attempt(number=1, started_at=40, ended_at=100, cleaned_at=101, exit_code=1,
+                    cause=KILLED.summary(), step=32, replaced={"gl-h2": "gl-h3"})  # fmt: skip
+    record.update_status(attempts=[ended])
+    (line,) = announcer.lines()
+    assert line.startswith("launcher: attempt 1 at step 32: ") and "rank 1" in line, line
+    assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts in 10 s"), line
+    assert announcer.lines() == []  # said once; attempt 1's beat is not the next attempt's
+    beats[0] = [_beat(120.0, 30)]
+    assert announcer.lines() == ["launcher: attempt 2 of 3 resumed at step 30"]
+    assert announcer.lines() == []
+
+
+def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new(tmp_path: Path) -> None:
+    for retries, job in ((0, "once"), (1, "late")):
+        spec = JobSpec.model_validate({"nnodes": 1, "retries": retries})
+        record = JobRecord.create(tmp_path / job, spec, local_plan(spec, tmp_path / job, tmp_path),
+                                  JobStatus(created_at=time.time()))  # fmt: skip
+        ended = Attempt(number=1, started_at=0, ended_at=1, exit_code=1, cause=KILLED.summary())
+        if retries:  # the attempt ended before this follower started: `launcher submit --wait` later
+            record.update_status(attempts=[ended])
+        assert Announcer(record, dict).lines() == []
