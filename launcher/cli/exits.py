@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from gptlaunch.contract import (
     EXIT_CHECKPOINTED,
     EXIT_FAILED,
@@ -43,6 +45,10 @@ HANG_NOTE = (
 )
 
 
-def exit_codes_help() -> str:
-    """The one-paragraph form, for the ``--help`` epilogs."""
-    return "exit codes: " + "; ".join(f"{code} {text}" for code, _, text in EXIT_MEANINGS)
+def exit_codes_help(width: int = 100) -> str:
+    """A code per line (meanings wrapped to ``width`` columns), for the ``--help`` epilogs."""
+    rows = [
+        textwrap.fill(text, width, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+        for code, _, text in EXIT_MEANINGS
+    ]
+    return "\n".join(["exit codes:", *rows])

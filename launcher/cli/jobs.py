@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError
+from launcher.job.aftermath import quieted
 from launcher.job.announce import Announcer
 from launcher.job.collapse import collapsed
 from launcher.job.console import say
@@ -40,13 +41,14 @@ def follow(
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
     shown (``launcher.job.console.console_lines``). ``console`` (an attached submit, ``--wait``, not
-    ``logs -f``): lines that several ranks print alike are shown once, naming the ranks
-    (``launcher.job.collapse``), and each retry is announced (``launcher.job.announce``)."""
+    ``logs -f``): the tracebacks that only follow from a failure are left out (``launcher.job.aftermath``),
+    lines that several ranks print alike are shown once, naming the ranks (``launcher.job.collapse``),
+    and each retry is announced (``launcher.job.announce``)."""
     lines: Iterator[str] = (
         line for line in scheduler.logs(record, node, follow=True) if line == TICK or keep(line)
     )
     if console:
-        lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))
+        lines = _announced(collapsed(quieted(lines)), Announcer(record, lambda: scheduler.heartbeats(record)))
     _copy(lines, out, attached)
     return scheduler.state(record)
 

@@ -7,6 +7,7 @@ import contextlib
 import os
 import resource
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,14 @@ from launcher.cli.hints import unknown_arguments
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import help_text as placeholder_help
-from launcher.job.record import STATE_HELP, JobError, JobNotFound
+from launcher.job.record import STATE_HELP as STATES
+from launcher.job.record import JobError, JobNotFound
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import SshError
 
 EXIT_CODES = exit_codes_help()
+STATE_HELP = textwrap.fill(STATES, 100)
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 
@@ -107,7 +110,12 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         ("cancel", "stop a job: ranks checkpoint, then exit"),
     ):
         s = sub.add_parser(
-            cmd, help=text, description=f"{text}.", epilog=f"{STATE_HELP}\n\n{EXIT_CODES}", allow_abbrev=False
+            cmd,
+            help=text,
+            description=f"{text}.",
+            epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
+            formatter_class=fmt,
+            allow_abbrev=False,
         )
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
@@ -138,9 +146,9 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition); "
         "then the health gate: the same between pairs of hosts in two or three rounds, and a matmul on "
         "every device. Each host it names gets one line that starts with its name.",
-        epilog=f"exit codes: 0 all hosts match (and none is named); 2 invalid input or a host cannot be "
-        f"reached or checked; 3 the hosts differ (the diff is printed) or the health gate named a host "
-        f"(one line each)\n\n{EXIT_CODES}",
+        epilog="exit codes:\n  0    all hosts match (and none is named)\n  2    invalid input, or a host cannot "
+        "be reached or checked\n  3    the hosts differ (the diff is printed), or the health gate named a "
+        "host (one line each)",
         formatter_class=fmt,
         allow_abbrev=False,
     )

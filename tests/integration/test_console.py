@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from tests.integration.conftest import launcher
+from tests.conftest import missing_component
+from tests.integration.conftest import FAST, launcher
 
 CHATTER = ("AUTOTUNE", "Autotune Choices", "TypedStorage", "Profiler record function")
 
@@ -32,3 +40,54 @@ def test_the_main_job_console_has_no_torch_chatter_before_the_first_step(
     ours = [line for line in before if "trainer: warning:" in line and "--precision fp16" in line]
     assert ours, "\n".join(before)
     assert any("[rank1]: rank 1/2 " in line for line in before)  # our lines are all there
+
+
+SCREEN = (160, 48)  # columns, rows: what a person sees of the job at once
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def _first_screen(command: list[str], cwd: Path, timeout_s: float = 300) -> list[str]:
+    """Run ``command`` in a real terminal (a detached tmux session of SCREEN's size) to its end; the
+    first screenful of what it printed there, as the rows a person read."""
+    if shutil.which("tmux") is None:
+        missing_component("tmux is not installed (apt-get install tmux)")
+    session = f"gl-console-{os.getpid()}"
+    done = cwd / "exit-code"
+    shell = f"cd {shlex.quote(str(cwd))} && {shlex.join(command)}; echo $? > {shlex.quote(str(done))}"
+    columns, rows = SCREEN
+    _tmux("new-session", "-d", "-s", session, "-x", str(columns), "-y", str(rows), shell + "; sleep 600")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not done.is_file() or not done.read_text().strip():
+            assert time.monotonic() < deadline, _tmux("capture-pane", "-p", "-t", session)
+            time.sleep(0.5)
+        assert done.read_text().strip() == "0", _tmux("capture-pane", "-p", "-S", "-", "-t", session)
+        # every row the terminal showed, from the top of its history: the first screen is its first rows
+        return _tmux("capture-pane", "-p", "-S", "-", "-t", session).splitlines()[:rows]
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
+
+
+def test_the_first_screen_of_the_main_job_in_a_real_terminal(
+    prepared_data: list[str], tmp_path: Path
+) -> None:
+    # `make run`'s command, in a terminal: what the newcomer's first screen shows
+    command = [
+        str(Path(sys.executable).with_name("launcher")), "--jobs-root", str(tmp_path / "jobs"),
+        "submit", "--nodes", "2", "--gpus-per-node", "1", "--",
+        *prepared_data, *FAST, "--max-steps", "8", "--run-dir", str(tmp_path / "run"),
+    ]  # fmt: skip
+    screen = _first_screen(command, tmp_path)
+    text = "\n".join(screen)
+    assert screen[0].startswith("launcher: job gpt-"), text
+    assert "2 node(s) × 1 process(es) on local" in screen[0], text
+    assert "step 1/8 | loss" in text, text  # training shows on the first screen
+    for noise in ("Server listening", "hostname of the client socket", "Traceback", "WARNING:torch"):
+        assert noise not in text, f"{noise!r} on the first screen:\n{text}"
+    # what both ranks print alike is one line naming them; what differs is each rank's own
+    assert any(re.search(r"\| \[ranks 0-1\]: ", row) for row in screen), text
+    for rank in (0, 1):
+        assert any(f"[rank{rank}]: rank {rank}/2 " in row for row in screen), text

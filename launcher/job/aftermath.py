@@ -1,0 +1,75 @@
+"""The console leaves out the tracebacks that only follow from a failure; the node logs keep them.
+
+When one rank dies, the console used to show about 120 lines that say nothing new: torchelastic's
+``ChildFailedError`` banner from the failed node's torchrun, the ``SignalException`` of the healthy
+nodes' torchrun that the launcher stopped, and the healthy ranks' "connection closed by peer"
+tracebacks. What failed and where is said once, by the launcher (the retry line, or the job's
+summary, from the typed reports). A traceback is held until its last line shows what it is: one of
+those is dropped, any other is shown whole, as it came.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+from launcher.job.failures import is_peer_error
+from launcher.job.logs import TICK
+
+LINE = re.compile(r"^(?P<label>.*?) \| (?P<prefix>\[rank\d+\]: )?(?P<text>.*)$", re.DOTALL)
+HEADER = "Traceback (most recent call last):"
+# torchrun's own exceptions that follow from a failure the launcher reports: a worker's death, and
+# the signal with which the launcher stopped a healthy node's torchrun.
+AGENT_CONSEQUENCES = (
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+    "torch.distributed.elastic.multiprocessing.api.SignalException",
+)
+BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
+MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
+
+
+def quieted(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` (``LABEL | [rankN]: text``, or a node's own ``LABEL | text``; TICK passes) without
+    the tracebacks that follow from a failure, per node and rank."""
+    quiet = _Quiet()
+    for line in lines:
+        yield from quiet.feed(line)
+    for block in quiet.held.values():
+        yield from block
+
+
+class _Quiet:
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], list[str]] = {}  # (label, rank prefix) -> a traceback so far
+        self.banners: dict[str, int] = {}  # label -> "=" lines of ChildFailedError's banner to drop
+
+    def feed(self, line: str) -> list[str]:
+        """What to show now that ``line`` came."""
+        match = LINE.match(line) if line != TICK else None
+        if match is None:
+            return [line]
+        label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
+        key = (label, prefix)
+        if not prefix and self.banners.get(label):
+            self.banners[label] -= text.startswith(BANNER)
+            return []
+        if text == HEADER:
+            before = self.held.pop(key, [])
+            self.held[key] = [line]
+            return before
+        if key not in self.held:
+            return [line]
+        block = self.held[key]
+        block.append(line)
+        if text.startswith((" ", "\t")) and len(block) < MAX_HELD:
+            return []  # a frame: the traceback goes on
+        del self.held[key]
+        return [] if self._consequence(label, prefix, text) else block
+
+    def _consequence(self, label: str, prefix: str, text: str) -> bool:
+        """Whether a traceback that ends with ``text`` only follows from a failure."""
+        if prefix:
+            return is_peer_error(text)
+        if "ChildFailedError" in text:
+            self.banners[label] = 2
+        return text.startswith(AGENT_CONSEQUENCES)

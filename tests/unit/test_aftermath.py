@@ -1,0 +1,85 @@
+"""The console leaves out what only follows from a failure (torchrun's ChildFailedError banner, the
+SignalException of a torchrun the launcher stopped, a healthy rank's "closed by peer"), and shows any
+other traceback whole, as it came."""
+
+from __future__ import annotations
+
+from launcher.job.aftermath import quieted
+from launcher.job.logs import TICK
+
+
+def _node(label: str, text: str) -> list[str]:
+    return [f"{label} | {line}\n" for line in text.strip("\n").splitlines()]
+
+
+# torchrun's exit on a worker killed by SIGKILL (torch 2.13), as a node log holds it
+CHILD_FAILED = """
+E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 26428)
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 936, in main
+    run(args)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+trainer.cli FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_14:43:20
+  host      : gl-h2
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 26428)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 26428
+============================================================
+agent: torchrun exited with code 1
+"""
+STOPPED = """
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 85, in _h
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 26400 got signal: 15
+"""
+PEER = """
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/repo/trainer/step.py", line 73, in train_step
+[rank0]:     stats = distributed.all_reduce_sum(
+[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.231.0.12]:4242
+"""
+OWN = """
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/repo/train.py", line 12, in <module>
+[rank1]:     loss = model(x)
+[rank1]: ValueError: shapes (4, 8) and (9, 8) do not match
+"""
+
+
+def test_what_follows_from_a_failure_is_left_out_and_the_rest_kept_in_order() -> None:
+    lines = [
+        *_node("node1", "[rank1]: step 3 | loss 8.1"),
+        *_node("node1", CHILD_FAILED),
+        TICK,
+        *_node("node0", STOPPED),
+        *_node("node0", PEER),
+    ]
+    shown = [line for line in quieted(lines) if line != TICK]
+    assert shown == [
+        "node1 | [rank1]: step 3 | loss 8.1\n",
+        "node1 | E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: "
+        "0 (pid: 26428)\n",
+        "node1 | agent: torchrun exited with code 1\n",
+    ]
+
+
+def test_a_ranks_own_error_is_shown_whole_even_interleaved_with_a_peers() -> None:
+    own, peer = _node("node1", OWN), _node("node0", PEER)
+    interleaved = [line for pair in zip(own, peer, strict=True) for line in pair]
+    assert list(quieted(interleaved)) == own
+
+
+def test_a_traceback_cut_short_by_the_end_of_the_stream_is_shown() -> None:
+    cut = _node("node1", OWN)[:3]
+    assert list(quieted(cut)) == cut
