@@ -146,9 +146,10 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "and runs a short all_reduce across the hosts, reporting bus bandwidth (nccl-tests' definition); "
         "then the health gate: the same between pairs of hosts in two or three rounds, and a matmul on "
         "every device. Each host it names gets one line that starts with its name.",
-        epilog="exit codes:\n  0    all hosts match (and none is named)\n  2    invalid input, or a host cannot "
-        "be reached or checked\n  3    the hosts differ (the diff is printed), or the health gate named a "
-        "host (one line each)",
+        epilog="exit codes:\n"
+        "  0    all hosts match (and none is named)\n"
+        "  2    invalid input, or a host cannot be reached or checked\n"
+        "  3    the hosts differ (the diff is printed), or the health gate named a host (one line each)",
         formatter_class=fmt,
         allow_abbrev=False,
     )

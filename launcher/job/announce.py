@@ -45,13 +45,15 @@ class Announcer:
             self.waiting = attempt
         self.seen = len(attempts)
         if self.waiting is not None and (beat := self._next_attempts_beat(self.waiting)) is not None:
-            number = self.waiting.number + 1
-            out.append(f"launcher: attempt {number} of {self.total} resumed at step {beat.start_step:,}")
+            number, start = self.waiting.number + 1, beat.start_step
+            how = f"resumed at step {start:,}" if start else "started at step 0"
+            out.append(f"launcher: attempt {number} of {self.total} {how}")
             self.waiting = None
         return out
 
     def _next_attempts_beat(self, ended: Attempt) -> Beat | None:
-        """Rank 0's first beat of the attempt after ``ended`` (written after that attempt was cleaned up)."""
+        """Rank 0's first beat of a step of the attempt after ``ended`` (written after that attempt was
+        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded)."""
         beat = rank0([b for node in self.beats().values() for b in node])
         since = ended.cleaned_at or ended.ended_at
-        return beat if beat is not None and beat.time > since else None
+        return beat if beat is not None and beat.time > since and beat.phase == "step" else None

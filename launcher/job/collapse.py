@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from launcher.job.logs import TICK
 
-WINDOW_S = 0.5  # how long a line waits for the same text from other ranks (seconds)
+WINDOW_S = 1.0  # how long a line waits for the same text from other ranks (seconds)
 RANK_LINE = re.compile(r"^(?P<label>.*?) \| \[rank(?P<rank>\d+)\]: (?P<text>.*)$", re.DOTALL)
 
 

@@ -19,11 +19,13 @@ NOTEWORTHY = re.compile(
     re.IGNORECASE,
 )
 
-# Lines every rank prints alike that say nothing to act on: torch's start-up line of the flight
-# recorder's debug server, and c10d's warning when a peer's address has no name (as in network
-# namespaces). Never on the console; the node logs keep them.
+# Lines that say nothing to act on: torch's start-up line of the flight recorder's debug server,
+# c10d's warning when a peer's address has no name (as in network namespaces), and torchelastic's
+# note, on a failure, that its agent has no error file of its own to copy the worker's into. Never on
+# the console; the node logs keep them.
 NOISE = re.compile(
     r"WorkerServer\.cpp:\d+\] \[c10d\] Server listening|hostname of the client socket cannot be retrieved"
+    r"|no error file defined for parent, to copy child error file"
 )
 
 

@@ -6,13 +6,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.conftest import missing_component
-from tests.integration.conftest import FAST, launcher
+from tests.integration.conftest import FAST, launcher, only_job_id, wait_for, wait_for_steps
 
 CHATTER = ("AUTOTUNE", "Autotune Choices", "TypedStorage", "Profiler record function")
 
@@ -79,6 +80,7 @@ def test_the_first_screen_of_the_main_job_in_a_real_terminal(
         str(Path(sys.executable).with_name("launcher")), "--jobs-root", str(tmp_path / "jobs"),
         "submit", "--nodes", "2", "--gpus-per-node", "1", "--",
         *prepared_data, *FAST, "--max-steps", "8", "--run-dir", str(tmp_path / "run"),
+        "--precision", "fp16",  # a warning of ours that every rank prints, at the same step of setup
     ]  # fmt: skip
     screen = _first_screen(command, tmp_path)
     text = "\n".join(screen)
@@ -88,6 +90,37 @@ def test_the_first_screen_of_the_main_job_in_a_real_terminal(
     for noise in ("Server listening", "hostname of the client socket", "Traceback", "WARNING:torch"):
         assert noise not in text, f"{noise!r} on the first screen:\n{text}"
     # what both ranks print alike is one line naming them; what differs is each rank's own
-    assert any(re.search(r"\| \[ranks 0-1\]: ", row) for row in screen), text
+    assert any(re.search(r"^2 nodes \| \[ranks 0-1\]: trainer: warning: ", row) for row in screen), text
+    assert not any(re.search(r"\[rank\d\]: trainer: warning: ", row) for row in screen), text
     for rank in (0, 1):
         assert any(f"[rank{rank}]: rank {rank}/2 " in row for row in screen), text
+
+
+def test_a_retry_is_one_line_and_the_tracebacks_that_follow_from_the_kill_stay_in_the_logs(
+    prepared_data: list[str], tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs"
+    argv = [
+        sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--nodes", "2",
+        "--retries", "1", "--retry-backoff-s", "1", "--", *prepared_data, *FAST, "--max-steps", "30",
+        "--checkpoint-interval", "10", "--eval-interval", "100000", "--run-dir", str(tmp_path / "run"),
+    ]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as submit:
+        try:
+            wait_for(lambda: jobs.is_dir() and any(jobs.iterdir()), 60, "the job record")
+            job_dir = jobs / only_job_id(jobs)
+            beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=12)
+            os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)  # after step 10's checkpoint
+            out, err = submit.communicate(timeout=300)
+        finally:
+            submit.kill()
+    assert submit.returncode == 0, out[-3000:] + err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("launcher: attempt")]
+    assert len(said) == 2, err
+    assert re.fullmatch(r"launcher: attempt 1 at step \d+: .*rank 1 .*killed by SIGKILL.*; attempt 2 of 2 "
+                        r"starts in 1 s", said[0]), said  # fmt: skip
+    assert said[1] == "launcher: attempt 2 of 2 resumed at step 10", said
+    for aftermath in ("ChildFailedError", "SignalException", "Traceback", "Root Cause"):
+        assert aftermath not in out, f"{aftermath!r} on the console:\n{out[-3000:]}"
+    logs = "".join(p.read_text() for p in (job_dir / "attempts" / "1").glob("node-*.log"))
+    assert "ChildFailedError" in logs  # the node logs keep everything

@@ -3,6 +3,7 @@ step, when the next attempt starts; then the step that attempt resumed at, from 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeyp
     assert line.startswith("launcher: attempt 1 at step 32: ") and "rank 1" in line, line
     assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts in 10 s"), line
     assert announcer.lines() == []  # said once; attempt 1's beat is not the next attempt's
+    beats[0] = [dataclasses.replace(_beat(110.0, 0), phase="startup")]
+    assert announcer.lines() == []  # starting up: its checkpoint is not loaded yet
     beats[0] = [_beat(120.0, 30)]
     assert announcer.lines() == ["launcher: attempt 2 of 3 resumed at step 30"]
     assert announcer.lines() == []

@@ -40,6 +40,8 @@ NOISE = [
     "/tmp/gptlaunch-0/fr-f6df16badc4372e7-1.sock",
     "node0 | [rank0]: [W1126 11:51:51.6 socket.cpp:752] [c10d] The hostname of the client socket cannot be "
     "retrieved. err=-3",
+    "node1 | E1126 16:45:18.1 3245 torch/distributed/elastic/multiprocessing/errors/error_handler.py:145] "
+    "no error file defined for parent, to copy child error file (/tmp/j/torchelastic/node-1/0/error.json)",
 ]
 
 
