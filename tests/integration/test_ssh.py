@@ -415,6 +415,8 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2 keeps nothing."""
     run_dir, jobs = private / "run", private / "jobs"
     job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=2)
+    follow = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "logs", "-f", job]
+    follower = subprocess.Popen(follow, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     (rank,) = [
         p for p in processes_of(job)
         if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
@@ -422,6 +424,9 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     rank.kill()
     final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
+    # a follower that started before the replacement labels node 1's new lines with the spare's name
+    labels = {line.split(" | ")[0] for line in follower.communicate(timeout=120)[0].splitlines()}
+    assert {"gl-h2 node1", "gl-h3 node1"} <= labels, labels
     (first,) = final.attempts
     assert first.replaced == {"gl-h2": "gl-h3"} and "killed by SIGKILL" in first.cause, first
     assert first.step is not None and first.step >= 12, first  # the hosts' beats, kept in the record
