@@ -6,36 +6,20 @@ from __future__ import annotations
 
 from launcher.job.aftermath import quieted
 from launcher.job.logs import TICK
+from tests.unit.torchrun_output import CHILD_FAILED, FAILED
 
 
 def _node(label: str, text: str) -> list[str]:
     return [f"{label} | {line}\n" for line in text.strip("\n").splitlines()]
 
 
-# torchrun's exit on a worker killed by SIGKILL (torch 2.13), as a node log holds it
-CHILD_FAILED = """
-E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 26428)
+# torchrun's exit on a worker killed by SIGKILL, as a node log holds it
+EXIT = f"""{FAILED}
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 936, in main
     run(args)
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-trainer.cli FAILED
-------------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-24_14:43:20
-  host      : gl-h2
-  rank      : 1 (local_rank: 0)
-  exitcode  : -9 (pid: 26428)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 26428
-============================================================
-agent: torchrun exited with code 1
+{CHILD_FAILED}agent: torchrun exited with code 1
 """
 STOPPED = """
 Traceback (most recent call last):
@@ -60,7 +44,7 @@ OWN = """
 def test_what_follows_from_a_failure_is_left_out_and_the_rest_kept_in_order() -> None:
     lines = [
         *_node("node1", "[rank1]: step 3 | loss 8.1"),
-        *_node("node1", CHILD_FAILED),
+        *_node("node1", EXIT),
         TICK,
         *_node("node0", STOPPED),
         *_node("node0", PEER),
@@ -68,8 +52,7 @@ def test_what_follows_from_a_failure_is_left_out_and_the_rest_kept_in_order() ->
     shown = [line for line in quieted(lines) if line != TICK]
     assert shown == [
         "node1 | [rank1]: step 3 | loss 8.1\n",
-        "node1 | E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: "
-        "0 (pid: 26428)\n",
+        f"node1 | {FAILED}\n",
         "node1 | agent: torchrun exited with code 1\n",
     ]
 

@@ -14,27 +14,10 @@ from launcher.job.logs import log_end
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from tests.unit.plans import local_plan
+from tests.unit.torchrun_output import CHILD_FAILED, FAILED
 
-# torchrun's failure summary as it prints it into a node log (torch 2.13, a worker killed by SIGKILL).
-SUMMARY = """[rank1]: step 3 | loss 8.1
-E1124 14:43:20.992000 26423 multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 26428)
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-trainer.cli FAILED
-------------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-24_14:43:20
-  host      : gl-h2
-  rank      : 1 (local_rank: 0)
-  exitcode  : -9 (pid: 26428)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 26428
-============================================================
-"""
+# torchrun's failure summary as it prints it into a node log
+SUMMARY = f"[rank1]: step 3 | loss 8.1\n{FAILED}\n{CHILD_FAILED}"
 PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.231.0.12]:4242"
 
 
