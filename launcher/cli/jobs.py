@@ -44,11 +44,12 @@ def follow(
     ``logs -f``): the tracebacks that only follow from a failure are left out (``launcher.job.aftermath``),
     lines that several ranks print alike are shown once, naming the ranks (``launcher.job.collapse``),
     and each retry is announced (``launcher.job.announce``)."""
-    lines: Iterator[str] = (
-        line for line in scheduler.logs(record, node, follow=True) if line == TICK or keep(line)
-    )
+    lines = scheduler.logs(record, node, follow=True)
+    if console:  # a traceback is judged whole, before --tee keeps some of its lines
+        lines = quieted(lines)
+    lines = (line for line in lines if line == TICK or keep(line))
     if console:
-        lines = _announced(collapsed(quieted(lines)), Announcer(record, lambda: scheduler.heartbeats(record)))
+        lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))
     _copy(lines, out, attached)
     return scheduler.state(record)
 

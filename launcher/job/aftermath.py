@@ -25,7 +25,11 @@ AGENT_CONSEQUENCES = (
     "torch.distributed.elastic.multiprocessing.api.SignalException",
 )
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
+BANNER_LINES = 40  # at most this many lines are dropped as the summary, whatever follows
 MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
+# A healthy rank's error when a peer died: a "closed by peer" or timeout (``is_peer_error``) from
+# torch.distributed's own layers; the same words from the user's code (an HTTP timeout) are not.
+DISTRIBUTED = re.compile(r"gloo|nccl|c10d|torch\.distributed|Dist\w*Error|ProcessGroup", re.IGNORECASE)
 
 
 def quieted(lines: Iterable[str]) -> Iterator[str]:
@@ -41,7 +45,8 @@ def quieted(lines: Iterable[str]) -> Iterator[str]:
 class _Quiet:
     def __init__(self) -> None:
         self.held: dict[tuple[str, str], list[str]] = {}  # (label, rank prefix) -> a traceback so far
-        self.banners: dict[str, int] = {}  # label -> "=" lines of ChildFailedError's banner to drop
+        # label -> ("=" lines of ChildFailedError's summary still to come, lines still to drop at most)
+        self.banners: dict[str, tuple[int, int]] = {}
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came."""
@@ -50,8 +55,11 @@ class _Quiet:
             return [line]
         label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
         key = (label, prefix)
-        if not prefix and self.banners.get(label):
-            self.banners[label] -= text.startswith(BANNER)
+        if not prefix and label in self.banners:
+            rules, budget = self.banners.pop(label)
+            rules -= text.startswith(BANNER)
+            if rules and budget > 1:
+                self.banners[label] = (rules, budget - 1)
             return []
         if text == HEADER:
             before = self.held.pop(key, [])
@@ -61,7 +69,10 @@ class _Quiet:
             return [line]
         block = self.held[key]
         block.append(line)
-        if text.startswith((" ", "\t")) and len(block) < MAX_HELD:
+        if len(block) >= MAX_HELD:
+            del self.held[key]
+            return block
+        if text.startswith((" ", "\t")):
             return []  # a frame: the traceback goes on
         del self.held[key]
         return [] if self._consequence(label, prefix, text) else block
@@ -69,7 +80,7 @@ class _Quiet:
     def _consequence(self, label: str, prefix: str, text: str) -> bool:
         """Whether a traceback that ends with ``text`` only follows from a failure."""
         if prefix:
-            return is_peer_error(text)
+            return DISTRIBUTED.search(text) is not None and is_peer_error(text)
         if "ChildFailedError" in text:
-            self.banners[label] = 2
+            self.banners[label] = (2, BANNER_LINES)
         return text.startswith(AGENT_CONSEQUENCES)

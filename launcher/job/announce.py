@@ -11,6 +11,7 @@ checkpoint is known only to it)::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,8 +27,12 @@ class Announcer:
     """Reads the job's status every READ_EVERY_S; ``lines()`` returns what to show now."""
 
     def __init__(self, record: JobRecord, beats: Callable[[], dict[int, list[Beat]]]) -> None:
+        """``beats``: the ranks' beats by node (``Scheduler.heartbeats``), asked in a thread of its own:
+        SSH hosts may take seconds to answer while a job retries, and the console must not wait."""
         spec = record.spec()
         self.record, self.beats = record, beats
+        self._asking: threading.Thread | None = None
+        self._answer: dict[int, list[Beat]] = {}
         self.total, self.backoff_base_s = spec.retries + 1, spec.retry_backoff_s
         self.seen = len(record.status().attempts)  # a follower that starts late says only what is new
         self.waiting: Attempt | None = None  # the last failed attempt, until the next one resumes
@@ -51,9 +56,21 @@ class Announcer:
             self.waiting = None
         return out
 
+    def _ask(self) -> None:
+        try:
+            self._answer = self.beats()
+        except Exception:  # a host that cannot answer now (or a plan being rewritten): asked again later
+            self._answer = {}
+
     def _next_attempts_beat(self, ended: Attempt) -> Beat | None:
         """Rank 0's first beat of a step of the attempt after ``ended`` (written after that attempt was
-        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded)."""
-        beat = rank0([b for node in self.beats().values() for b in node])
+        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded), once asked."""
+        if self._asking is None:
+            self._asking = threading.Thread(target=self._ask, name="announce-beats", daemon=True)
+            self._asking.start()
+        if self._asking.is_alive():
+            return None
+        self._asking = None
+        beat = rank0([b for node in self._answer.values() for b in node])
         since = ended.cleaned_at or ended.ended_at
         return beat if beat is not None and beat.time > since and beat.phase == "step" else None

@@ -74,11 +74,14 @@ def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic)
 def _add(pending: list[_Pending], line: str, now: float) -> None:
     match = RANK_LINE.match(line)
     if match is None:
-        pending.append(_Pending(line, None, now))
+        pending.append(_Pending(line, None, now, [line.partition(" | ")[0]]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
-    for group in pending:
-        if group.text == text and rank not in group.ranks:
+    # Only into a group after this rank's (and its node's own) last line: each rank's order is kept.
+    own = [k for k, p in enumerate(pending) if rank in p.ranks or (p.text is None and label in p.labels)]
+    after = own[-1] + 1 if own else 0
+    for group in pending[after:]:
+        if group.text == text:
             group.labels.append(label)
             group.ranks.append(rank)
             return

@@ -34,8 +34,8 @@ def tail(
     ``keep_going()`` is true, the lines added later. Files that do not exist yet are read once they
     appear. After ``keep_going()`` turns false, what was written meanwhile is still yielded, and a
     last line without its newline too. While following, TICK (an empty string) is yielded every
-    POLL_S seconds that bring nothing new. ``relabel``: the labels now, asked whenever a file is
-    opened (a retried job's next attempt may run a node on another host)."""
+    POLL_S seconds that bring nothing new. ``relabel``: the labels now, asked (once a pass) when a
+    file is opened (a retried job's next attempt may run a node on another host)."""
     labels = {path: label for label, path in files}
     handles: dict[Path, TextIO] = {}
     partial: dict[Path, str] = {}
@@ -43,11 +43,13 @@ def tail(
         while True:
             going = keep_going()  # asked before reading: nothing written before it turned false is lost
             moved = False
+            fresh: dict[Path, str] | None = None  # the labels now, asked at most once a pass
             for path in list(labels):
                 opened = path not in handles
                 lines = _new_lines(path, handles, partial)
-                if opened and path in handles and relabel is not None:
-                    labels |= {p: label for p, label in relabel().items() if p in labels}
+                if opened and path in handles and relabel is not None:  # a node's (next) log
+                    fresh = relabel() if fresh is None else fresh
+                    labels[path] = fresh.get(path, labels[path])
                 for line in lines:
                     moved = True
                     yield f"{labels[path]} | {line}\n"

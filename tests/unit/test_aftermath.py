@@ -4,7 +4,7 @@ other traceback whole, as it came."""
 
 from __future__ import annotations
 
-from launcher.job.aftermath import quieted
+from launcher.job.aftermath import BANNER_LINES, quieted
 from launcher.job.logs import TICK
 from tests.unit.torchrun_output import CHILD_FAILED, FAILED
 
@@ -66,3 +66,15 @@ def test_a_ranks_own_error_is_shown_whole_even_interleaved_with_a_peers() -> Non
 def test_a_traceback_cut_short_by_the_end_of_the_stream_is_shown() -> None:
     cut = _node("node1", OWN)[:3]
     assert list(quieted(cut)) == cut
+
+
+def test_a_users_own_timeout_is_shown_and_a_summary_cut_short_stops_being_dropped() -> None:
+    error = "ValueError: shapes (4, 8) and (9, 8) do not match"
+    own = _node("node0", OWN.replace(error, "TimeoutError: the HTTP read timed out"))
+    assert list(quieted(own)) == own  # "timed out" from the user's code, not torch.distributed's
+    # a summary whose closing "=" line never comes (a node killed mid-print): the node's later
+    # lines are shown again after BANNER_LINES
+    cut = _node("node1", EXIT.split("trainer.cli FAILED")[0])
+    later = [f"node1 | agent: line {k}\n" for k in range(BANNER_LINES + 5)]
+    shown = list(quieted([*cut, *later]))
+    assert shown[-5:] == later[-5:] and len(shown) < 5 + BANNER_LINES, shown

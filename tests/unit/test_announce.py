@@ -22,6 +22,15 @@ def _beat(at: float, start_step: int) -> Beat:
                 start_step=start_step)  # fmt: skip
 
 
+def _said(announcer: Announcer) -> list[str]:
+    """What the announcer says once the beats it asked for (in its thread) have answered."""
+    out = announcer.lines()
+    while announcer._asking is not None:
+        announcer._asking.join()
+        out += announcer.lines()
+    return out
+
+
 def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(announce, "READ_EVERY_S", 0.0)
     spec = JobSpec.model_validate({"nnodes": 2, "retries": 2, "retry_backoff_s": 10})
@@ -29,19 +38,19 @@ def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeyp
                               JobStatus(created_at=time.time()))  # fmt: skip
     beats: dict[int, list[Beat]] = {0: [_beat(50.0, 0)]}
     announcer = Announcer(record, lambda: beats)
-    assert announcer.lines() == []  # nothing ended yet
+    assert _said(announcer) == []  # nothing ended yet
     ended = Attempt(number=1, started_at=40, ended_at=100, cleaned_at=101, exit_code=1,
                     cause=KILLED.summary(), step=32, replaced={"gl-h2": "gl-h3"})  # fmt: skip
     record.update_status(attempts=[ended])
-    (line,) = announcer.lines()
+    (line,) = _said(announcer)
     assert line.startswith("launcher: attempt 1 at step 32: ") and "rank 1" in line, line
     assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts in 10 s"), line
-    assert announcer.lines() == []  # said once; attempt 1's beat is not the next attempt's
+    assert _said(announcer) == []  # said once; attempt 1's beat is not the next attempt's
     beats[0] = [dataclasses.replace(_beat(110.0, 0), phase="startup")]
-    assert announcer.lines() == []  # starting up: its checkpoint is not loaded yet
+    assert _said(announcer) == []  # starting up: its checkpoint is not loaded yet
     beats[0] = [_beat(120.0, 30)]
-    assert announcer.lines() == ["launcher: attempt 2 of 3 resumed at step 30"]
-    assert announcer.lines() == []
+    assert _said(announcer) == ["launcher: attempt 2 of 3 resumed at step 30"]
+    assert _said(announcer) == []
 
 
 def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new(tmp_path: Path) -> None:
@@ -52,4 +61,4 @@ def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new
         ended = Attempt(number=1, started_at=0, ended_at=1, exit_code=1, cause=KILLED.summary())
         if retries:  # the attempt ended before this follower started: `launcher submit --wait` later
             record.update_status(attempts=[ended])
-        assert Announcer(record, dict).lines() == []
+        assert _said(Announcer(record, dict)) == []

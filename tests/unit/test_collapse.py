@@ -67,3 +67,15 @@ def test_a_lone_line_waits_no_longer_than_the_window_and_order_is_kept() -> None
 def test_the_same_rank_twice_is_two_lines_and_the_end_of_the_stream_shows_what_waits() -> None:
     line = "node0 | [rank0]: retrying\n"
     assert _shown([(0.0, line), (0.1, line)]) == [(0.1, line), (0.1, line)]
+
+
+def test_a_line_never_joins_a_group_before_its_ranks_own_earlier_lines() -> None:
+    # both ranks raise the same error through different frames: rank 1's frames stay before its error
+    rank0 = ["Traceback (most recent call last):\n", '  File "train.py", line 10\n', "ValueError: bad\n"]
+    rank1 = ["Traceback (most recent call last):\n", '  File "train.py", line 12\n', "ValueError: bad\n"]
+    timed = [(0.0, f"node0 | [rank0]: {text}") for text in rank0]
+    timed += [(0.1, f"node1 | [rank1]: {text}") for text in rank1]
+    shown = [line for _, line in _shown(timed)]
+    mine = [line for line in shown if "rank1" in line or "ranks 0-1" in line]
+    assert [line.split(": ", 1)[1] for line in mine] == rank1, shown
+    assert shown[0] == "2 nodes | [ranks 0-1]: Traceback (most recent call last):\n", shown

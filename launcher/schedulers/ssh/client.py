@@ -153,8 +153,9 @@ class Result:
 
     @property
     def unresolved(self) -> bool:
-        """ssh failed because the host's name does not resolve here."""
-        return self.returncode == SSH_FAILED and UNRESOLVED in self.stderr
+        """ssh failed because the host's own name does not resolve here (not a ProxyJump's)."""
+        name = self.host.rpartition("@")[2].lower()
+        return self.returncode == SSH_FAILED and f"{UNRESOLVED} {name}".lower() in self.stderr.lower()
 
     def error(self) -> str:
         """Why it failed, naming the host and the fix for ssh's own failures."""
