@@ -18,6 +18,10 @@ from launcher.job.logs import TICK
 
 LINE = re.compile(r"^(?P<label>.*?) \| (?P<prefix>\[rank\d+\]: )?(?P<text>.*)$", re.DOTALL)
 HEADER = "Traceback (most recent call last):"
+CHAIN = (  # between the tracebacks of one chain of exceptions
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
 # torchrun's own exceptions that follow from a failure the launcher reports: a worker's death, and
 # the signal with which the launcher stopped a healthy node's torchrun.
 AGENT_CONSEQUENCES = (
@@ -38,19 +42,25 @@ def quieted(lines: Iterable[str]) -> Iterator[str]:
     quiet = _Quiet()
     for line in lines:
         yield from quiet.feed(line)
-    for block in quiet.held.values():
-        yield from block
+    for key in list(quiet.held):
+        yield from quiet.finish(key)
 
 
 class _Quiet:
     def __init__(self) -> None:
         self.held: dict[tuple[str, str], list[str]] = {}  # (label, rank prefix) -> a traceback so far
+        self.ended: dict[tuple[str, str], str] = {}  # its last exception line, once it came
         # label -> ("=" lines of ChildFailedError's summary still to come, lines still to drop at most)
         self.banners: dict[str, tuple[int, int]] = {}
 
     def feed(self, line: str) -> list[str]:
-        """What to show now that ``line`` came."""
-        match = LINE.match(line) if line != TICK else None
+        """What to show now that ``line`` came. A traceback is judged by its chain's last exception
+        ("During handling of the above exception..."): at the next line that is not part of it, or
+        at a TICK (nothing new came)."""
+        if line == TICK:
+            ended = [key for key in self.held if key in self.ended]
+            return [out for key in ended for out in self.finish(key)] + [TICK]
+        match = LINE.match(line)
         if match is None:
             return [line]
         label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
@@ -61,21 +71,28 @@ class _Quiet:
             if rules and budget > 1:
                 self.banners[label] = (rules, budget - 1)
             return []
-        if text == HEADER:
-            before = self.held.pop(key, [])
-            self.held[key] = [line]
-            return before
+        if key in self.ended and not (text in CHAIN or text == "" or text == HEADER):
+            return self.finish(key) + self.feed(line)  # the traceback ended before this line
         if key not in self.held:
-            return [line]
+            if text != HEADER:
+                return [line]
+            self.held[key] = []
         block = self.held[key]
         block.append(line)
-        if len(block) >= MAX_HELD:
-            del self.held[key]
-            return block
-        if text.startswith((" ", "\t")):
-            return []  # a frame: the traceback goes on
-        del self.held[key]
-        return [] if self._consequence(label, prefix, text) else block
+        if text == HEADER:
+            self.ended.pop(key, None)  # the chain goes on
+        elif len(block) >= MAX_HELD:
+            return self.finish(key, judge=False)
+        elif key not in self.ended and text and not text.startswith((" ", "\t")):
+            self.ended[key] = text  # its exception: a chain may follow
+        return []
+
+    def finish(self, key: tuple[str, str], judge: bool = True) -> list[str]:
+        """The traceback held for ``key``, ended: what of it to show."""
+        block, last = self.held.pop(key), self.ended.pop(key, None)
+        if judge and last is not None and self._consequence(*key, last):
+            return []
+        return block
 
     def _consequence(self, label: str, prefix: str, text: str) -> bool:
         """Whether a traceback that ends with ``text`` only follows from a failure."""

@@ -78,3 +78,28 @@ def test_a_users_own_timeout_is_shown_and_a_summary_cut_short_stops_being_droppe
     later = [f"node1 | agent: line {k}\n" for k in range(BANNER_LINES + 5)]
     shown = list(quieted([*cut, *later]))
     assert shown[-5:] == later[-5:] and len(shown) < 5 + BANNER_LINES, shown
+
+
+# torchrun stopped twice while it logged the first stop: one chain of three tracebacks (as a CI run had)
+CHAINED = f"""
+{STOPPED.strip()}
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/logging/__init__.py", line 1742, in isEnabledFor
+    return self._cache[level]
+KeyError: 30
+
+During handling of the above exception, another exception occurred:
+
+{STOPPED.strip()}
+"""
+
+
+def test_a_chain_of_tracebacks_is_judged_by_its_last_exception() -> None:
+    lines = [*_node("node1", CHAINED), "node1 | agent: torchrun exited with code 1\n"]
+    assert list(quieted(lines)) == ["node1 | agent: torchrun exited with code 1\n"]
+    own = _node("node1", CHAINED.rsplit("During", 1)[0])
+    # a chain that ends with the user's own error (here a KeyError) is shown whole, at the next TICK
+    assert [line for line in quieted([*own, TICK]) if line != TICK] == own
