@@ -7,7 +7,6 @@ import contextlib
 import os
 import resource
 import sys
-import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,13 @@ from launcher.cli.hints import unknown_arguments
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import help_text as placeholder_help
-from launcher.job.record import STATE_HELP as STATES
-from launcher.job.record import JobError, JobNotFound
+from launcher.job.record import JobError, JobNotFound, state_help
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import SshError
 
 EXIT_CODES = exit_codes_help()
-STATE_HELP = textwrap.fill(STATES, 100)
+STATE_HELP = state_help()
 COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
 
 

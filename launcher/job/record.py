@@ -68,11 +68,12 @@ STATE_MEANINGS: dict[JobState, str] = {
     JobState.UNKNOWN: "the job ended while nothing observed it: see its node logs and run dir",
 }
 
-STATE_HELP = (
-    "job states: created, pending (queued), running; terminal: succeeded, failed, checkpointed "
-    "(stopped after a checkpoint: resubmit to resume), cancelled (stopped, no checkpoint), lost (what "
-    "followed the job died before recording its end), unknown (it ended unobserved)"
-)
+
+def state_help() -> str:
+    """One state per line, with its meaning (``STATE_MEANINGS``), for the ``--help`` epilogs."""
+    rows = [f"  {state.value:<13}{STATE_MEANINGS[state]}" for state in JobState]
+    terminal = sum(state.is_terminal for state in JobState)
+    return "\n".join([f"job states (the last {terminal} are terminal):", *rows])
 
 
 class JobNotFound(LookupError):
