@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, write_stop_marker
-from launcher.job.hang import EXIT_HANG
+from launcher.job import reports
+from launcher.job.hang import EXIT_HANG, HangReport
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.end import REQUEUE, ending
 from launcher.schedulers.slurm.scheduler import SCRIPT, SUBMITIT_SCRIPT, SlurmFacts, SlurmScheduler
@@ -86,6 +87,11 @@ def test_the_end_step_requeues_only_after_a_checkpoint_on_the_warning_signal(tmp
     assert _end(tmp_path, 1) == (1, f"a node failed (srun exit 1); see {tmp_path / 'job'}/node-*.log")
     code, said = _end(tmp_path, EXIT_HANG)
     assert code == EXIT_HANG and "hung" in said and str(tmp_path / "job" / "hang") in said
+    # A peer that srun stopped with SIGTERM as it exited made srun's code 15: the hang report decides.
+    reports.append(
+        tmp_path / "job", reports.Hang(node=1, hang=HangReport(silent_s=11, budget_s=10, step=3, ranks=[]))
+    )
+    assert _end(tmp_path, 15)[0] == EXIT_HANG
     write_stop_marker(tmp_path, 7, tmp_path / "ckpt-7.pt", "SIGUSR2")
     assert _end(tmp_path, 1) == (REQUEUE, "checkpoint saved; requeueing (restart 1 of at most 2)")
     assert _end(tmp_path, 1, restarts=2)[0] == EXIT_CHECKPOINTED  # no requeue left

@@ -1,9 +1,10 @@
 """The standalone sbatch script's last step (``python -m launcher.schedulers.slurm.end``), run on the
 batch node when the nodes' step failed: the step's exit code and the ranks' stop marker (in the run
-dir, or its copy in the job record: ``launcher.job.failures.stop_marker``) become the job's exit code
-and one line in the batch log. After a checkpoint on SLURM's warning signal (SIGUSR2), with requeues
-left, it exits 0: the script then requeues the job (``scontrol`` on the batch node, as this step may
-run in the job's image), which resumes from that checkpoint.
+dir, or its copy in the job record: ``launcher.job.failures.stop_marker``) and the nodes' hang reports
+(``launcher.job.reports``) become the job's exit code and one line in the batch log. After a
+checkpoint on SLURM's warning signal (SIGUSR2), with requeues left, it exits 0: the script then
+requeues the job (``scontrol`` on the batch node, as this step may run in the job's image), which
+resumes from that checkpoint.
 
 The submitit path ends the same way through submitit (its requeue on the warning signal) and
 ``launcher submit``'s reading of the job (``launcher.schedulers.slurm.state``). The standalone script
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from gptlaunch.contract import EXIT_CHECKPOINTED
+from launcher.job import reports
 from launcher.job.failures import stop_marker
 from launcher.job.hang import EXIT_HANG
 
@@ -35,11 +37,14 @@ def ending(
             return REQUEUE, f"checkpoint saved; requeueing (restart {restarts + 1} of at most {max_requeues})"
         said = f"stopped after the checkpoint of step {marker.step}; submit again to resume"
         return EXIT_CHECKPOINTED, said
-    if exit_code == EXIT_HANG:
+    # srun's exit code prefers a task killed by a signal to any task's exit code: a node task that
+    # srun's kill-on-bad-exit SIGTERM caught while its Python was exiting (the default handler back)
+    # makes it 15, not the hang's 124. The nodes' hang reports in the job record say what happened.
+    if exit_code == EXIT_HANG or reports.hangs(job_dir, since=since):
         said = (
             f"the ranks hung (no progress): the cause is in {job_dir}/node-*.log, stacks in {job_dir}/hang/"
         )
-        return exit_code, said
+        return EXIT_HANG, said
     return exit_code, f"a node failed (srun exit {exit_code}); see {job_dir}/node-*.log"
 
 
