@@ -36,6 +36,17 @@ RUN_DIR_ENV = "GPTLAUNCH_RUN_DIR"  # the job's run dir: where a program's checkp
 RESUME_ARGS_ENV = "GPTLAUNCH_RESUME_ARGS"  # JSON list: a program's arguments from the second attempt on
 ATTEMPT_ENV = "GPTLAUNCH_ATTEMPT"  # the job's attempt that started this process: 1, 2, ... (retries)
 
+# In-memory snapshots of a job's training state (tmpfs: host memory), one directory per job (the
+# launcher's job id, or torchrun's rendezvous id), then one per run dir: the launcher removes a job's
+# when it ends for good, without knowing its run dirs.
+SNAPSHOT_ROOT = Path("/dev/shm/gptlaunch")
+
+
+def job_snapshots(job_id: str) -> Path:
+    """This host's directory of the in-memory snapshots of job ``job_id`` (any run dir)."""
+    return SNAPSHOT_ROOT / "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)
+
+
 # Written by rank 0 after the checkpoint of a stop signal, in the run dir: tells a launcher or
 # scheduler that the run stopped cleanly and can be resumed (torchrun reports the ranks' exit code 75
 # as a plain failure).

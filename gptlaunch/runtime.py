@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ from gptlaunch.contract import (
     JOB_ID_ENV,
     RUN_DIR_ENV,
     clear_stop_marker,
+    job_snapshots,
     write_stop_marker,
 )
 from gptlaunch.heartbeat import Heartbeat
@@ -121,6 +123,16 @@ def checkpoint_dir() -> Path | None:
     """The job's run dir, where checkpoints should be written (None under bare torchrun)."""
     value = os.environ.get(RUN_DIR_ENV) if launched() else None
     return Path(value) if value else None
+
+
+def snapshot_dir(run_dir: Path) -> Path:
+    """Where this host keeps in-memory snapshots (``/dev/shm``: host memory, which outlives the ranks'
+    processes) of the run in ``run_dir``: one directory per job (the launcher's job id, the same on
+    every attempt; under bare torchrun its rendezvous id) and run dir. The launcher removes a job's when
+    the job ends for good on the local scheduler; elsewhere the program removes its own."""
+    run_id = os.environ.get(JOB_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID") or "none"
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return job_snapshots(run_id) / key
 
 
 def stop_requested() -> bool:

@@ -11,6 +11,7 @@ checks one against this run, and ``restore``, ``saved_step`` and ``saved_rng`` r
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,13 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / f"ckpt-{step:08d}.pt"
 
 
+def step_of(path: Path) -> int | None:
+    """The step in a checkpoint's file name (``ckpt-<step>.pt``); None for another name (a path given
+    to --resume)."""
+    match = CKPT_RE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoints in ``run_dir``, oldest first (temporary files are never matched)."""
     if not run_dir.is_dir():
@@ -51,8 +59,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CKPT_RE.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
-def save(state: dict[str, Any], run_dir: Path, step: int, keep: int) -> Path:
+def save(state: dict[str, Any], run_dir: Path, step: int, keep: int, hold_s: float = 0.0) -> Path:
     """Write ``state`` atomically as the checkpoint of ``step``, then delete all but the newest ``keep``.
+    ``hold_s``: seconds the written temporary file stays open before its rename (a failure drill: a
+    slow disk).
 
     Returns the checkpoint's path. Raises OSError if the disk write fails (the previous checkpoints are
     untouched in that case).
@@ -61,6 +71,7 @@ def save(state: dict[str, Any], run_dir: Path, step: int, keep: int) -> Path:
     final = checkpoint_path(run_dir, step)
     with atomic_write(final) as f:
         torch.save(state, f)
+        time.sleep(hold_s)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final
@@ -197,7 +208,7 @@ def data_position(step: int, steps_per_epoch: int) -> dict[str, int]:
 
 def check_resumable(
     state: Mapping[str, Any],
-    path: Path,
+    path: Path | str,
     *,
     cfg: TrainConfig,
     world_size: int,
@@ -238,7 +249,7 @@ def check_resumable(
     return notes
 
 
-def _check_format(state: Mapping[str, Any], path: Path) -> None:
+def _check_format(state: Mapping[str, Any], path: Path | str) -> None:
     version = state.get("format")
     if version != FORMAT_VERSION:
         raise CheckpointError(
@@ -247,7 +258,7 @@ def _check_format(state: Mapping[str, Any], path: Path) -> None:
         )
 
 
-def _check_keys(state: Mapping[str, Any], path: Path) -> None:
+def _check_keys(state: Mapping[str, Any], path: Path | str) -> None:
     for key, subkeys in REQUIRED_KEYS.items():
         missing = [key] if key not in state else [f"{key}.{sub}" for sub in subkeys if sub not in state[key]]
         if missing:
@@ -257,7 +268,7 @@ def _check_keys(state: Mapping[str, Any], path: Path) -> None:
 _SCHEDULE_FLAGS = {"lr": "--lr", "min_lr_ratio": "--min-lr-ratio", "warmup_steps": "--warmup-steps"}
 
 
-def _check_schedule(saved: Mapping[str, Any], mine: Mapping[str, float | int], path: Path) -> list[str]:
+def _check_schedule(saved: Mapping[str, Any], mine: Mapping[str, float | int], path: Path | str) -> list[str]:
     """A different --max-steps extends (or shortens) the run: a note. It re-lays the cosine decay,
     and the default --warmup-steps follows --max-steps, so a different warmup comes with it. Any
     other change of the schedule would make the resumed run differ from the one started: an error."""
@@ -279,7 +290,7 @@ def _check_schedule(saved: Mapping[str, Any], mine: Mapping[str, float | int], p
     return [note]
 
 
-def _check_data_position(state: Mapping[str, Any], path: Path, steps_per_epoch: int) -> None:
+def _check_data_position(state: Mapping[str, Any], path: Path | str, steps_per_epoch: int) -> None:
     step = int(state["step"])
     # Checkpoints written before steps_per_epoch was recorded are compared on what they hold.
     expected = {k: v for k, v in data_position(step, steps_per_epoch).items() if k in state["data"]}

@@ -138,6 +138,17 @@ class TrainConfig(BaseModel):
     eval_iters: int = Field(10, ge=1, description="validation micro-batches per rank")
     checkpoint_interval: int = Field(100, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+    snapshot_interval: int = Field(
+        10,
+        ge=0,
+        description="steps between snapshots of the training state in each host's memory (/dev/shm), "
+        "which the next attempt of a failed job resumes from when newer than the last checkpoint; 0: none",
+    )
+    async_checkpoints: bool = Field(
+        True,
+        description="a checkpoint is copied to host memory and written to disk in the background; the "
+        "last step's and a stop signal's are written before going on",
+    )
     straggler_check: bool = Field(
         True,
         description="at each log interval, share every rank's own compute time (one small all-reduce) and "

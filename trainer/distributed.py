@@ -99,12 +99,12 @@ def all_gather_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def broadcast_object(obj: Any) -> Any:
-    """Rank 0's ``obj`` (picklable) on every rank; identity for one process."""
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (picklable) on every rank; identity for one process. Collective."""
     if not dist.is_initialized():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=src)
     return box[0]
 
 

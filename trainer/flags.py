@@ -39,7 +39,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "runtime": ("precision", "compile", "compile_mode", "device", "backend", "dist_timeout_s", "peak_flops"),
     "logging and checkpoints": (
         *("log_interval", "eval_interval", "eval_iters", "checkpoint_interval", "keep_checkpoints"),
-        *("resume", "stop_signals", "straggler_check"),
+        *("snapshot_interval", "async_checkpoints", "resume", "stop_signals", "straggler_check"),
     ),
 }
 CODE_ONLY = ("beta1", "beta2")  # AdamW betas: GPT-2's values, no flag

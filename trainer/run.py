@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptlaunch import runtime
-from trainer import checkpoint, distributed
+from trainer import checkpoint, distributed, snapshot
 from trainer.config import TrainConfig
 from trainer.console import warn
 from trainer.data.batches import BatchPlan, TrainBatches
@@ -27,6 +27,7 @@ from trainer.distributed import DistEnv
 from trainer.errors import ConfigError, DataError
 from trainer.model import GPT
 from trainer.optim import make_optimizer
+from trainer.saver import Saver, SaveTimes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,8 @@ class Run:
     batches: TrainBatches
     val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
+    saver: Saver  # writes rank 0's checkpoints (in the background); a context manager
+    snapshots: snapshot.Snapshots | None  # this host's snapshots in memory (None: not kept by this rank)
 
 
 def check_same_tokenizer(manifest: Manifest) -> None:
@@ -78,6 +81,7 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     autocast_dtype, needs_scaler = _precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
     batches, val_tokens = _open_data(cfg, env)
+    snapshots = _snapshots(cfg, env, device)
     state = _checkpoint_to_resume(cfg, env, manifest, batches, model)
     if state is not None:
         checkpoint.restore(state, model, optimizer, scaler)
@@ -101,7 +105,21 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
         batches=batches,
         val_tokens=val_tokens,
         start_step=0 if state is None else checkpoint.saved_step(state),
+        saver=Saver(cfg.run_dir, cfg.keep_checkpoints, device),
+        snapshots=snapshots,
     )
+
+
+def _snapshots(cfg: TrainConfig, env: DistEnv, device: torch.device) -> snapshot.Snapshots | None:
+    """This rank's writer of its host's snapshots: on the lowest rank of each host, when snapshots are
+    on and the host has shared memory (None elsewhere). Drops the host's snapshots of earlier runs of
+    this run dir. Collective."""
+    hosts = distributed.all_gather_object(socket.gethostname())
+    if cfg.snapshot_interval == 0 or env.rank not in snapshot.writers(hosts) or not snapshot.SHM.is_dir():
+        return None
+    directory = runtime.snapshot_dir(cfg.run_dir)
+    snapshot.drop_others(directory)
+    return snapshot.Snapshots(directory, device)
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -155,12 +173,16 @@ def _checkpoint_to_resume(
     # Rank 0 decides and tells the others: ranks that saw different files would run different steps.
     found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
     path = distributed.broadcast_object(found)
-    if path is None:
+    memory = None
+    if cfg.resume == "auto" and cfg.snapshot_interval:  # a host's snapshot, when newer than the disk's
+        disk_step = checkpoint.step_of(path) if path is not None else None
+        memory = snapshot.from_memory(runtime.snapshot_dir(cfg.run_dir), env.rank, disk_step)
+    if memory is None and path is None:
         return None
-    state = checkpoint.load(path)
+    state, where = memory if memory is not None else (checkpoint.load(path), str(path))
     notes = checkpoint.check_resumable(
         state,
-        path,
+        where,
         cfg=cfg,
         world_size=env.world_size,
         steps_per_epoch=batches.steps_per_epoch,
@@ -170,7 +192,7 @@ def _checkpoint_to_resume(
     if env.is_main:
         for note in notes:
             print(f"note: {note}", flush=True)
-        print(f"resumed from {path} at step {checkpoint.saved_step(state)}", flush=True)
+        print(f"resumed from {where} at step {checkpoint.saved_step(state)}", flush=True)
     return state
 
 
@@ -213,26 +235,43 @@ def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return gather(torch.get_rng_state()), cuda
 
 
-def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> None:
-    """Collective: every rank contributes its RNG state; global rank 0 writes. ``stopping``: also
-    record the stop marker (with ``signal``, the stop signal's name as rank 0 got it), before the
-    barrier, so it exists once any rank has exited 75."""
+def _state(run: Run, next_step: int, rng: list[torch.Tensor], cuda_rng: list[torch.Tensor]) -> dict[str, Any]:
+    return checkpoint.make_state(
+        next_step,
+        model=run.model,
+        optimizer=run.optimizer,
+        scaler=run.scaler,
+        rng=rng,
+        cuda_rng=cuda_rng,
+        cfg=run.cfg,
+        world_size=run.env.world_size,
+        steps_per_epoch=run.batches.steps_per_epoch,
+        model_shape=asdict(run.model.cfg),
+        tokenizer_sha256=run.manifest.tokenizer_sha256,
+    )
+
+
+def snapshot_state(run: Run, next_step: int) -> None:
+    """Collective: every rank contributes its RNG state; the lowest rank of each host keeps the
+    snapshot in the host's memory, written in the background (``trainer.snapshot``)."""
     rng, cuda_rng = _gather_rng(run)
+    if run.snapshots is not None:
+        run.snapshots.keep(_state(run, next_step, rng, cuda_rng), next_step)
+
+
+def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> SaveTimes | None:
+    """Collective: every rank contributes its RNG state; global rank 0 saves, in the background
+    (``trainer.saver``) unless ``stopping``, at the last step, or with ``--no-async-checkpoints``.
+    ``stopping``: also record the stop marker (with ``signal``, the stop signal's name as rank 0 got
+    it) once the checkpoint is on disk, before the barrier, so it exists once any rank has exited 75.
+    Returns rank 0's ``SaveTimes`` (None on the other ranks)."""
+    rng, cuda_rng = _gather_rng(run)
+    blocking = stopping or next_step == run.cfg.max_steps or not run.cfg.async_checkpoints
+    times = None
     if run.env.is_main:
-        state = checkpoint.make_state(
-            next_step,
-            model=run.model,
-            optimizer=run.optimizer,
-            scaler=run.scaler,
-            rng=rng,
-            cuda_rng=cuda_rng,
-            cfg=run.cfg,
-            world_size=run.env.world_size,
-            steps_per_epoch=run.batches.steps_per_epoch,
-            model_shape=asdict(run.model.cfg),
-            tokenizer_sha256=run.manifest.tokenizer_sha256,
-        )
-        path = checkpoint.save(state, run.cfg.run_dir, next_step, run.cfg.keep_checkpoints)
+        times = run.saver.save(_state(run, next_step, rng, cuda_rng), next_step, blocking=blocking)
         if stopping:  # for the launcher (``runtime``): the job checkpointed, not failed
-            runtime.checkpointed(next_step, path, signal)
-    distributed.barrier()  # nobody exits or moves on before the files are in place
+            runtime.checkpointed(next_step, times.path, signal)
+    if blocking:
+        distributed.barrier()  # nobody exits or moves on before the files are in place
+    return times

@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from gptlaunch import runtime
 from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_OK
-from trainer import checkpoint, distributed
+from trainer import checkpoint, distributed, snapshot
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
@@ -33,11 +33,13 @@ from trainer.errors import ConfigError
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.optim import lr_at
 from trainer.precheck import check_config
-from trainer.run import Run, save, setup
+from trainer.run import Run, save, setup, snapshot_state
+from trainer.saver import SaveTimes
 from trainer.signals import StopRequest
 from trainer.step import agree, evaluate, train_step
 from trainer.stragglers import StragglerWatch, describe
 
+WAIT_NOTED_S = 0.1  # a save that waited this long for the previous one says so
 FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
 
 
@@ -105,8 +107,12 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     )
     try:
         run = setup(cfg, env, device, manifest)
-        with StopRequest(cfg.stop_signals) as stop:
-            return loop(run, stop)
+        # The savers' writes end before exit; the snapshots go once the run ended with its checkpoint.
+        with run.saver, run.snapshots or contextlib.nullcontext(), StopRequest(cfg.stop_signals) as stop:
+            code = loop(run, stop)
+        if run.snapshots is not None:
+            snapshot.drop(run.snapshots.directory)
+        return code
     finally:
         runtime.flush()  # the step reached, before a teardown that may hang
         distributed.shutdown()
@@ -132,7 +138,11 @@ def loop(run: Run, stop: StopRequest) -> int:
             report.step(done, loss, _record(run, cadence, obs, step, loss))
             if stopping or cadence.checkpoints(done):
                 with runtime.phase("checkpoint"):
-                    save(run, done, stopping, stop.received.name if stop.received else None)
+                    times = save(run, done, stopping, stop.received.name if stop.received else None)
+                report.checkpoint(times)
+            elif cadence.snapshots(done):
+                with runtime.phase("checkpoint"):
+                    snapshot_state(run, done)
             if stopping:
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
@@ -187,6 +197,10 @@ class Cadence:
 
     def checkpoints(self, done: int) -> bool:
         return done % self.cfg.checkpoint_interval == 0 or done == self.cfg.max_steps
+
+    def snapshots(self, done: int) -> bool:
+        """Every ``--snapshot-interval`` steps (0: never), where no checkpoint is due."""
+        return self.cfg.snapshot_interval > 0 and done % self.cfg.snapshot_interval == 0
 
 
 @dataclass(frozen=True)
@@ -259,6 +273,25 @@ class Report:
 
     def log(self, line: str) -> None:
         self._progress.log(line)
+
+    def checkpoint(self, times: SaveTimes | None) -> None:
+        """After a save on rank 0: what it cost the loop, to metrics.jsonl, and a line when it had to
+        wait for the previous save, still writing (the disk is slower than --checkpoint-interval)."""
+        if times is None or self._writer is None:
+            return
+        self._writer.write(
+            {
+                "step": times.step,
+                "checkpoint_stall_s": times.stall_s,
+                "checkpoint_wait_s": times.waited_s,
+                "checkpoint_mb": times.nbytes / 1e6,
+            }
+        )
+        if times.background and times.waited_s >= WAIT_NOTED_S:  # a stop's or the last save's may wait
+            self._progress.log(
+                f"checkpoint of step {times.step} waited {times.waited_s:.1f} s for the previous one to be "
+                "written: the disk is slower than --checkpoint-interval steps"
+            )
 
     def step(self, done: int, loss: float, record: dict[str, Any]) -> None:
         """After step ``done``: write ``record`` (if any) and its line, and move the progress bar."""

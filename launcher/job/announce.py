@@ -5,7 +5,7 @@ and at which step, and when the next attempt starts (the supervisor's own status
 attempt's rank 0 beats, one more says the step it resumed at (from the beat: a script's own
 checkpoint is known only to it)::
 
-    launcher: attempt 1 at step 32: node 1 (host gl-h2) failed: ...; attempt 2 of 3 starts in 10 s
+    launcher: attempt 1 at step 32: node 1 (host gl-h2) failed: ...; attempt 2 of 3 starts now
     launcher: attempt 2 of 3 resumed at step 30
 """
 

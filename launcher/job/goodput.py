@@ -8,8 +8,9 @@ last beats in ``JOB/attempts/<k>/heartbeat/``. From rank 0's last beat of each a
   from, in proportion to the attempt's step time per step);
 - start-up: the first attempt's start-up (interpreters, data, rendezvous, compile);
 - lost to failures: for each failed attempt, from its last beat to the next attempt's first step
-  (detection, teardown, backoff, the next start-up), plus the steps redone;
-- checkpoints, evaluation: their phases, in every attempt;
+  (detection, teardown, backoff, the next start-up), plus the steps redone (counted per failure);
+- checkpoint stalls, evaluation: their phases, in every attempt (a checkpoint written in the background,
+  ``trainer.saver``, stalls the loop only for its copy to host memory);
 - other: the rest of the wall time (the launcher before the first rank started, attempts whose
   beats stayed on a host: SSH's earlier attempts).
 """
@@ -38,6 +39,7 @@ class Goodput(BaseModel):
     eval_s: float
     other_s: float
     failures: int
+    steps_redone: list[int] = []  # for each failure, the steps the next attempt did again
 
     @property
     def ratio(self) -> float:
@@ -45,14 +47,17 @@ class Goodput(BaseModel):
 
     def describe(self) -> str:
         """E.g. ``goodput 91%: 3 h 10 min training of 3 h 29 min; start-up 2 min; lost 12 min to 2
-        failures; checkpoints 3 min; evaluation 1 min; other 1 min``."""
+        failures (40 + 12 steps redone); checkpoint stalls 3 min; evaluation 1 min; other 1 min``."""
         parts = [
             f"goodput {self.ratio:.0%}: {_span(self.training_s)} training of {_span(self.wall_s)}",
             f"start-up {_span(self.startup_s)}",
         ]
         if self.failures:
-            parts.append(f"lost {_span(self.lost_s)} to {self.failures} failure{'s' * (self.failures > 1)}")
-        parts += [f"checkpoints {_span(self.checkpoint_s)}", f"evaluation {_span(self.eval_s)}"]
+            lost = f"lost {_span(self.lost_s)} to {self.failures} failure{'s' * (self.failures > 1)}"
+            if self.steps_redone:
+                lost += f" ({' + '.join(map(str, self.steps_redone))} steps redone)"
+            parts.append(lost)
+        parts += [f"checkpoint stalls {_span(self.checkpoint_s)}", f"evaluation {_span(self.eval_s)}"]
         parts.append(f"other {_span(self.other_s)}")
         return "; ".join(parts)
 
@@ -77,6 +82,7 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
     """The goodput of a job whose attempts' last beats (rank 0's, oldest first; None where none was
     kept) are ``attempts``, over ``wall_s`` seconds of wall time."""
     training = startup = lost = checkpoint = evaluation = 0.0
+    steps_redone = []
     for k, beat in enumerate(attempts):
         if beat is None:
             continue
@@ -92,6 +98,7 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
             startup += beat.phase_s.get(STARTUP, 0.0)
         if nxt is not None:  # this attempt failed: from its last beat to the next one's first step
             lost += redone_s + max(0.0, _first_step_at(nxt) - beat.time)
+            steps_redone.append(redone)
     counted = training + startup + lost + checkpoint + evaluation
     return Goodput(
         wall_s=wall_s,
@@ -102,6 +109,7 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
         eval_s=evaluation,
         other_s=max(0.0, wall_s - counted),
         failures=len(attempts) - 1,
+        steps_redone=steps_redone,
     )
 
 

@@ -38,9 +38,12 @@ _NEVER = {
 
 
 def backoff_s(base_s: float, ended: int) -> float:
-    """Seconds to wait after the ``ended``-th failed attempt: ``base_s`` doubled for each one before
-    it, at most MAX_BACKOFF_S (or ``base_s``, if that is longer)."""
-    return min(base_s * 2 ** (ended - 1), max(base_s, MAX_BACKOFF_S))
+    """Seconds to wait after the ``ended``-th failed attempt: none after the first (one failure, a
+    killed rank or a lost host, is the common case, and a wait only adds to what it costs), then
+    ``base_s`` doubled for each further failure, at most MAX_BACKOFF_S (or ``base_s``, if longer)."""
+    if ended <= 1:
+        return 0.0
+    return min(base_s * 2 ** (ended - 2), max(base_s, MAX_BACKOFF_S))
 
 
 def _signature(cause: str) -> str:
@@ -108,7 +111,8 @@ def furthest_step(record: JobRecord) -> int | None:
 
 def next_in(ended: Attempt, retries: int, wait_s: float) -> str:
     """The status line while the next attempt waits ``wait_s`` seconds to start."""
-    return f"{ended.describe()}; attempt {ended.number + 1} of {retries + 1} starts in {wait_s:.0f} s"
+    when = f"in {wait_s:.0f} s" if wait_s >= 0.5 else "now"
+    return f"{ended.describe()}; attempt {ended.number + 1} of {retries + 1} starts {when}"
 
 
 def end_attempt(

@@ -13,6 +13,7 @@ the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID`
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,14 @@ from typing import NoReturn
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from gptlaunch.contract import ATTEMPT_ENV, EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, read_stop_marker
+from gptlaunch.contract import (
+    ATTEMPT_ENV,
+    EXIT_CHECKPOINTED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    job_snapshots,
+    read_stop_marker,
+)
 from launcher.job import reports
 from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
@@ -179,6 +187,8 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
     final = job.record.finish(outcome)
+    # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.
+    shutil.rmtree(job_snapshots(job.plan.job_id), ignore_errors=True)
     if ready[0] >= 0:
         os.close(ready[0])
     return final.job_exit_code

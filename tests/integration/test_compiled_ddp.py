@@ -22,4 +22,4 @@ def test_compiled_bf16_ddp_trains_and_matches_eager_loss_at_the_first_step(
     # Same weights and data at step 1: compiled kernels may round differently, not compute differently.
     assert abs(got[1] - want[1]) < 0.05, (got[1], want[1])
     assert got[4] < got[1]
-    assert metrics(tmp_path / "compiled")[-1]["world_size"] == 2
+    assert [m["world_size"] for m in metrics(tmp_path / "compiled") if "loss" in m][-1] == 2

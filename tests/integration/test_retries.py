@@ -1,15 +1,17 @@
 """Job-level retries on the local scheduler with real faults: a rank killed by SIGKILL and a frozen
 rank (a hang) are retried from the last checkpoint and the job succeeds with exactly the losses of an
-uninterrupted run; an error that repeats at the same step stops after two attempts; a cancel during
-the backoff ends the job and nothing starts afterwards."""
+uninterrupted run; an error that repeats at the same step stops after two attempts; the first retry
+starts at once, and a cancel during the backoff of the next ends the job and nothing starts afterwards."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
+from gptlaunch.contract import job_snapshots
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
@@ -17,6 +19,7 @@ from tests.integration.conftest import (
     FAST,
     launcher,
     losses,
+    metrics,
     only_job_id,
     processes_of,
     wait_for,
@@ -28,9 +31,15 @@ CKPT = ["--checkpoint-interval", "10", "--eval-interval", "100000"]
 
 
 def _submit(
-    jobs: Path, run_dir: Path, data: list[str], *flags: str, env: dict[str, str] | None = None
+    jobs: Path,
+    run_dir: Path,
+    data: list[str],
+    *flags: str,
+    env: dict[str, str] | None = None,
+    extra: list[str] | None = None,
 ) -> Path:
-    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *CKPT]
+    """A detached local 2-node job; ``flags`` are the launcher's, ``extra`` the trainer's (last)."""
+    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *CKPT, *(extra or [])]
     proc = launcher(jobs, *argv, "--max-steps", str(STEPS), "--run-dir", str(run_dir), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return jobs / only_job_id(jobs)
@@ -75,15 +84,52 @@ def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrup
     assert losses(run_dir) == losses(reference)
     text = launcher(tmp_path / "jobs", "status", job_dir.name, check=True).stdout
     assert "attempt 3 of 3" in text and "attempt 1 at step" in text and "attempt 2 at step" in text, text
-    # Goodput: both failures' cost is at least their backoffs (1 s, then 2 s), and the parts add up.
+    # Goodput: the failures' cost is at least their backoffs (none, then 1 s), and the parts add up.
     goodput = json.loads(launcher(tmp_path / "jobs", "status", "--json", job_dir.name, check=True).stdout)[
         "goodput"
     ]
-    assert goodput["failures"] == 2 and goodput["lost_s"] > 1 + 2 and 0 < goodput["ratio"] < 1, goodput
+    assert (
+        goodput["failures"] == 2
+        and goodput["steps_redone"][0] >= 12 - 10
+        and goodput["lost_s"] > 0 + 1
+        and 0 < goodput["ratio"] < 1
+    ), goodput
     parts = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s")
     assert abs(sum(goodput[k] for k in parts) - goodput["wall_s"]) < 1e-6 * goodput["wall_s"], goodput
     assert "lost" in text and "to 2 failures" in text, text
     assert processes_of(job_dir.name) == []
+
+
+def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is_on_disk(
+    prepared_data, tmp_path: Path
+) -> None:
+    """No checkpoint before step 100, a snapshot in host memory every 10 steps: rank 1 SIGKILLed past
+    step 16, the next attempt goes on from the newest snapshot, and every later loss is the reference's."""
+    reference = tmp_path / "reference"
+    ref = _submit(tmp_path / "ref-jobs", reference, prepared_data)
+    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
+
+    run_dir = tmp_path / "run"
+    job_dir = _submit(
+        tmp_path / "jobs", run_dir, prepared_data, "--retries", "1", extra=["--checkpoint-interval", "100"]
+    )
+    snapshots = job_snapshots(job_dir.name)
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=16)
+    wait_for(lambda: list(snapshots.glob("*/ckpt-*.pt")), 60, "the snapshot of step 10 in memory")
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    assert final is not None and final.state == "succeeded", final
+    logs = (job_dir / "node-0.log").read_text() + (job_dir / "node-1.log").read_text()
+    resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", logs)
+    assert resumed is not None, logs[-3000:]
+    first = Attempt.model_validate_json((job_dir / "attempts" / "1" / "attempt.json").read_text())
+    assert first.step is not None and int(resumed[1]) >= 10 and first.step - int(resumed[1]) < 20, first
+    # On disk only the last step's checkpoint (two are kept): there was none to resume from.
+    assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{STEPS:08d}.pt"]
+    steps = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]
+    assert steps == list(range(1, STEPS + 1))
+    assert losses(run_dir) == losses(reference)  # bit for bit
+    assert not snapshots.exists()  # the job ended: its snapshots are gone from memory
 
 
 def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp_path: Path) -> None:
@@ -96,15 +142,26 @@ def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp
     assert [a.number for a in final.attempts] == [1] and not (job_dir / "attempts" / "2").exists()
 
 
-def test_a_cancel_during_the_backoff_ends_the_job_and_nothing_starts(prepared_data, tmp_path: Path) -> None:
+def test_the_first_retry_starts_at_once_and_a_cancel_during_the_next_backoff_ends_the_job(
+    prepared_data, tmp_path: Path
+) -> None:
     jobs = tmp_path / "jobs"
-    job_dir = _submit(jobs, tmp_path / "run", prepared_data, "--retries", "1", "--retry-backoff-s", "600",
-                      env={"GPTLAUNCH_FAULT": "1:3"})  # fmt: skip
-    wait_for(lambda: "starts in 600 s" in _status(job_dir)["message"], 120, "the backoff")
+    job_dir = _submit(jobs, tmp_path / "run", prepared_data, "--retries", "2", "--retry-backoff-s", "600")
+    heartbeats = [job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)]
+    for attempt, step in (("1", 2), ("2", 6)):  # two failures, at different steps: both are retried
+        beats = wait_for_steps(heartbeats, step=step)
+        os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+        ended = job_dir / "attempts" / attempt
+        wait_for(ended.is_dir, 120, f"attempt {attempt} to end")
+    first, second = (
+        Attempt.model_validate_json((job_dir / "attempts" / k / "attempt.json").read_text()) for k in "12"
+    )
+    assert first.cleaned_at is not None and second.started_at - first.cleaned_at < 60  # not 600 s later
+    wait_for(lambda: "attempt 3 of 3 starts in 600 s" in _status(job_dir)["message"], 120, "the backoff")
     cancel = launcher(jobs, "cancel", job_dir.name)
     assert cancel.returncode == 0, cancel.stderr
     status = _status(job_dir)
     assert (
-        status["state"] == "cancelled" and "cancelled before attempt 2 of 2 started" in status["message"]
+        status["state"] == "cancelled" and "cancelled before attempt 3 of 3 started" in status["message"]
     ), status
-    assert processes_of(job_dir.name) == [] and not (job_dir / "node-0.log").exists()  # no attempt 2
+    assert processes_of(job_dir.name) == [] and not (job_dir / "node-0.log").exists()  # no attempt 3

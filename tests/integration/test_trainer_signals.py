@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import time
 from pathlib import Path
 
 from tests.integration.conftest import FAST, losses, run
+from trainer.checkpoint import list_checkpoints, load
+from trainer.saver import SLOW_WRITE_ENV
 
 
 def test_sigusr2_checkpoints_at_a_step_boundary_and_exits_75(prepared_data, tmp_path: Path) -> None:
@@ -82,3 +85,40 @@ def test_a_second_run_on_the_same_run_dir_is_refused(prepared_data, tmp_path: Pa
         proc = run([sys.executable, "-m", "trainer.cli", "train", *prepared_data, "--run-dir", str(run_dir)])
     assert proc.returncode == 2 and "in use by another run" in proc.stderr
     assert sorted(p.name for p in run_dir.iterdir()) == [".run.lock"]
+
+
+def test_a_stop_while_a_checkpoint_is_written_in_the_background_exits_75_with_a_complete_one(
+    prepared_data, tmp_path: Path
+) -> None:
+    """A SIGTERM while the background write of a checkpoint is in flight (held open by the slow-disk
+    drill): the stop waits for it, writes its own, exits 75, and the run resumes from it bit for bit."""
+    common = [*prepared_data, *FAST, "--dropout", "0.1", "--max-steps", "20", "--checkpoint-interval", "10"]
+    common += ["--eval-interval", "100"]
+    train = [sys.executable, "-m", "trainer.cli", "train", *common, "--run-dir"]
+    straight = run([*train, str(tmp_path / "straight")])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run_dir = tmp_path / "stopped"
+    env = os.environ | {SLOW_WRITE_ENV: "3"}
+    proc = subprocess.Popen(
+        [*train, str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(run_dir.glob(".ckpt-*.tmp")):  # the write of step 10 is in flight
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    stop_step = max(losses(run_dir))
+    assert f"stop signal: checkpoint saved at step {stop_step}" in out
+    saved = [load(p)["step"] for p in list_checkpoints(run_dir)]  # both complete, none left half-written
+    assert saved == [10, stop_step] and stop_step > 10 and not list(run_dir.glob(".ckpt-*"))
+
+    again = run([*train, str(run_dir)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    expected, got = losses(tmp_path / "straight"), losses(run_dir)
+    assert [got[s] for s in range(stop_step + 1, 21)] == [expected[s] for s in range(stop_step + 1, 21)]

@@ -44,7 +44,7 @@ def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeyp
     record.update_status(attempts=[ended])
     (line,) = _said(announcer)
     assert line.startswith("launcher: attempt 1 at step 32: ") and "rank 1" in line, line
-    assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts in 10 s"), line
+    assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts now"), line
     assert _said(announcer) == []  # said once; attempt 1's beat is not the next attempt's
     beats[0] = [dataclasses.replace(_beat(110.0, 0), phase="startup")]
     assert _said(announcer) == []  # starting up: its checkpoint is not loaded yet

@@ -19,10 +19,11 @@ def test_a_failed_attempt_costs_the_gap_to_the_next_first_step_and_the_steps_red
     g = account([first, second], wall_s=200)
     assert g.training_s == (12 - 12 * 2 / 12) + 20  # 2 of attempt 1's 12 steps were redone
     assert g.lost_s == 2 + (178 - 100)  # the redone steps, and its last beat → the next first step
-    assert (g.startup_s, g.checkpoint_s, g.eval_s, g.failures) == (5, 1, 2, 1)
+    assert (g.startup_s, g.checkpoint_s, g.eval_s, g.failures, g.steps_redone) == (5, 1, 2, 1, [2])
     assert g.other_s == 200 - (30 + 80 + 5 + 1 + 2)
     assert g.describe().startswith(
-        "goodput 15%: 30 s training of 3 min 20 s; start-up 5 s; lost 1 min 20 s to 1 failure"
+        "goodput 15%: 30 s training of 3 min 20 s; start-up 5 s; lost 1 min 20 s to 1 failure (2 steps "
+        "redone); checkpoint stalls 1 s"
     )
 
 

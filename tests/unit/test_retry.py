@@ -64,9 +64,9 @@ def test_spares_keep_the_hostfile_order_and_skip_the_jobs_hosts_and_the_named_on
     assert spares(pool, current=pool[:4], avoid={"h5", "h6"}) == []
 
 
-def test_the_backoff_doubles_up_to_its_cap() -> None:
-    assert [backoff_s(10, k) for k in (1, 2, 3)] == [10, 20, 40]
-    assert backoff_s(10, 30) == MAX_BACKOFF_S and backoff_s(600, 2) == 600  # a longer base is kept
+def test_the_first_retry_starts_at_once_and_the_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(10, k) for k in (1, 2, 3, 4)] == [0, 10, 20, 40]
+    assert backoff_s(10, 30) == MAX_BACKOFF_S and backoff_s(600, 3) == 600  # a longer base is kept
 
 
 def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:

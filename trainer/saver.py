@@ -1,0 +1,132 @@
+"""Checkpoints that do not stall training: rank 0 copies the state to host memory and a background
+thread writes it.
+
+The copy is torch's own ``DefaultStager`` (``torch.distributed.checkpoint.staging``): on CUDA into
+pinned host buffers with a non-blocking copy, on the CPU into buffers of its own; it keeps the buffers
+from one save to the next, so the copy allocates nothing after the first. The write is
+``checkpoint.save`` as before (a temporary file, fsynced, renamed into place, the directory fsynced):
+a crash mid-write leaves the previous checkpoint whole, and what a retry resumes is always complete.
+
+One write at a time: a save that comes while the previous one is still writing waits for it (and
+``SaveTimes.waited_s`` says how long), so no checkpoint is ever skipped. A blocking save (a stop on
+SIGTERM/SIGUSR2, the last step, ``--no-async-checkpoints``) waits for any write in flight, then writes
+before it returns: exit 75 always comes after a complete checkpoint on disk.
+
+Why not ``torch.distributed.checkpoint.async_save``: it writes a directory of shards committed by its
+``.metadata`` file, not one file renamed into place, and every reader of a checkpoint here (``--resume
+PATH``, the stop marker, the launcher's copies of node-local run dirs, ``trainer sample``) reads one
+file with ``torch.load(weights_only=True)``. Under DDP the state is the same on every rank, so its
+sharding would not spread the write either: rank 0 would write it all, as here.
+
+A failed background write (a full disk) raises its OSError at the next save, or when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from trainer import checkpoint
+
+# Failure drill (as ``GPTLAUNCH_FAULT``): seconds each background write holds its temporary file open
+# before the rename, as a slow disk would. The tests stop a run while a save is in flight with it.
+SLOW_WRITE_ENV = "GPTLAUNCH_SLOW_CHECKPOINT_S"
+
+
+@dataclass(frozen=True)
+class SaveTimes:
+    """What one save cost the training loop."""
+
+    step: int
+    path: Path  # where the checkpoint is (or will be, once a background write ends)
+    stall_s: float  # seconds the loop waited: ``waited_s``, the copy, and (blocking) the write
+    waited_s: float  # of ``stall_s``: seconds waiting for the previous save still writing
+    nbytes: int  # bytes of tensors in the state
+    background: bool  # the write goes on after ``save`` returned
+
+
+class Saver:
+    """Rank 0's checkpoint writer for ``run_dir``, keeping the newest ``keep`` checkpoints. A context
+    manager: leaving it waits for the write in flight."""
+
+    def __init__(self, run_dir: Path, keep: int, device: torch.device) -> None:
+        self.run_dir, self.keep = run_dir, keep
+        cuda = device.type == "cuda"
+        # Synchronous staging: the copy is what the loop waits for, then the state may change again.
+        options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self._stager = DefaultStager(options)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._writing: Future[Path] | None = None
+
+    def save(self, state: dict[str, Any], step: int, *, blocking: bool) -> SaveTimes:
+        """Save ``state`` as the checkpoint of ``step``. Returns once it is copied to host memory (or,
+        ``blocking``, written). Raises OSError when this write (blocking) or the previous background
+        write failed."""
+        t0 = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - t0
+        nbytes = tensor_bytes(state)
+        if blocking:
+            path = checkpoint.save(state, self.run_dir, step, self.keep)
+        else:
+            staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
+            path = checkpoint.checkpoint_path(self.run_dir, step)
+            self._writing = self._pool.submit(self._write, staged, step)
+        stall = time.perf_counter() - t0
+        return SaveTimes(step, path, stall, waited, nbytes, background=not blocking)
+
+    def in_flight(self) -> bool:
+        """Whether a background write is still going on."""
+        return self._writing is not None and not self._writing.done()
+
+    def wait(self) -> Path | None:
+        """Wait for the write in flight, if any. Returns its checkpoint's path (None when there was
+        none); raises its OSError."""
+        writing, self._writing = self._writing, None
+        return writing.result() if writing is not None else None
+
+    def _write(self, staged: dict[str, Any], step: int) -> Path:
+        hold_s = float(os.environ.get(SLOW_WRITE_ENV) or 0)
+        return checkpoint.save(staged, self.run_dir, step, self.keep, hold_s=hold_s)
+
+    def close(self) -> None:
+        """Wait for the write in flight, then end the writer thread. Raises that write's OSError."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._stager.close()
+
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()  # a failed write is this run's error
+            return
+        with contextlib.suppress(OSError):  # the run's own error comes first
+            self.close()  # a complete checkpoint, or none: never half of one
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes held by the tensors in a checkpoint's nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
