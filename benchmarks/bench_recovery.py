@@ -8,7 +8,7 @@ attempt:
 
 - detection: the kill → the supervisor knows the attempt failed (torchrun reports the dead worker);
 - teardown: → every process of the attempt is gone and the next nodes are chosen;
-- backoff: ``--retry-backoff-s`` (the wait before the next attempt);
+- backoff: the wait before the next attempt (none before the first retry: ``launcher.job.retry``);
 - start-up: → the next attempt's first step is done (interpreter, data, rendezvous, resume from the
   checkpoint);
 - recompute: → the next attempt is back at the step the failed one had reached (the steps since the
@@ -43,6 +43,7 @@ from procs import BenchError, child_env, log
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
+from launcher.job.retry import backoff_s
 from launcher.schedulers.local.scheduler import LocalScheduler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,11 +105,12 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     status = wait_terminal(LocalScheduler(), JobRecord(job_dir), 600, poll_s=0.2)
     if status is None or status.state != "succeeded":
         raise BenchError(f"{job_dir}: did not succeed: {status}")
-    restart = attempt.cleaned_at + args.retry_backoff_s
+    backoff = backoff_s(args.retry_backoff_s, attempt.number)  # none before the first retry
+    restart = attempt.cleaned_at + backoff
     parts = {
         "detection": attempt.ended_at - killed,
         "teardown": attempt.cleaned_at - attempt.ended_at,
-        "backoff": args.retry_backoff_s,
+        "backoff": backoff,
         "start-up": first[0] - restart,
         "recompute": reached[0] - first[0],
     }

@@ -36,10 +36,13 @@ RUN_DIR_ENV = "GPTLAUNCH_RUN_DIR"  # the job's run dir: where a program's checkp
 RESUME_ARGS_ENV = "GPTLAUNCH_RESUME_ARGS"  # JSON list: a program's arguments from the second attempt on
 ATTEMPT_ENV = "GPTLAUNCH_ATTEMPT"  # the job's attempt that started this process: 1, 2, ... (retries)
 
-# In-memory snapshots of a job's training state (tmpfs: host memory), one directory per job (the
-# launcher's job id, or torchrun's rendezvous id), then one per run dir: the launcher removes a job's
-# when it ends for good, without knowing its run dirs.
-SNAPSHOT_ROOT = Path("/dev/shm/gptlaunch")
+RETRIES_ENV = "GPTLAUNCH_RETRIES"  # the job's --retries (set when > 0): a later attempt may resume
+
+# In-memory snapshots of a job's training state (tmpfs: host memory), one directory per user (mode
+# 0700: another user's snapshots are neither read nor in the way), then per job (the launcher's job id,
+# or torchrun's rendezvous id), then per run dir: the launcher removes a job's when it ends for good,
+# without knowing its run dirs.
+SNAPSHOT_ROOT = Path(f"/dev/shm/gptlaunch-{os.getuid()}")
 
 
 def job_snapshots(job_id: str) -> Path:

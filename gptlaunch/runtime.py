@@ -47,6 +47,7 @@ from gptlaunch.contract import (
     EXIT_USAGE,
     HEARTBEAT_DIR_ENV,
     JOB_ID_ENV,
+    RETRIES_ENV,
     RUN_DIR_ENV,
     clear_stop_marker,
     job_snapshots,
@@ -123,6 +124,20 @@ def checkpoint_dir() -> Path | None:
     """The job's run dir, where checkpoints should be written (None under bare torchrun)."""
     value = os.environ.get(RUN_DIR_ENV) if launched() else None
     return Path(value) if value else None
+
+
+def may_retry() -> bool:
+    """Whether another attempt may follow a failure of this one, and resume where it stopped: the
+    launcher's ``--retries`` not used up, or torchrun's ``--max-restarts``."""
+    if launched():
+        return attempt() <= int(os.environ.get(RETRIES_ENV) or 0)
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) > 0
+
+
+def retried() -> bool:
+    """Whether this attempt follows a failed one of the same job: a retry or requeue by the launcher,
+    or a restart by torchrun (``--max-restarts``)."""
+    return resumed() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
 
 
 def snapshot_dir(run_dir: Path) -> Path:

@@ -111,15 +111,15 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
 
 
 def _snapshots(cfg: TrainConfig, env: DistEnv, device: torch.device) -> snapshot.Snapshots | None:
-    """This rank's writer of its host's snapshots: on the lowest rank of each host, when snapshots are
-    on and the host has shared memory (None elsewhere). Drops the host's snapshots of earlier runs of
-    this run dir. Collective."""
+    """This rank's keeper of its host's snapshots: on the lowest rank of each host, when snapshots are
+    on, another attempt may follow a failure (``runtime.may_retry``) and the host has shared memory
+    (None elsewhere). Drops the host's snapshots of this run dir by earlier jobs, and the partial
+    writes of a keeper that was killed. Collective."""
     hosts = distributed.all_gather_object(socket.gethostname())
-    if cfg.snapshot_interval == 0 or env.rank not in snapshot.writers(hosts) or not snapshot.SHM.is_dir():
+    wanted = cfg.snapshot_interval > 0 and runtime.may_retry() and snapshot.SHM.is_dir()
+    if not wanted or env.rank not in snapshot.writers(hosts):
         return None
-    directory = runtime.snapshot_dir(cfg.run_dir)
-    snapshot.drop_others(directory)
-    return snapshot.Snapshots(directory, device)
+    return snapshot.Snapshots(runtime.snapshot_dir(cfg.run_dir), device)
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -174,7 +174,7 @@ def _checkpoint_to_resume(
     found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
     path = distributed.broadcast_object(found)
     memory = None
-    if cfg.resume == "auto" and cfg.snapshot_interval:  # a host's snapshot, when newer than the disk's
+    if cfg.resume == "auto" and runtime.retried():  # a host's snapshot, when newer than the disk's
         disk_step = checkpoint.step_of(path) if path is not None else None
         memory = snapshot.from_memory(runtime.snapshot_dir(cfg.run_dir), env.rank, disk_step)
     if memory is None and path is None:

@@ -18,7 +18,8 @@ PATH``, the stop marker, the launcher's copies of node-local run dirs, ``trainer
 file with ``torch.load(weights_only=True)``. Under DDP the state is the same on every rank, so its
 sharding would not spread the write either: rank 0 would write it all, as here.
 
-A failed background write (a full disk) raises its OSError at the next save, or when the run ends.
+A failed background write (a full disk) raises its OSError at the next save, or when the run ends;
+a blocking save (a stop's) is tried all the same, with a warning.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from trainer import checkpoint
+from trainer.console import warn
 
 # Failure drill (as ``GPTLAUNCH_FAULT``): seconds each background write holds its temporary file open
 # before the rename, as a slow disk would. The tests stop a run while a save is in flight with it.
@@ -73,10 +75,16 @@ class Saver:
 
     def save(self, state: dict[str, Any], step: int, *, blocking: bool) -> SaveTimes:
         """Save ``state`` as the checkpoint of ``step``. Returns once it is copied to host memory (or,
-        ``blocking``, written). Raises OSError when this write (blocking) or the previous background
-        write failed."""
+        ``blocking``, written). Raises OSError when the previous background write failed, or this
+        blocking one (a blocking save is tried all the same after the previous write failed, with a
+        warning: the checkpoint of a stop must not be lost to an earlier one)."""
         t0 = time.perf_counter()
-        self.wait()
+        try:
+            self.wait()
+        except OSError as e:
+            if not blocking:
+                raise
+            warn(f"the checkpoint written before this one failed: {e}")
         waited = time.perf_counter() - t0
         nbytes = tensor_bytes(state)
         if blocking:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from gptlaunch.contract import SNAPSHOT_ROOT
 from trainer import checkpoint, distributed
 from trainer.console import warn
 from trainer.errors import CheckpointError
@@ -50,18 +51,26 @@ class Snapshots:
 
     def __init__(self, directory: Path, device: torch.device) -> None:
         self.directory = directory
-        self._saver: Saver | None = Saver(directory, 1, device)
+        self._saver: Saver | None = None
+        try:
+            SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
+            drop_others(directory)
+            checkpoint.remove_partial_saves(directory)
+        except OSError as e:
+            warn(f"no snapshots in memory for this run: {e}")
+            return
+        self._saver = Saver(directory, 1, device)
 
     def keep(self, state: dict[str, Any], step: int) -> None:
         """Snapshot ``state`` as the one of ``step``, written in the background."""
         if self._saver is None:
             return
-        needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
-        if needed > free:
-            return self._off(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
         try:
+            needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
+            if needed > free:
+                return self._off(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
             self._saver.save(state, step, blocking=False)
-        except OSError as e:  # the previous snapshot's write failed
+        except Exception as e:  # best effort: the previous write failed, no room, no permission
             self._off(str(e))
 
     def _off(self, why: str) -> None:
@@ -102,7 +111,11 @@ class Offer:
 
 
 def my_offer(directory: Path) -> Offer:
-    found = checkpoint.list_checkpoints(directory)
+    """This host's snapshot (its step None when there is none, or it cannot be read)."""
+    try:
+        found = checkpoint.list_checkpoints(directory)
+    except OSError:
+        found = []
     return Offer(socket.gethostname(), checkpoint.step_of(found[-1]) if found else None)
 
 

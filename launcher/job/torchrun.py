@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RUN_DIR_ENV
+from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec
 
@@ -102,14 +102,15 @@ def node_agents(
 def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: str) -> dict[str, str]:
     """The environment every node's torchrun agent (and so every rank) gets from the Plan: the
     network settings, the thread count (None: torchrun's default), the job id that marks the job's
-    processes, the run dir (``gptlaunch.runtime.checkpoint_dir``) and the rank prefix of every worker
-    line."""
+    processes, the run dir (``gptlaunch.runtime.checkpoint_dir``), the retries (``runtime.may_retry``)
+    and the rank prefix of every worker line."""
     return {
         "PYTHONUNBUFFERED": "1",
         **spec.network.as_env(),
         **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
         JOB_ID_ENV: job_id,
         RUN_DIR_ENV: run_dir,
+        **({RETRIES_ENV: str(spec.retries)} if spec.retries else {}),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_LINE_PREFIX,
         # Seconds torchrun lets workers checkpoint after forwarding a signal, before SIGKILL. The
         # variable behind --shutdown-timeout, not the flag: torch 2.11 (seen on an H200 machine) has no

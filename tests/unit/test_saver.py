@@ -3,6 +3,7 @@ one write at a time, and a failed write is not lost."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,19 +26,29 @@ def _state() -> dict:
     }
 
 
-def test_a_background_save_keeps_the_state_as_it_was_when_save_returned(tmp_path: Path) -> None:
+def test_a_background_save_keeps_the_state_as_it_was_when_save_returned(tmp_path: Path, monkeypatch) -> None:
+    # The write waits until the state has changed, as the next optimizer step changes it in place.
+    changed, real_save = threading.Event(), checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda *a, **k: changed.wait(10) and real_save(*a, **k))
     state = _state()
     before = {k: v.clone() for k, v in state["model"].items()}
     with Saver(tmp_path, keep=2, device=torch.device("cpu")) as saver:
         times = saver.save(state, 3, blocking=False)
-        for tensor in state["model"].values():  # the next optimizer step changes them in place
+        assert saver.in_flight()
+        for tensor in state["model"].values():
             tensor.add_(1.0)
+        changed.set()
         assert saver.wait() == times.path == checkpoint.checkpoint_path(tmp_path, 3)
     saved = torch.load(times.path, weights_only=True)
     assert all(torch.equal(saved["model"][k], v) for k, v in before.items())
-    assert times.background and times.nbytes == sum(
-        t.numel() * t.element_size() for t in [*before.values(), state["rng"][0]]
-    ) + sum(t.numel() * t.element_size() for s in state["optimizer"]["state"].values() for t in s.values())
+    assert times.background and times.nbytes == sum(t.numel() * t.element_size() for t in _tensors(state))
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [t for v in items for t in _tensors(v)]
 
 
 def test_a_save_waits_for_the_previous_write_and_both_are_kept(tmp_path: Path, monkeypatch) -> None:
@@ -61,3 +72,20 @@ def test_a_failed_background_write_is_raised_at_the_next_save(tmp_path: Path) ->
         saver.save(_state(), 20, blocking=False)
     with saver:  # nothing left in flight: leaving it raises nothing
         pass
+
+
+def test_a_blocking_save_is_written_even_after_the_previous_write_failed(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    real_save = checkpoint.save
+
+    def full_at_step_10(state: dict, run_dir: Path, step: int, keep: int, hold_s: float = 0.0) -> Path:
+        if step == 10:
+            raise OSError(28, "No space left on device")
+        return real_save(state, run_dir, step, keep, hold_s)
+
+    monkeypatch.setattr(checkpoint, "save", full_at_step_10)
+    with Saver(tmp_path, keep=2, device=torch.device("cpu")) as saver:
+        saver.save(_state(), 10, blocking=False)
+        stop = saver.save(_state(), 11, blocking=True)  # a stop's: not lost to the failed one
+    assert stop.path.is_file() and "No space left on device" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gptlaunch import runtime
-from gptlaunch.contract import JOB_ID_ENV, SNAPSHOT_ROOT, job_snapshots
+from gptlaunch.contract import ATTEMPT_ENV, JOB_ID_ENV, RETRIES_ENV, SNAPSHOT_ROOT, job_snapshots
 from trainer import checkpoint, snapshot
 from trainer.snapshot import Offer, Snapshots, drop, drop_others, from_memory, source, writers
 
@@ -87,3 +87,26 @@ def test_snapshots_are_best_effort_a_full_memory_or_a_failed_write_turns_them_of
     with Snapshots(taken, torch.device("cpu")) as failing:  # leaving it raises nothing
         failing.keep(state, 10)
     assert "the last snapshot in memory could not be written" in capsys.readouterr().err
+
+
+def test_snapshots_are_kept_only_when_a_retry_may_follow_and_read_only_by_a_retry(monkeypatch) -> None:
+    for name in (
+        JOB_ID_ENV,
+        ATTEMPT_ENV,
+        RETRIES_ENV,
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RESTART_COUNT",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert not runtime.may_retry() and not runtime.retried()  # a plain run: a stale snapshot is never read
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    assert runtime.may_retry() and not runtime.retried()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert runtime.retried()
+    monkeypatch.setenv(JOB_ID_ENV, "gpt-1")  # the launcher's --retries 1: attempts 1 and 2
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    monkeypatch.setenv(ATTEMPT_ENV, "1")
+    assert runtime.may_retry() and not runtime.retried()
+    monkeypatch.setenv(ATTEMPT_ENV, "2")
+    assert not runtime.may_retry() and runtime.retried()  # the last attempt keeps none
