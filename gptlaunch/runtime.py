@@ -126,6 +126,18 @@ def checkpoint_dir() -> Path | None:
     return Path(value) if value else None
 
 
+def whole_lines() -> None:
+    """Make this process's stdout and stderr write each line whole, in one write. Under
+    ``PYTHONUNBUFFERED`` (which the launcher sets) ``print`` writes the text and its newline apart,
+    and torchrun's tail of a worker's output, which prefixes each line with its rank, can read in
+    between: the line then ends with the next line's prefix (``...precision)[rank1]:``), and two
+    ranks' same line no longer reads the same. Line buffering keeps each line to one write."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a replaced stream may not have it
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def may_retry() -> bool:
     """Whether another attempt may follow a failure of this one, and resume where it stopped: the
     launcher's ``--retries`` not used up, or torchrun's ``--max-restarts``."""

@@ -31,6 +31,7 @@ def main(argv: list[str]) -> None:
     if len(argv) <= target_at:
         sys.exit(f"{USAGE}\ngptlaunch.shim: no program given")
     target, args = argv[target_at], argv[target_at + 1 :]
+    runtime.whole_lines()
     if runtime.resumed():
         args += json.loads(os.environ.get(RESUME_ARGS_ENV, "[]"))
     runtime.watch()

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
+from gptlaunch import runtime
 from gptlaunch.exits import exit_code, exit_now
 from gptlaunch.runtime import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from trainer.errors import USER_ERRORS, TrainingError
@@ -57,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _entry() -> NoReturn:
+    runtime.whole_lines()  # each line one write: torchrun's rank prefix never lands mid-line
     try:
         code = main()
     except SystemExit as e:  # argparse's usage errors and --help

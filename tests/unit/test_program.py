@@ -104,6 +104,19 @@ def test_the_shim_runs_the_script_as_python_would_with_its_exit_code(tmp_path: P
     assert failed.returncode == 1 and "ValueError: the script's own error" in failed.stderr
 
 
+def test_the_shim_writes_each_line_whole_even_unbuffered(tmp_path: Path) -> None:
+    # print's text and newline in one write: torchrun's rank prefix cannot land between them.
+    script = tmp_path / "streams.py"
+    script.write_text(
+        "import sys\nfor s in (sys.stdout, sys.stderr): print(s.line_buffering, s.write_through)\n"
+    )
+    argv = [sys.executable, "-m", "gptlaunch.shim", str(script)]
+    ran = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONUNBUFFERED": "1"}
+    )
+    assert ran.stdout.splitlines() == ["True False", "True False"], ran.stdout + ran.stderr
+
+
 def test_the_shim_adds_the_resume_args_from_the_second_attempt_on(tmp_path: Path) -> None:
     env = {JOB_ID_ENV: "j", RESUME_ARGS_ENV: json.dumps(["--init_from=resume"])}
     first = _shim(tmp_path, "0", env=env | {ATTEMPT_ENV: "1"})
