@@ -49,6 +49,7 @@ from gptlaunch.contract import (
     JOB_ID_ENV,
     RETRIES_ENV,
     RUN_DIR_ENV,
+    SNAPSHOT_ROOT,
     clear_stop_marker,
     job_snapshots,
     write_stop_marker,
@@ -60,6 +61,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "SNAPSHOT_ROOT",
     "attempt",
     "beat",
     "checkpoint_dir",
@@ -67,11 +69,15 @@ __all__ = [
     "exit_checkpointed",
     "flush",
     "launched",
+    "may_retry",
     "phase",
     "resumed",
     "resumed_from",
+    "retried",
+    "snapshot_dir",
     "stop_requested",
     "watch",
+    "whole_lines",
 ]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # SIGUSR2: SLURM's usual warning before a time limit

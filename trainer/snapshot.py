@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from gptlaunch.contract import SNAPSHOT_ROOT
+from gptlaunch import runtime
 from trainer import checkpoint, distributed
 from trainer.console import warn
 from trainer.errors import CheckpointError
@@ -53,7 +53,7 @@ class Snapshots:
         self.directory = directory
         self._saver: Saver | None = None
         try:
-            SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
+            runtime.SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
             drop_others(directory)
             checkpoint.remove_partial_saves(directory)
         except OSError as e:
