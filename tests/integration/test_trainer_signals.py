@@ -7,11 +7,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.conftest import FAST, losses, run
 from trainer.checkpoint import list_checkpoints, load
 from trainer.saver import SLOW_WRITE_ENV
+
+
+def _signal_once(proc: subprocess.Popen[str], sig: signal.Signals, ready: Callable[[], object]) -> str:
+    """Send ``sig`` to the running trainer ``proc`` once ``ready()`` (polled every 50 ms, at most
+    120 s); its whole output once it exited."""
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        return proc.communicate(timeout=60)[0]
+    finally:
+        proc.kill()
 
 
 def test_sigusr2_checkpoints_at_a_step_boundary_and_exits_75(prepared_data, tmp_path: Path) -> None:
@@ -33,15 +48,9 @@ def test_sigusr2_checkpoints_at_a_step_boundary_and_exits_75(prepared_data, tmp_
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not ((run_dir / "metrics.jsonl").is_file() and losses(run_dir)):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGUSR2)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out = _signal_once(
+        proc, signal.SIGUSR2, lambda: (run_dir / "metrics.jsonl").is_file() and losses(run_dir)
+    )
     assert proc.returncode == 75, out[-3000:]
     (ckpt,) = run_dir.glob("ckpt-*.pt")
     assert int(ckpt.stem.split("-")[1]) == max(losses(run_dir))
@@ -103,15 +112,7 @@ def test_a_stop_while_a_checkpoint_is_written_in_the_background_exits_75_with_a_
     proc = subprocess.Popen(
         [*train, str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not list(run_dir.glob(".ckpt-*.tmp")):  # the write of step 10 is in flight
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out = _signal_once(proc, signal.SIGTERM, lambda: list(run_dir.glob(".ckpt-*.tmp")))  # step 10's write
     assert proc.returncode == 75, out[-3000:]
     stop_step = max(losses(run_dir))
     assert f"stop signal: checkpoint saved at step {stop_step}" in out
