@@ -51,11 +51,12 @@ class Run:
     snapshots: snapshot.Snapshots | None  # this host's snapshots in memory (None: not kept by this rank)
 
 
-def check_same_tokenizer(manifest: Manifest) -> None:
+def check_same_tokenizer(manifest: Manifest) -> list[str]:
     """Every rank encodes with the same tokenizer. Nodes whose run dirs no other node sees (hosts that
     share no file system) each prepare their own data: text that differs between them, or another
     ``tokenizers`` version, would make ranks train on different token ids without an error. Collective.
-    Raises DataError naming each rank's host and tokenizer sha256, and the fix."""
+    Returns every rank's host, in rank order. Raises DataError naming each rank's host and tokenizer
+    sha256, and the fix."""
     mine = (socket.gethostname(), manifest.tokenizer_sha256)
     found = distributed.all_gather_object(mine)
     if len({sha for _, sha in found}) > 1:
@@ -65,13 +66,14 @@ def check_same_tokenizer(manifest: Manifest) -> None:
             "text; fix: give every node the same text (and the same tokenizers version), or a --data-dir "
             "that all nodes share"
         )
+    return [host for host, _ in found]
 
 
 def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manifest) -> Run:
     """Build the model, optimizer and data, resume from a checkpoint if there is one, then wrap the
     model (DDP, compile). Collective. Raises CheckpointError / ConfigError for unusable input, DataError
     when the ranks' tokenizers differ (``check_same_tokenizer``)."""
-    check_same_tokenizer(manifest)
+    hosts = check_same_tokenizer(manifest)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -81,7 +83,7 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     autocast_dtype, needs_scaler = _precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
     batches, val_tokens = _open_data(cfg, env)
-    snapshots = _snapshots(cfg, env, device)
+    snapshots = _snapshots(cfg, env, device, hosts)
     state = _checkpoint_to_resume(cfg, env, manifest, batches, model)
     if state is not None:
         checkpoint.restore(state, model, optimizer, scaler)
@@ -110,12 +112,13 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     )
 
 
-def _snapshots(cfg: TrainConfig, env: DistEnv, device: torch.device) -> snapshot.Snapshots | None:
+def _snapshots(
+    cfg: TrainConfig, env: DistEnv, device: torch.device, hosts: list[str]
+) -> snapshot.Snapshots | None:
     """This rank's keeper of its host's snapshots: on the lowest rank of each host, when snapshots are
     on, another attempt may follow a failure (``runtime.may_retry``) and the host has shared memory
     (None elsewhere). Drops the host's snapshots of this run dir by earlier jobs, and the partial
-    writes of a keeper that was killed. Collective."""
-    hosts = distributed.all_gather_object(socket.gethostname())
+    writes of a keeper that was killed. ``hosts``: every rank's, in rank order."""
     wanted = cfg.snapshot_interval > 0 and runtime.may_retry() and snapshot.SHM.is_dir()
     if not wanted or env.rank not in snapshot.writers(hosts):
         return None
