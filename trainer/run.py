@@ -48,7 +48,7 @@ class Run:
     val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
     saver: Saver  # writes rank 0's checkpoints (in the background); a context manager
-    snapshots: snapshot.Snapshots | None  # this host's snapshots in memory (None: not kept by this rank)
+    snapshots: snapshot.Snapshots | None  # this host's snapshots in memory (None: not this rank's)
 
 
 def check_same_tokenizer(manifest: Manifest) -> list[str]:
@@ -115,14 +115,15 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
 def _snapshots(
     cfg: TrainConfig, env: DistEnv, device: torch.device, hosts: list[str]
 ) -> snapshot.Snapshots | None:
-    """This rank's keeper of its host's snapshots: on the lowest rank of each host, when snapshots are
-    on, another attempt may follow a failure (``runtime.may_retry``) and the host has shared memory
-    (None elsewhere). Drops the host's snapshots of this run dir by earlier jobs, and the partial
-    writes of a keeper that was killed. ``hosts``: every rank's, in rank order."""
-    wanted = cfg.snapshot_interval > 0 and runtime.may_retry() and snapshot.SHM.is_dir()
-    if not wanted or env.rank not in snapshot.writers(hosts):
+    """This rank's keeper of its host's snapshots: on the lowest rank of each host with shared memory
+    (None elsewhere). It keeps snapshots when they are on and another attempt may follow a failure
+    (``runtime.may_retry``); either way it drops the host's snapshots of this run dir by earlier jobs,
+    and, once the run ends, the ones a failed attempt left (a last attempt resumes from them but keeps
+    none). ``hosts``: every rank's, in rank order."""
+    if env.rank not in snapshot.writers(hosts) or not snapshot.SHM.is_dir():
         return None
-    return snapshot.Snapshots(runtime.snapshot_dir(cfg.run_dir), device)
+    keeping = cfg.snapshot_interval > 0 and runtime.may_retry()
+    return snapshot.Snapshots(runtime.snapshot_dir(cfg.run_dir), device, keeping)
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:

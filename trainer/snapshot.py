@@ -15,9 +15,11 @@ spare gets the state when the hosts share no file system).
 Where: ``gptlaunch.runtime.snapshot_dir``, one directory per job (the launcher's job id: the same for
 every attempt of a job, another for the next submit) and run dir. A host keeps the snapshots of one
 job per run dir: starting another drops the older ones, and a run that ends (succeeded, or stopped
-with its checkpoint on disk) drops its own. A job that fails for good leaves one snapshot per host,
-the size of a checkpoint, which the launcher removes on the local scheduler; elsewhere it stays until
-the next run of that run dir on that host, or a reboot.
+with its checkpoint on disk) drops its own, the last attempt's included, which keeps none. A host
+that the launcher lost drops its own (``launcher.agent.node``: a replaced host keeps nothing of the
+job). A job that fails for good leaves one snapshot per host, the size of a checkpoint, which the
+launcher removes on the local scheduler; elsewhere it stays until the next run of that run dir on that
+host, or a reboot.
 """
 
 from __future__ import annotations
@@ -44,17 +46,19 @@ HEADROOM_BYTES = 256 * 2**20  # left free in shared memory after a snapshot (NCC
 
 
 class Snapshots:
-    """This host's snapshots, kept by its lowest rank in ``directory`` (one at a time). Best effort:
-    a snapshot that does not fit in shared memory, or whose write fails, is a warning and turns
-    snapshots off for the run; the checkpoints on disk go on. A context manager: leaving it waits for
-    the write in flight."""
+    """This host's snapshots, kept by its lowest rank in ``directory`` (one at a time; none when not
+    ``keeping``: the other jobs' of the run dir are still dropped). Best effort: a snapshot that does
+    not fit in shared memory, or whose write fails, is a warning and turns snapshots off for the run;
+    the checkpoints on disk go on. A context manager: leaving it waits for the write in flight."""
 
-    def __init__(self, directory: Path, device: torch.device) -> None:
+    def __init__(self, directory: Path, device: torch.device, keeping: bool = True) -> None:
         self.directory = directory
         self._saver: Saver | None = None
         try:
-            runtime.SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
             drop_others(directory)
+            if not keeping:
+                return
+            runtime.SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
             checkpoint.remove_partial_saves(directory)
         except OSError as e:
             warn(f"no snapshots in memory for this run: {e}")

@@ -78,7 +78,8 @@ Usage: $0 up [--hosts N] | down | status | --help
 After 'up', plain 'ssh gl-h1 CMD' works for root on this machine and on every
 host (key, known_hosts and options come from $CLIENT_CONF).
 On host K, $LOCAL_MNT is a private bind mount of
-$STATE/hosts/gl-hK/local (a node-local disk). Needs root.
+$STATE/hosts/gl-hK/local (a node-local disk), and /dev/shm is its own
+(host memory). Needs root.
 
 State (keys, configs, logs, hostfile) lives in \$GPTLAUNCH_SSH_STATE (default
 /var/lib/gptlaunch-ssh). The network names are machine-wide: one set of hosts
@@ -605,16 +606,17 @@ EOF
     touch "$dir/sshd.log"
     # A private mount namespace (propagation slave: the host still sees mounts
     # made later on the machine, but its own stay private) in which the host's
-    # local dir covers $LOCAL_MNT, and a UTS namespace so that `hostname` (and
-    # torchrun's view of its own name) is gl-hK. sshd then daemonizes; every
-    # login session inherits both namespaces.
+    # local dir covers $LOCAL_MNT and a /dev/shm of its own (host memory that
+    # no other host sees: the trainer's snapshots live there), and a UTS
+    # namespace so that `hostname` (and torchrun's view of its own name) is
+    # gl-hK. sshd then daemonizes; every login session inherits both namespaces.
     # The network namespace is entered with nsenter, not `ip netns exec`: that remounts /sys for the
     # namespace, which hides /sys/fs/cgroup, and podman on the host needs the cgroup mounts.
     # shellcheck disable=SC2016,SC2094  # $1.. expand in sh; sshd appends to the log it is also told about
     (
         close_fds
         exec nsenter --net="/var/run/netns/$ns" unshare --mount --uts --propagation slave \
-            sh -c 'hostname "$1" && mount --bind "$2" "$3" && exec "$4" -f "$5" -E "$6"' \
+            sh -c 'hostname "$1" && mount --bind "$2" "$3" && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && exec "$4" -f "$5" -E "$6"' \
             sh "$ns" "$dir/local" "$LOCAL_MNT" "$SSHD" "$dir/sshd_config" "$dir/sshd.log" \
             </dev/null >>"$dir/sshd.log" 2>&1
     ) || { tail -n 5 "$dir/sshd.log" >&2; die "$ns: sshd failed to start; see $dir/sshd.log"; }

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +43,7 @@ from typing import BinaryIO
 
 import psutil
 
-from gptlaunch.contract import HEARTBEAT_DIR_ENV
+from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, job_snapshots
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
 from launcher.job.hang import HangReport
@@ -227,7 +228,19 @@ class NodeAgent:
             with contextlib.suppress(psutil.Error):
                 procs.signal_all([*psutil.Process(child.pid).children(recursive=True)], signal.SIGKILL)
             child.kill()
+            if "closed" not in why:  # cut off: the job goes on without this host, and its memory
+                self._drop_snapshots()
             return
+
+    def _drop_snapshots(self) -> None:
+        """Remove this host's in-memory snapshots of the job (``gptlaunch.contract.job_snapshots``):
+        a host the launcher lost is replaced, so nothing of the job may stay in its memory. (A closed
+        connection is not enough: the launcher also ends a surviving node that way, whose snapshot
+        the next attempt resumes from.)"""
+        job_id = self.env.get(JOB_ID_ENV)
+        if job_id:
+            shutil.rmtree(job_snapshots(job_id), ignore_errors=True)
+            self.say("agent: dropped this host's snapshots of the job from memory")
 
 
 def log_writer(out: BinaryIO) -> Callable[[str], None]:

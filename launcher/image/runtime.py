@@ -105,6 +105,9 @@ class ImageRun:
     runtime: str
     mounts: tuple[str, ...]
     env_names: tuple[str, ...]
+    # The container's working directory ("": the agent's own, as on an SSH host and in the sbatch
+    # script's srun step; a submitit task starts where `launcher submit` ran, not in the job's workdir).
+    workdir: str = ""
 
     @staticmethod
     def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -131,8 +134,9 @@ class ImageRun:
         return cls(args.image, args.runtime, tuple(args.mount), tuple(args.env_name))
 
     def container(self, name: str, mounts: Iterable[str] = ()) -> Container:
-        """The container ``name`` in the current directory, with ``mounts`` besides the flags'."""
-        return Container(self.runtime, self.image, name, (*self.mounts, *mounts), os.getcwd())
+        """The container ``name`` in ``workdir`` (default: the current directory), with ``mounts``
+        besides the flags'."""
+        return Container(self.runtime, self.image, name, (*self.mounts, *mounts), self.workdir or os.getcwd())
 
     def argv(self, container: Container, argv: list[str], env_names: Iterable[str]) -> list[str]:
         """``argv`` run in ``container`` as this user, with the flags' variables and ``env_names``."""

@@ -18,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from launcher.job.progress import recorded_beats
+from launcher.job.record import JobRecord
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
@@ -127,7 +129,10 @@ def test_the_plain_script_trains_in_two_containers(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "step 30/30" in proc.stdout and (project / "out" / "ckpt.pt").is_file()
-    assert left_of(engine, only_job_id(jobs)) == ("", "")
+    job_dir = jobs / only_job_id(jobs)
+    beats = recorded_beats(JobRecord(job_dir).plan(), job_dir)  # what `launcher status` reads
+    assert sorted((b.rank, b.step) for node in beats.values() for b in node) == [(0, 30), (1, 30)]
+    assert left_of(engine, job_dir.name) == ("", "")
 
 
 def test_a_killed_container_ends_the_job_everywhere(

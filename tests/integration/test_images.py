@@ -18,6 +18,7 @@ from gptlaunch.contract import read_beats
 from launcher.job.record import JobRecord
 from tests.integration.conftest import (
     FAST,
+    PLAIN_ARGS,
     first_hosts,
     launcher,
     logged_step,
@@ -249,5 +250,29 @@ def test_slurm_nodes_run_the_pinned_image_with_podman(
     assert [r["image_digest"] for r in reports] == [digest, digest]  # probed inside the image on both
     assert {m["world_size"] for m in metrics(run_dir) if "world_size" in m} == {2}
     assert max(losses(run_dir)) == 20
+    for node in ("n1", "n2", "n3"):
+        assert slurm_containers(node) == []
+
+
+def test_the_plain_script_runs_in_the_pinned_image_on_slurm_nodes(
+    engine: dict[str, str], pushed: dict[str, Any], wikitext_valid: Path, tmp_path: Path
+) -> None:
+    """A user's program with ``--image`` on SLURM (submitit, podman): the shim runs it in the image on
+    both nodes; its checkpoint lands in the shared workdir and its steps come back as beats."""
+    if run(["sinfo", "--noheader"], timeout=60).returncode != 0:
+        missing_component("the dev SLURM cluster is not up (deploy/slurm/dev-cluster.sh up --nodes 3)")
+    jobs, project = tmp_path / "jobs", plain_project(tmp_path, wikitext_valid)
+    flags = ["--scheduler", "slurm", "--nodes", "2", "--no-slurm-gpus", "--time", "15", "--python",
+             sys.executable, "--image", pushed["image"], "--container-runtime", "podman"]  # fmt: skip
+    proc = launcher(jobs, "submit", "--wait", *flags, "--workdir", str(project), "--", *PLAIN_ARGS,
+                    env={"DOCKER_HOST": engine["DOCKER_HOST"]}, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_dir = jobs / only_job_id(jobs)
+    assert "step 30/30" in "".join(log.read_text() for log in job_dir.glob("node-*.log"))
+    assert (project / "out" / "ckpt.pt").is_file()
+    beats = [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
+    assert sorted((b.rank, b.step) for b in beats) == [(0, 30), (1, 30)]
+    digests = {json.loads(p.read_text())["image_digest"] for p in (job_dir / "parity").glob("node-*.json")}
+    assert digests == {pushed["repo_digests"][0]}
     for node in ("n1", "n2", "n3"):
         assert slurm_containers(node) == []

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gptlaunch.contract import read_beats
 from launcher.agent.copies import MARK
 from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
@@ -170,6 +171,8 @@ def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, t
     (job_dir,) = jobs.iterdir()
     logs = "".join(log.read_text() for log in job_dir.glob("node-*.log"))
     assert "step 30/30" in logs and (project / "out" / "ckpt.pt").is_file()
+    beats = [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]  # what status reads
+    assert sorted((b.rank, b.step) for b in beats) == [(0, 30), (1, 30)]
 
 
 def test_the_rendered_sbatch_script_runs_with_plain_sbatch(prepared_data, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gptlaunch.contract import read_beats
+from gptlaunch.contract import job_snapshots, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord
@@ -384,18 +384,19 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
 
 
 def _past_step_12_with_a_spare(
-    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path, retries: int
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path, retries: int, *flags: str
 ) -> str:
-    """A detached job of 40 steps (a checkpoint every 10) on 2 of 3 hosts that share no files, with
-    ``retries``; its id once it has logged step 12 (into ``private/run`` on each host; the record and
-    the copy of the checkpoints in ``private/jobs`` and ``private/run`` here)."""
+    """A detached job of 40 steps (a checkpoint every 10, unless ``flags``, the trainer's, say else) on
+    2 of 3 hosts that share no files, with ``retries``; its id once it has logged step 12 (into
+    ``private/run`` on each host; the record and the copy of the checkpoints in ``private/jobs`` and
+    ``private/run`` here)."""
     hosts = first_hosts(hostfile, 3, tmp_path)
     run_dir, jobs = private / "run", private / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
         "--retries", str(retries), "--retry-backoff-s", "1",
         "--", *train_args(prepared_data, run_dir, 40),
-        "--checkpoint-interval", "10", "--eval-interval", "100000",
+        "--checkpoint-interval", "10", "--eval-interval", "100000", *flags,
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-3000:]
     wait_for(lambda: step_of(jobs) >= 12, 300, "step 12")
@@ -493,6 +494,59 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     ).stdout
     assert "agent: no word from the launcher for 30 s" in agent_log, agent_log[-2000:]
     print(f"\ncontinued on the spare {took:.0f} s after the link went down, from step {resumed[0]}")
+
+
+def _snapshots_on(host: str, job: str) -> list[str]:
+    """The in-memory snapshot files of ``job`` in dev host ``host``'s own /dev/shm."""
+    listed = run(["ssh", host, f"ls {job_snapshots(job)}/*/ 2>/dev/null || true"], check=True).stdout
+    return [name for name in listed.split() if name.endswith(".pt")]
+
+
+def test_rank_0s_host_is_cut_off_and_the_spare_resumes_from_the_snapshot_in_the_peers_memory(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
+) -> None:
+    """Share-nothing, each host with its own /dev/shm, no checkpoint on disk before step 100, a
+    snapshot in memory every 5 steps, 3 hosts in the hostfile, 2 nodes, --retries 1: the link of rank
+    0's host goes down past step 12. The next attempt runs on the surviving host and the spare gl-h3,
+    from the snapshot in the survivor's memory (not from step 0, and no disk holds a checkpoint), to
+    exactly --max-steps; the lost host's agent drops its snapshot, and at the end no host keeps one."""
+    run_dir, jobs = private / "run", private / "jobs"
+    flags = ("--checkpoint-interval", "100", "--snapshot-interval", "5")
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, 1, *flags)
+    names = [n.host for n in JobRecord(jobs / job).plan().nodes]
+    (lost,) = [h for h in names if (on_host(h, run_dir) / "metrics.jsonl").is_file()]  # rank 0's host
+    (survivor,) = set(names) - {lost}
+    wait_for(lambda: all(_snapshots_on(h, job) for h in names), 60, "a snapshot in each host's memory")
+    link = f"glv{lost.removeprefix('gl-h')}"
+    run(["ip", "link", "set", link, "down"], check=True)
+    try:
+
+        def logs() -> str:
+            return "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))
+
+        wait_for(lambda: "resumed from" in logs(), 120, "attempt 2's resume")
+        wait_for(lambda: not any(_on_host(p, lost) for p in processes_of(job)), 60, f"{lost}'s node to end")
+    finally:
+        run(["ip", "link", "set", link, "up"], check=True)
+    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    assert final is not None and final.state == "succeeded", final
+    (first,) = final.attempts
+    assert first.replaced == {lost: "gl-h3"}, first
+    resumed = [
+        int(step)
+        for step in re.findall(rf"resumed from the snapshot in {survivor}'s memory at step (\d+)", logs())
+    ]
+    assert resumed and resumed[0] >= 10, logs()[-3000:]
+    assert first.step is not None and first.step - resumed[0] <= 5 + 1, (
+        first,
+        resumed,
+    )  # at most ~5 steps lost
+    assert max(m["step"] for m in metrics(run_dir) if "tokens_per_s" in m) == 40
+    assert all(_snapshots_on(h, job) == [] for h in [*names, "gl-h3"])  # the lost host's included
+    print(
+        f"\nresumed from the snapshot of step {resumed[0]} in {survivor}'s memory; "
+        f"attempt 1 reached step {first.step}"
+    )
 
 
 def test_a_retry_without_the_newest_checkpoint_fails_naming_where_it_is(

@@ -73,6 +73,16 @@ def test_render_shows_the_program_on_every_node_with_its_run_dir_and_resume_args
         assert json.loads(node["env"][RESUME_ARGS_ENV]) == ["--init-from", "resume"]
 
 
+def test_the_sbatch_script_runs_the_program_through_the_shim() -> None:
+    out = _launcher(
+        "render", "--scheduler", "slurm", "--nodes", "2", "--", "examples/ddp_plain.py", "--steps", "3"
+    )
+    assert out.returncode == 0, out.stderr
+    script = " ".join(out.stdout.replace("\\\n", " ").split())  # the script's lines are wrapped
+    assert "--tee=3 -m gptlaunch.shim examples/ddp_plain.py --steps 3" in script
+    assert "trainer.cli" not in script
+
+
 def test_a_missing_script_and_resume_args_without_a_program_are_named(tmp_path: Path) -> None:
     missing = _launcher("render", "--", "nope.py", cwd=tmp_path)
     assert missing.returncode == 2 and "nope.py is not a file in the working directory" in missing.stderr

@@ -52,6 +52,15 @@ def test_a_new_job_drops_the_old_jobs_snapshots_of_its_run_dir_only(tmp_path: Pa
     assert not (tmp_path / "job-2").exists() and (tmp_path / "job-1").is_dir()
 
 
+def test_a_keeper_that_keeps_none_writes_nothing_but_still_drops_the_older_jobs(tmp_path: Path) -> None:
+    """The last attempt of a job: it may resume from a snapshot but keeps none (no retry follows)."""
+    old, mine = tmp_path / "job-1" / "run", tmp_path / "job-2" / "run"
+    old.mkdir(parents=True)
+    with Snapshots(mine, torch.device("cpu"), keeping=False) as last:
+        last.keep({"step": 10, "model": {"w": torch.zeros(4)}}, 10)
+    assert not old.exists() and not mine.exists()
+
+
 def test_a_snapshot_newer_than_the_disk_is_loaded_and_a_broken_one_is_skipped(tmp_path: Path, capsys) -> None:
     state = {"format": checkpoint.FORMAT_VERSION, "step": 20, "model": {"w": torch.arange(4.0)}}
     checkpoint.save(state, tmp_path, 20, keep=1)

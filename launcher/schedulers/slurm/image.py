@@ -116,7 +116,7 @@ class SlurmImage:
         for the other runtimes, whose task runs in the image)."""
         if self.runtime != "podman":
             return None
-        return ImageRun(self.image, "podman", self.mounts, tuple(env_names))
+        return ImageRun(self.image, "podman", self.mounts, tuple(env_names), self.workdir)
 
     def run(self, argv: list[str], env_names: Iterable[str] = ()) -> list[str]:
         """``argv`` in the image on a node, as a step's task (podman: in a throwaway container with the
