@@ -1,6 +1,8 @@
 """``ddp_plain.py`` with the launcher's runtime API (``gptlaunch.runtime``): a few lines more, and it
 checkpoints where the job's checkpoints go, resumes on a retry by itself, and answers a cancel, a
-preemption or a time limit by checkpointing and exiting 75 (resume by submitting again)::
+preemption or a time limit by checkpointing and exiting 75 (resume by submitting again). With
+``--retries`` it also keeps a snapshot in each host's memory every 10 steps (``gptlaunch.snapshots``),
+so a retry goes on from there rather than from the last checkpoint::
 
     launcher submit --nodes 2 --retries 1 -- examples/ddp_runtime.py --data input.txt --steps 200
 
@@ -9,11 +11,15 @@ Under bare torchrun it behaves as ``ddp_plain.py`` does: every runtime call is i
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from ddp_plain import batches, build, load, parse_args, save, setup, train_step
 
 from gptlaunch import runtime
+from gptlaunch.snapshots import Snapshots
 
 
 def stop_agreed(device: torch.device) -> bool:
@@ -29,7 +35,29 @@ def main() -> None:
     device = setup()
     model, opt = build(args, device)
     step = load(out, model, opt) if runtime.resumed() or args.init_from == "resume" else 0
-    runtime.resumed_from(step)
+    with Snapshots(out, every=10, device=device) as snapshots:  # leaving it normally drops them
+        found = snapshots.resume(newer_than=step)  # on a retry: a host's snapshot newer than the disk's
+        if found is not None:
+            state, where = found
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            step = int(state["step"])
+            if dist.get_rank() == 0:
+                print(f"resumed from {where} at step {step}", flush=True)
+        runtime.resumed_from(step)
+        train(args, out, model, opt, device, step, snapshots)
+    dist.destroy_process_group()
+
+
+def train(
+    args: argparse.Namespace,
+    out: Path,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    device: torch.device,
+    step: int,
+    snapshots: Snapshots,
+) -> None:
     sampler, loader = batches(args)
     epoch = 0
     while step < args.steps:
@@ -43,10 +71,11 @@ def main() -> None:
                 runtime.exit_checkpointed(step, save(out, model, opt, step))
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save(out, model, opt, step)
+            elif snapshots.due(step):
+                snapshots.keep(step, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
             if step == args.steps:
-                break
+                return
         epoch += 1
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

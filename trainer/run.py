@@ -17,7 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptlaunch import runtime
-from trainer import checkpoint, distributed, snapshot
+from gptlaunch.snapshots import Snapshots
+from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.console import warn
 from trainer.data.batches import BatchPlan, TrainBatches
@@ -48,7 +49,7 @@ class Run:
     val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
     saver: Saver  # writes rank 0's checkpoints (in the background); a context manager
-    snapshots: snapshot.Snapshots | None  # this host's snapshots in memory (None: not this rank's)
+    snapshots: Snapshots  # the run's snapshots in the hosts' memory (``gptlaunch.snapshots``)
 
 
 def check_same_tokenizer(manifest: Manifest) -> list[str]:
@@ -83,8 +84,9 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     autocast_dtype, needs_scaler = _precision(cfg, device)
     scaler = torch.amp.GradScaler(device.type) if needs_scaler else None
     batches, val_tokens = _open_data(cfg, env)
-    snapshots = _snapshots(cfg, env, device, hosts)
-    state = _checkpoint_to_resume(cfg, env, manifest, batches, model)
+    # Kept by the lowest rank of each host when another attempt may follow; hosts already gathered.
+    snapshots = Snapshots(cfg.run_dir, cfg.snapshot_interval, device, hosts)
+    state = _checkpoint_to_resume(cfg, env, manifest, batches, model, snapshots)
     if state is not None:
         checkpoint.restore(state, model, optimizer, scaler)
     _seed_rank_stream(cfg, env, device, state)
@@ -110,20 +112,6 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
         saver=Saver(cfg.run_dir, cfg.keep_checkpoints, device),
         snapshots=snapshots,
     )
-
-
-def _snapshots(
-    cfg: TrainConfig, env: DistEnv, device: torch.device, hosts: list[str]
-) -> snapshot.Snapshots | None:
-    """This rank's keeper of its host's snapshots: on the lowest rank of each host with shared memory
-    (None elsewhere). It keeps snapshots when they are on and another attempt may follow a failure
-    (``runtime.may_retry``); either way it drops the host's snapshots of this run dir by earlier jobs,
-    and, once the run ends, the ones a failed attempt left (a last attempt resumes from them but keeps
-    none). ``hosts``: every rank's, in rank order."""
-    if env.rank not in snapshot.writers(hosts) or not snapshot.SHM.is_dir():
-        return None
-    keeping = cfg.snapshot_interval > 0 and runtime.may_retry()
-    return snapshot.Snapshots(runtime.snapshot_dir(cfg.run_dir), device, keeping)
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -168,9 +156,15 @@ def _open_data(cfg: TrainConfig, env: DistEnv) -> tuple[TrainBatches, np.memmap]
 
 
 def _checkpoint_to_resume(
-    cfg: TrainConfig, env: DistEnv, manifest: Manifest, batches: TrainBatches, model: GPT
+    cfg: TrainConfig,
+    env: DistEnv,
+    manifest: Manifest,
+    batches: TrainBatches,
+    model: GPT,
+    snapshots: Snapshots,
 ) -> dict[str, Any] | None:
-    """The checkpoint this run continues (loaded, checked against this run), or None. Collective.
+    """The checkpoint this run continues (loaded, checked against this run), or None: on a retry, a
+    host's snapshot in memory when it is newer than the newest on disk. Collective.
 
     Raises CheckpointError when it cannot continue this run (see ``checkpoint.check_resumable``).
     """
@@ -178,9 +172,8 @@ def _checkpoint_to_resume(
     found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
     path = distributed.broadcast_object(found)
     memory = None
-    if cfg.resume == "auto" and runtime.retried():  # a host's snapshot, when newer than the disk's
-        disk_step = checkpoint.step_of(path) if path is not None else None
-        memory = snapshot.from_memory(runtime.snapshot_dir(cfg.run_dir), env.rank, disk_step)
+    if cfg.resume == "auto":
+        memory = snapshots.resume(newer_than=checkpoint.step_of(path) if path is not None else None)
     if memory is None and path is None:
         return None
     state, where = memory if memory is not None else (checkpoint.load(path), str(path))
@@ -257,10 +250,10 @@ def _state(run: Run, next_step: int, rng: list[torch.Tensor], cuda_rng: list[tor
 
 def snapshot_state(run: Run, next_step: int) -> None:
     """Collective: every rank contributes its RNG state; the lowest rank of each host keeps the
-    snapshot in the host's memory, written in the background (``trainer.snapshot``)."""
+    snapshot in the host's memory, written in the background (``gptlaunch.snapshots``)."""
     rng, cuda_rng = _gather_rng(run)
-    if run.snapshots is not None:
-        run.snapshots.keep(_state(run, next_step, rng, cuda_rng), next_step)
+    if run.snapshots.writer:
+        run.snapshots.keep(next_step, _state(run, next_step, rng, cuda_rng))
 
 
 def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> SaveTimes | None:

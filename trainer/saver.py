@@ -35,6 +35,7 @@ from typing import Any, cast
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+from gptlaunch.snapshots import tensor_bytes
 from trainer import checkpoint
 from trainer.console import warn
 
@@ -127,14 +128,3 @@ class Saver:
             return
         with contextlib.suppress(OSError):  # the run's own error comes first
             self.close()  # a complete checkpoint, or none: never half of one
-
-
-def tensor_bytes(value: Any) -> int:
-    """Bytes held by the tensors in a checkpoint's nested dicts and lists."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(tensor_bytes(v) for v in value)
-    return 0

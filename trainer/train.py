@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from gptlaunch import runtime
 from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_OK
-from trainer import checkpoint, distributed, snapshot
+from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
@@ -107,12 +107,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     )
     try:
         run = setup(cfg, env, device, manifest)
-        # The savers' writes end before exit; the snapshots go once the run ended with its checkpoint.
-        with run.saver, run.snapshots or contextlib.nullcontext(), StopRequest(cfg.stop_signals) as stop:
-            code = loop(run, stop)
-        if run.snapshots is not None:
-            snapshot.drop(run.snapshots.directory)
-        return code
+        # The writes end before exit; the snapshots go once the run ended with its checkpoint.
+        with run.saver, run.snapshots, StopRequest(cfg.stop_signals) as stop:
+            return loop(run, stop)
     finally:
         runtime.flush()  # the step reached, before a teardown that may hang
         distributed.shutdown()

@@ -99,6 +99,29 @@ def test_a_retry_resumes_the_plain_script_with_its_resume_args(text, tmp_path: P
     assert json.loads(argv["GPTLAUNCH_RESUME_ARGS"]) == ["--init-from", "resume"]
 
 
+def test_a_retry_of_the_api_script_resumes_from_the_snapshot_in_memory(text, tmp_path: Path) -> None:
+    """No checkpoint on disk (one every 1000 steps), a snapshot in each host's memory every 10: rank 1
+    SIGKILLed past step 25, the second attempt goes on from a host's snapshot of step 20 or later."""
+    jobs = tmp_path / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", *TWO_NODES, "--retries", "1", "--retry-backoff-s", "0",
+        "--", WITH_API, *text, "--steps", "1000000", "--checkpoint-every", "1000",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job_dir = jobs / only_job_id(jobs)
+    beats = wait_for_steps(_beat_dirs(job_dir), step=25)
+    os.kill(next(b for b in beats if b.rank == 1).pid, signal.SIGKILL)
+    record, printed = JobRecord(job_dir), re.compile(r"step (\d+)/1000000 loss")
+    deadline = time.monotonic() + 180
+    while not (record.status().attempt == 2 and (steps := _printed_steps(job_dir, printed))):
+        assert time.monotonic() < deadline, "the second attempt printed no step in 180 s"
+        time.sleep(0.2)
+    launcher(jobs, "cancel", job_dir.name, check=True)
+    logs = "".join(log.read_text() for log in job_dir.glob("node-*.log"))
+    resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", logs)
+    assert resumed is not None and int(resumed[1]) >= 20 and steps[0] > int(resumed[1]), logs[-3000:]
+
+
 def _printed_steps(job_dir: Path, printed: re.Pattern[str]) -> list[int]:
     """The steps rank 0 printed in this attempt's node logs (an ended attempt's are archived)."""
     text = "".join(log.read_text() for log in job_dir.glob("node-*.log"))

@@ -115,7 +115,7 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
     )
     snapshots = job_snapshots(job_dir.name)
     beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=16)
-    wait_for(lambda: list(snapshots.glob("*/ckpt-*.pt")), 60, "the snapshot of step 10 in memory")
+    wait_for(lambda: list(snapshots.glob("*/snapshot-*.pt")), 60, "the snapshot of step 10 in memory")
     os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
     final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final

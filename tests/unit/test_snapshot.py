@@ -1,17 +1,20 @@
-"""In-memory snapshots (``trainer.snapshot``): one writer per host, the newest snapshot wins over an
+"""In-memory snapshots (``gptlaunch.snapshots``): one writer per host, the newest snapshot wins over an
 older checkpoint on disk, and a run's snapshots are dropped without touching another run dir's."""
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from gptlaunch import runtime
+from gptlaunch import snapshots as snapshots_module
 from gptlaunch.contract import ATTEMPT_ENV, JOB_ID_ENV, RETRIES_ENV, SNAPSHOT_ROOT, job_snapshots
-from trainer import checkpoint, snapshot
-from trainer.snapshot import Offer, Snapshots, drop, drop_others, from_memory, source, writers
+from gptlaunch.runtime import EXIT_CHECKPOINTED
+from gptlaunch.snapshots import Offer, Snapshots, drop, drop_others, newest, source, writers
 
 
 def test_one_writer_per_host_the_lowest_rank_on_it() -> None:
@@ -52,49 +55,80 @@ def test_a_new_job_drops_the_old_jobs_snapshots_of_its_run_dir_only(tmp_path: Pa
     assert not (tmp_path / "job-2").exists() and (tmp_path / "job-1").is_dir()
 
 
-def test_a_keeper_that_keeps_none_writes_nothing_but_still_drops_the_older_jobs(tmp_path: Path) -> None:
-    """The last attempt of a job: it may resume from a snapshot but keeps none (no retry follows)."""
-    old, mine = tmp_path / "job-1" / "run", tmp_path / "job-2" / "run"
-    old.mkdir(parents=True)
-    with Snapshots(mine, torch.device("cpu"), keeping=False) as last:
-        last.keep({"step": 10, "model": {"w": torch.zeros(4)}}, 10)
-    assert not old.exists() and not mine.exists()
+@pytest.fixture
+def retry_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """The launcher's job with ``--retries 1``, its snapshots under ``tmp_path/job``: call it with the
+    attempt (1: snapshots are kept; 2: they are read, and none kept)."""
+    monkeypatch.setattr(runtime, "snapshot_dir", lambda run_dir: tmp_path / "job" / run_dir.name)
+    monkeypatch.setenv(JOB_ID_ENV, "gpt-1")
+    monkeypatch.setenv(RETRIES_ENV, "1")
+    return lambda attempt: monkeypatch.setenv(ATTEMPT_ENV, str(attempt))
 
 
-def test_a_snapshot_newer_than_the_disk_is_loaded_and_a_broken_one_is_skipped(tmp_path: Path, capsys) -> None:
-    state = {"format": checkpoint.FORMAT_VERSION, "step": 20, "model": {"w": torch.arange(4.0)}}
-    checkpoint.save(state, tmp_path, 20, keep=1)
-    found = from_memory(tmp_path, rank=0, disk_step=10)
-    assert found is not None
-    loaded, where = found
-    assert torch.equal(loaded["model"]["w"], torch.arange(4.0))
-    assert where == f"the snapshot in {socket.gethostname()}'s memory"
-    assert from_memory(tmp_path, rank=0, disk_step=20) is None
-    checkpoint.checkpoint_path(tmp_path, 20).write_bytes(b"not a checkpoint")
-    assert from_memory(tmp_path, rank=0, disk_step=10) is None
+STATE = {"step": 10, "model": {"w": torch.arange(1000.0)}, "rng": [torch.zeros(3, dtype=torch.uint8)]}
+
+
+def test_a_retry_resumes_from_the_snapshot_newer_than_the_disk_and_its_end_drops_it(
+    tmp_path: Path, retry_of: Callable[[int], None]
+) -> None:
+    retry_of(1)
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "run", every=10) as first:
+        assert first.writer and first.due(10) and not first.due(5) and not first.due(0)
+        first.keep(10, STATE)
+        raise RuntimeError("a rank fails: the snapshot stays for the retry")
+    assert newest(tmp_path / "job" / "run") == 10 and first.resume() is None  # attempt 1 reads none
+    retry_of(2)
+    with Snapshots(tmp_path / "run", every=10) as second:
+        found = second.resume(newer_than=5)
+        assert found is not None
+        state, where = found
+        assert torch.equal(state["model"]["w"], STATE["model"]["w"]) and state["step"] == 10
+        assert where == f"the snapshot in {socket.gethostname()}'s memory"
+        assert second.resume(newer_than=10) is None  # the disk's is as new: it is used
+        second.keep(20, STATE)  # the last attempt keeps none
+        assert newest(tmp_path / "job" / "run") == 10
+    assert not (tmp_path / "job").exists()  # the run ended: dropped, and the job's directory with it
+
+
+def test_a_stop_with_its_checkpoint_drops_the_snapshot_a_failure_keeps_it(
+    tmp_path: Path, retry_of: Callable[[int], None]
+) -> None:
+    retry_of(1)
+    for code, kept in ((EXIT_CHECKPOINTED, False), (1, True)):
+        with pytest.raises(SystemExit), Snapshots(tmp_path / "run") as snapshots:
+            snapshots.keep(10, STATE)
+            raise SystemExit(code)
+        assert (newest(tmp_path / "job" / "run") == 10) is kept
+
+
+def test_a_snapshot_that_cannot_be_read_is_skipped(
+    tmp_path: Path, retry_of: Callable[[int], None], capsys
+) -> None:
+    retry_of(2)
+    (tmp_path / "job" / "run").mkdir(parents=True)
+    (tmp_path / "job" / "run" / "snapshot-00000020.pt").write_bytes(b"not a snapshot")
+    with Snapshots(tmp_path / "run") as snapshots:
+        assert snapshots.resume(newer_than=10) is None
     assert "the snapshot of step 20" in capsys.readouterr().err
 
 
 def test_snapshots_are_best_effort_a_full_memory_or_a_failed_write_turns_them_off(
-    tmp_path: Path, monkeypatch, capsys
+    tmp_path: Path, retry_of: Callable[[int], None], monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    state = {"step": 10, "model": {"w": torch.zeros(1000)}}
-    with Snapshots(tmp_path / "roomy", torch.device("cpu")) as kept:
-        kept.keep(state, 10)
-    assert checkpoint.step_of(checkpoint.list_checkpoints(tmp_path / "roomy")[-1]) == 10
-
-    monkeypatch.setattr(snapshot, "HEADROOM_BYTES", 2**60)  # more than any machine has free
-    with Snapshots(tmp_path / "full", torch.device("cpu")) as full:
-        full.keep(state, 10)
-        full.keep(state, 20)  # off: not tried again, not said again
-    assert not (tmp_path / "full").exists()
+    retry_of(1)
+    monkeypatch.setattr(snapshots_module, "HEADROOM_BYTES", 2**60)  # more than any machine has free
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "full") as full:
+        full.keep(10, STATE)
+        full.keep(20, STATE)  # off: not tried again, not said again
+        raise RuntimeError("kept, were there one")
+    assert newest(tmp_path / "job" / "full") is None
     assert capsys.readouterr().err.count("no more snapshots in memory for this run") == 1
 
-    monkeypatch.setattr(snapshot, "HEADROOM_BYTES", 0)
-    taken = tmp_path / "taken"
-    taken.write_text("a file where the snapshots should go")
-    with Snapshots(taken, torch.device("cpu")) as failing:  # leaving it raises nothing
-        failing.keep(state, 10)
+    monkeypatch.setattr(snapshots_module, "HEADROOM_BYTES", 0)
+    with Snapshots(tmp_path / "taken") as failing:  # leaving it raises nothing
+        (tmp_path / "job" / "taken").rmdir()
+        (tmp_path / "job" / "taken").write_text("a file where the snapshots should go")
+        failing.keep(10, STATE)
     assert "the last snapshot in memory could not be written" in capsys.readouterr().err
 
 

@@ -1,0 +1,293 @@
+"""Snapshots of a run's training state in each host's memory, so that a failure costs the steps since
+the last snapshot (every 10 by default) instead of the steps since the last checkpoint on disk. Part
+of the public runtime API (``gptlaunch.runtime`` is the rest); unlike it, this module imports torch.
+
+Under data parallelism (DDP) every rank holds the same weights and optimizer state, so every host
+already has all of it. One process per host (the lowest rank on it) writes a snapshot into the host's
+shared memory (``/dev/shm``: memory, no disk) in the background; the caller waits only for the copy to
+host memory (torch's ``DefaultStager``: pinned and non-blocking on CUDA). ``/dev/shm`` outlives the
+ranks: when a rank dies and the launcher starts the next attempt, every surviving host still holds
+its snapshot. ``Snapshots.resume`` asks every rank which step its host holds; the newest, when newer
+than the caller's checkpoint on disk, is loaded by a rank on that host and broadcast over the job's
+process group to every rank, a spare that replaced a lost host included (which is how it gets the
+state when the hosts share no file system). What differs between ranks (their random streams) is the
+caller's to gather into the state it keeps.
+
+Snapshots are kept only when a retry can use them (``runtime.may_retry``: the launcher's ``--retries``
+not used up, or torchrun's ``--max-restarts``), and read only by a retry (``runtime.retried``): a new
+run never resumes from an earlier run's. Best effort: a snapshot that does not fit in shared memory,
+or whose write fails, is a warning and turns snapshots off for the run. One snapshot per host, job
+and run dir (``runtime.snapshot_dir``): a new job on the same run dir drops the older job's, and a
+run that ends (leaving the ``with`` block, or exit 0 or 75 through it) drops its own.
+
+A script opts in with a few lines::
+
+    with Snapshots(out) as snapshots:  # collective
+        found = snapshots.resume(newer_than=step)  # collective: (state, where) or None
+        if found is not None:
+            state, where = found
+            ...  # load it, as a checkpoint
+        for ...:
+            ...
+            if snapshots.due(step):
+                snapshots.keep(step, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from gptlaunch import runtime
+
+SHM = Path("/dev/shm")
+HEADROOM_BYTES = 256 * 2**20  # left free in shared memory after a snapshot (NCCL uses it too)
+_FILE = re.compile(r"snapshot-(\d{8,})\.pt")
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one rank can give at a resume: its host and the step of that host's snapshot (None)."""
+
+    host: str
+    step: int | None
+
+
+class Snapshots:
+    """A run's snapshots in this host's memory, on every rank of the run: kept by the lowest rank of
+    each host, read by all. Created on every rank (collective: it gathers each rank's host, unless
+    given ``hosts``, every rank's in rank order). ``run_dir``: the run's checkpoint directory, which
+    names the run; ``every``: steps between snapshots (0: none); ``device``: where the state lives
+    (pinned host buffers for CUDA). A context manager: leaving it waits for the write in flight, and
+    drops this host's snapshots when the run ended (no exception, or exit 0 or 75)."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        every: int = 10,
+        device: torch.device | None = None,
+        hosts: list[str] | None = None,
+    ) -> None:
+        self.directory = runtime.snapshot_dir(Path(run_dir))
+        self.every = every
+        self.rank = dist.get_rank() if _distributed() else 0
+        hosts = hosts if hosts is not None else _all_gather(socket.gethostname())
+        self.writer = self.rank in writers(hosts) and SHM.is_dir()
+        self._pool: ThreadPoolExecutor | None = None
+        self._writing: Future[None] | None = None
+        if self.writer and every > 0 and runtime.may_retry():
+            self._start(device or torch.device("cpu"))
+        elif self.writer:
+            with contextlib.suppress(OSError):
+                drop_others(self.directory)
+
+    def _start(self, device: torch.device) -> None:
+        try:
+            drop_others(self.directory)
+            runtime.SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for partial in self.directory.glob("*.tmp"):  # a writer killed mid-write
+                partial.unlink()
+        except OSError as e:
+            return _warn(f"no snapshots in memory for this run: {e}")
+        cuda = device.type == "cuda"
+        options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self._stager = DefaultStager(options)  # keeps its buffers from one snapshot to the next
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer")
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` (steps done) is one to snapshot."""
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    def keep(self, step: int, state: dict[str, Any]) -> None:
+        """On this host's keeper, snapshot ``state`` (nested dicts and lists of tensors and plain
+        values, as for ``torch.save``) as the one of ``step``: returns once it is copied to host
+        memory, after waiting for the previous write. A no-op on the other ranks."""
+        if self._pool is None:
+            return
+        try:
+            self._wait()
+            needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
+            if needed > free:
+                return self._off(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
+            staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
+            self._writing = self._pool.submit(self._write, staged, step)
+        except Exception as e:  # best effort: the previous write failed, no room, no permission
+            self._off(str(e))
+
+    def _write(self, staged: dict[str, Any], step: int) -> None:
+        path = self.directory / f"snapshot-{step:08d}.pt"
+        partial = path.with_name(path.name + ".tmp")
+        torch.save(staged, partial)
+        os.replace(partial, path)  # a reader sees the whole snapshot or none
+        for older in self.directory.glob("snapshot-*.pt"):
+            if older != path:
+                older.unlink(missing_ok=True)
+
+    def _wait(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def _off(self, why: str) -> None:
+        _warn(
+            f"no more snapshots in memory for this run ({why}): a retry resumes from the last checkpoint "
+            "on disk (in a container, a larger --shm-size makes room)"
+        )
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the write in flight (its failure is a warning), then end the writer."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            self._wait()
+        except Exception as e:
+            _warn(f"the last snapshot in memory could not be written: {e}")
+        finally:
+            pool.shutdown(wait=True)
+            self._stager.close()
+
+    def resume(self, newer_than: int | None = None) -> tuple[dict[str, Any], str] | None:
+        """On a retry, the newest snapshot of any host of the job when its step is newer than
+        ``newer_than`` (the step of the checkpoint on disk the caller would resume from; None: none),
+        on every rank (loaded to the CPU), with where it came from in words (``the snapshot in
+        HOST's memory``); None otherwise. Collective. A snapshot that cannot be read is a warning
+        (None: the disk's checkpoint is used)."""
+        if not runtime.retried():
+            return None
+        offers = _all_gather(Offer(socket.gethostname(), newest(self.directory)))
+        chosen = source(offers, newer_than)
+        if chosen is None:
+            return None
+        src, step = chosen
+        loaded: dict[str, Any] | str | None = None
+        if self.rank == src:
+            try:
+                path = self.directory / f"snapshot-{step:08d}.pt"
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as e:  # gone, torn, not a state: the disk's checkpoint instead
+                loaded = f"{type(e).__name__}: {e}"
+        loaded = _broadcast(loaded, src)
+        if isinstance(loaded, str) or loaded is None:
+            if self.rank == 0:
+                _warn(f"the snapshot of step {step} in {offers[src].host}'s memory cannot be read: {loaded}")
+            return None
+        return loaded, f"the snapshot in {offers[src].host}'s memory"
+
+    def __enter__(self) -> Snapshots:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object) -> None:
+        self.close()
+        ended = exc is None or (
+            isinstance(exc, SystemExit) and exc.code in (None, runtime.EXIT_OK, runtime.EXIT_CHECKPOINTED)
+        )
+        if ended and self.writer:  # a failure keeps it: the next attempt resumes from it
+            drop(self.directory)
+
+
+def writers(hosts: list[str]) -> set[int]:
+    """The ranks that keep their host's snapshot: the lowest rank on each host, given every rank's
+    host in rank order."""
+    first: dict[str, int] = {}
+    for rank, host in enumerate(hosts):
+        first.setdefault(host, rank)
+    return set(first.values())
+
+
+def source(offers: list[Offer], disk_step: int | None) -> tuple[int, int] | None:
+    """(the rank that loads and broadcasts, the step) of the newest snapshot, given every rank's
+    offer in rank order, when it is newer than the newest checkpoint on disk (``disk_step``); None
+    when the disk has the newest (or nobody has a snapshot)."""
+    held = [(o.step, -rank) for rank, o in enumerate(offers) if o.step is not None]
+    if not held:
+        return None
+    step, neg_rank = max(held)  # the newest; among equals, the lowest rank
+    if disk_step is not None and disk_step >= step:
+        return None
+    return -neg_rank, step
+
+
+def newest(directory: Path) -> int | None:
+    """The step of the snapshot in ``directory`` (None when there is none, or it cannot be listed)."""
+    try:
+        steps = [int(m.group(1)) for p in directory.iterdir() if (m := _FILE.fullmatch(p.name))]
+    except OSError:
+        return None
+    return max(steps, default=None)
+
+
+def drop_others(directory: Path) -> None:
+    """Remove this host's snapshots of the same run dir by other jobs (``directory``'s name is the run
+    dir's key, its parent the job's)."""
+    for other in directory.parent.parent.glob(f"*/{directory.name}"):
+        if other != directory:
+            drop(other)
+
+
+def drop(directory: Path) -> None:
+    """Remove a run's snapshots on this host, and its job's directory once empty."""
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        directory.parent.rmdir()  # only when empty
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes held by the tensors in nested dicts, lists and tuples."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def _free_bytes(path: Path) -> int:
+    """Free bytes on the file system of ``path`` (its nearest existing ancestor)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    if not _distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast(obj: Any, src: int) -> Any:
+    if not _distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def _warn(message: str) -> None:
+    print(f"gptlaunch: warning: {message}", file=sys.stderr, flush=True)
