@@ -6,7 +6,8 @@ so a retry goes on from there rather than from the last checkpoint::
 
     launcher submit --nodes 2 --retries 1 -- examples/ddp_runtime.py --data input.txt --steps 200
 
-Under bare torchrun it behaves as ``ddp_plain.py`` does: every runtime call is inert there.
+Under bare torchrun it behaves as ``ddp_plain.py`` does: every runtime call is inert there, and
+snapshots are kept only with torchrun's ``--max-restarts``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,13 @@ not used up, or torchrun's ``--max-restarts``), and read only by a retry (``runt
 run never resumes from an earlier run's. Best effort: a snapshot that does not fit in shared memory,
 or whose write fails, is a warning and turns snapshots off for the run. One snapshot per host, job
 and run dir (``runtime.snapshot_dir``): a new job on the same run dir drops the older job's, and a
-run that ends (leaving the ``with`` block, or exit 0 or 75 through it) drops its own.
+run that ends (leaving the ``with`` block normally, or through exit 0 or 75) drops its own; an
+exception keeps it for the retry.
+
+A state holds what ``torch.load(weights_only=True)`` reads back: tensors, and dicts, lists and tuples
+of them and of plain values (int, float, str, bool, None), as model and optimizer state dicts and
+``torch.get_rng_state()`` are; not numpy arrays or objects of your own classes. On a GPU, call
+``torch.cuda.set_device`` first: the gathers and the broadcast go through the current device.
 
 A script opts in with a few lines::
 
@@ -63,6 +69,7 @@ class Offer:
 
     host: str
     step: int | None
+    retried: bool = False  # this rank's attempt follows a failed one (``runtime.retried``)
 
 
 class Snapshots:
@@ -80,6 +87,8 @@ class Snapshots:
         device: torch.device | None = None,
         hosts: list[str] | None = None,
     ) -> None:
+        if not _distributed() and int(os.environ.get("WORLD_SIZE") or 1) > 1:
+            raise RuntimeError("Snapshots needs the process group: call init_process_group first")
         self.directory = runtime.snapshot_dir(Path(run_dir))
         self.every = every
         self.rank = dist.get_rank() if _distributed() else 0
@@ -96,6 +105,8 @@ class Snapshots:
     def _start(self, device: torch.device) -> None:
         try:
             drop_others(self.directory)
+            if not runtime.retried():  # a run that is not a retry reads none (bare torchrun reuses ids)
+                drop(self.directory)
             runtime.SNAPSHOT_ROOT.mkdir(mode=0o700, exist_ok=True)  # this user's only
             self.directory.mkdir(parents=True, exist_ok=True)
             for partial in self.directory.glob("*.tmp"):  # a writer killed mid-write
@@ -135,8 +146,12 @@ class Snapshots:
     def _write(self, staged: dict[str, Any], step: int) -> None:
         path = self.directory / f"snapshot-{step:08d}.pt"
         partial = path.with_name(path.name + ".tmp")
-        torch.save(staged, partial)
-        os.replace(partial, path)  # a reader sees the whole snapshot or none
+        try:
+            torch.save(staged, partial)
+            os.replace(partial, path)  # a reader sees the whole snapshot or none
+        except BaseException:
+            partial.unlink(missing_ok=True)  # a full /dev/shm: the part written goes too
+            raise
         for older in self.directory.glob("snapshot-*.pt"):
             if older != path:
                 older.unlink(missing_ok=True)
@@ -172,10 +187,10 @@ class Snapshots:
         on every rank (loaded to the CPU), with where it came from in words (``the snapshot in
         HOST's memory``); None otherwise. Collective. A snapshot that cannot be read is a warning
         (None: the disk's checkpoint is used)."""
-        if not runtime.retried():
-            return None
-        offers = _all_gather(Offer(socket.gethostname(), newest(self.directory)))
-        chosen = source(offers, newer_than)
+        # Gathered even when not retried: each rank's view of that may differ (a node that joined a
+        # restarted torchrun later counts no restart), and every rank must make the same collectives.
+        offers = _all_gather(Offer(socket.gethostname(), newest(self.directory), runtime.retried()))
+        chosen = source(offers, newer_than) if any(o.retried for o in offers) else None
         if chosen is None:
             return None
         src, step = chosen
@@ -183,11 +198,12 @@ class Snapshots:
         if self.rank == src:
             try:
                 path = self.directory / f"snapshot-{step:08d}.pt"
-                loaded = torch.load(path, map_location="cpu", weights_only=True)
+                found = torch.load(path, map_location="cpu", weights_only=True)
+                loaded = found if isinstance(found, dict) else f"not a state (a {type(found).__name__})"
             except Exception as e:  # gone, torn, not a state: the disk's checkpoint instead
                 loaded = f"{type(e).__name__}: {e}"
         loaded = _broadcast(loaded, src)
-        if isinstance(loaded, str) or loaded is None:
+        if not isinstance(loaded, dict):
             if self.rank == 0:
                 _warn(f"the snapshot of step {step} in {offers[src].host}'s memory cannot be read: {loaded}")
             return None

@@ -107,8 +107,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     )
     try:
         run = setup(cfg, env, device, manifest)
-        # The writes end before exit; the snapshots go once the run ended with its checkpoint.
-        with run.saver, run.snapshots, StopRequest(cfg.stop_signals) as stop:
+        # The checkpoint's write ends first (a failed one raises), then the snapshots go, once the run
+        # ended with its checkpoint.
+        with run.snapshots, run.saver, StopRequest(cfg.stop_signals) as stop:
             return loop(run, stop)
     finally:
         runtime.flush()  # the step reached, before a teardown that may hang

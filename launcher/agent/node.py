@@ -216,7 +216,8 @@ class NodeAgent:
         launcher that lost a node has already failed or replaced it: a node that lost its launcher
         must not run on beside the next attempt, nor come back to life when the link does."""
         while child.poll() is None:
-            if not select.select([self.lease_fd], [], [], self.lease_s)[0]:
+            cut_off = not select.select([self.lease_fd], [], [], self.lease_s)[0]
+            if cut_off:
                 why = (
                     f"no word from the launcher for {self.lease_s:.0f} s (the network or the launcher failed)"
                 )
@@ -225,18 +226,21 @@ class NodeAgent:
             else:
                 continue
             self.say(f"agent: {why}: ending this node, which the job has failed or replaced")
+            tree: list[psutil.Process] = []
             with contextlib.suppress(psutil.Error):
-                procs.signal_all([*psutil.Process(child.pid).children(recursive=True)], signal.SIGKILL)
+                tree = psutil.Process(child.pid).children(recursive=True)
+                procs.signal_all(tree, signal.SIGKILL)
             child.kill()
-            if "closed" not in why:  # cut off: the job goes on without this host, and its memory
+            if cut_off:  # the job goes on without this host, and without what is in its memory
+                psutil.wait_procs(tree, timeout=KILL_GRACE_S)  # no snapshot writer left to race the removal
                 self._drop_snapshots()
             return
 
     def _drop_snapshots(self) -> None:
         """Remove this host's in-memory snapshots of the job (``gptlaunch.contract.job_snapshots``):
-        a host the launcher lost is replaced, so nothing of the job may stay in its memory. (A closed
-        connection is not enough: the launcher also ends a surviving node that way, whose snapshot
-        the next attempt resumes from.)"""
+        a host cut off from the launcher is replaced, so nothing of the job may stay in its memory. (A
+        closed connection is not enough: the launcher also ends a surviving node that way, whose
+        snapshot the next attempt resumes from.)"""
         job_id = self.env.get(JOB_ID_ENV)
         if job_id:
             shutil.rmtree(job_snapshots(job_id), ignore_errors=True)

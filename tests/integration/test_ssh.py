@@ -587,7 +587,8 @@ def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_
     """The plain example script (no API) in share-nothing mode, ``--out {{run_dir}}`` and
     ``--resume-args``, 3 hosts in the hostfile, 2 nodes, --retries 1: the rank on the host that holds
     rank 0's checkpoint is SIGKILLed; attempt 2 runs on the spare gl-h3, which gets the launcher's copy
-    of the checkpoint first, and resumes from it, not from step 0, to the script's last step."""
+    of the checkpoint first, and resumes from it, not from step 0, to the script's last step. The
+    spare was made ready (synced, probed) while attempt 1 ran, before any failure."""
     hosts, project = first_hosts(hostfile, 3, tmp_path), plain_project(tmp_path, wikitext_valid)
     workdir, jobs = private / "work", private / "jobs"
     submit = launcher(
@@ -603,6 +604,9 @@ def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_
     wait_for(
         lambda: (Path(run_dir) / "ckpt.pt").is_file() and step_of(jobs) >= 110, 300, "the copy of step 100"
     )
+    supervisor_log = jobs / job / "supervisor.log"
+    wait_for(lambda: "spare host(s) ready" in supervisor_log.read_text(), 60, "the spare made ready")
+    assert (on_host("gl-h3", workdir) / "ddp_plain.py").is_file()  # synced before any failure
     names = [n.host for n in JobRecord(jobs / job).plan().nodes]
     (holder,) = [h for h in names if (on_host(h, Path(run_dir)) / "ckpt.pt").is_file()]
     (rank,) = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "gptlaunch.shim"]

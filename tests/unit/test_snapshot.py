@@ -101,6 +101,21 @@ def test_a_stop_with_its_checkpoint_drops_the_snapshot_a_failure_keeps_it(
         assert (newest(tmp_path / "job" / "run") == 10) is kept
 
 
+def test_a_run_that_is_not_a_retry_drops_a_leftover_of_its_own_directory(
+    tmp_path: Path, retry_of: Callable[[int], None]
+) -> None:
+    """Bare torchrun names every run "none" unless told otherwise: a new run must not resume from an
+    earlier run's snapshot once it restarts."""
+    retry_of(1)
+    (tmp_path / "job" / "run").mkdir(parents=True)
+    torch.save(STATE, tmp_path / "job" / "run" / "snapshot-00000090.pt")
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "run") as snapshots:
+        assert newest(tmp_path / "job" / "run") is None
+        snapshots.keep(10, STATE)
+        raise RuntimeError("kept for the retry")
+    assert newest(tmp_path / "job" / "run") == 10
+
+
 def test_a_snapshot_that_cannot_be_read_is_skipped(
     tmp_path: Path, retry_of: Callable[[int], None], capsys
 ) -> None:
@@ -109,7 +124,10 @@ def test_a_snapshot_that_cannot_be_read_is_skipped(
     (tmp_path / "job" / "run" / "snapshot-00000020.pt").write_bytes(b"not a snapshot")
     with Snapshots(tmp_path / "run") as snapshots:
         assert snapshots.resume(newer_than=10) is None
-    assert "the snapshot of step 20" in capsys.readouterr().err
+        torch.save([STATE], tmp_path / "job" / "run" / "snapshot-00000030.pt")  # readable, not a state
+        assert snapshots.resume(newer_than=10) is None
+    err = capsys.readouterr().err
+    assert "the snapshot of step 20" in err and "step 30 in" in err and "not a state (a list)" in err
 
 
 def test_snapshots_are_best_effort_a_full_memory_or_a_failed_write_turns_them_off(

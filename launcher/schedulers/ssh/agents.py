@@ -26,6 +26,7 @@ from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of
 from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.warm import warm_spares
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
 
@@ -70,6 +71,7 @@ class SshAgents(ChildAgents):
         self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
         self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
         self.renewer: threading.Thread | None = None
+        self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
@@ -89,7 +91,8 @@ class SshAgents(ChildAgents):
             )
         if missing is not None:
             say(f"launcher: warning: going on from an older copy (--allow-start-over): {missing}")
-        plan = self._hosts_for_retry(record, failed_host)
+        with self.warming:
+            plan = self._hosts_for_retry(record, failed_host)
         self.copies.push([n.host for n in self.plan.nodes])
         return plan
 
@@ -135,7 +138,18 @@ class SshAgents(ChildAgents):
         if self.renewer is None:
             self.renewer = threading.Thread(target=self._renew_leases, daemon=True)
             self.renewer.start()
+        if node.node_rank == 0 and record.spec().retries:  # each attempt: the spares left for the next
+            threading.Thread(target=self._warm_spares, args=(record,), daemon=True).start()
         return client
+
+    def _warm_spares(self, record: JobRecord) -> None:
+        spec = record.spec()
+        current = [n.host for n in self.plan.nodes]
+        free = spares(hosts_of(spec.options(SshOptions)), current, self.failed)
+        workdir, image = str(self.plan.facts.get("workdir", "/")), self.plan.facts.get("image")
+        ref = str(image) if image else None  # pinned by digest, as every host of the job pulled it
+        with self.warming:
+            warm_spares(spec.options(SshOptions), free, current, spec.python, workdir, ref, say)
 
     def keep_beats(self, record: JobRecord) -> None:
         """The hosts' last beats into ``JOB/heartbeat/`` (a host that does not answer within
