@@ -27,7 +27,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: lint docs
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=40
 
 # The docs site into site/; --strict (mkdocs.yml): a broken link or anchor, or a page left out, fails.
 docs: setup

@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from gptlaunch import runtime
+from gptlaunch.collectives import all_gather_object, broadcast_state, distributed
 
 SHM = Path("/dev/shm")
 HEADROOM_BYTES = 256 * 2**20  # left free in shared memory after a snapshot (NCCL uses it too)
@@ -87,12 +88,12 @@ class Snapshots:
         device: torch.device | None = None,
         hosts: list[str] | None = None,
     ) -> None:
-        if not _distributed() and int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        if not distributed() and int(os.environ.get("WORLD_SIZE") or 1) > 1:
             raise RuntimeError("Snapshots needs the process group: call init_process_group first")
         self.directory = runtime.snapshot_dir(Path(run_dir))
         self.every = every
-        self.rank = dist.get_rank() if _distributed() else 0
-        hosts = hosts if hosts is not None else _all_gather(socket.gethostname())
+        self.rank = dist.get_rank() if distributed() else 0
+        hosts = hosts if hosts is not None else all_gather_object(socket.gethostname())
         self.writer = self.rank in writers(hosts) and SHM.is_dir()
         self._pool: ThreadPoolExecutor | None = None
         self._writing: Future[None] | None = None
@@ -189,7 +190,7 @@ class Snapshots:
         (None: the disk's checkpoint is used)."""
         # Gathered even when not retried: each rank's view of that may differ (a node that joined a
         # restarted torchrun later counts no restart), and every rank must make the same collectives.
-        offers = _all_gather(Offer(socket.gethostname(), newest(self.directory), runtime.retried()))
+        offers = all_gather_object(Offer(socket.gethostname(), newest(self.directory), runtime.retried()))
         chosen = source(offers, newer_than) if any(o.retried for o in offers) else None
         if chosen is None:
             return None
@@ -202,7 +203,7 @@ class Snapshots:
                 loaded = found if isinstance(found, dict) else f"not a state (a {type(found).__name__})"
             except Exception as e:  # gone, torn, not a state: the disk's checkpoint instead
                 loaded = f"{type(e).__name__}: {e}"
-        loaded = _broadcast(loaded, src)
+        loaded = broadcast_state(loaded, src)
         if not isinstance(loaded, dict):
             if self.rank == 0:
                 _warn(f"the snapshot of step {step} in {offers[src].host}'s memory cannot be read: {loaded}")
@@ -283,26 +284,6 @@ def _free_bytes(path: Path) -> int:
     while not path.exists():
         path = path.parent
     return shutil.disk_usage(path).free
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _all_gather(obj: Any) -> list[Any]:
-    if not _distributed():
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _broadcast(obj: Any, src: int) -> Any:
-    if not _distributed():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 def _warn(message: str) -> None:
