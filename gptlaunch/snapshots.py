@@ -114,14 +114,7 @@ class Snapshots:
                 partial.unlink()
         except OSError as e:
             return _warn(f"no snapshots in memory for this run: {e}")
-        cuda = device.type == "cuda"
-        options = StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-        self._stager = DefaultStager(options)  # keeps its buffers from one snapshot to the next
+        self._stager = host_stager(device)  # keeps its buffers from one snapshot to the next
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer")
 
     def due(self, step: int) -> bool:
@@ -266,6 +259,21 @@ def drop(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     with contextlib.suppress(OSError):
         directory.parent.rmdir()  # only when empty
+
+
+def host_stager(device: torch.device) -> DefaultStager:
+    """torch's copy of a state to host memory (``DefaultStager``), synchronous: the caller waits for
+    the copy, then the state may change again. On CUDA into pinned buffers, copied non-blocking. It
+    keeps its buffers from one copy to the next, so only the first allocates."""
+    cuda = device.type == "cuda"
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+    )
 
 
 def tensor_bytes(value: Any) -> int:

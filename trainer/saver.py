@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from gptlaunch.snapshots import tensor_bytes
+from gptlaunch.snapshots import host_stager, tensor_bytes
 from trainer import checkpoint
 from trainer.console import warn
 
@@ -62,15 +61,7 @@ class Saver:
 
     def __init__(self, run_dir: Path, keep: int, device: torch.device) -> None:
         self.run_dir, self.keep = run_dir, keep
-        cuda = device.type == "cuda"
-        # Synchronous staging: the copy is what the loop waits for, then the state may change again.
-        options = StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-        self._stager = DefaultStager(options)
+        self._stager = host_stager(device)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._writing: Future[Path] | None = None
 

@@ -84,11 +84,7 @@ def test_a_retry_resumes_the_plain_script_with_its_resume_args(text, tmp_path: P
     job_dir = jobs / only_job_id(jobs)
     beats = wait_for_steps(_beat_dirs(job_dir), step=25)
     os.kill(next(b for b in beats if b.rank == 1).pid, signal.SIGKILL)
-    record, printed = JobRecord(job_dir), re.compile(r"step (\d+)/1000 loss")
-    deadline = time.monotonic() + 180
-    while not (record.status().attempt == 2 and (steps := _printed_steps(job_dir, printed))):
-        assert time.monotonic() < deadline, "the second attempt printed no step in 180 s"
-        time.sleep(0.2)
+    steps = _second_attempts_steps(job_dir, re.compile(r"step (\d+)/1000 loss"))
     resumed = wait_for_steps(_beat_dirs(job_dir), step=steps[0])  # the second attempt's beats
     launcher(jobs, "cancel", job_dir.name, check=True)
     # The second attempt loaded the checkpoint of step 20 or later: its steps go on from there (the
@@ -111,15 +107,20 @@ def test_a_retry_of_the_api_script_resumes_from_the_snapshot_in_memory(text, tmp
     job_dir = jobs / only_job_id(jobs)
     beats = wait_for_steps(_beat_dirs(job_dir), step=25)
     os.kill(next(b for b in beats if b.rank == 1).pid, signal.SIGKILL)
-    record, printed = JobRecord(job_dir), re.compile(r"step (\d+)/1000000 loss")
-    deadline = time.monotonic() + 180
-    while not (record.status().attempt == 2 and (steps := _printed_steps(job_dir, printed))):
-        assert time.monotonic() < deadline, "the second attempt printed no step in 180 s"
-        time.sleep(0.2)
+    steps = _second_attempts_steps(job_dir, re.compile(r"step (\d+)/1000000 loss"))
     launcher(jobs, "cancel", job_dir.name, check=True)
     logs = "".join(log.read_text() for log in job_dir.glob("node-*.log"))
     resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", logs)
     assert resumed is not None and int(resumed[1]) >= 20 and steps[0] > int(resumed[1]), logs[-3000:]
+
+
+def _second_attempts_steps(job_dir: Path, printed: re.Pattern[str]) -> list[int]:
+    """The steps rank 0 printed in the job's second attempt, once it printed one (at most 180 s)."""
+    record, deadline = JobRecord(job_dir), time.monotonic() + 180
+    while not (record.status().attempt == 2 and (steps := _printed_steps(job_dir, printed))):
+        assert time.monotonic() < deadline, "the second attempt printed no step in 180 s"
+        time.sleep(0.2)
+    return steps
 
 
 def _printed_steps(job_dir: Path, printed: re.Pattern[str]) -> list[int]:

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 from gptlaunch.contract import job_snapshots, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
-from launcher.job.record import JobRecord
+from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
@@ -451,6 +452,33 @@ def _on_host(proc: psutil.Process, host: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _cut_off(host: str, job: str) -> Iterator[float]:
+    """Dev host ``host``'s link down for the block (``ip link set glvK down``: no packet in or out),
+    yielding when it went down (monotonic); before it comes back up, the block waits for the host's
+    agent to end its node, having heard nothing from the launcher."""
+    link = f"glv{host.removeprefix('gl-h')}"
+    run(["ip", "link", "set", link, "down"], check=True)
+    try:
+        yield time.monotonic()
+        wait_for(lambda: not any(_on_host(p, host) for p in processes_of(job)), 60, f"{host}'s node to end")
+    finally:
+        run(["ip", "link", "set", link, "up"], check=True)
+
+
+def _logs(job_dir: Path) -> str:
+    """The node logs of the job's current attempt."""
+    return "".join(p.read_text(errors="replace") for p in job_dir.glob("node-*.log"))
+
+
+def _the_one_failed_attempt(job_dir: Path) -> Attempt:
+    """Once the job succeeded, its one failed attempt."""
+    final = wait_terminal(SshScheduler(), JobRecord(job_dir), 300, poll_s=0.5)
+    assert final is not None and final.state == "succeeded", final
+    (first,) = final.attempts
+    return first
+
+
 def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_launchers_copy(
     hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
@@ -464,29 +492,24 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     wait_for(lambda: (run_dir / "ckpt-00000010.pt").is_file(), 60, "the launcher's copy of step 10")
     names = [n.host for n in JobRecord(jobs / job).plan().nodes]
     (lost,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]  # rank 0's host
-    node, link = names.index(lost), f"glv{lost.removeprefix('gl-h')}"
+    node = names.index(lost)
     assert any(_on_host(p, lost) for p in processes_of(job))
-    run(["ip", "link", "set", link, "down"], check=True)
-    down = time.monotonic()
-    try:
-
-        def logs() -> str:
-            return "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))
-
-        wait_for(lambda: "resumed from" in logs() and step_of(jobs) >= 11, 90, "attempt 2's first step")
+    with _cut_off(lost, job) as down:
+        wait_for(
+            lambda: "resumed from" in _logs(jobs / job) and step_of(jobs) >= 11, 90, "attempt 2's first step"
+        )
         took = time.monotonic() - down
-        wait_for(lambda: not any(_on_host(p, lost) for p in processes_of(job)), 60, f"{lost}'s node to end")
-    finally:
-        run(["ip", "link", "set", link, "up"], check=True)
-    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
-    assert final is not None and final.state == "succeeded", final
-    (first,) = final.attempts
+    first = _the_one_failed_attempt(jobs / job)
     assert first.replaced == {lost: "gl-h3"} and f"ssh connection to node {node}" in first.cause, first
     resumed = [
         int(step)
-        for step in re.findall(rf"resumed from {re.escape(str(run_dir))}/ckpt-\d+\.pt at step (\d+)", logs())
+        for step in re.findall(
+            rf"resumed from {re.escape(str(run_dir))}/ckpt-\d+\.pt at step (\d+)", _logs(jobs / job)
+        )
     ]
-    assert resumed and resumed[0] >= 10, logs()[-3000:]  # the copy of the last checkpoint, not step 0
+    assert resumed and resumed[0] >= 10, _logs(jobs / job)[
+        -3000:
+    ]  # the copy of the last checkpoint, not step 0
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
     assert not any(_on_host(p, lost) for p in processes_of(job))  # the link is back: still nothing
     agent_log = run(
@@ -517,30 +540,20 @@ def test_rank_0s_host_is_cut_off_and_the_spare_resumes_from_the_snapshot_in_the_
     (lost,) = [h for h in names if (on_host(h, run_dir) / "metrics.jsonl").is_file()]  # rank 0's host
     (survivor,) = set(names) - {lost}
     wait_for(lambda: all(_snapshots_on(h, job) for h in names), 60, "a snapshot in each host's memory")
-    link = f"glv{lost.removeprefix('gl-h')}"
-    run(["ip", "link", "set", link, "down"], check=True)
-    try:
-
-        def logs() -> str:
-            return "".join(p.read_text(errors="replace") for p in (jobs / job).glob("node-*.log"))
-
-        wait_for(lambda: "resumed from" in logs(), 120, "attempt 2's resume")
-        wait_for(lambda: not any(_on_host(p, lost) for p in processes_of(job)), 60, f"{lost}'s node to end")
-    finally:
-        run(["ip", "link", "set", link, "up"], check=True)
-    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
-    assert final is not None and final.state == "succeeded", final
-    (first,) = final.attempts
+    with _cut_off(lost, job):
+        wait_for(lambda: "resumed from" in _logs(jobs / job), 120, "attempt 2's resume")
+    first = _the_one_failed_attempt(jobs / job)
     assert first.replaced == {lost: "gl-h3"}, first
     resumed = [
         int(step)
-        for step in re.findall(rf"resumed from the snapshot in {survivor}'s memory at step (\d+)", logs())
+        for step in re.findall(
+            rf"resumed from the snapshot in {survivor}'s memory at step (\d+)", _logs(jobs / job)
+        )
     ]
-    assert resumed and resumed[0] >= 10, logs()[-3000:]
-    assert first.step is not None and first.step - resumed[0] <= 5 + 1, (
-        first,
-        resumed,
-    )  # at most ~5 steps lost
+    assert resumed and resumed[0] >= 10, _logs(jobs / job)[-3000:]
+    # At most two intervals redone: the newest snapshot, or the one before it when the survivor's
+    # rank was killed while writing the newest.
+    assert first.step is not None and first.step - resumed[0] <= 2 * 5, (first, resumed)
     assert max(m["step"] for m in metrics(run_dir) if "tokens_per_s" in m) == 40
     assert all(_snapshots_on(h, job) == [] for h in [*names, "gl-h3"])  # the lost host's included
     print(
