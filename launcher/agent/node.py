@@ -91,6 +91,7 @@ class NodeAgent:
     def __post_init__(self) -> None:
         self.child: subprocess.Popen[bytes] | None = None  # the command, once started
         self.stop_requested = False
+        self.cut_off = False  # the lease ran out: the launcher lost this host
 
     def install_signals(self) -> None:
         """SIGTERM/SIGINT ask the command to stop; SIGHUP (a dropped connection) is ignored. Before
@@ -167,6 +168,8 @@ class NodeAgent:
             # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans
             # must not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
             procs.terminate(psutil.Process().children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
+        if self.cut_off:  # the job goes on without this host, and without what is in its memory
+            self._drop_snapshots()  # every process of the node is gone: no writer races the removal
         if pump is not None:
             pump.join(timeout=5)
         if self.forward_dir:
@@ -226,14 +229,10 @@ class NodeAgent:
             else:
                 continue
             self.say(f"agent: {why}: ending this node, which the job has failed or replaced")
-            tree: list[psutil.Process] = []
+            self.cut_off = cut_off  # before the kill: the main thread drops the snapshots once it is done
             with contextlib.suppress(psutil.Error):
-                tree = psutil.Process(child.pid).children(recursive=True)
-                procs.signal_all(tree, signal.SIGKILL)
+                procs.signal_all([*psutil.Process(child.pid).children(recursive=True)], signal.SIGKILL)
             child.kill()
-            if cut_off:  # the job goes on without this host, and without what is in its memory
-                psutil.wait_procs(tree, timeout=KILL_GRACE_S)  # no snapshot writer left to race the removal
-                self._drop_snapshots()
             return
 
     def _drop_snapshots(self) -> None:
