@@ -58,6 +58,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from gptlaunch import runtime
 from gptlaunch.collectives import all_gather_object, broadcast_state, distributed
+from gptlaunch.files import atomic_write
 
 SHM = Path("/dev/shm")
 HEADROOM_BYTES = 256 * 2**20  # left free in shared memory after a snapshot (NCCL uses it too)
@@ -122,8 +123,8 @@ class Snapshots:
         return self.every > 0 and step > 0 and step % self.every == 0
 
     def keep(self, step: int, state: dict[str, Any]) -> None:
-        """On this host's keeper, snapshot ``state`` (nested dicts and lists of tensors and plain
-        values, as for ``torch.save``) as the one of ``step``: returns once it is copied to host
+        """On this host's keeper, snapshot ``state`` (tensors, and dicts, lists and tuples of them and
+        of plain values: see the module docstring) as the one of ``step``: returns once it is copied to host
         memory, after waiting for the previous write. A no-op on the other ranks."""
         if self._pool is None:
             return
@@ -139,13 +140,8 @@ class Snapshots:
 
     def _write(self, staged: dict[str, Any], step: int) -> None:
         path = self.directory / f"snapshot-{step:08d}.pt"
-        partial = path.with_name(path.name + ".tmp")
-        try:
-            torch.save(staged, partial)
-            os.replace(partial, path)  # a reader sees the whole snapshot or none
-        except BaseException:
-            partial.unlink(missing_ok=True)  # a full /dev/shm: the part written goes too
-            raise
+        with atomic_write(path) as f:  # a reader sees the whole snapshot or none; a failed write leaves none
+            torch.save(staged, f)
         for older in self.directory.glob("snapshot-*.pt"):
             if older != path:
                 older.unlink(missing_ok=True)

@@ -250,7 +250,10 @@ def _state(run: Run, next_step: int, rng: list[torch.Tensor], cuda_rng: list[tor
 
 def snapshot_state(run: Run, next_step: int) -> None:
     """Collective: every rank contributes its RNG state; the lowest rank of each host keeps the
-    snapshot in the host's memory, written in the background (``gptlaunch.snapshots``)."""
+    snapshot in the host's memory, written in the background (``gptlaunch.snapshots``). Nothing, not
+    even the gather, when no retry may follow (the same on every rank: the job's environment)."""
+    if not runtime.may_retry():
+        return
     rng, cuda_rng = _gather_rng(run)
     if run.snapshots.writer:
         run.snapshots.keep(next_step, _state(run, next_step, rng, cuda_rng))
