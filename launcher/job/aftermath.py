@@ -28,6 +28,11 @@ AGENT_CONSEQUENCES = (
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
     "torch.distributed.elastic.multiprocessing.api.SignalException",
 )
+# A non-host node's torchrun whose rendezvous store went away while its workers ran: the store lives in
+# node 0's torchrun, which had ended (its failure, or the launcher stopping it, is said on its own). At
+# the start, the same error (node 0 unreachable) is the cause and is shown: it comes from elsewhere.
+STORE_LOST = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError"
+WHILE_RUNNING = "in num_nodes_waiting"  # the frame of torchrun's monitor loop, once its workers run
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
 BANNER_LINES = 40  # at most this many lines are dropped as the summary, whatever follows
 MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
@@ -90,14 +95,16 @@ class _Quiet:
     def finish(self, key: tuple[str, str], judge: bool = True) -> list[str]:
         """The traceback held for ``key``, ended: what of it to show."""
         block, last = self.held.pop(key), self.ended.pop(key, None)
-        if judge and last is not None and self._consequence(*key, last):
+        if judge and last is not None and self._consequence(*key, last, block):
             return []
         return block
 
-    def _consequence(self, label: str, prefix: str, text: str) -> bool:
-        """Whether a traceback that ends with ``text`` only follows from a failure."""
+    def _consequence(self, label: str, prefix: str, text: str, block: list[str]) -> bool:
+        """Whether a traceback ``block`` that ends with ``text`` only follows from a failure."""
         if prefix:
             return DISTRIBUTED.search(text) is not None and is_peer_error(text)
         if "ChildFailedError" in text:
             self.banners[label] = (2, BANNER_LINES)
+        if text.startswith(STORE_LOST):
+            return any(WHILE_RUNNING in line for line in block)
         return text.startswith(AGENT_CONSEQUENCES)

@@ -23,7 +23,7 @@ Traceback (most recent call last):
 """
 STOPPED = """
 Traceback (most recent call last):
-  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 85, in _h
+  File "{TE}/multiprocessing/api.py", line 85, in _h
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 torch.distributed.elastic.multiprocessing.api.SignalException: Process 26400 got signal: 15
 """
@@ -103,3 +103,47 @@ def test_a_chain_of_tracebacks_is_judged_by_its_last_exception() -> None:
     own = _node("node1", CHAINED.rsplit("During", 1)[0])
     # a chain that ends with the user's own error (here a KeyError) is shown whole, at the next TICK
     assert [line for line in quieted([*own, TICK]) if line != TICK] == own
+
+
+# node 1's torchrun when node 0's torchrun, the rendezvous store's host, ended first (as a CI run had)
+STORE = (
+    "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: "
+    "The connection to the C10d store has failed. See inner exception for details."
+)
+TE = "/venv/lib/python3.11/site-packages/torch/distributed/elastic"
+STORE_LOST = f"""
+Traceback (most recent call last):
+  File "{TE}/rendezvous/c10d_rendezvous_backend.py", line 114, in _call_store
+    return getattr(self._store, store_op)(*args, **kwargs)
+torch.distributed.DistNetworkError: failed to recv, got 0 bytes
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "{TE}/agent/server/api.py", line 959, in _invoke_run
+    num_nodes_waiting = rdzv_handler.num_nodes_waiting()
+  File "{TE}/rendezvous/dynamic_rendezvous.py", line 1269, in num_nodes_waiting
+    self._state_holder.sync()
+{STORE}
+"""
+# the same error at the start: node 0 cannot be reached, which is the cause
+UNREACHABLE = f"""
+Traceback (most recent call last):
+  File "{TE}/rendezvous/c10d_rendezvous_backend.py", line 158, in _create_tcp_store
+    store = TCPStore(
+torch.distributed.DistNetworkError: The client socket timed out after 60000ms connecting to (gl-h1, 29500).
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "{TE}/rendezvous/c10d_rendezvous_backend.py", line 240, in create_backend
+    store = _create_tcp_store(params)
+{STORE}
+"""
+
+
+def test_a_store_lost_while_the_workers_ran_is_left_out_and_one_never_reached_is_shown() -> None:
+    ended = "node1 | agent: torchrun exited with code 1\n"
+    assert list(quieted([*_node("node1", STORE_LOST), ended])) == [ended]
+    unreachable = _node("node1", UNREACHABLE)
+    assert list(quieted([*unreachable, ended])) == [*unreachable, ended]
