@@ -30,6 +30,9 @@ class JobView(Protocol):
     @property
     def env(self) -> dict[str, str]: ...
 
+    @property
+    def retries(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Placeholder:

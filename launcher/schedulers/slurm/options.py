@@ -134,6 +134,14 @@ class SlurmOptions(ContainerOptions, GateOptions):
         description="requeues after reaching the time limit (through submitit preemptions are not "
         "counted; the standalone sbatch script counts every requeue)",
     )
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        description="nodes allocated beyond --nodes, idle until a node fails: a retry (--retries) then "
+        "runs at once on a spare, in the same allocation, with no requeue and no second wait in the queue; "
+        "the failed node is left out of the rest of the job, and once no spare is left a retry is a "
+        "requeue (launcher submit; the standalone sbatch script has no retries)",
+    )
     node_local_run_dir: bool | None = Field(
         None,
         description="the run dir is on each node's own disk, not on the file system the nodes share: "
@@ -202,4 +210,6 @@ class SlurmOptions(ContainerOptions, GateOptions):
                 f"signal_delay_s ({self.signal_delay_s}) must exceed grace_period_s "
                 f"({job.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
             )
+        if self.spare_nodes and not job.retries:
+            raise ValueError("--spare-nodes needs --retries N (N ≥ 1): a spare node is used by a retry")
         check_gpus_once(self.gpus, job)

@@ -103,13 +103,16 @@ def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str) -> Slu
     return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)
 
 
-def _parity_lines(spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None) -> list[str]:
-    """The batch script's version-parity step (a probe on every node before training; in the image)."""
+def _parity_lines(
+    spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None, nnodes: int
+) -> list[str]:
+    """The batch script's version-parity step (a probe on each of the allocation's ``nnodes`` nodes,
+    spares included, before training; in the image)."""
     return steps.parity_lines(
         python=spec.python,
         workdir=facts.workdir,
         job_dir=str(job_dir),
-        nnodes=spec.nnodes,
+        nnodes=nnodes,
         gpus_per_node=facts.gpus_per_node,
         skip=spec.options(SlurmOptions).skip_parity,
         image=image,
@@ -133,7 +136,10 @@ def _submitit_request(
     job_dir: Path,
     workdir: str,
     image: SlurmImage | None,
+    node_step: str | None = None,
 ) -> SubmititRequest:
+    """What submitit is given. ``node_step``: the nodes' srun line of submitit's batch script
+    (``_node_step``), for the retry step to run again on spare nodes."""
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
         "job_name": options["job-name"],
@@ -141,13 +147,14 @@ def _submitit_request(
         "ntasks_per_node": 1,
         "time": int(options["time"]),
         "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
-        "srun_args": [*SRUN_ARGS, *(image.srun_args() if image else [])],
+        # With spare nodes, the nodes' step runs on the allocation's first --nodes (SLURM's choice).
+        "srun_args": [*SRUN_ARGS, *_step_size(spec), *(image.srun_args() if image else [])],
         "stderr_to_stdout": True,
     }
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir))
+    retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir), node_step=node_step)
     python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
     return SubmititRequest(
         parameters=parameters,
@@ -156,6 +163,19 @@ def _submitit_request(
         teardown=retry if spec.retries else [],
         python=python,
     )
+
+
+def _step_size(spec: JobSpec) -> list[str]:
+    """srun's size of the nodes' step when the allocation holds spares (none: all of it)."""
+    if not spec.options(SlurmOptions).spare_nodes:
+        return []
+    return [f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}"]
+
+
+def _node_step(executor: submitit.SlurmExecutor) -> str:
+    """The nodes' srun line of the batch script, as submitit renders it (its "# command" section)."""
+    lines = executor._make_submission_file_text(executor._submitit_command_str, "").splitlines()
+    return next(line for line in lines[lines.index("# command") :] if line.startswith("srun "))
 
 
 def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> submitit.SlurmExecutor:
@@ -231,12 +251,12 @@ class SlurmScheduler:
             self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=[node] * spec.nnodes
         )
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
-        parity = _parity_lines(spec, facts, job_dir, image)
 
-        def checks(retry: list[str] | None) -> list[str]:
-            """The steps before training: parity, then the health gate (which may run ``retry``)."""
+        def checks(retry: list[str] | None, nnodes: int) -> list[str]:
+            """The steps before training: parity of the ``nnodes`` allocated, then the health gate
+            (which may run ``retry``)."""
             gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, retry)
-            return [*parity, *([""] if gate else []), *gate]
+            return [*_parity_lines(spec, facts, job_dir, image, nnodes), *([""] if gate else []), *gate]
 
         # The script runs each node's command under the node task, as submitit does: watched for hangs.
         task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
@@ -254,21 +274,26 @@ class SlurmScheduler:
         task.append("--")
         script = sbatch_script(
             job_id=job_id,
-            options=options,
+            options=options | {"nodes": str(spec.nnodes)},  # no spare: the script does not retry
             node=plan.nodes[0].model_copy(update={"argv": [*task, *plan.nodes[0].argv]}),
             job_dir=str(job_dir),
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
             secrets=spec.secret_env,
-            checks=checks(retry=None),  # the standalone script does not retry
+            checks=checks(retry=None, nnodes=spec.nnodes),  # the standalone script does not retry
             end=_end_lines(spec, facts, job_dir, plan.run_dir, image),
             retries=spec.retries,
+            spares=opts.spare_nodes,
             srun_args=image.srun_args() if image else [],
             image=image.header() if image else None,
         )
         retry = steps.retry_argv(spec.python, str(job_dir))
-        checked = checks(retry if spec.retries else None)
+        checked = checks(retry if spec.retries else None, int(options["nodes"]))
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)
+        if spec.retries and opts.spare_nodes:  # the retry step runs the nodes' step again on spares
+            step = _node_step(submission)
+            request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image, step)
+            submission = _executor(request, job_dir, opts.max_requeues)
         files = {
             SCRIPT: script,
             SUBMITIT_REQUEST: request.model_dump_json(indent=2) + "\n",

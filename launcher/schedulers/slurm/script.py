@@ -30,6 +30,7 @@ SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fa
 FIRST_HOST_LINE = f'export {FIRST_HOST_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 NEEDED = "this project (trainer, launcher.job.node) and torch"
 NO_RETRIES = "# --retries needs `launcher submit` (it keeps the job record): this script does not retry."
+NO_SPARES = "# --spare-nodes needs `launcher submit` (its retry step): this script allocates no spare node."
 
 
 def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node: int) -> dict[str, str]:
@@ -37,7 +38,7 @@ def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node
     ``gpus_per_node`` 0 requests no GPUs."""
     out = {
         "job-name": job_id,
-        "nodes": str(spec.nnodes),
+        "nodes": str(spec.nnodes + opts.spare_nodes),
         "ntasks-per-node": "1",  # one torchrun agent per node; it starts nproc_per_node ranks
         "time": str(opts.time_min),
     }
@@ -118,6 +119,7 @@ def sbatch_script(
     checks: list[str],
     end: list[str],
     retries: int = 0,
+    spares: int = 0,
     srun_args: list[str] | None = None,
     image: list[str] | None = None,
 ) -> str:
@@ -150,6 +152,7 @@ def sbatch_script(
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
         *([NO_RETRIES] if retries else []),
+        *([NO_SPARES] if spares else []),
     ]
     no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(node.cwd)} "$(hostname)"; exit {EXIT_USAGE}; }}'
     slots = {

@@ -146,10 +146,12 @@ def retry_argv(python: str, job_dir: str) -> list[str]:
     return [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
 
 
-def retry_lines(*, python: str, workdir: str, job_dir: str) -> list[str]:
+def retry_lines(*, python: str, workdir: str, job_dir: str, node_step: str | None = None) -> list[str]:
     """After the nodes' step, for retries (submitit's teardown): decide on the step's exit status, then
-    exit with it, as the script would without retries."""
-    return [after_failure(workdir, retry_argv(python, job_dir))]
+    exit with it, as the script would without retries. ``node_step``, the nodes' srun line, is run
+    again on spare nodes (``--spare-nodes``)."""
+    step = ["--node-step", node_step] if node_step else []
+    return [after_failure(workdir, [*retry_argv(python, job_dir), *step])]
 
 
 def copy_args(spec: JobSpec, node_local_run_dir: bool | None, workdir: str, run_dir: str) -> list[str]:

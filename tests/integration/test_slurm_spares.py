@@ -1,0 +1,74 @@
+"""Hot spares on the real dev SLURM cluster (deploy/slurm/dev-cluster.sh, three nodes): a 2-node job
+with ``--spare-nodes 1`` holds all three, and a failure is retried on the spare within the same
+allocation, with no requeue. Under CI=true a missing cluster fails these tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from gptlaunch.contract import read_beats
+from tests.integration.conftest import FAST, launcher, metrics, processes_of
+from tests.integration.test_slurm import (
+    SLURM_2x1,
+    _hostnames,
+    _is_rank,
+    _reached,
+    _sacct,
+    _slurm_id,
+    _status,
+    _until,
+    slurm_cluster,  # noqa: F401 (the module's fixture: a running dev cluster)
+)
+
+
+def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_requeue(
+    prepared_data, tmp_path: Path
+) -> None:
+    """``--nodes 2 --spare-nodes 1 --retries 1``, no checkpoint on disk before the end: the task of
+    rank 1's node is SIGKILLed past step 12; the retry runs at once on the survivor and the spare in the
+    same SLURM job (one run in ``sacct``, no requeue), resumes from the snapshot in memory at step 10 or
+    later (or from the checkpoint the survivor wrote when srun stopped it), and trains exactly ``--max-steps`` steps, each logged once."""
+    jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
+    args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(run_dir)]
+    args += ["--checkpoint-interval", "1000", "--eval-interval", "100000"]
+    proc = launcher(
+        jobs, "submit", *SLURM_2x1, "--retries", "1", "--spare-nodes", "1", "--", *args, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    job_id = proc.stdout.splitlines()[0]
+    _until("step 12", lambda: _reached(run_dir, 12), timeout=300)
+    ranks = {p.environ()["RANK"]: p for p in processes_of(job_id) if _is_rank(p.cmdline())}
+    ran = sorted(p.environ()["SLURMD_NODENAME"] for p in ranks.values())
+    failed = ranks["1"].environ()["SLURMD_NODENAME"]
+    (task,) = [p for p in ranks["1"].parents() if "submitit.core._submit" in p.cmdline()]  # that node's task
+    task.kill()
+    killed = time.time()
+    back = _until("the retry's first step", lambda: _first_step_resumed(jobs / job_id), 300, every=0.2)
+    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
+    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
+    assert status["state"] == "succeeded", status
+    (spare,) = set(_hostnames("ALL")) - set(ran)
+    (first,) = status["attempts"]
+    assert first["excluded"] == [failed] and first["replaced"] == {failed: spare}, first
+    runs = _sacct(_slurm_id(jobs, job_id), "State,NodeList", duplicates=True)  # a requeue adds a run
+    assert len(runs) == 1 and runs[0][0] == "COMPLETED", runs
+    assert sorted(_hostnames(runs[0][1])) == sorted(_hostnames("ALL")), runs  # one allocation, all 3
+    logged = [m for m in metrics(run_dir) if "tokens_per_s" in m]
+    assert [m["step"] for m in logged] == list(range(1, steps + 1))
+    logs = "".join(p.read_text() for p in (jobs / job_id).glob("node-*.log"))
+    # from the survivor's memory, or from the checkpoint its ranks wrote when srun stopped them
+    resumed = re.search(r"resumed from (the snapshot in \S+ memory|\S+) at step (\d+)", logs)
+    assert resumed is not None and int(resumed[2]) >= 10, logs[-3000:]
+    text = launcher(jobs, "status", job_id, check=True).stdout
+    assert f"{failed} → replaced by {spare}" in text, text
+    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+    print(f"\nkill → the spare's first step: {back - killed:.1f} s; {json.dumps(first['cause'])}")
+
+
+def _first_step_resumed(job_dir: Path) -> float | None:
+    """When a rank of a resumed attempt beat its first step (epoch seconds); None before."""
+    beats = [b for node in (job_dir / "heartbeat").glob("node-*") for b in read_beats(node)]
+    return next((b.time for b in beats if b.start_step and b.step > b.start_step), None)
