@@ -27,10 +27,11 @@ from tests.integration.test_slurm import (
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_requeue(
     prepared_data, tmp_path: Path
 ) -> None:
-    """``--nodes 2 --spare-nodes 1 --retries 1``, no checkpoint on disk before the end: the task of
+    """``--nodes 2 --spare-nodes 1 --retries 1``, no checkpoint interval before the end: the task of
     rank 1's node is SIGKILLed past step 12; the retry runs at once on the survivor and the spare in the
-    same SLURM job (one run in ``sacct``, no requeue), resumes from the snapshot in memory at step 10 or
-    later (or from the checkpoint the survivor wrote when srun stopped it), and trains exactly ``--max-steps`` steps, each logged once."""
+    same SLURM job (one run in ``sacct``, no requeue), resumes at step 10 or later (from the snapshot in
+    memory, or from the checkpoint the survivor's ranks wrote when srun stopped them), and trains
+    exactly ``--max-steps`` steps, each logged once."""
     jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
     args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(run_dir)]
     args += ["--checkpoint-interval", "1000", "--eval-interval", "100000"]
