@@ -28,9 +28,10 @@ AGENT_CONSEQUENCES = (
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
     "torch.distributed.elastic.multiprocessing.api.SignalException",
 )
-# A non-host node's torchrun whose rendezvous store went away while its workers ran: the store lives in
-# node 0's torchrun, which had ended (its failure, or the launcher stopping it, is said on its own). At
-# the start, the same error (node 0 unreachable) is the cause and is shown: it comes from elsewhere.
+# A non-host node's torchrun whose rendezvous store went away while its workers ran, after a failure
+# showed (an exception above): the store lives in node 0's torchrun, which had ended because of it. It
+# is shown when it comes first: node 0's torchrun ended early on its own, or the link to it broke; and
+# at the start (node 0 unreachable, the cause), where it comes from another frame.
 STORE_LOST = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError"
 WHILE_RUNNING = "in num_nodes_waiting"  # the frame of torchrun's monitor loop, once its workers run
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
@@ -57,6 +58,7 @@ class _Quiet:
         self.ended: dict[tuple[str, str], str] = {}  # its last exception line, once it came
         # label -> ("=" lines of ChildFailedError's summary still to come, lines still to drop at most)
         self.banners: dict[str, tuple[int, int]] = {}
+        self.failed = False  # an exception that follows from a failure has come (any node, any rank)
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came. A traceback is judged by its chain's last exception
@@ -90,6 +92,7 @@ class _Quiet:
             return self.finish(key, judge=False)
         elif key not in self.ended and text and not text.startswith((" ", "\t")):
             self.ended[key] = text  # its exception: a chain may follow
+            self.failed |= text.startswith(AGENT_CONSEQUENCES) or self._peer_error(prefix, text)
         return []
 
     def finish(self, key: tuple[str, str], judge: bool = True) -> list[str]:
@@ -102,9 +105,14 @@ class _Quiet:
     def _consequence(self, label: str, prefix: str, text: str, block: list[str]) -> bool:
         """Whether a traceback ``block`` that ends with ``text`` only follows from a failure."""
         if prefix:
-            return DISTRIBUTED.search(text) is not None and is_peer_error(text)
+            return self._peer_error(prefix, text)
         if "ChildFailedError" in text:
             self.banners[label] = (2, BANNER_LINES)
         if text.startswith(STORE_LOST):
-            return any(WHILE_RUNNING in line for line in block)
+            return self.failed and any(WHILE_RUNNING in line for line in block)
         return text.startswith(AGENT_CONSEQUENCES)
+
+    @staticmethod
+    def _peer_error(prefix: str, text: str) -> bool:
+        """A rank's error when a peer died (torch.distributed's "closed by peer", a timeout)."""
+        return bool(prefix) and DISTRIBUTED.search(text) is not None and is_peer_error(text)

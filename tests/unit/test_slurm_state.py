@@ -11,7 +11,7 @@ import pytest
 
 from gptlaunch.contract import write_stop_marker
 from launcher.job import reports
-from launcher.job.record import JobRecord, JobState, JobStatus
+from launcher.job.record import Attempt, JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
@@ -99,3 +99,23 @@ def test_a_task_that_died_is_a_failure_of_its_node_even_if_the_others_then_check
     reports.append(record.dir, reports.Ended(node=1, exit_code=0, time=now - 4))
     outcome = end_outcome(AccountingInfo("FAILED", 75, now - 30, job_id="42"), record)
     assert outcome.state == JobState.CHECKPOINTED, outcome
+
+
+def test_an_attempt_on_spare_nodes_is_judged_by_its_own_reports_not_the_allocations(
+    record: JobRecord,
+) -> None:
+    """A retry on spare nodes (``--spare-nodes``) runs in the allocation that ran the attempt before
+    it: that attempt's failed node and stop marker (its survivors checkpointed) are not this one's."""
+    run_dir = Path(record.plan().run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "ckpt.pt").write_bytes(b"")
+    reports.append(record.dir, reports.Failed(node=0, exit_code=1, time=time.time()))  # attempt 1
+    write_stop_marker(run_dir, 13, run_dir / "ckpt.pt", "SIGTERM")  # attempt 1's survivors
+    ended = time.time()
+    first = Attempt(number=1, started_at=ended - 60, ended_at=ended, exit_code=1, cause="node 0 failed")
+    record.update_status(attempts=[first], attempt=2)
+    reports.append(record.dir, reports.Failed(node=1, exit_code=1, time=ended + 1))  # attempt 2
+    since = ended - 60  # the allocation's start
+    outcome = end_outcome(AccountingInfo("FAILED", 1, since, job_id="42"), record)
+    assert outcome.state == JobState.FAILED and outcome.failure is not None, outcome
+    assert outcome.failure.node_rank == 1, outcome

@@ -2,11 +2,11 @@
 the job requeues itself, excluding the node it failed on.
 
 With ``--retries``, submitit's batch script ends with ``python -m launcher.schedulers.slurm.retry
---job-dir D --since T --exit-code C`` (``launcher.schedulers.slurm.steps.retry_lines``), run on the
-allocation's first node once every node's task has ended. For a
-failure that may be retried (``launcher.job.retry.refusal``) it archives the attempt in the job record
-and requeues the job under the same SLURM job id (``scontrol requeuehold``, then ``update
-ExcNodeList=... StartTime=now+backoff``, then ``release``); the next attempt resumes from the last
+--job-dir D [--node-step STEP] --since T --exit-code C`` (``steps.retry_lines``), run on the
+allocation's first node once every node's task has ended. For a failure that may be retried
+(``launcher.job.retry.refusal``) it archives the attempt in the job record and requeues the job under
+the same SLURM job id (``scontrol requeuehold``, then ``update ExcNodeList=... StartTime=now+backoff``,
+then ``release``); the next attempt resumes from the last
 checkpoint on nodes other than the ones it failed on.
 
 With ``--spare-nodes K`` the allocation holds K nodes more than the job's ``--nodes N``: the nodes'
@@ -51,7 +51,8 @@ STEP_FILES = (parity_step.PROBE_DIR, health_step.HEALTH_DIR)
 
 
 def _hostnames(nodelist: str) -> list[str]:
-    """The allocation's hosts by node index (SLURM_NODEID order), from ``scontrol show hostnames``."""
+    """The allocation's hosts in its order (a step's nodes are numbered in it), from ``scontrol show
+    hostnames``."""
     out = subprocess.run(
         ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60, check=True
     )
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         if not next_.hosts:
             break
         time.sleep(next_.wait_s)
+        if JobRecord(args.job_dir).status().stop_requested_at is not None:  # a cancel meanwhile
+            print("batch: not retried: stopped on request", flush=True)
+            break
         since, ran = time.time(), list(next_.hosts)
         code = run_step(shlex.split(args.node_step or ""), next_.hosts, next_.attempt)
     return code

@@ -143,7 +143,7 @@ def _submitit_request(
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
         "job_name": options["job-name"],
-        "nodes": int(options["nodes"]),
+        "nodes": spec.nnodes + spec.options(SlurmOptions).spare_nodes,
         "ntasks_per_node": 1,
         "time": int(options["time"]),
         "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
@@ -154,6 +154,8 @@ def _submitit_request(
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
+    if spec.options(SlurmOptions).spare_nodes:  # a failed node must not end the allocation, spares and all
+        extra["no-kill"] = True
     retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir), node_step=node_step)
     python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
     return SubmititRequest(
@@ -274,7 +276,7 @@ class SlurmScheduler:
         task.append("--")
         script = sbatch_script(
             job_id=job_id,
-            options=options | {"nodes": str(spec.nnodes)},  # no spare: the script does not retry
+            options=options,
             node=plan.nodes[0].model_copy(update={"argv": [*task, *plan.nodes[0].argv]}),
             job_dir=str(job_dir),
             world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
@@ -287,7 +289,7 @@ class SlurmScheduler:
             image=image.header() if image else None,
         )
         retry = steps.retry_argv(spec.python, str(job_dir))
-        checked = checks(retry if spec.retries else None, int(options["nodes"]))
+        checked = checks(retry if spec.retries else None, spec.nnodes + opts.spare_nodes)
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)
         if spec.retries and opts.spare_nodes:  # the retry step runs the nodes' step again on spares

@@ -38,7 +38,7 @@ def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node
     ``gpus_per_node`` 0 requests no GPUs."""
     out = {
         "job-name": job_id,
-        "nodes": str(spec.nnodes + opts.spare_nodes),
+        "nodes": str(spec.nnodes),
         "ntasks-per-node": "1",  # one torchrun agent per node; it starts nproc_per_node ranks
         "time": str(opts.time_min),
     }

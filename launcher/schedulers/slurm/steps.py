@@ -94,7 +94,7 @@ def gate_lines(
     q = shlex.quote
     health = job_dir / HEALTH_DIR
     srun = [
-        "srun", f"--nodes={spec.nnodes}", "--ntasks-per-node=1",
+        "srun", f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}", "--ntasks-per-node=1",
         f"--time={PULL_TIME_MIN if image else STEP_TIME_MIN}",  # an image may be pulled (pyxis: each step)
         f"--chdir={workdir}", f"--output={health}/node-%n.out", f"--error={health}/node-%n.log",
         *(image.srun_args() if image else []), *_gate_node(spec, gate, workdir, job_dir, env, image),
@@ -106,7 +106,8 @@ def gate_lines(
         "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
         "# names ends the job before training (exit 3).",
         f"rm -rf -- {q(str(health))} && mkdir -p -- {q(str(health))}",
-        f'scontrol show hostnames "$SLURM_JOB_NODELIST" > {q(str(health / HOSTS))}',
+        # the step's hosts: the allocation's first --nodes (the rest are spares)
+        f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nnodes} > {q(str(health / HOSTS))}',
         f"{shlex.join(srun)} || true  # the judgment says what a node without a result printed",
         f"{judged} || {on_failure}",
     ]
