@@ -29,6 +29,7 @@ def test_the_allocation_holds_the_spares_the_nodes_step_the_job_and_the_retry_st
     text = _files(spares=2)[SUBMITIT_SCRIPT]
     lines = text.splitlines()
     assert "#SBATCH --nodes=4" in lines  # 2 nodes + 2 spares
+    assert "#SBATCH --no-kill" in lines  # a failed node does not end the allocation and its spares
     (probe,) = [line for line in lines if "launcher.preflight.probe" in line]
     assert "--nodes=4" in probe.split()  # a spare passes version parity before it is needed
     step = lines[lines.index("export SUBMITIT_EXECUTOR=slurm") + 1]
@@ -36,6 +37,15 @@ def test_the_allocation_holds_the_spares_the_nodes_step_the_job_and_the_retry_st
     (teardown,) = [line for line in lines if "launcher.schedulers.slurm.retry" in line]
     words = shlex.split(teardown.split("&& ", 2)[2])
     assert words[words.index("--node-step") + 1] == step  # the very step submitit runs
+
+
+def test_the_health_gate_runs_on_the_jobs_nodes_not_the_spares() -> None:
+    spec = _spec(retries=1, scheduler={"kind": "slurm", "spare_nodes": 1, "health_check": True})
+    facts = SlurmFacts(workdir="/work/job", gpus_per_node=0)
+    text = SlurmScheduler().render(spec, facts, "gold-job", Path("/jobs/gold-job")).files[SUBMITIT_SCRIPT]
+    (gate,) = [line for line in text.splitlines() if "/health/node-%n.out" in line]
+    assert {"--nodes=2", "--ntasks=2"} <= set(gate.split()), gate
+    assert 'hostnames "$SLURM_JOB_NODELIST" | head -n 2 > /jobs/gold-job/health/hosts' in text
 
 
 def test_without_spares_the_nodes_step_is_the_whole_allocation_and_the_retry_step_requeues() -> None:
