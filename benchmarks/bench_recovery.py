@@ -14,11 +14,19 @@ attempt:
 - recompute: → the next attempt is back at the step the failed one had reached (the steps since the
   checkpoint, redone).
 
+With ``--scheduler ssh``: the same over the SSH dev hosts (``deploy/ssh/dev-hosts.sh``, network
+namespaces of this machine that share its files but for a node-local disk): the job runs on the first
+two of ``--hosts N`` hosts, rank 1 is killed on the second and the retry runs on a spare. The ranks
+beat on their hosts, in each host agent's state dir (``launcher.agent``), read here through the dev
+hosts' node-local disks; teardown then also holds fetching the hosts' last beats over ssh and checking
+the spare as a submit does (``SshAgents.renew``).
+
 With ``--goodput-minutes M``: instead, one local 2-node job with the trainer's default checkpoint
 and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds;
 its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
-Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]``,
+Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
+[--scheduler ssh [--hosts N]]``,
 ``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
@@ -41,17 +49,43 @@ from common import text_files
 from procs import BenchError, child_env, log
 
 from gptlaunch.contract import Beat, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.follow import HasState, wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.retry import backoff_s
 from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.schedulers.ssh.scheduler import SshScheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("detection", "teardown", "backoff", "start-up", "recompute")
+DEV_HOSTS = 8  # brought up as the integration tests do: a smaller count would remove hosts others use
 
 
-def _beats(job_dir: Path) -> list[Beat]:
-    return [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
+def _beats(args: argparse.Namespace, job_dir: Path) -> list[Beat]:
+    """The two nodes' ranks' latest beats: in the job record (local), or on the hosts of the current
+    plan (ssh: host H's ``XDG_STATE_HOME`` is ``STATE/local/state`` there, ``STATE/hosts/H/local/state``
+    here)."""
+    if args.scheduler == "local":
+        return [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
+    jobs = Path("local", "state", "gptlaunch", "jobs", job_dir.name)
+    nodes = JobRecord(job_dir).plan().nodes
+    where = [args.state / "hosts" / n.host / jobs / f"node-{n.node_rank}.heartbeat" for n in nodes]
+    return [b for d in where for b in read_beats(d)]
+
+
+def _scheduler_flags(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The submit's scheduler flags: none (local), or the first ``args.hosts`` dev hosts (ssh)."""
+    if args.scheduler == "local":
+        return []
+    up = subprocess.run(
+        ["bash", str(ROOT / "deploy/ssh/dev-hosts.sh"), "up", "--hosts", str(max(args.hosts, DEV_HOSTS))],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    every = Path(up.stdout.split()[-1])
+    args.state = every.parent
+    lines = [line for line in every.read_text().splitlines() if line and not line.startswith("#")]
+    hostfile = tmp / "hostfile"
+    hostfile.write_text("\n".join(lines[: args.hosts]) + "\n")
+    return ["--scheduler", "ssh", "--hostfile", str(hostfile), "--omp-num-threads", "1"]
 
 
 def _until(what: str, found: Callable[[], object], timeout_s: float = 600) -> None:
@@ -69,7 +103,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     jobs = tmp / f"jobs-{k}"
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        "--nodes", "2", "--retries", "1", "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
+        *_scheduler_flags(args, tmp), "--nodes", "2", "--retries", "1",
+        "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
         "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
         "--no-compile", "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
         "--checkpoint-interval", str(args.checkpoint_interval), "--eval-interval", "1000000",
@@ -80,9 +115,10 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
         raise BenchError(f"submit failed: {out.stderr[-2000:]}")
     job_dir = jobs / out.stdout.strip().splitlines()[-1]
     _until(
-        "the kill step", lambda: len(b := _beats(job_dir)) == 2 and min(x.step for x in b) >= args.kill_step
+        "the kill step",
+        lambda: len(b := _beats(args, job_dir)) == 2 and min(x.step for x in b) >= args.kill_step,
     )
-    rank1 = next(b for b in _beats(job_dir) if b.rank == 1)
+    rank1 = next(b for b in _beats(args, job_dir) if b.rank == 1)
     killed = time.time()
     os.kill(rank1.pid, signal.SIGKILL)
     attempt_file = job_dir / "attempts" / "1" / "attempt.json"
@@ -93,8 +129,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     first: list[float] = []
     reached: list[float] = []
 
-    def stepped() -> bool:
-        beats = _beats(job_dir)
+    def stepped() -> bool:  # the next attempt's beats only (ssh: the plan names the spare a bit later)
+        beats = [b for b in _beats(args, job_dir) if b.time > attempt.cleaned_at]
         if len(beats) == 2 and all(b.phase == "step" for b in beats) and not first:
             first.append(max(b.time for b in beats))
         if first and len(beats) == 2 and min(b.step for b in beats) >= attempt.step:
@@ -102,7 +138,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
         return bool(reached)
 
     _until("attempt 2 back at the failed step", stepped)
-    status = wait_terminal(LocalScheduler(), JobRecord(job_dir), 600, poll_s=0.2)
+    scheduler: HasState = SshScheduler() if args.scheduler == "ssh" else LocalScheduler()
+    status = wait_terminal(scheduler, JobRecord(job_dir), 600, poll_s=0.2)
     if status is None or status.state != "succeeded":
         raise BenchError(f"{job_dir}: did not succeed: {status}")
     backoff = backoff_s(args.retry_backoff_s, attempt.number)  # none before the first retry
@@ -139,7 +176,7 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     while time.monotonic() - started < minutes * 60:
         time.sleep(1)
         due = int((time.monotonic() - started) // args.kill_every_s)
-        beats = _beats(job_dir)
+        beats = _beats(args, job_dir)
         if due > kills and len(beats) == 2 and all(b.phase == "step" for b in beats):
             os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
             kills += 1
@@ -166,6 +203,10 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
     )
 
 
+def _over(args: argparse.Namespace) -> str:
+    return f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -175,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--goodput-minutes", type=float, help="measure goodput over one job this long instead")
     p.add_argument("--kill-every-s", type=float, default=300.0)
     p.add_argument("--text-files", nargs="+", help="input text (default: WikiText-2 valid.txt in ../shared)")
+    p.add_argument("--scheduler", choices=("local", "ssh"), default="local")
+    p.add_argument("--hosts", type=int, default=3, help="ssh: dev hosts in the hostfile, 2 nodes + spares")
     args = p.parse_args(argv)
     args.text_files = text_files(args.text_files, p)
+    if args.scheduler == "ssh" and (args.goodput_minutes or not 3 <= args.hosts <= 16):
+        p.error("--scheduler ssh measures rounds only, with --hosts 3 to 16 (2 nodes and a spare)")
     started = time.monotonic()
     if args.goodput_minutes:
         try:
@@ -203,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.rounds} rounds, rank 1 SIGKILLed past step {args.kill_step}, a checkpoint every "
         f"{args.checkpoint_interval} steps, `--retry-backoff-s {args.retry_backoff_s:g}`; "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, total {time.monotonic() - started:.0f} s · "
-        "`python benchmarks/bench_recovery.py`"
+        f"`python benchmarks/bench_recovery.py{_over(args)}`"
     )
     return 0
 
