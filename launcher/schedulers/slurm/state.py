@@ -107,7 +107,8 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     the root cause (first failing rank from torchelastic's error files)."""
     plan, status = record.plan(), record.status()
     # This attempt's reports: a retry on spare nodes runs in the same allocation, after its start.
-    since = max([info.start or status.started_at or status.created_at, *(a.ended_at for a in status.attempts)])
+    started = info.start or status.started_at or status.created_at
+    since = max([started, *(a.ended_at for a in status.attempts)])
     if info.state == "COMPLETED":
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
     if status.stop_requested_at is not None:  # a cancel (also during the steps before training)
