@@ -41,6 +41,7 @@ from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.partition import gpus_asked
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
+from launcher.schedulers.slurm.spares import node_step, step_size
 from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
 from launcher.schedulers.slurm.task import NodeTask
 
@@ -139,7 +140,7 @@ def _submitit_request(
     node_step: str | None = None,
 ) -> SubmititRequest:
     """What submitit is given. ``node_step``: the nodes' srun line of submitit's batch script
-    (``_node_step``), for the retry step to run again on spare nodes."""
+    (``spares.node_step``), for the retry step to run again on spare nodes."""
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
         "job_name": options["job-name"],
@@ -148,7 +149,7 @@ def _submitit_request(
         "time": int(options["time"]),
         "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
         # With spare nodes, the nodes' step runs on the allocation's first --nodes (SLURM's choice).
-        "srun_args": [*SRUN_ARGS, *_step_size(spec), *(image.srun_args() if image else [])],
+        "srun_args": [*SRUN_ARGS, *step_size(spec), *(image.srun_args() if image else [])],
         "stderr_to_stdout": True,
     }
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
@@ -165,19 +166,6 @@ def _submitit_request(
         teardown=retry if spec.retries else [],
         python=python,
     )
-
-
-def _step_size(spec: JobSpec) -> list[str]:
-    """srun's size of the nodes' step when the allocation holds spares (none: all of it)."""
-    if not spec.options(SlurmOptions).spare_nodes:
-        return []
-    return [f"--nodes={spec.nnodes}", f"--ntasks={spec.nnodes}"]
-
-
-def _node_step(executor: submitit.SlurmExecutor) -> str:
-    """The nodes' srun line of the batch script, as submitit renders it (its "# command" section)."""
-    lines = executor._make_submission_file_text(executor._submitit_command_str, "").splitlines()
-    return next(line for line in lines[lines.index("# command") :] if line.startswith("srun "))
 
 
 def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> submitit.SlurmExecutor:
@@ -293,7 +281,7 @@ class SlurmScheduler:
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)
         if spec.retries and opts.spare_nodes:  # the retry step runs the nodes' step again on spares
-            step = _node_step(submission)
+            step = node_step(submission)
             request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image, step)
             submission = _executor(request, job_dir, opts.max_requeues)
         files = {
