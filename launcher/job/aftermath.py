@@ -34,6 +34,10 @@ AGENT_CONSEQUENCES = (
 # at the start (node 0 unreachable, the cause), where it comes from another frame.
 STORE_LOST = "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError"
 WHILE_RUNNING = "in num_nodes_waiting"  # the frame of torchrun's monitor loop, once its workers run
+# Python's report of an exception raised inside a logging call (``logging.Handler.handleError``): from
+# this line to its "Arguments: " line, a traceback, the call stack and the message; judged as a whole
+# by the traceback's last exception (torchrun stopped while it logged: a SignalException).
+LOGGING_ERROR = "--- Logging error ---"
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
 BANNER_LINES = 40  # at most this many lines are dropped as the summary, whatever follows
 MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
@@ -50,6 +54,8 @@ def quieted(lines: Iterable[str]) -> Iterator[str]:
         yield from quiet.feed(line)
     for key in list(quiet.held):
         yield from quiet.finish(key)
+    for label in list(quiet.reports):
+        yield from quiet.reports.pop(label)
 
 
 class _Quiet:
@@ -59,6 +65,7 @@ class _Quiet:
         # label -> ("=" lines of ChildFailedError's summary still to come, lines still to drop at most)
         self.banners: dict[str, tuple[int, int]] = {}
         self.failed = False  # an exception that follows from a failure has come (any node, any rank)
+        self.reports: dict[str, list[str]] = {}  # label -> a logging error report so far
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came. A traceback is judged by its chain's last exception
@@ -72,6 +79,8 @@ class _Quiet:
             return [line]
         label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
         key = (label, prefix)
+        if not prefix and (text == LOGGING_ERROR or label in self.reports):
+            return self._report(label, line, text)
         if not prefix and label in self.banners:
             rules, budget = self.banners.pop(label)
             rules -= text.startswith(BANNER)
@@ -111,6 +120,22 @@ class _Quiet:
         if text.startswith(STORE_LOST):
             return self.failed and any(WHILE_RUNNING in line for line in block)
         return text.startswith(AGENT_CONSEQUENCES)
+
+    def _report(self, label: str, line: str, text: str) -> list[str]:
+        """A line of a logging error report: held until its end, then dropped when its traceback's
+        last exception follows from a failure, else shown whole."""
+        block = self.reports.setdefault(label, [])
+        block.append(line)
+        if not text.startswith("Arguments: ") and len(block) < MAX_HELD:
+            return []
+        del self.reports[label]
+        texts = [m["text"].rstrip("\n") for m in map(LINE.match, block) if m is not None]
+        stack = texts.index("Call stack:") if "Call stack:" in texts else len(texts)
+        raised = [t for t in texts[:stack] if t and not t.startswith((" ", "\t"))]
+        if raised and raised[-1].startswith(AGENT_CONSEQUENCES):
+            self.failed = True
+            return []
+        return block
 
     @staticmethod
     def _peer_error(prefix: str, text: str) -> bool:

@@ -150,3 +150,29 @@ def test_a_store_lost_after_a_failure_is_left_out_and_one_lost_first_or_never_re
     assert list(quieted([*first, ended])) == [*first, ended]
     unreachable = _node("node1", UNREACHABLE)
     assert list(quieted([*_node("node0", STOPPED), *unreachable, ended])) == [*unreachable, ended]
+
+
+# torchrun stopped by the launcher while it logged its log tailer's error (as a CI run had): Python's
+# logging error report, whose "Arguments:" line names the SignalException again
+LOGGING = f"""
+--- Logging error ---
+{STOPPED.strip()}
+
+During handling of the above exception, another exception occurred:
+
+{STOPPED.strip()}
+Call stack:
+  File "{TE}/multiprocessing/tail_log.py", line 154, in stop
+    logger.exception(
+Message: 'error in log tailer for %s%s. %s'
+Arguments: ('default', 0, 'SignalException')
+"""
+
+
+def test_a_logging_error_report_of_a_stopped_torchrun_is_left_out_and_another_is_shown() -> None:
+    ended = "node0 | agent: torchrun exited with code 1\n"
+    assert list(quieted([*_node("node0", LOGGING), ended])) == [ended]
+    own = _node("node0", LOGGING.replace(STOPPED.strip().splitlines()[-1], "KeyError: 30"))
+    assert list(quieted([*own, ended])) == [*own, ended]
+    cut = _node("node0", LOGGING)[:6]  # the stream ended mid-report: shown
+    assert list(quieted(cut)) == cut
