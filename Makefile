@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # Arguments for `make run`, e.g. make run ARGS="-- --max-steps 50"
 ARGS ?=
 
-.PHONY: setup run test unit integration lint docs reference bench bench-launcher clean
+.PHONY: setup run test unit integration gpu-test lint docs reference bench bench-launcher clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ unit: setup
 
 integration: setup
 	$(VENV)/bin/pytest -q tests/integration
+
+# On a machine with a CUDA GPU (../shared/GPU.md): the GPU paths, which CI cannot run.
+gpu-test: setup
+	GPTLAUNCH_GPU_TESTS=1 $(VENV)/bin/pytest -q tests/gpu
 
 bench: setup
 	$(PY) benchmarks/bench_trainer.py

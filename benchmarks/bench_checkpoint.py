@@ -10,7 +10,11 @@ For each preset, a GPT with its AdamW state after one step (as the trainer check
   blocks of the preset's block size), whose times against steps with no write in flight give what the
   background write costs the steps around it (the CPU and the GIL are shared).
 
-Usage: ``python benchmarks/bench_checkpoint.py [--presets tiny gpt2] [--rounds 3] [--dir DIR]``.
+On ``--device cuda`` the model, its optimizer and the steps are on the GPU (fp32, eager): the
+background save's stall is then the copy into pinned host buffers.
+
+Usage: ``python benchmarks/bench_checkpoint.py [--presets tiny gpt2] [--rounds 3] [--dir DIR]
+[--device cuda]``.
 Progress goes to stderr, a Markdown table to stdout (medians over the rounds).
 """
 
@@ -35,11 +39,11 @@ from trainer.saver import Saver
 VOCAB = 8192  # the trainer's default tokenizer size
 
 
-def _setup(preset: str) -> tuple[GPT, torch.optim.Optimizer, TrainConfig]:
+def _setup(preset: str, device: torch.device) -> tuple[GPT, torch.optim.Optimizer, TrainConfig]:
     cfg = TrainConfig(preset=preset)  # type: ignore[arg-type]
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config(VOCAB))
-    return model, make_optimizer(model, cfg, torch.device("cpu")), cfg
+    model = GPT(cfg.gpt_config(VOCAB)).to(device)
+    return model, make_optimizer(model, cfg, device), cfg
 
 
 def _step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> float:
@@ -48,6 +52,8 @@ def _step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> floa
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if x.is_cuda:  # the step's kernels are queued: wait for them, or the time is the launch's
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
@@ -55,12 +61,12 @@ def _state(model: GPT, optimizer: torch.optim.Optimizer, step: int) -> dict:
     return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
-def _preset(preset: str, rounds: int, batch: int, directory: Path) -> dict[str, float]:
-    model, optimizer, cfg = _setup(preset)
-    x = torch.randint(0, VOCAB, (batch, cfg.block_size))
+def _preset(preset: str, rounds: int, batch: int, directory: Path, device: torch.device) -> dict[str, float]:
+    model, optimizer, cfg = _setup(preset, device)
+    x = torch.randint(0, VOCAB, (batch, cfg.block_size), device=device)
     quiet = [_step(model, optimizer, x) for _ in range(3)][1:]  # the first warms up
     blocking, stall, write, during = [], [], [], []
-    with tempfile.TemporaryDirectory(dir=directory) as tmp, Saver(Path(tmp), 2, torch.device("cpu")) as saver:
+    with tempfile.TemporaryDirectory(dir=directory) as tmp, Saver(Path(tmp), 2, device) as saver:
         for r in range(rounds):
             t0 = time.perf_counter()
             checkpoint.save(_state(model, optimizer, 2 * r), Path(tmp), 2 * r, keep=2)
@@ -94,13 +100,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=1, help="blocks per training step between saves")
     p.add_argument("--dir", type=Path, default=Path.cwd(), help="where the checkpoints are written")
+    p.add_argument("--device", default="cpu", help="where the model and its steps are: cpu or cuda")
     a = p.parse_args()
     torch.set_num_threads(1)  # as one rank of a 2-rank job on these 2 cores
     print("| preset | state MB | blocking save, s | background: stall, s | stall / blocking | "
           "write to its end, s | steps during it | their step time / quiet |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for preset in a.presets:
-        r = _preset(preset, a.rounds, a.batch, a.dir)
+        r = _preset(preset, a.rounds, a.batch, a.dir, torch.device(a.device))
         print(f"| {preset} | {r['mb']:.0f} | {r['blocking']:.3f} | {r['stall']:.3f} | "
               f"{r['stall'] / r['blocking']:.1%} | {r['write']:.3f} | {r['steps']:.1f} | "
               f"{r['slowdown']:.2f}× |", flush=True)  # fmt: skip

@@ -21,12 +21,16 @@ beat on their hosts, in each host agent's state dir (``launcher.agent``), read h
 hosts' node-local disks; teardown then also holds fetching the hosts' last beats over ssh and checking
 the spare as a submit does (``SshAgents.renew``).
 
+With ``--gpu``: one node with one GPU (two ranks cannot share a GPU under NCCL), ``--preset``
+(default gpt2) compiled, bf16; rank 0 is the one killed. Start-up then holds ``torch.compile``'s
+compile (from Inductor's on-disk cache on the retry).
+
 With ``--goodput-minutes M``: instead, one local 2-node job with the trainer's default checkpoint
 and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds;
 its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
 Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
-[--scheduler ssh [--hosts N]]``,
+[--scheduler ssh [--hosts N]] [--gpu [--preset P]]``,
 ``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
@@ -61,11 +65,11 @@ DEV_HOSTS = 8  # brought up as the integration tests do: a smaller count would r
 
 
 def _beats(args: argparse.Namespace, job_dir: Path) -> list[Beat]:
-    """The two nodes' ranks' latest beats: in the job record (local), or on the hosts of the current
+    """The nodes' ranks' latest beats: in the job record (local), or on the hosts of the current
     plan (ssh: host H's ``XDG_STATE_HOME`` is ``STATE/local/state`` there, ``STATE/hosts/H/local/state``
     here)."""
     if args.scheduler == "local":
-        return [b for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
+        return [b for k in range(args.nodes) for b in read_beats(job_dir / "heartbeat" / f"node-{k}")]
     jobs = Path("local", "state", "gptlaunch", "jobs", job_dir.name)
     nodes = JobRecord(job_dir).plan().nodes
     where = [args.state / "hosts" / n.host / jobs / f"node-{n.node_rank}.heartbeat" for n in nodes]
@@ -98,15 +102,23 @@ def _until(what: str, found: Callable[[], object], timeout_s: float = 600) -> No
     raise BenchError(f"{what}: not within {timeout_s:.0f} s")
 
 
+def _trainer_flags(args: argparse.Namespace) -> list[str]:
+    """The model's flags: the tiny preset, eager, on the CPU; or (``--gpu``) ``args.preset`` compiled."""
+    if args.gpu:
+        return ["--preset", args.preset]
+    return ["--preset", "tiny", "--no-compile"]
+
+
 def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     """The parts of one failure's cost, in seconds."""
     jobs = tmp / f"jobs-{k}"
+    gpus = ["--gpus-per-node", "1"] if args.gpu else []
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        *_scheduler_flags(args, tmp), "--nodes", "2", "--retries", "1",
+        *_scheduler_flags(args, tmp), "--nodes", str(args.nodes), *gpus, "--retries", "1",
         "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
-        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
-        "--no-compile", "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
+        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
+        "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
         "--checkpoint-interval", str(args.checkpoint_interval), "--eval-interval", "1000000",
         "--run-dir", str(tmp / f"run-{k}"),
     ]  # fmt: skip
@@ -116,11 +128,11 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
     job_dir = jobs / out.stdout.strip().splitlines()[-1]
     _until(
         "the kill step",
-        lambda: len(b := _beats(args, job_dir)) == 2 and min(x.step for x in b) >= args.kill_step,
+        lambda: len(b := _beats(args, job_dir)) == args.nodes and min(x.step for x in b) >= args.kill_step,
     )
-    rank1 = next(b for b in _beats(args, job_dir) if b.rank == 1)
+    victim = next(b for b in _beats(args, job_dir) if b.rank == args.nodes - 1)
     killed = time.time()
-    os.kill(rank1.pid, signal.SIGKILL)
+    os.kill(victim.pid, signal.SIGKILL)
     attempt_file = job_dir / "attempts" / "1" / "attempt.json"
     _until("attempt 1 archived", attempt_file.is_file)
     attempt = Attempt.model_validate_json(attempt_file.read_text())
@@ -131,9 +143,9 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
 
     def stepped() -> bool:  # the next attempt's beats only (ssh: the plan names the spare a bit later)
         beats = [b for b in _beats(args, job_dir) if b.time > attempt.cleaned_at]
-        if len(beats) == 2 and all(b.phase == "step" for b in beats) and not first:
+        if len(beats) == args.nodes and all(b.phase == "step" for b in beats) and not first:
             first.append(max(b.time for b in beats))
-        if first and len(beats) == 2 and min(b.step for b in beats) >= attempt.step:
+        if first and len(beats) == args.nodes and min(b.step for b in beats) >= attempt.step:
             reached.append(max(b.time for b in beats))
         return bool(reached)
 
@@ -152,8 +164,15 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
         "recompute": reached[0] - first[0],
     }
     said = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
-    log(f"round {k + 1}: {said} (killed at step {attempt.step})")
+    log(f"round {k + 1}: {said} (killed at step {attempt.step}, resumed at {_resumed_at(job_dir)})")
     return parts
+
+
+def _resumed_at(job_dir: Path) -> str:
+    """The trainer's own line saying where the retry resumed from, from node 0's log."""
+    log_file = job_dir / "node-0.log"
+    lines = log_file.read_text(errors="replace").splitlines() if log_file.is_file() else []
+    return next((line.strip() for line in reversed(lines) if "resum" in line.lower()), "?")
 
 
 def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
@@ -204,6 +223,8 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
 
 
 def _over(args: argparse.Namespace) -> str:
+    if args.gpu:
+        return f" --gpu --preset {args.preset}"
     return f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
 
 
@@ -218,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-files", nargs="+", help="input text (default: WikiText-2 valid.txt in ../shared)")
     p.add_argument("--scheduler", choices=("local", "ssh"), default="local")
     p.add_argument("--hosts", type=int, default=3, help="ssh: dev hosts in the hostfile, 2 nodes + spares")
+    p.add_argument("--gpu", action="store_true", help="one node with one GPU, the model compiled")
+    p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
     args = p.parse_args(argv)
+    args.nodes = 1 if args.gpu else 2
+    if args.gpu and (args.scheduler != "local" or args.goodput_minutes):
+        p.error("--gpu measures rounds on the local scheduler only")
     args.text_files = text_files(args.text_files, p)
     if args.scheduler == "ssh" and (args.goodput_minutes or not 3 <= args.hosts <= 16):
         p.error("--scheduler ssh measures rounds only, with --hosts 3 to 16 (2 nodes and a spare)")
@@ -245,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(f"| **total** | **{statistics.median(totals):.1f}** | {min(totals):.1f}–{max(totals):.1f} |")
     print("\n".join(rows))
     print(
-        f"\n{args.rounds} rounds, rank 1 SIGKILLed past step {args.kill_step}, a checkpoint every "
-        f"{args.checkpoint_interval} steps, `--retry-backoff-s {args.retry_backoff_s:g}`; "
+        f"\n{args.rounds} rounds, rank {args.nodes - 1} SIGKILLed past step {args.kill_step}, a checkpoint "
+        f"every {args.checkpoint_interval} steps, `--retry-backoff-s {args.retry_backoff_s:g}`; "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}, total {time.monotonic() - started:.0f} s · "
         f"`python benchmarks/bench_recovery.py{_over(args)}`"
     )

@@ -50,15 +50,15 @@ import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from gptlaunch import runtime
 from gptlaunch.collectives import all_gather_object, broadcast_state, distributed
 from gptlaunch.files import atomic_write
+from gptlaunch.staging import HostStager
 
 SHM = Path("/dev/shm")
 HEADROOM_BYTES = 256 * 2**20  # left free in shared memory after a snapshot (NCCL uses it too)
@@ -115,7 +115,7 @@ class Snapshots:
                 partial.unlink()
         except OSError as e:
             return _warn(f"no snapshots in memory for this run: {e}")
-        self._stager = host_stager(device)  # keeps its buffers from one snapshot to the next
+        self._stager = HostStager(device)  # keeps its buffers from one snapshot to the next
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-writer")
 
     def due(self, step: int) -> bool:
@@ -133,7 +133,7 @@ class Snapshots:
             needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
             if needed > free:
                 return self._off(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
-            staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
+            staged = self._stager.stage(state)
             self._writing = self._pool.submit(self._write, staged, step)
         except Exception as e:  # best effort: the previous write failed, no room, no permission
             self._off(str(e))
@@ -255,21 +255,6 @@ def drop(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     with contextlib.suppress(OSError):
         directory.parent.rmdir()  # only when empty
-
-
-def host_stager(device: torch.device) -> DefaultStager:
-    """torch's copy of a state to host memory (``DefaultStager``), synchronous: the caller waits for
-    the copy, then the state may change again. On CUDA into pinned buffers, copied non-blocking. It
-    keeps its buffers from one copy to the next, so only the first allocates."""
-    cuda = device.type == "cuda"
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
-    )
 
 
 def tensor_bytes(value: Any) -> int:

@@ -1,9 +1,9 @@
 """Checkpoints that do not stall training: rank 0 copies the state to host memory and a background
 thread writes it.
 
-The copy is torch's own ``DefaultStager`` (``torch.distributed.checkpoint.staging``): on CUDA into
-pinned host buffers with a non-blocking copy, on the CPU into buffers of its own; it keeps the buffers
-from one save to the next, so the copy allocates nothing after the first. The write is
+The copy is torch's own ``DefaultStager`` (``gptlaunch.staging``): on CUDA into pinned host buffers
+with a non-blocking copy, on the CPU into buffers of its own; it keeps the buffers from one save to
+the next, so the copy allocates nothing after the first (but on torch 2.11 and 2.12: see there). The write is
 ``checkpoint.save`` as before (a temporary file, fsynced, renamed into place, the directory fsynced):
 a crash mid-write leaves the previous checkpoint whole, and what a retry resumes is always complete.
 
@@ -30,11 +30,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from gptlaunch.snapshots import host_stager, tensor_bytes
+from gptlaunch.snapshots import tensor_bytes
+from gptlaunch.staging import HostStager
 from trainer import checkpoint
 from trainer.console import warn
 
@@ -61,7 +62,7 @@ class Saver:
 
     def __init__(self, run_dir: Path, keep: int, device: torch.device) -> None:
         self.run_dir, self.keep = run_dir, keep
-        self._stager = host_stager(device)
+        self._stager = HostStager(device)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._writing: Future[Path] | None = None
 
@@ -82,7 +83,7 @@ class Saver:
         if blocking:
             path = checkpoint.save(state, self.run_dir, step, self.keep)
         else:
-            staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
+            staged = self._stager.stage(state)
             path = checkpoint.checkpoint_path(self.run_dir, step)
             self._writing = self._pool.submit(self._write, staged, step)
         stall = time.perf_counter() - t0

@@ -258,12 +258,13 @@ def cpu_image(
     return dict(json.loads(record.read_text()))
 
 
-def wait_for_steps(beat_dirs: list[Path], step: int, timeout_s: float = 180) -> list[Beat]:
-    """Every rank's beat once each is past ``step`` in the step phase (polls the real files)."""
+def wait_for_steps(beat_dirs: list[Path], step: int, timeout_s: float = 180, ranks: int = 2) -> list[Beat]:
+    """Every rank's beat (``ranks`` of them) once each is past ``step`` in the step phase (polls the real
+    files)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         beats = [b for d in beat_dirs for b in read_beats(d)]
-        if len(beats) == 2 and all(b.phase == "step" and b.step >= step for b in beats):
+        if len(beats) == ranks and all(b.phase == "step" and b.step >= step for b in beats):
             return beats
         time.sleep(0.2)
     raise AssertionError(f"the ranks did not reach step {step} within {timeout_s} s: {beats}")

@@ -1,0 +1,50 @@
+"""The copy of a training state to host memory that a background checkpoint or snapshot waits for:
+torch's ``DefaultStager`` (``torch.distributed.checkpoint.staging``), synchronous. On CUDA into pinned
+buffers with non-blocking copies, then a synchronize; on the CPU into buffers of its own. It keeps its
+buffers from one copy to the next, so only the first allocates (and pins).
+
+torch 2.11's ``DefaultStager`` cannot be reused: its copy closes the stager it holds, and the next copy
+raises ``KeyError: <class 'type'>`` (pytorch/pytorch#183413, seen on a GPU machine with torch 2.11;
+2.13 is fixed). There, and on 2.12, which was not checked, each copy gets a new stager, so each
+allocates and pins its buffers anew.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.torch_version import TorchVersion
+
+# The releases whose DefaultStager closes itself after one copy (2.12 not checked, taken as one of them).
+STAGER_CLOSES_ITSELF = TorchVersion("2.11") <= TorchVersion(torch.__version__) < TorchVersion("2.13")
+
+
+class HostStager:
+    """Copies of states to host memory for ``device``'s tensors. ``stage`` returns the copy once it
+    is complete: the state's tensors may change again at once."""
+
+    def __init__(self, device: torch.device, reusable: bool = not STAGER_CLOSES_ITSELF) -> None:
+        cuda = device.type == "cuda"
+        self._options = StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+        self._reusable = reusable
+        self._stager = DefaultStager(self._options)
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``state`` (nested dicts, lists and tuples of tensors and plain values) in host
+        memory."""
+        staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
+        if not self._reusable:
+            self._stager.close()
+            self._stager = DefaultStager(self._options)
+        return staged
+
+    def close(self) -> None:
+        """Let go of the buffers kept for the next copy."""
+        self._stager.close()
