@@ -169,10 +169,13 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
 
 
 def _resumed_at(job_dir: Path) -> str:
-    """The trainer's own line saying where the retry resumed from, from node 0's log."""
-    log_file = job_dir / "node-0.log"
-    lines = log_file.read_text(errors="replace").splitlines() if log_file.is_file() else []
-    return next((line.strip() for line in reversed(lines) if "resum" in line.lower()), "?")
+    """The trainer's own line saying where the retry resumed from (rank 0's, on either node)."""
+    lines = [
+        line
+        for log in sorted(job_dir.glob("node-*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+    ]
+    return next((line.strip() for line in lines if "resumed from" in line), "?")
 
 
 def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
