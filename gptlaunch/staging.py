@@ -5,8 +5,9 @@ buffers from one copy to the next, so only the first allocates (and pins).
 
 torch 2.11's ``DefaultStager`` cannot be reused: its copy closes the stager it holds, and the next copy
 raises ``KeyError: <class 'type'>`` (pytorch/pytorch#183413, seen on a GPU machine with torch 2.11;
-2.13 is fixed). There, and on 2.12, which was not checked, each copy gets a new stager, so each
-allocates and pins its buffers anew.
+2.13 is fixed). Which releases and builds have it is not known for certain (NGC's ``2.11.0a0+...``
+among them), so it is tried once, at import, with two copies of a one-element state on the CPU; where
+it fails, each copy gets a new stager, so each allocates and pins its buffers anew.
 """
 
 from __future__ import annotations
@@ -15,10 +16,29 @@ from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.torch_version import TorchVersion
 
-# The releases whose DefaultStager closes itself after one copy (2.12 not checked, taken as one of them).
-STAGER_CLOSES_ITSELF = TorchVersion("2.11") <= TorchVersion(torch.__version__) < TorchVersion("2.13")
+
+def closes_itself() -> bool:
+    """Whether this torch's ``DefaultStager`` fails at its second copy (pytorch/pytorch#183413)."""
+    stager = DefaultStager(_options(cuda=False))
+    try:
+        for _ in range(2):
+            stager.stage({"t": torch.zeros(1)})
+    except KeyError:
+        return True
+    finally:
+        stager.close()
+    return False
+
+
+def _options(cuda: bool) -> StagingOptions:
+    """Synchronous copies; on CUDA into pinned buffers, non-blocking (then synchronized)."""
+    return StagingOptions(
+        use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
+    )
+
+
+STAGER_CLOSES_ITSELF = closes_itself()
 
 
 class HostStager:
@@ -26,19 +46,13 @@ class HostStager:
     is complete: the state's tensors may change again at once."""
 
     def __init__(self, device: torch.device, reusable: bool = not STAGER_CLOSES_ITSELF) -> None:
-        cuda = device.type == "cuda"
-        self._options = StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=False,
-            use_non_blocking_copy=cuda,
-        )
+        self._options = _options(device.type == "cuda")
         self._reusable = reusable
         self._stager = DefaultStager(self._options)
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """A copy of ``state`` (nested dicts, lists and tuples of tensors and plain values) in host
-        memory."""
+        memory. A reused stager copies into the buffers of its previous copy: write that one out first."""
         staged = cast(dict[str, Any], self._stager.stage(state))  # synchronous staging: a dict
         if not self._reusable:
             self._stager.close()

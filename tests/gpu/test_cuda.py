@@ -44,7 +44,7 @@ def _steps(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, n: int
     for _ in range(n):
         _, loss = model(x, x)
         loss.backward()
-        optimizer.step()  # in place, on the GPU's stream: right after a copy was queued from the same tensors
+        optimizer.step()  # in place: a copy's writer thread must not see these values
         optimizer.zero_grad(set_to_none=True)
 
 
@@ -52,20 +52,24 @@ def _on_cpu(state: dict) -> dict:
     return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
-def test_a_background_checkpoint_holds_the_gpu_state_of_its_step_while_training_goes_on(
+def test_background_checkpoints_hold_the_gpu_state_of_their_step_while_training_goes_on(
     tmp_path: Path,
 ) -> None:
+    """Two saves with one writer (torch 2.11's stager failed at the second), 3 steps after each."""
     model, optimizer, x = _trained(2)
-    expected = _on_cpu(model.state_dict())
+    expected = {}
     with Saver(tmp_path, 2, CUDA) as saver:
-        times = saver.save({"step": 2, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
-                           2, blocking=False)  # fmt: skip
-        _steps(model, optimizer, x, 3)  # the parameters change while the write goes on
-    assert times.background and times.nbytes > 0
-    saved = torch.load(checkpoint.checkpoint_path(tmp_path, 2), map_location="cpu", weights_only=True)
-    assert saved["model"].keys() == expected.keys()
-    assert all(torch.equal(saved["model"][k], expected[k]) for k in expected)  # the step's, bit for bit
-    assert not all(torch.equal(v.cpu(), expected[k]) for k, v in model.state_dict().items())
+        for step in (2, 5):
+            expected[step] = _on_cpu(model.state_dict())
+            full = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            times = saver.save(full, step, blocking=False)
+            assert times.background and times.nbytes > 0
+            _steps(model, optimizer, x, 3)  # the parameters change while the write goes on
+    for step, state in expected.items():
+        saved = torch.load(checkpoint.checkpoint_path(tmp_path, step), map_location="cpu", weights_only=True)
+        assert saved["model"].keys() == state.keys()
+        assert all(torch.equal(saved["model"][k], state[k]) for k in state), step  # bit for bit
+    assert not all(torch.equal(a, b) for a, b in zip(expected[2].values(), expected[5].values(), strict=True))
 
 
 @pytest.fixture
@@ -84,6 +88,8 @@ def nccl_group(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def test_a_snapshot_of_gpu_state_comes_back_through_nccl(
     nccl_group, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """One rank: the gather and the broadcast run on NCCL, but the state is the one rank 0 read from
+    its file (what crosses the network between hosts is tested on gloo, tests/unit/test_collectives.py)."""
     model, optimizer, x = _trained(2)
     expected = _on_cpu(model.state_dict())
     kept = Snapshots(tmp_path / "run", every=1, device=CUDA)
@@ -106,7 +112,9 @@ def test_a_killed_rank_on_a_gpu_resumes_from_the_snapshot_in_host_memory(
     prepared_data, tmp_path: Path
 ) -> None:
     """One node with one GPU, compiled, bf16; a snapshot every 10 steps and no checkpoint before step
-    100: rank 0 SIGKILLed past step 16 resumes from the snapshot, and every step is logged once."""
+    100: rank 0 SIGKILLed past step 16 resumes from a snapshot, and every step is logged once. At
+    hundreds of steps a second the newest snapshot may still be in writing at the kill, and the one
+    before it is used: at most two intervals back."""
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     trainer_args = ["--max-steps", str(STEPS), "--log-interval", "1", "--checkpoint-interval", "100",
                     "--eval-interval", "100000", "--run-dir", str(run_dir)]  # fmt: skip
@@ -124,7 +132,7 @@ def test_a_killed_rank_on_a_gpu_resumes_from_the_snapshot_in_host_memory(
     resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", log)
     assert resumed is not None, log[-3000:]
     first = Attempt.model_validate_json((job_dir / "attempts" / "1" / "attempt.json").read_text())
-    assert first.step is not None and int(resumed[1]) >= 10 and first.step - int(resumed[1]) <= 10, first
+    assert first.step is not None and int(resumed[1]) >= 10 and first.step - int(resumed[1]) <= 20, first
     steps = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]
     assert steps == list(range(1, STEPS + 1))
     assert len(losses(run_dir)) == STEPS

@@ -1,6 +1,7 @@
 """The copy of a state to host memory (``gptlaunch.staging``): complete when ``stage`` returns, kept
-apart from the state, and correct copy after copy, also under torch 2.11's ``DefaultStager``, which
-closes itself after one copy (pytorch/pytorch#183413; here its ``_stage`` made to do the same)."""
+apart from the state, and correct copy after copy of the same state, as a run makes them, also under
+torch 2.11's ``DefaultStager``, which closes itself after one copy (pytorch/pytorch#183413; here its
+``_stage`` made to do the same), and which the import-time probe recognises."""
 
 from __future__ import annotations
 
@@ -8,30 +9,36 @@ import pytest
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager
 
-from gptlaunch.staging import STAGER_CLOSES_ITSELF, HostStager
+from gptlaunch.staging import STAGER_CLOSES_ITSELF, HostStager, closes_itself
 
 CPU = torch.device("cpu")
 
 
-def _state(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"step": seed, "model": {"w": torch.randn(4, 3, generator=g)}, "rng": [torch.arange(5) + seed]}
+def _state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {"step": 0, "model": {"w": torch.randn(4, 3, generator=g)}, "rng": [torch.arange(5)]}
 
 
-def _copies_are_their_states(stager: HostStager) -> None:
-    for seed in range(3):
-        state = _state(seed)
+def _copies(stager: HostStager, rounds: int = 3) -> list[torch.Tensor]:
+    """Copy one state ``rounds`` times, changing it in place between copies as training does; check
+    each copy against the state as it was; return each copy's weight tensor."""
+    state, weights = _state(), []
+    for step in range(rounds):
+        state["step"] = step
+        expected = state["model"]["w"].clone()
         staged = stager.stage(state)
-        expected = _state(seed)
-        state["model"]["w"].add_(1.0)  # the state goes on changing: the copy must not
-        assert staged["step"] == seed
-        assert torch.equal(staged["model"]["w"], expected["model"]["w"])
-        assert torch.equal(staged["rng"][0], expected["rng"][0])
+        state["model"]["w"].add_(1.0)  # the next step, right after the copy returned
+        assert staged["step"] == step
+        assert torch.equal(staged["model"]["w"], expected)
+        assert torch.equal(staged["rng"][0], state["rng"][0])
+        weights.append(staged["model"]["w"])
+    return weights
 
 
-def test_each_copy_holds_its_state_and_not_what_came_after() -> None:
-    stager = HostStager(CPU)
-    _copies_are_their_states(stager)
+def test_a_reused_stager_copies_into_the_same_buffers_each_time() -> None:
+    stager = HostStager(CPU, reusable=True)
+    first, *later = _copies(stager)
+    assert all(w.data_ptr() == first.data_ptr() for w in later)  # so a write must end before the next copy
     stager.close()
 
 
@@ -49,14 +56,16 @@ def self_closing_stager(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DefaultStager, "_stage", closing)
 
 
-def test_a_stager_that_closes_itself_gets_a_new_one_for_each_copy(self_closing_stager: None) -> None:
+def test_a_stager_that_closes_itself_is_recognised_and_replaced_for_each_copy(
+    self_closing_stager: None,
+) -> None:
+    assert closes_itself()
     with pytest.raises(KeyError):  # the failure as torch 2.11 shows it, on the second copy
-        reused = HostStager(CPU, reusable=True)
-        reused.stage(_state(0))
-        reused.stage(_state(1))
-    _copies_are_their_states(HostStager(CPU, reusable=False))
+        _copies(HostStager(CPU, reusable=True))
+    weights = _copies(HostStager(CPU, reusable=False))
+    assert len({w.data_ptr() for w in weights}) == len(weights)  # each copy in buffers of its own
 
 
-def test_only_the_releases_with_that_stager_take_a_new_one_each_time() -> None:
-    release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    assert ((2, 11) <= release < (2, 13)) == STAGER_CLOSES_ITSELF
+def test_this_torchs_stager_is_probed_as_it_behaves() -> None:
+    assert closes_itself() == STAGER_CLOSES_ITSELF
+    _copies(HostStager(CPU))  # whichever way the probe went, copies are right
