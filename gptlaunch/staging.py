@@ -6,18 +6,21 @@ buffers from one copy to the next, so only the first allocates (and pins).
 torch 2.11's ``DefaultStager`` cannot be reused: its copy closes the stager it holds, and the next copy
 raises ``KeyError: <class 'type'>`` (pytorch/pytorch#183413, seen on a GPU machine with torch 2.11;
 2.13 is fixed). Which releases and builds have it is not known for certain (NGC's ``2.11.0a0+...``
-among them), so it is tried once, at import, with two copies of a one-element state on the CPU; where
-it fails, each copy gets a new stager, so each allocates and pins its buffers anew.
+among them), so it is tried once per process, when the first stager is made, with two copies of a
+one-element state on the CPU; where it fails, each copy gets a new stager, so each allocates and pins
+its buffers anew.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 
+@functools.cache
 def closes_itself() -> bool:
     """Whether this torch's ``DefaultStager`` fails at its second copy (pytorch/pytorch#183413)."""
     stager = DefaultStager(_options(cuda=False))
@@ -38,16 +41,13 @@ def _options(cuda: bool) -> StagingOptions:
     )
 
 
-STAGER_CLOSES_ITSELF = closes_itself()
-
-
 class HostStager:
     """Copies of states to host memory for ``device``'s tensors. ``stage`` returns the copy once it
     is complete: the state's tensors may change again at once."""
 
-    def __init__(self, device: torch.device, reusable: bool = not STAGER_CLOSES_ITSELF) -> None:
+    def __init__(self, device: torch.device, reusable: bool | None = None) -> None:
         self._options = _options(device.type == "cuda")
-        self._reusable = reusable
+        self._reusable = not closes_itself() if reusable is None else reusable
         self._stager = DefaultStager(self._options)
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@ thread writes it.
 
 The copy is torch's own ``DefaultStager`` (``gptlaunch.staging``): on CUDA into pinned host buffers
 with a non-blocking copy, on the CPU into buffers of its own; it keeps the buffers from one save to
-the next, so the copy allocates nothing after the first (but on torch 2.11 and 2.12: see there). The write is
+the next, so the copy allocates nothing after the first (not where torch's stager cannot be reused:
+see there). The write is
 ``checkpoint.save`` as before (a temporary file, fsynced, renamed into place, the directory fsynced):
 a crash mid-write leaves the previous checkpoint whole, and what a retry resumes is always complete.
 
