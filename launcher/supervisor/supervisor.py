@@ -185,6 +185,7 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
     finally:
         stop.ignore()  # cleanup must not be cut short by another signal
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        job.transport.close()
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
     final = job.record.finish(outcome)
     # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.

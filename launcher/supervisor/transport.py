@@ -40,6 +40,10 @@ class Transport(Protocol):
         """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
         ...
 
+    def close(self) -> None:
+        """Once the job has ended and ``kill`` ran: end what the transport kept across attempts."""
+        ...
+
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         """What an agent's exit code means for this transport (e.g. ssh's 255: the connection was lost),
         or None when it is the agent's own."""
@@ -74,6 +78,9 @@ class ChildAgents:
     def kill(self, job_id: str, grace_s: float) -> None:
         procs.terminate(psutil.Process().children(recursive=True), grace_s)
         procs.sweep(job_id)
+
+    def close(self) -> None:
+        """Nothing is kept across attempts."""
 
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         return None

@@ -25,6 +25,12 @@ class LocalOptions(SchedulerOptions):
         json_schema_extra=NO_FLAG,
     )
 
+    warm_workers: bool = Field(
+        False,
+        description="fork the ranks from one process per job that has imported torch, so that a retry "
+        "starts them warm (seconds sooner); the first attempt starts cold while it warms up",
+    )
+
     @field_validator("gpus")
     @classmethod
     def _gpu_ids(cls, v: list[str] | None) -> list[str] | None:

@@ -23,6 +23,7 @@ from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, node_agents, worker_argv
 from launcher.schedulers.local.options import LocalOptions
+from launcher.schedulers.local.warm import WarmAgents, warm_worker
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import Transport
 
@@ -107,6 +108,8 @@ class LocalScheduler(SupervisedScheduler):
     def render(self, spec: JobSpec, facts: LocalFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.rdzv_host}:{facts.rdzv_port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
+        if spec.options(LocalOptions).warm_workers:
+            worker = warm_worker(worker, job_id)
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         nodes = []
         agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)
@@ -123,4 +126,7 @@ class LocalScheduler(SupervisedScheduler):
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
-        return ChannelAgents(record.spec().secrets_here())
+        spec = record.spec()
+        if spec.options(LocalOptions).warm_workers:
+            return WarmAgents(spec.secrets_here(), spec.python, plan.job_id)
+        return ChannelAgents(spec.secrets_here())

@@ -1,0 +1,83 @@
+"""Warm workers for local jobs (``--warm-workers``): ranks forked from a process that has imported torch
+(``gptlaunch.warm``), so that a retry does not pay a cold interpreter's imports again.
+
+The supervisor starts one zygote for the job, beside the first attempt's nodes, and keeps it across
+attempts; it ends it with the job. Until the zygote is ready (its imports take seconds), a rank's
+client finds no socket and runs the program cold: the first attempt is as fast as without, and every
+later one starts warm. Every emulated node shares this machine, so one zygote serves all of them: a
+rank gets its node's environment from its client.
+
+The zygote's environment lacks the job id (``JOB_ID_ENV``): the sweep between attempts, which ends
+every process marked with it, must leave the zygote alone. Its forked ranks are its children, so
+``kill`` still reaches them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from gptlaunch.contract import JOB_ID_ENV
+from launcher.agent.transport import ChannelAgents
+from launcher.job.plan import NodePlan
+from launcher.job.record import JobRecord
+from launcher.supervisor import procs
+
+LOG = "warm.log"  # the zygote's output, in the job dir
+
+
+def zygote_socket(job_id: str) -> Path:
+    """Where the zygote of ``job_id`` listens: a short path (a Unix socket's is at most 107 bytes), in
+    a directory only this user may enter."""
+    return Path(tempfile.gettempdir()) / f"gptlaunch-warm-{job_id}" / "zygote.sock"
+
+
+def warm_worker(worker: list[str], job_id: str) -> list[str]:
+    """What torchrun runs for each rank instead of ``worker`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``):
+    the client that has the zygote fork the rank."""
+    return ["-m", "gptlaunch.warm", "run", str(zygote_socket(job_id)), "--", *worker]
+
+
+class WarmAgents(ChannelAgents):
+    """``ChannelAgents`` whose ranks are forked from one zygote per job, run by ``python``."""
+
+    def __init__(self, secrets: dict[str, str], python: str, job_id: str) -> None:
+        super().__init__(secrets)
+        self.python, self.job_id = python, job_id
+        self.zygote: subprocess.Popen[bytes] | None = None
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        if self.zygote is None:
+            self.zygote = self._start_zygote(node, record)
+        return super().start(node, record)
+
+    def _start_zygote(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        sock = zygote_socket(self.job_id)
+        sock.parent.mkdir(mode=0o700, exist_ok=True)
+        env = {k: v for k, v in (os.environ | node.env).items() if k != JOB_ID_ENV}
+        with open(record.dir / LOG, "ab") as log:
+            return subprocess.Popen(
+                [self.python, "-m", "gptlaunch.warm", "serve", str(sock)],
+                env=env, cwd=node.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=procs.die_with_parent,
+            )  # fmt: skip
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        """End every process of the job but the zygote (its ranks included)."""
+        tree = psutil.Process().children(recursive=True)
+        procs.terminate([p for p in tree if self.zygote is None or p.pid != self.zygote.pid], grace_s)
+        procs.sweep(job_id)
+
+    def close(self) -> None:
+        """End the zygote and remove its socket."""
+        if self.zygote is not None:
+            with contextlib.suppress(psutil.Error):
+                procs.terminate([psutil.Process(self.zygote.pid)], 2.0)
+            self.zygote.wait()
+        shutil.rmtree(zygote_socket(self.job_id).parent, ignore_errors=True)

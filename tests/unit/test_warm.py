@@ -1,0 +1,145 @@
+"""Workers forked from a warm process (``gptlaunch.warm``), with real processes: the child runs the
+program with the client's argv, environment, directory and streams; the client ends as the child
+ended (its code, or its signal), relays signals to it, and takes the child with it when killed; with
+no zygote the client runs the program itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+PROGRAM = """
+import os, signal, sys, time
+got = []
+if sys.argv[1] == "wait":  # before the line the test waits for
+    signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+print("argv", sys.argv[1:], "env", os.environ.get("WARM_TEST"), "cwd", os.getcwd(), flush=True)
+print("pid", os.getpid(), flush=True)
+what = sys.argv[1]
+if what == "exit":
+    sys.exit(int(sys.argv[2]))
+if what == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what == "raise":
+    raise RuntimeError("boom")
+if what == "wait":
+    while not got:
+        time.sleep(0.05)
+    print("got", got[0], flush=True)
+"""
+
+
+@pytest.fixture
+def socket_path() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:  # a Unix socket's path is at most 107 bytes
+        yield str(Path(d) / "z.sock")
+
+
+@pytest.fixture
+def zygote(socket_path: str) -> Iterator[subprocess.Popen[str]]:
+    code = f"from gptlaunch.warm import serve; serve({socket_path!r}, ('json',))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and "ready" in proc.stdout.readline()
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def _client(socket_path: str, program: Path, *args: str, cwd: Path) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "gptlaunch.warm", "run", socket_path, "--", str(program), *args]
+    env = os.environ | {"WARM_TEST": "from-client", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    path = tmp_path / "program.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def test_the_child_runs_with_the_clients_argv_environment_directory_and_exit_code(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "exit", "3", cwd=tmp_path)
+    out, err = client.communicate(timeout=30)
+    assert client.returncode == 3, err
+    assert f"argv ['exit', '3'] env from-client cwd {tmp_path}\n" in out
+    assert int(out.split("pid ")[1].split()[0]) not in (client.pid, zygote.pid)  # a fork of the zygote
+
+
+def test_a_child_killed_by_a_signal_ends_its_client_by_the_same_signal(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "kill", cwd=tmp_path)
+    client.communicate(timeout=30)
+    assert client.returncode == -signal.SIGKILL
+
+
+def test_an_exception_in_the_child_is_its_traceback_and_exit_1(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "raise", cwd=tmp_path)
+    _, err = client.communicate(timeout=30)
+    assert client.returncode == 1 and "RuntimeError: boom" in err
+
+
+def _child_pid(client: subprocess.Popen[str]) -> int:
+    assert client.stdout is not None
+    client.stdout.readline()  # argv, env, cwd
+    return int(client.stdout.readline().split()[1])
+
+
+def test_sigterm_to_the_client_reaches_the_child(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "wait", cwd=tmp_path)
+    _child_pid(client)
+    client.send_signal(signal.SIGTERM)
+    out, err = client.communicate(timeout=30)
+    assert client.returncode == 0 and f"got {int(signal.SIGTERM)}" in out, err
+
+
+def test_a_killed_client_takes_its_child_with_it(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "wait", cwd=tmp_path)
+    child = _child_pid(client)
+    client.kill()
+    client.wait(10)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child outlived its client"
+        time.sleep(0.05)
+
+
+def test_without_a_zygote_the_client_runs_the_program_itself(
+    socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "exit", "4", cwd=tmp_path)
+    out, _ = client.communicate(timeout=30)
+    assert client.returncode == 4 and f"pid {client.pid}" in out  # exec'd in place: the same process
+
+
+def test_a_killed_zygote_takes_its_children_with_it_and_ps_shows_the_program(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "wait", cwd=tmp_path)
+    child = psutil.Process(_child_pid(client))
+    # Not the zygote's command line (a title: one string, which psutil may not split)
+    assert " ".join(child.cmdline()).split() == [sys.executable, str(program), "wait"]
+    zygote.kill()
+    zygote.wait(10)
+    psutil.wait_procs([child], timeout=10)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    client.wait(10)
+    assert client.returncode == 1  # its client fails: torchrun sees a failed rank
