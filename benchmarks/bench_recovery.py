@@ -109,10 +109,11 @@ def _trainer_flags(args: argparse.Namespace) -> list[str]:
     return ["--preset", "tiny", "--no-compile"]
 
 
-def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
-    """The parts of one failure's cost, in seconds."""
-    jobs = tmp / f"jobs-{k}"
+def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -> dict[str, float]:
+    """The parts of one failure's cost, in seconds; ``warm``: with ``--warm-workers``."""
+    jobs = tmp / f"jobs-{k}-{'warm' if warm else 'cold'}"
     gpus = ["--gpus-per-node", "1"] if args.gpu else []
+    gpus += ["--warm-workers"] if warm else []
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
         *_scheduler_flags(args, tmp), "--nodes", str(args.nodes), *gpus, "--retries", "1",
@@ -120,7 +121,7 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
         "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
         "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
         "--checkpoint-interval", str(args.checkpoint_interval), "--eval-interval", "1000000",
-        "--run-dir", str(tmp / f"run-{k}"),
+        "--run-dir", str(jobs / "run"),
     ]  # fmt: skip
     out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
     if out.returncode != 0:
@@ -164,7 +165,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int) -> dict[str, float]:
         "recompute": reached[0] - first[0],
     }
     said = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
-    log(f"round {k + 1}: {said} (killed at step {attempt.step}, resumed at {_resumed_at(job_dir)})")
+    mode = " (warm workers)" if warm else ""
+    log(f"round {k + 1}{mode}: {said} (killed at step {attempt.step}, resumed at {_resumed_at(job_dir)})")
     return parts
 
 
@@ -184,7 +186,8 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     minutes = args.goodput_minutes
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        "--nodes", "2", "--retries", "100", "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
+        "--nodes", "2", *(["--warm-workers"] if args.warm == "on" else []), "--retries", "100",
+        "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
         "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
         "--no-compile", "--max-steps", "100000000", "--run-dir", str(tmp / "run"),
     ]  # fmt: skip
@@ -226,9 +229,29 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
 
 
 def _over(args: argparse.Namespace) -> str:
+    if args.warm != "off":
+        return f" --warm {args.warm}"
     if args.gpu:
         return f" --gpu --preset {args.preset}"
     return f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
+
+
+def _table(rounds: dict[bool, list[dict[str, float]]]) -> list[str]:
+    """Markdown: each part's median and range, a column per mode (cold, warm), and warm/cold."""
+    names = {False: "cold workers", True: "warm workers"}
+    head = " | ".join(f"{names[w]}: seconds (median) | range" for w in rounds)
+    both = len(rounds) == 2
+    rows = [f"| part | {head} |{' warm / cold |' if both else ''}", "| --- |" + " ---: | --- |" * len(rounds)]
+    rows[-1] += " ---: |" if both else ""
+    for part in (*PARTS, "total"):
+        cells, medians = [], []
+        for results in rounds.values():
+            values = [sum(r.values()) if part == "total" else r[part] for r in results]
+            medians.append(statistics.median(values))
+            cells.append(f"{medians[-1]:.1f} | {min(values):.1f}–{max(values):.1f}")
+        ratio = f" {medians[1] / medians[0]:.2f} |" if both and medians[0] > 0 else (" – |" if both else "")
+        rows.append(f"| {part} | {' | '.join(cells)} |{ratio}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=3, help="ssh: dev hosts in the hostfile, 2 nodes + spares")
     p.add_argument("--gpu", action="store_true", help="one node with one GPU, the model compiled")
     p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
+    p.add_argument("--warm", choices=("off", "on", "both"), default="off",
+                   help="--warm-workers (local): off, on, or both, alternating round by round")  # fmt: skip
     args = p.parse_args(argv)
     args.nodes = 1 if args.gpu else 2
+    if args.warm != "off" and (args.scheduler != "local" or (args.goodput_minutes and args.warm == "both")):
+        p.error("--warm is for the local scheduler, and one of on/off with --goodput-minutes")
     if args.gpu and (args.scheduler != "local" or args.goodput_minutes):
         p.error("--gpu measures rounds on the local scheduler only")
     args.text_files = text_files(args.text_files, p)
@@ -262,17 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         with tempfile.TemporaryDirectory(prefix="bench_recovery-") as tmp:
-            rounds = [one_round(args, Path(tmp), k) for k in range(args.rounds)]
+            modes = {"off": [False], "on": [True], "both": [False, True]}[args.warm]
+            rounds = {w: [] for w in modes}  # type: dict[bool, list[dict[str, float]]]
+            for k in range(args.rounds):  # side by side: cold and warm alternate
+                for warm in modes:
+                    rounds[warm].append(one_round(args, Path(tmp), k, warm))
     except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr, flush=True)
         return 1
-    rows = ["| part | seconds (median) | range |", "| --- | ---: | --- |"]
-    for part in PARTS:
-        values = [r[part] for r in rounds]
-        rows.append(f"| {part} | {statistics.median(values):.1f} | {min(values):.1f}–{max(values):.1f} |")
-    totals = [sum(r.values()) for r in rounds]
-    rows.append(f"| **total** | **{statistics.median(totals):.1f}** | {min(totals):.1f}–{max(totals):.1f} |")
-    print("\n".join(rows))
+    print("\n".join(_table(rounds)))
     print(
         f"\n{args.rounds} rounds, rank {args.nodes - 1} SIGKILLed past step {args.kill_step}, a checkpoint "
         f"every {args.checkpoint_interval} steps, `--retry-backoff-s {args.retry_backoff_s:g}`; "

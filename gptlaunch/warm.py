@@ -1,22 +1,26 @@
 """Workers forked from a warm process instead of started from nothing (a "zygote", as Android's).
 
 Every start of a rank costs a new interpreter importing torch: about 3 s of the 8.9 s a local start
-takes on a 2-core machine (``docs/benchmarks.md``), and the same again at each retry. A zygote is one
-process per node that has imported torch (and ``torch._dynamo``, which AdamW's first use imports)
-and waits on a Unix socket. A rank then starts as a small client, ``python -m gptlaunch.warm run
-SOCKET -- PROGRAM ARGS``, which hands its argv, environment, working directory and standard streams
-to the zygote; the zygote forks, and the child runs the program as ``python PROGRAM ARGS`` would.
+takes on a 2-core machine (``docs/benchmarks.md``), and the same again at each retry. A zygote is a
+process that has imported torch (and ``torch._dynamo``, which AdamW's first use imports) and waits on
+a Unix socket (one per job on the local scheduler: ``launcher.schedulers.local.warm``). A rank then
+starts as a small client, ``python -m gptlaunch.warm run SOCKET -- PROGRAM ARGS``, which hands its
+argv, environment, working directory and standard streams to the zygote; the zygote forks, and the
+child runs the program as ``python PROGRAM ARGS`` would.
 
 The client stands for the child towards whoever started it (torchrun): it relays SIGTERM, SIGINT,
 SIGHUP, SIGUSR1 and SIGUSR2 to the child, and ends as the child ended: the same exit code, or killed
 by the same signal (so torchrun, and the launcher's root cause after it, see what they would have
-seen). When the client dies first (SIGKILL), the zygote kills its child. When no zygote answers,
-the client runs the program itself, cold: a zygote only ever saves time.
+seen). When the client dies first (SIGKILL), the zygote kills its child; when the zygote dies, the
+kernel kills its children. When no zygote answers, the client runs the program itself, cold: a
+zygote only ever saves time. A child sets its process title to its program (``setproctitle``), so
+``ps`` shows the rank, not the zygote; its ``/proc/PID/environ`` remains the zygote's.
 
 What the zygote imports must not depend on what differs between ranks: it imports only torch and
 third-party packages, never CUDA (a forked CUDA context is unusable), and never this project's
-modules, which read their environment when called. Environment variables that torch reads at import
-(``TORCH_LOGS``, Inductor's and Dynamo's configuration) are the zygote's: start it with the job's.
+modules. Environment variables that torch reads at import (``TORCH_LOGS``, Inductor's and Dynamo's
+configuration) are the zygote's: start it with the job's. ``OMP_NUM_THREADS`` (read once by libgomp)
+and ``PYTHONPATH`` are applied again in each child from its client's environment.
 """
 
 from __future__ import annotations
