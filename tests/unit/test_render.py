@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from launcher.job.plan import NodePlan, Plan
-from launcher.job.spec import JobSpec, SpecError
+from launcher.job.spec import JobSpec, Program, SpecError
 from launcher.job.torchrun import with_run_dir
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
+from launcher.schedulers.local.warm import zygote_socket
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -112,6 +113,18 @@ def test_more_processes_than_gpus_is_refused() -> None:
     )
     with pytest.raises(SpecError, match="need 4 GPUs"):
         LocalScheduler().resolve(spec)
+
+
+def test_warm_workers_run_each_rank_through_the_zygote_client_and_refuse_a_no_python_program() -> None:
+    spec = JobSpec.model_validate({"nnodes": 2, "scheduler": {"kind": "local", "warm_workers": True}})
+    argv = _render(spec).nodes[0].argv
+    tail = argv[argv.index("gptlaunch.warm") - 1 :]
+    assert tail[:5] == ["-m", "gptlaunch.warm", "run", str(zygote_socket("gold-job")), "--"], argv
+    assert tail[5:8] == ["-m", "trainer.cli", "train"]
+    assert len(str(zygote_socket("x" * 200))) < 108  # a Unix socket's path, whatever the job's name
+    no_python = spec.model_copy(update={"program": Program(kind="no_python", target="./a.out")})
+    with pytest.raises(SpecError, match="--warm-workers"):
+        LocalScheduler().resolve(no_python)
 
 
 def test_omp_num_threads_from_env_is_honoured_not_overridden() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,7 @@ def socket_path() -> Iterator[str]:
 
 @pytest.fixture
 def zygote(socket_path: str) -> Iterator[subprocess.Popen[str]]:
-    code = f"from gptlaunch.warm import serve; serve({socket_path!r}, ('json',))"
+    code = f"from gptlaunch.warm.zygote import serve; serve({socket_path!r}, ('json',))"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and "ready" in proc.stdout.readline()
     yield proc
@@ -54,9 +55,12 @@ def zygote(socket_path: str) -> Iterator[subprocess.Popen[str]]:
     proc.wait(10)
 
 
-def _client(socket_path: str, program: Path, *args: str, cwd: Path) -> subprocess.Popen[str]:
+def _client(
+    socket_path: str, program: Path, *args: str, cwd: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "gptlaunch.warm", "run", socket_path, "--", str(program), *args]
     env = os.environ | {"WARM_TEST": "from-client", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env |= extra_env or {}
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -143,3 +147,42 @@ def test_a_killed_zygote_takes_its_children_with_it_and_ps_shows_the_program(
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     client.wait(10)
     assert client.returncode == 1  # its client fails: torchrun sees a failed rank
+
+
+def test_a_client_that_dies_mid_request_does_not_take_the_zygote_down_and_big_requests_arrive_whole(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as half:
+        half.connect(socket_path)
+        half.sendall(b"\x00\x00\x00\x00\x00\x01\x00\x00{")  # 64 KiB announced, 1 byte sent, then gone
+    big = {f"WARM_BIG_{i}": "x" * 60_000 for i in range(4)}  # several socket buffers' worth
+    client = _client(socket_path, program, "exit", "5", cwd=tmp_path, extra_env=big)
+    out, err = client.communicate(timeout=30)
+    assert client.returncode == 5 and "env from-client" in out, err
+    assert zygote.poll() is None
+
+
+def test_a_stop_sent_as_the_rank_starts_is_never_taken_for_success(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    """SIGTERM at once, before the client knows its child: relayed once it does, the child dies of it
+    (or its program's handler gets it): never the zygote's own handler, which exits 0."""
+    for _ in range(10):
+        client = _client(socket_path, program, "wait", cwd=tmp_path)
+        client.send_signal(signal.SIGTERM)
+        out, err = client.communicate(timeout=30)
+        assert client.returncode == -signal.SIGTERM or f"got {int(signal.SIGTERM)}" in out, (out, err)
+
+
+def test_a_stopped_zygote_waits_for_its_children_then_exits(
+    zygote, socket_path: str, program: Path, tmp_path: Path
+) -> None:
+    client = _client(socket_path, program, "wait", cwd=tmp_path)
+    _child_pid(client)
+    zygote.terminate()  # as when the supervisor dies: the ranks' own stop comes through their clients
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.wait(1)  # bounded: it must still be there while its child runs
+    assert _client(socket_path, program, "exit", "0", cwd=tmp_path).wait(30) == 0  # cold: no listener
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(30) == 0
+    assert zygote.wait(30) == 0

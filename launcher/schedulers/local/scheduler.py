@@ -89,6 +89,11 @@ class LocalScheduler(SupervisedScheduler):
         user_env = os.environ | spec.network.env  # --env wins over the shell
         threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
         opts = spec.options(LocalOptions)
+        if opts.warm_workers and spec.program is not None and spec.program.kind == "no_python":
+            raise SpecError(
+                "scheduler.warm_workers (--warm-workers) forks Python ranks; a --no-python program "
+                "starts its own interpreter: drop --warm-workers"
+            )
         gpus = opts.gpus if opts.gpus is not None else visible_gpus(user_env)
         if gpus and spec.world_size > len(gpus):
             raise SpecError(

@@ -2,10 +2,11 @@
 (``gptlaunch.warm``), so that a retry does not pay a cold interpreter's imports again.
 
 The supervisor starts one zygote for the job, beside the first attempt's nodes, and keeps it across
-attempts; it ends it with the job. Until the zygote is ready (its imports take seconds), a rank's
-client finds no socket and runs the program cold: the first attempt is as fast as without, and every
-later one starts warm. Every emulated node shares this machine, so one zygote serves all of them: a
-rank gets its node's environment from its client.
+attempts (a new one if it died); it ends it with the job. Until the zygote is ready (its imports take
+seconds, on the cores the first attempt's processes start on), a rank's client finds no socket and
+runs the program cold; a zygote that cannot start leaves every rank cold, and says why in the job's
+``warm.log``. Every emulated node shares this machine, so one zygote serves all of them: a rank gets
+its node's environment from its client.
 
 The zygote's environment lacks the job id (``JOB_ID_ENV``): the sweep between attempts, which ends
 every process marked with it, must leave the zygote alone. Its forked ranks are its children, so
@@ -15,8 +16,10 @@ every process marked with it, must leave the zygote alone. Its forked ranks are 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -33,15 +36,25 @@ LOG = "warm.log"  # the zygote's output, in the job dir
 
 
 def zygote_socket(job_id: str) -> Path:
-    """Where the zygote of ``job_id`` listens: a short path (a Unix socket's is at most 107 bytes), in
-    a directory only this user may enter."""
-    return Path(tempfile.gettempdir()) / f"gptlaunch-warm-{job_id}" / "zygote.sock"
+    """Where the zygote of ``job_id`` listens: a short path whatever the job's name (a Unix socket's
+    is at most 107 bytes), in a directory only this user may enter (``_private_dir``)."""
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"gptlaunch-warm-{digest}" / "z.sock"
 
 
 def warm_worker(worker: list[str], job_id: str) -> list[str]:
     """What torchrun runs for each rank instead of ``worker`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``):
     the client that has the zygote fork the rank."""
     return ["-m", "gptlaunch.warm", "run", str(zygote_socket(job_id)), "--", *worker]
+
+
+def _private_dir(path: Path) -> None:
+    """Make ``path`` (mode 0700), or check one that exists is this user's alone: another user's could
+    hold a socket of theirs, which would receive the ranks' environment and streams. Raises OSError."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise OSError(f"{path} is not a directory private to this user: remove it")
 
 
 class WarmAgents(ChannelAgents):
@@ -53,13 +66,17 @@ class WarmAgents(ChannelAgents):
         self.zygote: subprocess.Popen[bytes] | None = None
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        if self.zygote is None:
-            self.zygote = self._start_zygote(node, record)
+        if self.zygote is None or self.zygote.poll() is not None:
+            try:
+                self.zygote = self._start_zygote(node, record)
+            except OSError as e:  # the job runs cold: slower, never worse
+                with open(record.dir / LOG, "a") as log:
+                    print(f"gptlaunch.warm: no zygote, the ranks start cold: {e}", file=log)
         return super().start(node, record)
 
     def _start_zygote(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         sock = zygote_socket(self.job_id)
-        sock.parent.mkdir(mode=0o700, exist_ok=True)
+        _private_dir(sock.parent)
         env = {k: v for k, v in (os.environ | node.env).items() if k != JOB_ID_ENV}
         with open(record.dir / LOG, "ab") as log:
             return subprocess.Popen(

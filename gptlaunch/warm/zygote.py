@@ -1,0 +1,304 @@
+"""The zygote (``gptlaunch.warm``): a process that has imported torch and forks a child per client
+request, each of which runs the client's program as a fresh ``python`` would."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import io
+import json
+import os
+import runpy
+import selectors
+import shlex
+import signal
+import socket
+import struct
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import NoReturn
+
+import setproctitle
+
+from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request
+
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
+MAX_REQUEST = 16 << 20  # bytes: an argv and an environment, with room to spare
+RECEIVE_TIMEOUT_S = 10.0  # a client that connects and then says nothing is dropped after this
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass
+class _Child:
+    pid: int
+    pidfd: int
+    conn: socket.socket | None  # None once its client is gone
+
+
+class _Zygote:
+    """One thread (a fork copies only the forking thread) and one selector: the listener, each
+    client's connection (readable when the client is gone), each child's pidfd (readable when it
+    ended) and the signal wakeup fd (SIGTERM: stop)."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(listener, selectors.EVENT_READ)
+        self.wakeup, wakeup_w = socket.socketpair()
+        wakeup_w.setblocking(False)
+        self.wakeup_w = wakeup_w
+        self.sel.register(self.wakeup, selectors.EVENT_READ)
+        self.children: dict[int, _Child] = {}
+        self.stopping = False
+
+    def loop(self) -> NoReturn:
+        signal.set_wakeup_fd(self.wakeup_w.fileno())
+        signal.signal(signal.SIGTERM, lambda *_: None)  # the wakeup fd says it
+        while not (self.stopping and not self.children):
+            for key, _ in self.sel.select():
+                if key.fileobj is self.listener:
+                    self._accept()
+                elif key.fileobj is self.wakeup:
+                    self._stop()
+                elif isinstance(key.fileobj, int):
+                    self._ended(key.data)
+                else:
+                    self._client_gone(key.data)
+        os._exit(0)
+
+    def _stop(self) -> None:
+        """SIGTERM: take no more requests; end once the children have (their clients stop them)."""
+        self.wakeup.recv(4096)
+        if not self.stopping:
+            self.stopping = True
+            self.sel.unregister(self.listener)
+            self.listener.close()
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError, KeyError) as e:  # a client that died or spoke garbage
+            print(f"gptlaunch.warm: a request was dropped: {e!r}", file=sys.stderr, flush=True)
+            conn.close()
+            return
+        try:
+            self._fork(conn, request, fds)
+        except OSError as e:  # out of processes or memory: the client is told, and fails
+            print(f"gptlaunch.warm: could not fork: {e!r}", file=sys.stderr, flush=True)
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _fork(self, conn: socket.socket, request: Request, fds: list[int]) -> None:
+        # Relayed signals stay blocked across the fork: one sent to the new pid before the child has
+        # its own handlers waits for them, instead of running the zygote's.
+        old_mask: set[int] = set(signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED))
+        zygote = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:  # never back into the zygote's loop, whatever fails
+                self._as_child(conn)
+                _become(request, fds, old_mask, zygote)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        child = _Child(pid, os.pidfd_open(pid), conn)
+        self.children[pid] = child
+        self.sel.register(child.pidfd, selectors.EVENT_READ, child)
+        self.sel.register(conn, selectors.EVENT_READ, child)
+        with contextlib.suppress(OSError):  # a client gone already: its connection says so next
+            conn.sendall(f"{pid}\n".encode())
+
+    def _as_child(self, conn: socket.socket) -> None:
+        """In a new child: none of the zygote's sockets, pidfds, selector or signal wakeup."""
+        signal.set_wakeup_fd(-1)
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+            else:
+                os.close(key.fd)
+        self.sel.close()
+        for sock in (self.listener, self.wakeup_w, conn):  # the listener: gone from the map if stopping
+            sock.close()
+
+    def _client_gone(self, child: _Child) -> None:
+        """Its client died (or closed): the child goes too, with its process group."""
+        assert child.conn is not None
+        self.sel.unregister(child.conn)
+        child.conn.close()
+        child.conn = None
+        for kill in (os.killpg, os.kill):  # its group, unless it has not made it yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(child.pid, signal.SIGKILL)
+
+    def _ended(self, child: _Child) -> None:
+        """The child ended: reap it and tell its client how."""
+        ended = os.waitid(os.P_PIDFD, child.pidfd, os.WEXITED | os.WNOHANG)
+        if ended is None:
+            return
+        self.sel.unregister(child.pidfd)
+        os.close(child.pidfd)
+        del self.children[child.pid]
+        if child.conn is not None:
+            with contextlib.suppress(OSError):
+                child.conn.sendall(f"{_wait_status(ended)}\n".encode())
+            self.sel.unregister(child.conn)
+            child.conn.close()
+
+
+def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> NoReturn:
+    """The zygote: import ``preload``, then fork a child for each client on the Unix socket ``path``
+    (mode 0600; its directory must be private to this user) until SIGTERM, then wait for the
+    children and exit 0. Never returns."""
+    for module in preload:
+        importlib.import_module(module)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    print(f"gptlaunch.warm: ready on {path} (pid {os.getpid()})", flush=True)
+    _Zygote(listener).loop()
+
+
+def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
+    """A client's request and its fds 0-2 (``gptlaunch.warm``'s protocol). Raises OSError (the
+    client went, or is not this user), ValueError (a malformed request)."""
+    conn.settimeout(RECEIVE_TIMEOUT_S)
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.getuid():
+        raise OSError(f"a client of user {uid}, not this one's")
+    head, fds, _, _ = socket.recv_fds(conn, LENGTH_BYTES, 3)
+    try:
+        head += _read(conn, LENGTH_BYTES - len(head))
+        size = int.from_bytes(head, "big")
+        if len(fds) != 3 or not 0 < size <= MAX_REQUEST:
+            raise ValueError(f"a request of {size} bytes with {len(fds)} fds")
+        fields = json.loads(_read(conn, size))
+        request = Request(list(fields["argv"]), dict(fields["env"]), str(fields["cwd"]))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.settimeout(None)
+    return request, list(fds)
+
+
+def _read(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise OSError("the client closed its connection mid-request")
+        data += chunk
+    return data
+
+
+def _wait_status(info: os.waitid_result) -> int:
+    """The waitpid-style status of a waitid result (an exit code, or a signal)."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return info.si_status & 0x7F  # killed or dumped: the signal
+
+
+def _become(request: Request, fds: list[int], mask: set[int], zygote: int) -> NoReturn:
+    """In the forked child: the client's streams, environment and directory, then the program, as a
+    fresh ``python`` would run it. Never returns."""
+    for sig in RELAYED:  # the defaults, before the signals blocked across the fork come in
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    _die_with_zygote(zygote)
+    os.setpgid(0, 0)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    # What `ps`, `top` and nvidia-smi show: the program, not the zygote it was forked from (before
+    # the environment changes: setproctitle takes over the memory of the environment it started with).
+    setproctitle.setproctitle(shlex.join([sys.executable, *request.argv]))
+    os.environ.clear()
+    os.environ.update(request.env)
+    os.chdir(request.cwd)
+    _streams(unbuffered=bool(request.env.get("PYTHONUNBUFFERED")))
+    _as_started(request.env)
+    os._exit(_run_program(request.argv))
+
+
+def _streams(unbuffered: bool) -> None:
+    """New ``sys.std*`` on fds 0-2, as ``python`` makes them (``-u``/PYTHONUNBUFFERED: written
+    through; a terminal: by line; stderr: by line, its bad characters escaped)."""
+
+    def text(fd: int, mode: str, through: bool) -> io.TextIOWrapper:
+        line = os.isatty(fd) or fd == 2
+        errors = "backslashreplace" if fd == 2 else "strict"
+        raw = open(fd, mode + "b", buffering=0 if through else -1, closefd=False)  # noqa: SIM115
+        return io.TextIOWrapper(raw, errors=errors, line_buffering=line, write_through=through)
+
+    sys.stdin = text(0, "r", through=False)
+    sys.stdout = text(1, "w", through=unbuffered)
+    sys.stderr = text(2, "w", through=unbuffered)
+
+
+def _die_with_zygote(zygote: int) -> None:
+    """Have the kernel SIGKILL this child when the zygote dies (by SIGKILL too): a rank must not run
+    on once the process that stands for it to torchrun (its client) can no longer be told its end."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != zygote:  # the zygote died before the request took effect
+        os._exit(1)
+
+
+def _as_started(env: dict[str, str]) -> None:
+    """What a fresh interpreter would have read from ``env`` at start, and the zygote read from its
+    own: ``PYTHONPATH``'s entries on ``sys.path``, and ``OMP_NUM_THREADS`` (libgomp reads it once, when
+    torch is imported) as torch's intra-op thread count."""
+    for entry in reversed([e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]):
+        if entry not in sys.path:
+            sys.path.insert(1, entry)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _run_program(argv: list[str]) -> int:
+    """Run ``-m MODULE ARGS`` or ``SCRIPT ARGS`` as ``python`` would; its exit code (a SIGINT
+    it did not catch ends this process by SIGINT, as it would end ``python``)."""
+    code = 0
+    try:
+        if argv[:1] == ["-m"]:
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()  # as `python -m` puts its working directory first
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        _flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    _flush()
+    return code
+
+
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
