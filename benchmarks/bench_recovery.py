@@ -224,7 +224,8 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
         f"\n**goodput {g['ratio']:.1%}** over {g['wall_s']:.0f} s with {g['failures']:.0f} failures (rank 1 "
         f"SIGKILLed every {args.kill_every_s:g} s), `--retry-backoff-s {args.retry_backoff_s:g}`; "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} · `python benchmarks/bench_recovery.py "
-        f"--goodput-minutes {args.goodput_minutes:g} --kill-every-s {args.kill_every_s:g}`"
+        f"--goodput-minutes {args.goodput_minutes:g} --kill-every-s {args.kill_every_s:g}"
+        f"{' --warm on' if args.warm == 'on' else ''}`"
     )
 
 
