@@ -26,12 +26,15 @@ and ``PYTHONPATH`` are applied again in each child from its client's environment
 
 The request on the socket: 8 bytes of length (big-endian), then that many bytes of JSON (``Request``),
 with the client's fds 0-2 attached (SCM_RIGHTS) to the first bytes. The replies: the child's pid, then
-its wait status (``os.waitpid``'s), one decimal line each.
+its wait status (``os.waitpid``'s), one decimal line each. Each end checks that the other is the same
+user (SO_PEERCRED): the request carries the environment, secrets included.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
+import struct
 from dataclasses import dataclass
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -46,3 +49,9 @@ class Request:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket ``conn`` (SO_PEERCRED)."""
+    _, uid, _ = struct.unpack("iII", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return int(uid)

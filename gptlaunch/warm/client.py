@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from gptlaunch.warm import LENGTH_BYTES, RELAYED
+from gptlaunch.warm import LENGTH_BYTES, RELAYED, peer_uid
 
 
 def run(path: str, argv: list[str]) -> NoReturn:
@@ -24,6 +24,8 @@ def run(path: str, argv: list[str]) -> NoReturn:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
+        if peer_uid(conn) != os.getuid():  # not our zygote: it would get the environment and streams
+            raise OSError(f"{path} is served by another user")
     except OSError:
         conn.close()
         _run_cold(argv, pending)
@@ -57,7 +59,7 @@ def _run_cold(argv: list[str], pending: list[int]) -> NoReturn:
 
 
 def _relay(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
 
 

@@ -3,6 +3,7 @@ request, each of which runs the client's program as a fresh ``python`` would."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import importlib
@@ -14,15 +15,15 @@ import selectors
 import shlex
 import signal
 import socket
-import struct
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import NoReturn
 
 import setproctitle
 
-from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request
+from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request, peer_uid
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
 MAX_REQUEST = 16 << 20  # bytes: an argv and an environment, with room to spare
@@ -56,8 +57,11 @@ class _Zygote:
     def loop(self) -> NoReturn:
         signal.set_wakeup_fd(self.wakeup_w.fileno())
         signal.signal(signal.SIGTERM, lambda *_: None)  # the wakeup fd says it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # only SIGTERM stops it
         while not (self.stopping and not self.children):
             for key, _ in self.sel.select():
+                if self.sel.get_map().get(key.fd) is not key:  # unregistered earlier in this pass
+                    continue
                 if key.fileobj is self.listener:
                     self._accept()
                 elif key.fileobj is self.wakeup:
@@ -77,10 +81,16 @@ class _Zygote:
             self.listener.close()
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        """One client's request: a child for it, or (whatever went wrong) its connection closed, and
+        the zygote serves on."""
+        try:
+            conn, _ = self.listener.accept()
+        except OSError as e:  # out of fds, or the client gave up
+            print(f"gptlaunch.warm: accept failed: {e!r}", file=sys.stderr, flush=True)
+            return
         try:
             request, fds = _receive(conn)
-        except (OSError, ValueError, KeyError) as e:  # a client that died or spoke garbage
+        except Exception as e:  # a client that died, spoke garbage or is not this user
             print(f"gptlaunch.warm: a request was dropped: {e!r}", file=sys.stderr, flush=True)
             conn.close()
             return
@@ -98,17 +108,24 @@ class _Zygote:
         # its own handlers waits for them, instead of running the zygote's.
         old_mask: set[int] = set(signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED))
         zygote = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:  # never back into the zygote's loop, whatever fails
-                self._as_child(conn)
-                _become(request, fds, old_mask, zygote)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        child = _Child(pid, os.pidfd_open(pid), conn)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:  # never back into the zygote's loop, whatever fails
+                    self._as_child(conn)
+                    _become(request, fds, old_mask, zygote)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(1)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        try:
+            child = _Child(pid, os.pidfd_open(pid), conn)
+        except OSError:  # untracked, it must not run: its client is told it did not start
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
         self.children[pid] = child
         self.sel.register(child.pidfd, selectors.EVENT_READ, child)
         self.sel.register(conn, selectors.EVENT_READ, child)
@@ -150,6 +167,7 @@ class _Zygote:
                 child.conn.sendall(f"{_wait_status(ended)}\n".encode())
             self.sel.unregister(child.conn)
             child.conn.close()
+            child.conn = None
 
 
 def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> NoReturn:
@@ -175,9 +193,8 @@ def _receive(conn: socket.socket) -> tuple[Request, list[int]]:
     """A client's request and its fds 0-2 (``gptlaunch.warm``'s protocol). Raises OSError (the
     client went, or is not this user), ValueError (a malformed request)."""
     conn.settimeout(RECEIVE_TIMEOUT_S)
-    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != os.getuid():
-        raise OSError(f"a client of user {uid}, not this one's")
+    if peer_uid(conn) != os.getuid():
+        raise OSError(f"a client of user {peer_uid(conn)}, not this one's")
     head, fds, _, _ = socket.recv_fds(conn, LENGTH_BYTES, 3)
     try:
         head += _read(conn, LENGTH_BYTES - len(head))
@@ -288,17 +305,24 @@ def _run_program(argv: list[str]) -> int:
             print(e.code, file=sys.stderr)
     except KeyboardInterrupt:
         traceback.print_exc()
-        _flush()
+        _shut_down()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+        return 130  # SIGINT blocked: as CPython exits then
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         code = 1
-    _flush()
+    _shut_down()
     return code
 
 
-def _flush() -> None:
+def _shut_down() -> None:
+    """What ``python`` does at its end: wait for the program's non-daemon threads, run its atexit
+    functions, flush its streams (the child then leaves by ``os._exit``: none of the zygote's own)."""
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()

@@ -27,6 +27,8 @@ print("argv", sys.argv[1:], "env", os.environ.get("WARM_TEST"), "cwd", os.getcwd
 print("pid", os.getpid(), flush=True)
 what = sys.argv[1]
 if what == "exit":
+    import atexit
+    atexit.register(print, "atexit ran", flush=True)
     sys.exit(int(sys.argv[2]))
 if what == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
@@ -78,6 +80,7 @@ def test_the_child_runs_with_the_clients_argv_environment_directory_and_exit_cod
     out, err = client.communicate(timeout=30)
     assert client.returncode == 3, err
     assert f"argv ['exit', '3'] env from-client cwd {tmp_path}\n" in out
+    assert out.endswith("atexit ran\n")  # the program's end, as python ends it
     assert int(out.split("pid ")[1].split()[0]) not in (client.pid, zygote.pid)  # a fork of the zygote
 
 
@@ -155,6 +158,10 @@ def test_a_client_that_dies_mid_request_does_not_take_the_zygote_down_and_big_re
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as half:
         half.connect(socket_path)
         half.sendall(b"\x00\x00\x00\x00\x00\x01\x00\x00{")  # 64 KiB announced, 1 byte sent, then gone
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as garbage:  # whole, with fds, but not a request
+        garbage.connect(socket_path)
+        socket.send_fds(garbage, [(2).to_bytes(8, "big") + b"[]"], [0, 1, 2])
+        assert garbage.recv(100) == b""  # dropped: closed without a pid
     big = {f"WARM_BIG_{i}": "x" * 60_000 for i in range(4)}  # several socket buffers' worth
     client = _client(socket_path, program, "exit", "5", cwd=tmp_path, extra_env=big)
     out, err = client.communicate(timeout=30)
