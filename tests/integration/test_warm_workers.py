@@ -16,25 +16,8 @@ from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from launcher.schedulers.local.warm import LOG, zygote_socket
-from tests.integration.conftest import (
-    FAST,
-    launcher,
-    losses,
-    only_job_id,
-    processes_of,
-    wait_for,
-    wait_for_steps,
-)
-
-STEPS = 30
-CKPT = ["--checkpoint-interval", "10", "--eval-interval", "100000"]
-
-
-def _submit(jobs: Path, run_dir: Path, data: list[str], *flags: str) -> Path:
-    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *CKPT]
-    proc = launcher(jobs, *argv, "--max-steps", str(STEPS), "--run-dir", str(run_dir))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return jobs / only_job_id(jobs)
+from tests.integration.conftest import losses, processes_of, wait_for, wait_for_steps
+from tests.integration.test_retries import _submit  # the same local 2-node job, 30 steps
 
 
 def _zygote(job_dir: Path) -> psutil.Process:
