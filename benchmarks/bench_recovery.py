@@ -155,7 +155,7 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
     status = wait_terminal(scheduler, JobRecord(job_dir), 600, poll_s=0.2)
     if status is None or status.state != "succeeded":
         raise BenchError(f"{job_dir}: did not succeed: {status}")
-    backoff = backoff_s(args.retry_backoff_s, attempt.number)  # none before the first retry
+    backoff = backoff_s(args.retry_backoff_s, [attempt])  # the job's only failure: none
     restart = attempt.cleaned_at + backoff
     parts = {
         "detection": attempt.ended_at - killed,

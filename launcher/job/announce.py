@@ -44,8 +44,8 @@ class Announcer:
         self.next_read = time.monotonic() + READ_EVERY_S
         out = []
         attempts = self.record.status().attempts
-        for attempt in attempts[self.seen :]:
-            wait_s = backoff_s(self.backoff_base_s, attempt.number)
+        for k, attempt in enumerate(attempts[self.seen :], start=self.seen):
+            wait_s = backoff_s(self.backoff_base_s, attempts[: k + 1])
             out.append(f"launcher: {next_in(attempt, self.total - 1, wait_s)}")
             self.waiting = attempt
         self.seen = len(attempts)

@@ -37,13 +37,24 @@ _NEVER = {
 }
 
 
-def backoff_s(base_s: float, ended: int) -> float:
-    """Seconds to wait after the ``ended``-th failed attempt: none after the first (one failure, a
-    killed rank or a lost host, is the common case, and a wait only adds to what it costs), then
-    ``base_s`` doubled for each further failure, at most MAX_BACKOFF_S (or ``base_s``, if longer)."""
-    if ended <= 1:
+def backoff_s(base_s: float, attempts: Sequence[Attempt]) -> float:
+    """Seconds to wait before the attempt after ``attempts`` (the job's failed attempts, oldest first).
+
+    A failure that is new costs no wait: the first, and any whose attempt reached a step no earlier
+    attempt had reached (training went on for a while, then one more rank or host failed: a wait
+    would only add to what it costs). A failure that repeats with no new step (a crash loop, a host
+    that keeps failing at start-up) waits ``base_s``, doubled for each further repeat in a row, at
+    most MAX_BACKOFF_S (or ``base_s``, if longer): the same rule as Kubernetes' CrashLoopBackOff,
+    whose count resets once a container has run well, with progress in steps standing for "well"."""
+    repeats, furthest = 0, None
+    for k, attempt in enumerate(attempts):
+        new = k == 0 or (attempt.step is not None and (furthest is None or attempt.step > furthest))
+        repeats = 0 if new else repeats + 1
+        if attempt.step is not None:
+            furthest = max(furthest or 0, attempt.step)
+    if repeats == 0:
         return 0.0
-    return min(base_s * 2 ** (ended - 2), max(base_s, MAX_BACKOFF_S))
+    return min(base_s * 2 ** (repeats - 1), max(base_s, MAX_BACKOFF_S))
 
 
 def _signature(cause: str) -> str:

@@ -233,18 +233,19 @@ class JobSpec(_Strict):
         le=100,
         description="attempts after the first when the job fails for a reason that is not the user's (a "
         "rank killed by a signal, a lost node or connection, a hang, a peer's NCCL/gloo error, a node "
-        "the health gate named): each starts from the last checkpoint (the first at once, the next ones "
-        "after a backoff), away from the failed node (SSH: a spare host of the hostfile; SLURM: the node "
-        "excluded; local, compose: the same nodes). Not retried: invalid input, a parity refusal, a stop "
-        "on request, the same error at the same step twice. (torchrun's --max-restarts instead restarts "
-        "the ranks in place, on the same nodes.)",
+        "the health gate named): each starts from the last checkpoint (at once, unless the failure "
+        "repeats with no new step: then after a backoff), away from the failed node (SSH: a spare host of "
+        "the hostfile; SLURM: the node excluded; local, compose: the same nodes). Not retried: invalid "
+        "input, a parity refusal, a stop on request, the same error at the same step twice. (torchrun's "
+        "--max-restarts instead restarts the ranks in place, on the same nodes.)",
     )
     retry_backoff_s: float = Field(
         10.0,
         ge=0,
         le=3600,
-        description="seconds before the second retry, doubled for each further one (the first retry starts "
-        "at once)",
+        description="seconds before a retry whose failure repeats, with no step past the earlier attempts', "
+        "doubled for each further repeat in a row; a failure after new steps (the first, too) is retried "
+        "at once",
     )
     allow_start_over: bool = Field(
         False,

@@ -223,7 +223,7 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         if plan is not None:
             job.plan = plan
             job.record.write_plan(plan)
-        wait = backoff_s(job.spec.retry_backoff_s, ended.number)
+        wait = backoff_s(job.spec.retry_backoff_s, job.attempts)
         message = next_in(ended, job.spec.retries, wait)
         print(f"supervisor: {message}", flush=True)
         job.record.update_status(attempt=ended.number + 1, attempts=job.attempts, message=message)

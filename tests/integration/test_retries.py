@@ -1,7 +1,8 @@
 """Job-level retries on the local scheduler with real faults: a rank killed by SIGKILL and a frozen
 rank (a hang) are retried from the last checkpoint and the job succeeds with exactly the losses of an
 uninterrupted run; an error that repeats at the same step stops after two attempts; the first retry
-starts at once, and a cancel during the backoff of the next ends the job and nothing starts afterwards."""
+starts at once, a failure that repeats with no new step waits a backoff, and a cancel during it ends
+the job and nothing starts afterwards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 import signal
 from pathlib import Path
 
-from gptlaunch.contract import job_snapshots
+from gptlaunch.contract import Beat, job_snapshots, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
@@ -142,21 +143,29 @@ def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp
     assert [a.number for a in final.attempts] == [1] and not (job_dir / "attempts" / "2").exists()
 
 
-def test_the_first_retry_starts_at_once_and_a_cancel_during_the_next_backoff_ends_the_job(
+def _rank1_beat(heartbeats: list[Path]) -> Beat | None:
+    return next((b for d in heartbeats for b in read_beats(d) if b.rank == 1), None)
+
+
+def test_the_first_retry_starts_at_once_and_a_cancel_during_a_repeats_backoff_ends_the_job(
     prepared_data, tmp_path: Path
 ) -> None:
     jobs = tmp_path / "jobs"
     job_dir = _submit(jobs, tmp_path / "run", prepared_data, "--retries", "2", "--retry-backoff-s", "600")
     heartbeats = [job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)]
-    for attempt, step in (("1", 2), ("2", 6)):  # two failures, at different steps: both are retried
-        beats = wait_for_steps(heartbeats, step=step)
-        os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
-        ended = job_dir / "attempts" / attempt
-        wait_for(ended.is_dir, 120, f"attempt {attempt} to end")
+    beats = wait_for_steps(heartbeats, step=2)
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+    wait_for((job_dir / "attempts" / "1" / "attempt.json").is_file, 120, "attempt 1 to end")  # written last
+    wait_for(lambda: _rank1_beat(heartbeats) is not None, 120, "attempt 2's rank 1")
+    beat = _rank1_beat(heartbeats)
+    assert beat is not None
+    os.kill(beat.pid, signal.SIGKILL)  # as it starts: a failure with no step past attempt 1's, a repeat
+    wait_for((job_dir / "attempts" / "2" / "attempt.json").is_file, 120, "attempt 2 to end")
     first, second = (
         Attempt.model_validate_json((job_dir / "attempts" / k / "attempt.json").read_text()) for k in "12"
     )
     assert first.cleaned_at is not None and second.started_at - first.cleaned_at < 60  # not 600 s later
+    assert first.step is not None and (second.step or 0) <= first.step, (first, second)
     wait_for(lambda: "attempt 3 of 3 starts in 600 s" in _status(job_dir)["message"], 120, "the backoff")
     cancel = launcher(jobs, "cancel", job_dir.name)
     assert cancel.returncode == 0, cancel.stderr

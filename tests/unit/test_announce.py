@@ -51,6 +51,9 @@ def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeyp
     beats[0] = [_beat(120.0, 30)]
     assert _said(announcer) == ["launcher: attempt 2 of 3 resumed at step 30"]
     assert _said(announcer) == []
+    again = ended.model_copy(update={"number": 2, "step": 31, "replaced": {}})  # no step past 32
+    record.update_status(attempts=[ended, again])
+    assert _said(announcer)[0].endswith("attempt 3 of 3 starts in 10 s")
 
 
 def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new(tmp_path: Path) -> None:

@@ -64,9 +64,23 @@ def test_spares_keep_the_hostfile_order_and_skip_the_jobs_hosts_and_the_named_on
     assert spares(pool, current=pool[:4], avoid={"h5", "h6"}) == []
 
 
-def test_the_first_retry_starts_at_once_and_the_backoff_doubles_up_to_its_cap() -> None:
-    assert [backoff_s(10, k) for k in (1, 2, 3, 4)] == [0, 10, 20, 40]
-    assert backoff_s(10, 30) == MAX_BACKOFF_S and backoff_s(600, 3) == 600  # a longer base is kept
+def _failed_at(*steps: int | None) -> list[Attempt]:
+    return [Attempt(number=k + 1, started_at=k, ended_at=k, exit_code=1, cause="x", step=s)
+            for k, s in enumerate(steps)]  # fmt: skip
+
+
+def test_a_failure_that_repeats_waits_a_backoff_that_doubles_up_to_its_cap() -> None:
+    waits = [backoff_s(10, _failed_at(*[None] * k)) for k in (1, 2, 3, 4)]  # failing at start-up
+    assert waits == [0, 10, 20, 40]
+    assert backoff_s(10, _failed_at(*[None] * 30)) == MAX_BACKOFF_S
+    assert backoff_s(600, _failed_at(None, None, None)) == 600  # a longer base is kept
+    assert backoff_s(10, _failed_at(500, 495, 500)) == 20  # resumed before 500, never past it
+
+
+def test_a_failure_after_training_went_past_every_earlier_attempt_starts_at_once() -> None:
+    assert backoff_s(10, _failed_at(500, 1_200, 2_000)) == 0  # a kill every few minutes
+    assert backoff_s(10, _failed_at(500, None, 700)) == 0  # the loop is broken by new steps
+    assert backoff_s(10, _failed_at(500, 700, None)) == 10  # then one start-up failure: a repeat
 
 
 def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:

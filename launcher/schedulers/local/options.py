@@ -28,7 +28,7 @@ class LocalOptions(SchedulerOptions):
     warm_workers: bool = Field(
         False,
         description="fork the ranks from one process per job that has imported torch, so that a retry "
-        "starts them warm (seconds sooner); the first attempt starts cold while it warms up",
+        "starts them warm (seconds sooner); a rank that starts before that process is ready starts cold",
     )
 
     @field_validator("gpus")

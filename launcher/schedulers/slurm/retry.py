@@ -115,7 +115,7 @@ def retry(
     ended = end_attempt(record, outcome, number=len(status.attempts) + 1, started_at=since, ended_at=detected,
                         step=step, excluded=blamed, replaced=replaced, steps=STEP_FILES)  # fmt: skip
     attempts = [*status.attempts, ended]
-    wait = backoff_s(spec.retry_backoff_s, ended.number)
+    wait = backoff_s(spec.retry_backoff_s, attempts)
     wait = wait if nxt else max(wait, 1.0)  # a requeue's StartTime is in whole seconds
     message = next_in(ended, spec.retries, wait) + (" in this allocation" if nxt else "")
     record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
