@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from gptlaunch.files import atomic_write_text
 # Dense bf16 peak FLOP/s of common accelerators (vendor datasheets), keyed by a substring of
 # torch.cuda.get_device_name(). Anything else is measured.
 KNOWN_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12}
+PEAK_FILE = "peak_flops.json"  # in the run dir: measured peaks, for the run's later attempts
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 8) -> float:
@@ -37,17 +41,40 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, 
     return 2 * n**3 / best
 
 
-def peak_flops(configured: float | None, device: torch.device, dtype: torch.dtype) -> float:
+def peak_flops(
+    configured: float | None, device: torch.device, dtype: torch.dtype, run_dir: Path | None = None
+) -> float:
     """FLOP/s of one device for MFU: the configured value, a datasheet value for a known GPU, or a
-    measurement."""
+    measurement, kept in ``run_dir/peak_flops.json`` (when given) for the run's later attempts on the
+    same host, device, dtype, thread count and torch: a retry does not pay it again (about 1.8 s of
+    start-up on a 2-core CPU), and every attempt's MFU has the same denominator."""
     if configured:
         return configured
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in KNOWN_PEAK_FLOPS.items():
-            if key in name:
-                return value
-    return measure_peak_flops(device, dtype)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    known = [value for key, value in KNOWN_PEAK_FLOPS.items() if device.type == "cuda" and key in name]
+    if known:
+        return known[0]
+    if run_dir is None:
+        return measure_peak_flops(device, dtype)
+    key = f"{socket.gethostname()} {name} {dtype} threads={torch.get_num_threads()} torch={torch.__version__}"
+    return _kept(run_dir / PEAK_FILE, key, lambda: measure_peak_flops(device, dtype))
+
+
+def _kept(path: Path, key: str, measure: Callable[[], float]) -> float:
+    """``path``'s value under ``key``, else ``measure()``, then added to ``path`` (best effort: a
+    run dir that cannot take it only costs the next attempt a measurement)."""
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or cut short
+        kept = {}
+    kept = kept if isinstance(kept, dict) else {}
+    value = kept.get(key)
+    if isinstance(value, int | float) and value > 0:
+        return float(value)
+    value = measure()
+    with contextlib.suppress(OSError):
+        atomic_write_text(path, json.dumps({**kept, key: value}, indent=2) + "\n")
+    return value
 
 
 class MetricsWriter:

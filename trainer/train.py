@@ -231,9 +231,10 @@ class Throughput:
     def __init__(self, run: Run) -> None:
         self.tokens_per_step = run.batches.plan.global_blocks * run.cfg.block_size
         self._flops_per_token = run.model.flops_per_token()
-        # Only rank 0 reports: the others skip measuring the peak (a few seconds of matmuls on a CPU).
+        # Only rank 0 reports: the others skip measuring the peak (a few seconds of matmuls on a CPU),
+        # which rank 0 keeps in the run dir (under its lock) for the next attempts.
         dtype = run.autocast_dtype or torch.float32
-        peak = peak_flops(run.cfg.peak_flops, run.device, dtype) if run.env.is_main else 1.0
+        peak = peak_flops(run.cfg.peak_flops, run.device, dtype, run.cfg.run_dir) if run.env.is_main else 1.0
         self._peak_all_ranks = peak * run.env.world_size
         self._seconds, self._steps = 0.0, 0
 

@@ -49,7 +49,7 @@ def socket_path() -> Iterator[str]:
 
 @pytest.fixture
 def zygote(socket_path: str) -> Iterator[subprocess.Popen[str]]:
-    code = f"from gptlaunch.warm.zygote import serve; serve({socket_path!r}, ('json',))"
+    code = f"from gptlaunch.warm.zygote import serve; serve({socket_path!r}, ('json',), ())"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and "ready" in proc.stdout.readline()
     yield proc
