@@ -250,7 +250,8 @@ def _table(rounds: dict[bool, list[dict[str, float]]]) -> list[str]:
             values = [sum(r.values()) if part == "total" else r[part] for r in results]
             medians.append(statistics.median(values))
             cells.append(f"{medians[-1]:.1f} | {min(values):.1f}–{max(values):.1f}")
-        ratio = f" {medians[1] / medians[0]:.2f} |" if both and medians[0] > 0 else (" – |" if both else "")
+        shown = both and min(medians) >= 0.05  # a ratio of two zeros as printed says nothing
+        ratio = f" {medians[1] / medians[0]:.2f} |" if shown else (" – |" if both else "")
         rows.append(f"| {part} | {' | '.join(cells)} |{ratio}")
     return rows
 

@@ -129,7 +129,10 @@ class TrainConfig(BaseModel):
     )
     dist_timeout_s: float = Field(600.0, gt=0.0, description="timeout of every collective, seconds")
     peak_flops: float | None = Field(
-        None, gt=0.0, description="peak FLOP/s of one device for MFU (default: datasheet or measured)"
+        None,
+        gt=0.0,
+        description="peak FLOP/s of one device for MFU (default: datasheet, or measured once per run dir "
+        "and host)",
     )
 
     # Logging, evaluation, checkpoints

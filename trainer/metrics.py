@@ -45,9 +45,10 @@ def peak_flops(
     configured: float | None, device: torch.device, dtype: torch.dtype, run_dir: Path | None = None
 ) -> float:
     """FLOP/s of one device for MFU: the configured value, a datasheet value for a known GPU, or a
-    measurement, kept in ``run_dir/peak_flops.json`` (when given) for the run's later attempts on the
-    same host, device, dtype, thread count and torch: a retry does not pay it again (about 1.8 s of
-    start-up on a 2-core CPU), and every attempt's MFU has the same denominator."""
+    measurement, kept in ``run_dir/peak_flops.json`` (when given) for the run's later attempts, and
+    later jobs that resume from it, on the same host, device, dtype, thread count and torch: a retry
+    does not pay it again (about 1.8 s of start-up on a 2-core CPU), and every attempt's MFU has the
+    same denominator. ``--peak-flops`` replaces a measurement taken under load."""
     if configured:
         return configured
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)

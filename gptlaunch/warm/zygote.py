@@ -26,9 +26,9 @@ import setproctitle
 from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request, peer_uid
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
-# Imported too where this torch has them (tensorboard is a package of its own): a resumed rank's async
-# checkpoint stager and metrics writer, 0.1 to 0.2 s each on a 2-core CPU.
-PRELOAD_IF_PRESENT = ("torch.distributed.checkpoint.staging", "torch.utils.tensorboard")
+# Imported too where this torch has it: async checkpoint saves' stager, 0.1 s of a resumed rank's start
+# on a 2-core CPU. (Not TensorBoard's writer: where TensorFlow is installed, it imports all of it.)
+PRELOAD_IF_PRESENT = ("torch.distributed.checkpoint.staging",)
 MAX_REQUEST = 16 << 20  # bytes: an argv and an environment, with room to spare
 RECEIVE_TIMEOUT_S = 10.0  # a client that connects and then says nothing is dropped after this
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -182,7 +182,7 @@ def serve(
     for module in preload:
         importlib.import_module(module)
     for module in optional:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):  # an older torch, or one broken there: the rank imports it
             importlib.import_module(module)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

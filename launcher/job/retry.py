@@ -46,12 +46,11 @@ def backoff_s(base_s: float, attempts: Sequence[Attempt]) -> float:
     that keeps failing at start-up) waits ``base_s``, doubled for each further repeat in a row, at
     most MAX_BACKOFF_S (or ``base_s``, if longer): the same rule as Kubernetes' CrashLoopBackOff,
     whose count resets once a container has run well, with progress in steps standing for "well"."""
-    repeats, furthest = 0, None
+    repeats, furthest = 0, 0
     for k, attempt in enumerate(attempts):
-        new = k == 0 or (attempt.step is not None and (furthest is None or attempt.step > furthest))
-        repeats = 0 if new else repeats + 1
-        if attempt.step is not None:
-            furthest = max(furthest or 0, attempt.step)
+        reached = attempt.step or 0  # None: no rank beat (it failed before the trainer started)
+        repeats = 0 if k == 0 or reached > furthest else repeats + 1
+        furthest = max(furthest, reached)
     if repeats == 0:
         return 0.0
     return min(base_s * 2 ** (repeats - 1), max(base_s, MAX_BACKOFF_S))

@@ -1,5 +1,5 @@
-"""The peak FLOP/s that MFU is measured against: measured once per run and host, then kept in the run
-dir for the run's later attempts (a retry must not pay seconds of matmuls again)."""
+"""The peak FLOP/s that MFU is measured against: measured once per run dir and host, then kept in the
+run dir for the run's later attempts (a retry must not pay seconds of matmuls again)."""
 
 from __future__ import annotations
 

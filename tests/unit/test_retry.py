@@ -81,6 +81,7 @@ def test_a_failure_after_training_went_past_every_earlier_attempt_starts_at_once
     assert backoff_s(10, _failed_at(500, 1_200, 2_000)) == 0  # a kill every few minutes
     assert backoff_s(10, _failed_at(500, None, 700)) == 0  # the loop is broken by new steps
     assert backoff_s(10, _failed_at(500, 700, None)) == 10  # then one start-up failure: a repeat
+    assert backoff_s(10, _failed_at(None, 0)) == 10  # a start-up beat (step 0) is no new step
 
 
 def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Path) -> None:
