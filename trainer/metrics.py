@@ -52,9 +52,9 @@ def peak_flops(
     if configured:
         return configured
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    known = [value for key, value in KNOWN_PEAK_FLOPS.items() if device.type == "cuda" and key in name]
-    if known:
-        return known[0]
+    known = next((v for k, v in KNOWN_PEAK_FLOPS.items() if device.type == "cuda" and k in name), None)
+    if known is not None:
+        return known
     if run_dir is None:
         return measure_peak_flops(device, dtype)
     key = f"{socket.gethostname()} {name} {dtype} threads={torch.get_num_threads()} torch={torch.__version__}"
