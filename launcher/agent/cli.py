@@ -14,7 +14,8 @@ it:
   is reported, for the launcher to copy, and the ``--send-back`` files go back as reports once the
   command ended (``launcher.agent.copies``).
 - The reports of the node's processes (``launcher.job.reports.REPORT_DIR_ENV``: ``node-<k>.reports/``)
-  are sent on the channel once the command ended.
+  are sent on the channel once the command ended, then the agent's last report: a
+  ``launcher.job.reports.NodeStatus`` with the exit code and the ranks' last beats.
 - A pid file (``<state>/<job>/node-<k>.pid``: pid, create time, the container) finds the agent again
   for ``signal`` and ``status``; the exit code goes to ``node-<k>.exit``. The ranks beat in
   ``node-<k>.heartbeat/`` there. ``--state-dir DIR`` puts these files in DIR instead: an agent that is
@@ -197,6 +198,9 @@ def run(
             code = EXIT_FAILED
         if back is not None:
             back.finish(job_id, node, channel, checkpoints)
+        # Its last word: the node has ended (nothing of it runs now), with the ranks' last beats. The
+        # launcher then neither signals this node nor asks its host for the beats over ssh again.
+        channel.report(NodeStatus(node=node, running=False, exit_code=code, beats=read_beats(beats)))
     exit_file.write_text(str(code))
     return code
 

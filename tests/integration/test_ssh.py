@@ -23,9 +23,11 @@ import psutil
 import pytest
 
 from gptlaunch.contract import job_snapshots, read_beats
+from launcher.job import reports
 from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord
+from launcher.job.reports import NodeStatus
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     FAST,
@@ -432,6 +434,11 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     (first,) = final.attempts
     assert first.replaced == {"gl-h2": "gl-h3"} and "killed by SIGKILL" in first.cause, first
     assert first.step is not None and first.step >= 12, first  # the hosts' beats, kept in the record
+    # each agent's last report (what spares the launcher asking for beats, and signalling, over ssh)
+    last = [r for r in reports.read(jobs / job, NodeStatus) if not r.running]
+    ends = [(r.node, r.exit_code == 0) for r in last]  # attempt 1's two nodes, then attempt 2's
+    assert sorted(ends[:2]) == [(0, False), (1, False)] and sorted(ends[2:]) == [(0, True), (1, True)], last
+    assert max(b.step for b in last[0].beats + last[1].beats) == first.step, last
     assert [n.host for n in JobRecord(jobs / job).plan().nodes] == ["gl-h1", "gl-h3"]
     before = Plan.model_validate_json((jobs / job / "attempts" / "1" / "plan.json").read_text())
     assert [n.host for n in before.nodes] == ["gl-h1", "gl-h2"]

@@ -19,6 +19,7 @@ from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord
+from launcher.job.reports import NodeReport, NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import copy_excludes
@@ -70,6 +71,7 @@ class SshAgents(ChildAgents):
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
         self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
         self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
+        self.ended: dict[str, NodeStatus] = {}  # host -> its agent's last report, in this attempt
         self.renewer: threading.Thread | None = None
         self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
 
@@ -81,7 +83,7 @@ class SshAgents(ChildAgents):
         checkpoint goes to every host of the next attempt first (``copies``). Raises OSError when no
         set of hosts can run the next attempt, or when the newest checkpoint is out of reach (unless
         ``--allow-start-over``)."""
-        self.lost = set()  # the next attempt's hosts answer again, or are replaced
+        self.lost, self.ended = set(), {}  # the next attempt's hosts answer again, or are replaced
         self.copies.settle()
         missing = self.copies.missing()
         if missing is not None and not record.spec().allow_start_over:
@@ -132,7 +134,7 @@ class SshAgents(ChildAgents):
         argv = self.settings.argv(node.host, node.shell_command())
         client = start_client(
             argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir,
-            on_report=self.copies.on_report,
+            on_report=lambda report: self._on_report(node.host, report),
         )  # fmt: skip
         self.clients.append(client)
         if self.renewer is None:
@@ -141,6 +143,11 @@ class SshAgents(ChildAgents):
         if node.node_rank == 0 and record.spec().retries:  # each attempt: the spares left for the next
             threading.Thread(target=self._warm_spares, args=(record,), daemon=True).start()
         return client
+
+    def _on_report(self, host: str, report: NodeReport) -> None:
+        if isinstance(report, NodeStatus) and not report.running:  # the agent's last: its node is gone
+            self.ended[host] = report
+        self.copies.on_report(report)
 
     def _warm_spares(self, record: JobRecord) -> None:
         spec = record.spec()
@@ -152,12 +159,16 @@ class SshAgents(ChildAgents):
             warm_spares(spec.options(SshOptions), free, current, spec.python, workdir, ref, say)
 
     def keep_beats(self, record: JobRecord) -> None:
-        """The hosts' last beats into ``JOB/heartbeat/`` (a host that does not answer within
-        BEATS_TIMEOUT_S is left out: a lost host must not hold up the next attempt), and their last
-        checkpoints copied (``copies``: at most SETTLE_S)."""
-        drain_channels(DRAIN_S)  # every agent ended: their last saves are reported
+        """The hosts' last beats into ``JOB/heartbeat/``: from each agent's last report, else asked
+        over ssh (a host that does not answer within BEATS_TIMEOUT_S is left out: a lost host must not
+        hold up the next attempt); and their last checkpoints copied (``copies``: at most SETTLE_S)."""
+        drain_channels(DRAIN_S)  # every agent ended: their last saves and reports are in
         self.copies.settle()
-        for node, beats in self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=self.lost).items():
+        found = {status.node: status.beats for status in self.ended.values()}
+        if unreported := {n.host for n in self.plan.nodes} - self.lost - set(self.ended):
+            skip = {n.host for n in self.plan.nodes} - unreported
+            found |= self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=skip)
+        for node, beats in found.items():
             directory = heartbeat_dir(record.dir, node)
             directory.mkdir(parents=True, exist_ok=True)
             for beat in beats:
@@ -195,8 +206,9 @@ class SshAgents(ChildAgents):
         )
 
     def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
-        # A host whose connection was lost is not waited on: its node ends itself (the lease).
-        by_host = {n.host: n for n in nodes if n.host not in self.lost}
+        # A host whose connection was lost is not waited on: its node ends itself (the lease). One
+        # whose agent said it ended has nothing left to signal (the agent ends its tree first).
+        by_host = {n.host: n for n in nodes if n.host not in self.lost and n.host not in self.ended}
         extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
 
         def command(host: str) -> str:
