@@ -44,6 +44,7 @@ from typing import BinaryIO
 import psutil
 
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, job_snapshots
+from launcher.agent.torchrun import fast_exit
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
 from launcher.job.hang import HangReport
@@ -117,10 +118,10 @@ class NodeAgent:
             procs.become_subreaper()
         container = self._container()
         try:
-            argv = self.argv
-            if container is not None and self.image is not None:
+            argv = fast_exit(self.argv)  # torchrun of this interpreter: its exit 0.3 s shorter
+            if container is not None and self.image is not None:  # the image's torchrun, as rendered
                 names = [*self.env_names, HEARTBEAT_DIR_ENV, reports.REPORT_DIR_ENV]
-                argv = self.image.argv(container, argv, names)
+                argv = self.image.argv(container, self.argv, names)
             return self._supervise(argv)
         finally:
             if container is not None:  # before the caller records the end: a next attempt reuses the name

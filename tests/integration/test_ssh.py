@@ -308,7 +308,7 @@ def _is_agent(proc: psutil.Process, node: int) -> bool:
     try:
         return (
             proc.environ().get("GPTLAUNCH_HOST_NODE") == str(node)
-            and "torch.distributed.run" in proc.cmdline()
+            and "launcher.agent.torchrun" in proc.cmdline()  # torchrun, run by the agent's python
         )
     except psutil.Error:
         return False

@@ -1,0 +1,39 @@
+"""``launcher.agent.torchrun``: torchrun of the agent's own interpreter, with a shorter exit, and the
+same exit status and error report as ``python -m torch.distributed.run``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launcher.agent.torchrun import fast_exit
+
+ARGS = ["--nnodes=1", "--nproc-per-node=1", "-m", "trainer.cli", "train"]
+
+
+def test_only_a_torchrun_of_this_interpreter_is_run_through_the_module() -> None:
+    ours = [sys.executable, "-m", "torch.distributed.run", *ARGS]
+    assert fast_exit(ours) == [sys.executable, "-m", "launcher.agent.torchrun", *ARGS]
+    other = ["/opt/other-venv/bin/python", "-m", "torch.distributed.run", *ARGS]
+    assert fast_exit(other) == other  # it may not have gptlaunch installed
+    program = [sys.executable, "train.py"]
+    assert fast_exit(program) == program
+
+
+@pytest.mark.parametrize("worker", ["true", "false"])
+def test_it_ends_as_torchrun_ends(worker: str) -> None:
+    """A worker that succeeds, and one that fails: the same exit code, and the same report of the
+    failed worker, as plain torchrun's."""
+    flags = ["--standalone", "--nproc-per-node=1", "--no-python", worker]
+    ended = {
+        module: subprocess.run(
+            [sys.executable, "-m", module, *flags], capture_output=True, text=True, timeout=120
+        )
+        for module in ("torch.distributed.run", "launcher.agent.torchrun")
+    }
+    plain, ours = ended["torch.distributed.run"], ended["launcher.agent.torchrun"]
+    assert ours.returncode == plain.returncode == (0 if worker == "true" else 1), ours.stderr
+    failed = "ChildFailedError" in plain.stderr
+    assert failed == (worker == "false") and ("ChildFailedError" in ours.stderr) == failed, ours.stderr
