@@ -198,8 +198,8 @@ def run(
             code = EXIT_FAILED
         if back is not None:
             back.finish(job_id, node, channel, checkpoints)
-        # Its last word: the node has ended (nothing of it runs now), with the ranks' last beats. The
-        # launcher then neither signals this node nor asks its host for the beats over ssh again.
+        # Its last word: the node has ended (nothing of its tree runs: ``NodeAgent.run``), with the
+        # ranks' last beats. The launcher then neither signals this node nor asks for its beats again.
         channel.report(NodeStatus(node=node, running=False, exit_code=code, beats=read_beats(beats)))
     exit_file.write_text(str(code))
     return code

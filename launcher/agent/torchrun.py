@@ -10,8 +10,10 @@ non-daemon threads waited for, the other exit handlers, the streams flushed) is 
 Measured on a local 2-node job, a rank SIGKILLed: kill → attempt ended, median 1.6 s → 1.2 s.
 
 The node agent runs this in place of ``-m torch.distributed.run`` (``fast_exit``) only where
-torchrun's interpreter is the agent's own, which imports this module; a container's torchrun, or one
-of another interpreter (``--python``), runs as rendered.
+torchrun's interpreter is the agent's own, which has this module (the agent is part of it): on SSH
+hosts and SLURM nodes, and inside a compose container, whose agent runs in the image. Elsewhere (a
+local job's ``--python`` other than the launcher's, a torchrun in a container the agent starts)
+torchrun runs as rendered.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import sys
 TORCHRUN = ["-m", "torch.distributed.run"]
 
 
-def fast_exit(argv: list[str]) -> list[str]:
+def fast_exit(argv: list[str], path: str | None = None) -> list[str]:
     """``argv`` with this module in place of torchrun's, where ``argv`` is ``PYTHON -m
-    torch.distributed.run ARGS`` of this process's own interpreter (the same path, not the same file:
+    torch.distributed.run ARGS`` and ``PYTHON``, looked up in ``path`` (the ``PATH`` it will run
+    with; None: this process's), is this process's own interpreter (the same path, not the same file:
     a venv's python is a link to one shared by every venv); else ``argv`` unchanged."""
-    if argv[1:3] != TORCHRUN or (shutil.which(argv[0]) or argv[0]) != sys.executable:
+    if argv[1:3] != TORCHRUN or (shutil.which(argv[0], path=path) or argv[0]) != sys.executable:
         return argv
     return [argv[0], "-m", "launcher.agent.torchrun", *argv[3:]]
 

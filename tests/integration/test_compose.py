@@ -177,7 +177,8 @@ def _node_of(rank: psutil.Process) -> int:
 
 def _is_rank(cmdline: list[str]) -> bool:
     """A training process (torchrun's worker), not the torchrun agent that started it."""
-    return "trainer.cli" in cmdline and "torch.distributed.run" not in cmdline
+    torchrun = {"torch.distributed.run", "launcher.agent.torchrun"}  # as rendered, as the agent runs it
+    return "trainer.cli" in cmdline and not torchrun & set(cmdline)
 
 
 def test_a_detached_job_is_followed_and_cancelled_like_any_other(

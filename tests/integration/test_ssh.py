@@ -434,11 +434,13 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     (first,) = final.attempts
     assert first.replaced == {"gl-h2": "gl-h3"} and "killed by SIGKILL" in first.cause, first
     assert first.step is not None and first.step >= 12, first  # the hosts' beats, kept in the record
-    # each agent's last report (what spares the launcher asking for beats, and signalling, over ssh)
+    # The agents' last reports (what spares the launcher asking for beats, and signalling, over ssh):
+    # the failed node's, with its rank's last beat, and both of attempt 2's. (Attempt 1's node 0, ended
+    # by the launcher, may be killed before it reports: it is then asked over ssh.)
     last = [r for r in reports.read(jobs / job, NodeStatus) if not r.running]
-    ends = [(r.node, r.exit_code == 0) for r in last]  # attempt 1's two nodes, then attempt 2's
-    assert sorted(ends[:2]) == [(0, False), (1, False)] and sorted(ends[2:]) == [(0, True), (1, True)], last
-    assert max(b.step for b in last[0].beats + last[1].beats) == first.step, last
+    assert last[0].node == 1 and last[0].exit_code != 0, last
+    assert 12 <= max(b.step for b in last[0].beats) <= first.step, last
+    assert sorted((r.node, r.exit_code) for r in last[-2:]) == [(0, 0), (1, 0)], last
     assert [n.host for n in JobRecord(jobs / job).plan().nodes] == ["gl-h1", "gl-h3"]
     before = Plan.model_validate_json((jobs / job / "attempts" / "1" / "plan.json").read_text())
     assert [n.host for n in before.nodes] == ["gl-h1", "gl-h2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,11 @@ def test_it_ends_as_torchrun_ends(worker: str) -> None:
     assert ours.returncode == plain.returncode == (0 if worker == "true" else 1), ours.stderr
     failed = "ChildFailedError" in plain.stderr
     assert failed == (worker == "false") and ("ChildFailedError" in ours.stderr) == failed, ours.stderr
+
+
+def test_the_interpreter_is_looked_up_in_the_path_torchrun_runs_with(tmp_path: Path) -> None:
+    other = tmp_path / "python"  # another interpreter first in the node's PATH
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    argv = ["python", "-m", "torch.distributed.run", *ARGS]
+    assert fast_exit(argv, path=str(tmp_path)) == argv

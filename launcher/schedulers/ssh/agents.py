@@ -6,6 +6,7 @@ hosts that share no file system with the launcher, the checkpoint copies (``copi
 
 from __future__ import annotations
 
+import functools
 import shlex
 import subprocess
 import threading
@@ -132,9 +133,10 @@ class SshAgents(ChildAgents):
         # The secrets travel inside the encrypted channel, read once by the node agent; stdin then
         # carries the lease, stdout the agent's channel: its output and its reports.
         argv = self.settings.argv(node.host, node.shell_command())
+        on_report = functools.partial(self._on_report, self.ended, node.host)
         client = start_client(
             argv, record.dir / node.log, self.secrets, keep_stdin=True, channel_of=record.dir,
-            on_report=lambda report: self._on_report(node.host, report),
+            on_report=on_report,
         )  # fmt: skip
         self.clients.append(client)
         if self.renewer is None:
@@ -144,9 +146,11 @@ class SshAgents(ChildAgents):
             threading.Thread(target=self._warm_spares, args=(record,), daemon=True).start()
         return client
 
-    def _on_report(self, host: str, report: NodeReport) -> None:
+    def _on_report(self, ended: dict[str, NodeStatus], host: str, report: NodeReport) -> None:
+        """``ended``: the dict of the attempt that started this channel (a late report of an earlier
+        attempt must not mark a host of the next one)."""
         if isinstance(report, NodeStatus) and not report.running:  # the agent's last: its node is gone
-            self.ended[host] = report
+            ended[host] = report
         self.copies.on_report(report)
 
     def _warm_spares(self, record: JobRecord) -> None:
@@ -164,8 +168,9 @@ class SshAgents(ChildAgents):
         hold up the next attempt); and their last checkpoints copied (``copies``: at most SETTLE_S)."""
         drain_channels(DRAIN_S)  # every agent ended: their last saves and reports are in
         self.copies.settle()
-        found = {status.node: status.beats for status in self.ended.values()}
-        if unreported := {n.host for n in self.plan.nodes} - self.lost - set(self.ended):
+        ended = dict(self.ended)  # a channel still read may add to it
+        found = {status.node: status.beats for status in ended.values()}
+        if unreported := {n.host for n in self.plan.nodes} - self.lost - set(ended):
             skip = {n.host for n in self.plan.nodes} - unreported
             found |= self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=skip)
         for node, beats in found.items():
@@ -207,8 +212,10 @@ class SshAgents(ChildAgents):
 
     def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
         # A host whose connection was lost is not waited on: its node ends itself (the lease). One
-        # whose agent said it ended has nothing left to signal (the agent ends its tree first).
-        by_host = {n.host: n for n in nodes if n.host not in self.lost and n.host not in self.ended}
+        # whose agent said it ended has nothing left to signal (the agent ends its tree and its
+        # node's strays first), but for a container, whose removal the signal tries again.
+        done = set() if self.plan.facts.get("image") else set(self.ended)
+        by_host = {n.host: n for n in nodes if n.host not in self.lost and n.host not in done}
         extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
 
         def command(host: str) -> str:

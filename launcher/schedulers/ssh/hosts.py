@@ -15,7 +15,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gptlaunch.contract import EXIT_REFUSED
@@ -366,17 +365,11 @@ def plan_hosts(
     image: str | None = None,
 ) -> HostPlan:
     """Every check before an SSH job, in order: hosts, the pull of ``image`` (pinned by digest) and
-    probes inside it (in parallel), parity, the workdir (None: not checked, ``--sync`` makes it;
-    checked while the probes run), master address resolution and routes, rendezvous port. Raises
-    SpecError / ParityError."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        checked = None
-        if workdir is not None:
-            hosts = hosts_of(opts, nnodes, nproc_per_node)
-            checked = pool.submit(check_workdir, ssh_settings(opts), hosts, workdir)
-        probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
-        enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
-        warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
-        if checked is not None:
-            checked.result()
+    probes inside it (in parallel), parity, the workdir (None: not checked, ``--sync`` makes it),
+    master address resolution and routes, rendezvous port. Raises SpecError / ParityError."""
+    probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
+    enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
+    warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
+    if workdir is not None:
+        check_workdir(probed.settings, probed.hosts, workdir)
     return route_hosts(probed, port, python)
