@@ -212,8 +212,8 @@ class SshAgents(ChildAgents):
 
     def _signal(self, nodes: list[NodePlan], sig: str, grace_s: float) -> None:
         # A host whose connection was lost is not waited on: its node ends itself (the lease). One
-        # whose agent said it ended has nothing left to signal (the agent ends its tree and its
-        # node's strays first), but for a container, whose removal the signal tries again.
+        # whose agent said it ended has nothing left to signal (an agent returns once its whole tree
+        # has ended), but for a container, whose removal the signal tries again.
         done = set() if self.plan.facts.get("image") else set(self.ended)
         by_host = {n.host: n for n in nodes if n.host not in self.lost and n.host not in done}
         extra = ("--signal", sig, "--grace-s", f"{grace_s:g}")
