@@ -131,6 +131,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
         "the kill step",
         lambda: len(b := _beats(args, job_dir)) == args.nodes and min(x.step for x in b) >= args.kill_step,
     )
+    if warm and args.scheduler == "ssh":  # a long job's zygotes are ready long before a failure
+        _until("every host's zygote ready", lambda: _zygotes_ready(job_dir) == args.hosts)
     victim = next(b for b in _beats(args, job_dir) if b.rank == args.nodes - 1)
     killed = time.time()
     os.kill(victim.pid, signal.SIGKILL)
@@ -168,6 +170,11 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
     mode = " (warm workers)" if warm else ""
     log(f"round {k + 1}{mode}: {said} (killed at step {attempt.step}, resumed at {_resumed_at(job_dir)})")
     return parts
+
+
+def _zygotes_ready(job_dir: Path) -> int:
+    """How many hosts' zygotes (``--warm-workers`` on ssh: ``warm-HOST.log``) said they are ready."""
+    return sum("ready on" in log.read_text(errors="replace") for log in job_dir.glob("warm-*.log"))
 
 
 def _resumed_at(job_dir: Path) -> str:
@@ -270,11 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", action="store_true", help="one node with one GPU, the model compiled")
     p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
     p.add_argument("--warm", choices=("off", "on", "both"), default="off",
-                   help="--warm-workers (local): off, on, or both, alternating round by round")  # fmt: skip
+                   help="--warm-workers: off, on, or both, alternating round by round")  # fmt: skip
     args = p.parse_args(argv)
     args.nodes = 1 if args.gpu else 2
-    if args.warm != "off" and (args.scheduler != "local" or (args.goodput_minutes and args.warm == "both")):
-        p.error("--warm is for the local scheduler, and one of on/off with --goodput-minutes")
+    if args.goodput_minutes and args.warm == "both":
+        p.error("--goodput-minutes measures one job: --warm on or off")
     if args.gpu and (args.scheduler != "local" or args.goodput_minutes):
         p.error("--gpu measures rounds on the local scheduler only")
     args.text_files = text_files(args.text_files, p)

@@ -28,6 +28,10 @@ The request on the socket: 8 bytes of length (big-endian), then that many bytes 
 with the client's fds 0-2 attached (SCM_RIGHTS) to the first bytes. The replies: the child's pid, then
 its wait status (``os.waitpid``'s), one decimal line each. Each end checks that the other is the same
 user (SO_PEERCRED): the request carries the environment, secrets included.
+
+A socket is a path, or ``@NAME``: Linux's abstract namespace, which belongs to the network namespace
+and not to the file system (the SSH scheduler's zygote, one per job and host: hosts that share a
+``/tmp``, as containers or network namespaces on one machine may, still each reach their own).
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ class Request:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+
+
+def address(socket_name: str) -> str:
+    """What ``socket.bind``/``connect`` take for ``socket_name``: a path as it is, ``@NAME`` as the
+    abstract address ``\\0NAME``."""
+    return "\0" + socket_name[1:] if socket_name.startswith("@") else socket_name
 
 
 def peer_uid(conn: socket.socket) -> int:

@@ -11,19 +11,19 @@ import socket
 import sys
 from typing import NoReturn
 
-from gptlaunch.warm import LENGTH_BYTES, RELAYED, peer_uid
+from gptlaunch.warm import LENGTH_BYTES, RELAYED, address, peer_uid
 
 
 def run(path: str, argv: list[str]) -> NoReturn:
-    """Have the zygote on the socket ``path`` run ``argv`` and end as it ends; without a zygote, run
-    ``argv`` in this process (``exec``). Never returns."""
+    """Have the zygote on the socket ``path`` (a path or ``@NAME``) run ``argv`` and end as it ends;
+    without a zygote, run ``argv`` in this process (``exec``). Never returns."""
     child: list[int] = []  # its pid, once the zygote said it
     pending: list[int] = []  # signals that came before: relayed once the pid is known
     for sig in RELAYED:  # before anything else: a stop sent at once is not lost
         signal.signal(sig, lambda s, _f: _relay(child[0], s) if child else pending.append(s))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(path)
+        conn.connect(address(path))
         if peer_uid(conn) != os.getuid():  # not our zygote: it would get the environment and streams
             raise OSError(f"{path} is served by another user")
     except OSError:

@@ -23,7 +23,8 @@ from typing import NoReturn
 
 import setproctitle
 
-from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request, peer_uid
+from gptlaunch.contract import ATTEMPT_ENV
+from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request, address, peer_uid
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
 # Imported too where this torch has it: async checkpoint saves' stager, 0.1 s of a resumed rank's start
@@ -44,9 +45,9 @@ class _Child:
 class _Zygote:
     """One thread (a fork copies only the forking thread) and one selector: the listener, each
     client's connection (readable when the client is gone), each child's pidfd (readable when it
-    ended) and the signal wakeup fd (SIGTERM: stop)."""
+    ended), the signal wakeup fd (SIGTERM: stop) and, if ``watch_stdin``, stdin (its end: stop)."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, watch_stdin: bool = False) -> None:
         self.listener = listener
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ)
@@ -54,6 +55,8 @@ class _Zygote:
         wakeup_w.setblocking(False)
         self.wakeup_w = wakeup_w
         self.sel.register(self.wakeup, selectors.EVENT_READ)
+        if watch_stdin:
+            self.sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
         self.children: dict[int, _Child] = {}
         self.stopping = False
 
@@ -68,7 +71,10 @@ class _Zygote:
                 if key.fileobj is self.listener:
                     self._accept()
                 elif key.fileobj is self.wakeup:
+                    self.wakeup.recv(4096)
                     self._stop()
+                elif key.data == "stdin":
+                    self._stdin()
                 elif isinstance(key.fileobj, int):
                     self._ended(key.data)
                 else:
@@ -76,12 +82,18 @@ class _Zygote:
         os._exit(0)
 
     def _stop(self) -> None:
-        """SIGTERM: take no more requests; end once the children have (their clients stop them)."""
-        self.wakeup.recv(4096)
+        """SIGTERM, or the end of a watched stdin: take no more requests; end once the children have
+        (their clients stop them)."""
         if not self.stopping:
             self.stopping = True
             self.sel.unregister(self.listener)
             self.listener.close()
+
+    def _stdin(self) -> None:
+        """Input on a watched stdin is ignored; its end (the ssh session closed) stops the zygote."""
+        if not os.read(sys.stdin.fileno(), 4096):
+            self.sel.unregister(sys.stdin.fileno())
+            self._stop()
 
     def _accept(self) -> None:
         """One client's request: a child for it, or (whatever went wrong) its connection closed, and
@@ -89,18 +101,18 @@ class _Zygote:
         try:
             conn, _ = self.listener.accept()
         except OSError as e:  # out of fds, or the client gave up
-            print(f"gptlaunch.warm: accept failed: {e!r}", file=sys.stderr, flush=True)
+            _say(f"accept failed: {e!r}")
             return
         try:
             request, fds = _receive(conn)
         except Exception as e:  # a client that died, spoke garbage or is not this user
-            print(f"gptlaunch.warm: a request was dropped: {e!r}", file=sys.stderr, flush=True)
+            _say(f"a request was dropped: {e!r}")
             conn.close()
             return
         try:
             self._fork(conn, request, fds)
         except OSError as e:  # out of processes or memory: the client is told, and fails
-            print(f"gptlaunch.warm: could not fork: {e!r}", file=sys.stderr, flush=True)
+            _say(f"could not fork: {e!r}")
             conn.close()
         finally:
             for fd in fds:
@@ -134,6 +146,8 @@ class _Zygote:
         self.sel.register(conn, selectors.EVENT_READ, child)
         with contextlib.suppress(OSError):  # a client gone already: its connection says so next
             conn.sendall(f"{pid}\n".encode())
+        attempt, rank = request.env.get(ATTEMPT_ENV, "?"), request.env.get("RANK", "?")
+        _say(f"forked {pid} (attempt {attempt}, rank {rank}): {shlex.join(request.argv[:3])}")
 
     def _as_child(self, conn: socket.socket) -> None:
         """In a new child: none of the zygote's sockets, pidfds, selector or signal wakeup."""
@@ -173,28 +187,40 @@ class _Zygote:
             child.conn = None
 
 
+def _say(line: str) -> None:
+    """A line of the zygote's log (stderr): lost, not fatal, once its ssh session is gone."""
+    with contextlib.suppress(OSError):
+        print(f"gptlaunch.warm: {line}", file=sys.stderr, flush=True)
+
+
 def serve(
-    path: str, preload: tuple[str, ...] = PRELOAD, optional: tuple[str, ...] = PRELOAD_IF_PRESENT
+    path: str,
+    preload: tuple[str, ...] = PRELOAD,
+    optional: tuple[str, ...] = PRELOAD_IF_PRESENT,
+    watch_stdin: bool = False,
 ) -> NoReturn:
     """The zygote: import ``preload`` and what it can of ``optional``, then fork a child for each
-    client on the Unix socket ``path`` (mode 0600; its directory must be private to this user) until
-    SIGTERM, then wait for the children and exit 0. Never returns."""
+    client on the Unix socket ``path`` (a path, mode 0600, whose directory must be private to this
+    user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until SIGTERM, or until
+    stdin ends if ``watch_stdin``; then wait for the children and exit 0. Never returns. Exits 1
+    when another process holds ``@NAME`` (``OSError``: address in use)."""
     for module in preload:
         importlib.import_module(module)
     for module in optional:
         with contextlib.suppress(Exception):  # an older torch, or one broken there: the rank imports it
             importlib.import_module(module)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if not path.startswith("@"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     old_umask = os.umask(0o177)
     try:
-        listener.bind(path)
+        listener.bind(address(path))
     finally:
         os.umask(old_umask)
     listener.listen(64)
     print(f"gptlaunch.warm: ready on {path} (pid {os.getpid()})", flush=True)
-    _Zygote(listener).loop()
+    _Zygote(listener, watch_stdin).loop()
 
 
 def _receive(conn: socket.socket) -> tuple[Request, list[int]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV
 from launcher.job.record import torchelastic_dir
-from launcher.job.spec import JobSpec
+from launcher.job.spec import JobSpec, SpecError
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "
@@ -72,6 +72,24 @@ def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
         return [arg.replace(RUN_DIR_ARG, run_dir) for arg in spec.program.argv()], run_dir
     args, run_dir = with_run_dir(spec.trainer_args, default_run_dir)
     return ["-m", "trainer.cli", "train", *args], run_dir
+
+
+def check_warm_program(spec: JobSpec) -> None:
+    """Raise SpecError when ``spec`` asks for warm workers (``scheduler.warm_workers``) and a program
+    that is not Python: a forked rank runs Python code."""
+    warm = getattr(spec.scheduler, "warm_workers", False)
+    if warm and spec.program is not None and spec.program.kind == "no_python":
+        raise SpecError(
+            "scheduler.warm_workers (--warm-workers) forks Python ranks; a --no-python program "
+            "starts its own interpreter: drop --warm-workers"
+        )
+
+
+def warm_worker(worker: list[str], socket: str) -> list[str]:
+    """What torchrun runs for each rank instead of ``worker`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``)
+    with ``--warm-workers``: the client that has the zygote on ``socket`` fork the rank
+    (``gptlaunch.warm``)."""
+    return ["-m", "gptlaunch.warm", "run", socket, "--", *worker]
 
 
 def node_agents(

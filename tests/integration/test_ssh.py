@@ -29,6 +29,7 @@ from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.schedulers.ssh.scheduler import SshScheduler
+from launcher.schedulers.ssh.zygotes import zygote_name
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
@@ -387,17 +388,23 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
 
 
 def _past_step_12_with_a_spare(
-    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path, retries: int, *flags: str
+    hostfile: Path,
+    prepared_data: list[str],
+    private: Path,
+    tmp_path: Path,
+    retries: int,
+    *flags: str,
+    submit_flags: tuple[str, ...] = (),
 ) -> str:
     """A detached job of 40 steps (a checkpoint every 10, unless ``flags``, the trainer's, say else) on
-    2 of 3 hosts that share no files, with ``retries``; its id once it has logged step 12 (into
-    ``private/run`` on each host; the record and the copy of the checkpoints in ``private/jobs`` and
-    ``private/run`` here)."""
+    2 of 3 hosts that share no files, with ``retries`` and ``submit_flags``; its id once it has logged
+    step 12 (into ``private/run`` on each host; the record and the copy of the checkpoints in
+    ``private/jobs`` and ``private/run`` here)."""
     hosts = first_hosts(hostfile, 3, tmp_path)
     run_dir, jobs = private / "run", private / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
-        "--retries", str(retries), "--retry-backoff-s", "1",
+        "--retries", str(retries), "--retry-backoff-s", "1", *submit_flags,
         "--", *train_args(prepared_data, run_dir, 40),
         "--checkpoint-interval", "10", "--eval-interval", "100000", *flags,
     )  # fmt: skip
@@ -415,16 +422,17 @@ def step_of(jobs: Path) -> int:
 def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
 ) -> None:
-    """3 hosts in the hostfile, 2 nodes, --retries 2: attempt 2 runs on gl-h1 and the spare gl-h3 from
-    the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2 keeps nothing."""
+    """3 hosts in the hostfile, 2 nodes, --retries 2, --warm-workers: attempt 2 runs on gl-h1 and the
+    spare gl-h3 from the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2
+    keeps nothing. gl-h1's rank of attempt 2 is forked from its zygote, which ends with the job."""
     run_dir, jobs = private / "run", private / "jobs"
-    job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=2)
+    warm = ("--warm-workers",)
+    job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, 2, submit_flags=warm)
     follow = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "logs", "-f", job]
     follower = subprocess.Popen(follow, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    (rank,) = [
-        p for p in processes_of(job)
-        if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"] and p.environ().get("GPTLAUNCH_HOST_NODE") == "1"
-    ]  # fmt: skip
+    zygote_log = jobs / job / "warm-gl-h1.log"
+    wait_for(lambda: zygote_log.exists() and "ready on @" in zygote_log.read_text(), 120, "gl-h1's zygote")
+    (rank,) = _ranks_on("gl-h2")
     rank.kill()
     final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
@@ -449,8 +457,31 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     assert "attempt 2 of 3" in text and "gl-h2 → replaced by gl-h3" in text, text
     goodput = json.loads(launcher(jobs, "status", "--json", job, check=True).stdout)["goodput"]
     assert goodput["failures"] == 1 and goodput["lost_s"] > 1 and goodput["training_s"] > 0, goodput
+    assert "(attempt 2, rank 0)" in zygote_log.read_text()  # forked, not started cold
+    assert (jobs / job / "warm-gl-h3.log").exists()  # the spare's zygote, started once it was made ready
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    wait_for(lambda: not _zygotes_of(job), 60, "the job's zygotes to end")
     print(f"\n{text}")
+
+
+def _ranks_on(host: str) -> list[psutil.Process]:
+    """The trainer's ranks on dev host ``host``: cold, or forked from a zygote (whose environment a
+    forked rank's /proc shows, so only its title and network namespace tell it)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            line = " ".join(proc.cmdline())
+            if "-m trainer.cli" in line and "gptlaunch.warm" not in line and "launcher.agent" not in line:
+                found += [proc] if _on_host(proc, host) else []
+    return found
+
+
+def _zygotes_of(job: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            found += [proc] if zygote_name(job) in proc.cmdline() else []
+    return found
 
 
 def _on_host(proc: psutil.Process, host: str) -> bool:

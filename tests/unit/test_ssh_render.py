@@ -13,12 +13,13 @@ from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.cli.main import main
 from launcher.job.failures import killed_by
 from launcher.job.measurements import Probe, Route
-from launcher.job.spec import JobSpec, SpecError
+from launcher.job.spec import JobSpec, Program, SpecError
 from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
 from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
 from launcher.schedulers.ssh.sync import rsync_argv
+from launcher.schedulers.ssh.zygotes import zygote_name
 
 
 def test_hostfile_lines_comments_and_slots() -> None:
@@ -125,6 +126,26 @@ def test_plan_quotes_every_value_for_the_remote_shell() -> None:
     assert words[agent + 1 : agent + 6] == [
         "run", "--job", "job-1", "--node", "1",
     ]  # fmt: skip
+
+
+def test_warm_workers_fork_each_rank_from_the_hosts_abstract_zygote_and_refuse_images_and_binaries() -> None:
+    spec = JobSpec.model_validate({"scheduler": {"kind": "ssh", "hosts": ["a"], "warm_workers": True}})
+    facts = {
+        "workdir": "/w", "hosts": ["a"], "master_addr": "a", "rdzv_port": 29500, "ifnames": {"a": "eth0"},
+        "omp_num_threads": None,
+    }  # fmt: skip
+    words = shlex.split(
+        SshScheduler().render(spec, SshFacts(**facts), "job-1", Path("/j")).nodes[0].shell_command()
+    )
+    tail = words[words.index("gptlaunch.warm") - 1 :]
+    assert tail[:5] == ["-m", "gptlaunch.warm", "run", zygote_name("job-1"), "--"], words
+    assert tail[5:8] == ["-m", "trainer.cli", "train"]
+    assert zygote_name("job-1").startswith("@") and zygote_name("job-1") != zygote_name("job-2")
+    with pytest.raises(ValueError, match=r"--warm-workers .* --image"):
+        SshOptions(hosts=["a"], warm_workers=True, image="img:1")
+    no_python = spec.model_copy(update={"program": Program(kind="no_python", target="./a.out")})
+    with pytest.raises(SpecError, match="--warm-workers"):
+        SshScheduler().resolve(no_python)
 
 
 def test_private_dirs_refuse_symlinks_other_modes_and_are_made_0700(tmp_path: Path) -> None:

@@ -193,3 +193,30 @@ def test_a_stopped_zygote_waits_for_its_children_then_exits(
     client.send_signal(signal.SIGTERM)
     assert client.wait(30) == 0
     assert zygote.wait(30) == 0
+
+
+def test_an_abstract_zygote_serves_its_clients_holds_its_name_and_stops_when_its_stdin_ends(
+    program: Path, tmp_path: Path
+) -> None:
+    """The SSH scheduler's zygote: ``@NAME`` (no file; per network namespace), alive as long as its
+    stdin (its ssh session)."""
+    name = f"@gptlaunch-warm-test-{os.getpid()}-{time.monotonic_ns()}"
+    code = f"from gptlaunch.warm.zygote import serve; serve({name!r}, ('json',), (), watch_stdin=True)"
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert zygote.stdout is not None and zygote.stdin is not None and "ready" in zygote.stdout.readline()
+    second = subprocess.run(
+        [sys.executable, "-c", code], input="", capture_output=True, text=True, check=False
+    )
+    assert second.returncode == 1 and "Address already in use" in second.stderr  # the name is held
+    client = _client(name, program, "exit", "3", cwd=tmp_path)
+    out, err = client.communicate(timeout=30)
+    assert client.returncode == 3 and f"cwd {tmp_path}" in out, err
+    assert int(out.split("pid ")[1].split()[0]) != client.pid  # forked, not run cold
+    assert zygote.poll() is None
+    zygote.stdin.close()
+    assert zygote.wait(30) == 0
+    cold = _client(name, program, "exit", "0", cwd=tmp_path)
+    out, _ = cold.communicate(timeout=30)
+    assert cold.returncode == 0 and f"pid {cold.pid}" in out  # nobody serves the name any more

@@ -7,10 +7,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import NO_FLAG, JobView, SchedulerOptions, check_gpus_once
+from launcher.job.options import NO_FLAG, JobView, WarmOptions, check_gpus_once
 
 
-class LocalOptions(SchedulerOptions):
+class LocalOptions(WarmOptions):
     """The local scheduler: ``nnodes`` emulated nodes on this machine."""
 
     scheduler: ClassVar[str] = "launcher.schedulers.local.scheduler:LocalScheduler"
@@ -23,12 +23,6 @@ class LocalOptions(SchedulerOptions):
         description="ids of the GPUs shared out between emulated nodes, [] for none (default: those "
         "in CUDA_VISIBLE_DEVICES (--env or this shell), else all detected)",
         json_schema_extra=NO_FLAG,
-    )
-
-    warm_workers: bool = Field(
-        False,
-        description="fork the ranks from one process per job that has imported torch, so that a retry "
-        "starts them warm (seconds sooner); a rank that starts before that process is ready starts cold",
     )
 
     @field_validator("gpus")

@@ -21,9 +21,9 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, node_agents, worker_argv
+from launcher.job.torchrun import agent_env, check_warm_program, node_agents, warm_worker, worker_argv
 from launcher.schedulers.local.options import LocalOptions
-from launcher.schedulers.local.warm import WarmAgents, warm_worker
+from launcher.schedulers.local.warm import WarmAgents, zygote_socket
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.transport import Transport
 
@@ -89,11 +89,7 @@ class LocalScheduler(SupervisedScheduler):
         user_env = os.environ | spec.network.env  # --env wins over the shell
         threads = spec.omp_num_threads or _positive_int(user_env.get("OMP_NUM_THREADS"), "OMP_NUM_THREADS")
         opts = spec.options(LocalOptions)
-        if opts.warm_workers and spec.program is not None and spec.program.kind == "no_python":
-            raise SpecError(
-                "scheduler.warm_workers (--warm-workers) forks Python ranks; a --no-python program "
-                "starts its own interpreter: drop --warm-workers"
-            )
+        check_warm_program(spec)
         gpus = opts.gpus if opts.gpus is not None else visible_gpus(user_env)
         if gpus and spec.world_size > len(gpus):
             raise SpecError(
@@ -114,7 +110,7 @@ class LocalScheduler(SupervisedScheduler):
         endpoint = f"{facts.rdzv_host}:{facts.rdzv_port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
         if spec.options(LocalOptions).warm_workers:
-            worker = warm_worker(worker, job_id)
+            worker = warm_worker(worker, str(zygote_socket(job_id)))
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         nodes = []
         agents = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)

@@ -42,12 +42,6 @@ def zygote_socket(job_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"gptlaunch-warm-{digest}" / "z.sock"
 
 
-def warm_worker(worker: list[str], job_id: str) -> list[str]:
-    """What torchrun runs for each rank instead of ``worker`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``):
-    the client that has the zygote fork the rank."""
-    return ["-m", "gptlaunch.warm", "run", str(zygote_socket(job_id)), "--", *worker]
-
-
 def _private_dir(path: Path) -> None:
     """Make ``path`` (mode 0700), or check one that exists is this user's alone: another user's could
     hold a socket of theirs, which would receive the ranks' environment and streams. Raises OSError."""

@@ -29,6 +29,7 @@ from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.warm import warm_spares
+from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
 
@@ -75,6 +76,8 @@ class SshAgents(ChildAgents):
         self.ended: dict[str, NodeStatus] = {}  # host -> its agent's last report, in this attempt
         self.renewer: threading.Thread | None = None
         self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
+        self.zygotes = Zygotes(settings, python, plan.job_id, record.dir)
+        self.warm = record.spec().options(SshOptions).warm_workers
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
         """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
@@ -108,7 +111,9 @@ class SshAgents(ChildAgents):
         self.failed.add(failed_host)
         for spare in spares(hosts_of(opts), current, self.failed):
             try:
-                return self._replan(record, [spare if h == failed_host else h for h in current])
+                plan = self._replan(record, [spare if h == failed_host else h for h in current])
+                self.zygotes.end({failed_host}, wait_s=0.0)  # out of the job: its zygote goes, unwaited for
+                return plan
             except SpecError as e:
                 say(f"launcher: spare host {spare} cannot take over from {failed_host}: {e}")
         deadline = time.monotonic() + REJOIN_WAIT_S
@@ -139,6 +144,8 @@ class SshAgents(ChildAgents):
             on_report=on_report,
         )  # fmt: skip
         self.clients.append(client)
+        if self.warm:
+            self.zygotes.ensure(node)
         if self.renewer is None:
             self.renewer = threading.Thread(target=self._renew_leases, daemon=True)
             self.renewer.start()
@@ -160,7 +167,9 @@ class SshAgents(ChildAgents):
         workdir, image = str(self.plan.facts.get("workdir", "/")), self.plan.facts.get("image")
         ref = str(image) if image else None  # pinned by digest, as every host of the job pulled it
         with self.warming:
-            warm_spares(spec.options(SshOptions), free, current, spec.python, workdir, ref, say)
+            ready = warm_spares(spec.options(SshOptions), free, current, spec.python, workdir, ref, say)
+        for host in free if ready and self.warm else []:  # as node 0 runs, on that host
+            self.zygotes.ensure(self.plan.nodes[0].model_copy(update={"host": host}))
 
     def keep_beats(self, record: JobRecord) -> None:
         """The hosts' last beats into ``JOB/heartbeat/``: from each agent's last report, else asked
@@ -198,8 +207,14 @@ class SshAgents(ChildAgents):
     def kill(self, job_id: str, grace_s: float) -> None:
         self._signal(self.plan.nodes, "KILL", grace_s)
         spared = self.copies.processes()  # a checkpoint copy in flight finishes: the retry needs it
+        zygotes = self.zygotes.pids()  # kept for the next attempt's ranks
         children = psutil.Process().children(recursive=True)
-        procs.terminate([p for p in children if p not in spared], grace_s)  # ssh clients, masters
+        ending = [p for p in children if p not in spared and p.pid not in zygotes]
+        procs.terminate(ending, grace_s)  # ssh clients, masters
+
+    def close(self) -> None:
+        """End the zygotes' sessions (``--warm-workers``)."""
+        self.zygotes.end()
 
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         if exit_code != ssh.SSH_FAILED:

@@ -101,9 +101,10 @@ class SshSettings:
     control_dir: Path | None = None  # where master sockets live (default: control_dir())
     max_parallel: int = MAX_PARALLEL  # concurrent clients of one fan_out
 
-    def argv(self, host: str, command: str) -> list[str]:
+    def argv(self, host: str, command: str, shared: bool = True) -> list[str]:
         """``ssh ... host command``: ``command`` runs in the remote user's shell. Keep-alives notice a
-        dead peer within about 3 × 5 s."""
+        dead peer within about 3 × 5 s. ``shared``: over the host's master connection (made by the
+        first client: ControlMaster), else over a connection of its own, which outlives the master."""
         argv = [
             "ssh",
             "-T",  # no terminal: signals and output as for a pipe
@@ -113,10 +114,15 @@ class SshSettings:
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",
             "-o", "LogLevel=ERROR",
-            "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={self.control_dir or control_dir()}/%C-{self._digest()}",
-            "-o", "ControlPersist=60",
         ]  # fmt: skip
+        if shared:
+            argv += [
+                "-o", "ControlMaster=auto",
+                "-o", f"ControlPath={self.control_dir or control_dir()}/%C-{self._digest()}",
+                "-o", "ControlPersist=60",
+            ]  # fmt: skip
+        else:
+            argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         for option in self.options:
             argv += ["-o", option]
         return [*argv, "--", host, command]

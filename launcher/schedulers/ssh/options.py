@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.job.options import ContainerOptions, GateOptions, flag
+from launcher.job.options import ContainerOptions, GateOptions, WarmOptions, flag
 from launcher.schedulers.ssh.client import MAX_PARALLEL, SSH_OPT_RE, check_host
 
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
@@ -25,7 +25,7 @@ SSH_MANAGED = {
 }
 
 
-class SshOptions(ContainerOptions, GateOptions):
+class SshOptions(ContainerOptions, GateOptions, WarmOptions):
     """The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client."""
 
     runtimes: ClassVar[tuple[str, ...]] = ("docker", "podman")
@@ -106,5 +106,10 @@ class SshOptions(ContainerOptions, GateOptions):
         if bool(self.hosts) == (self.hostfile is not None):
             raise ValueError(
                 "give the hosts either as hosts (--hosts h1,h2) or as a hostfile (--hostfile FILE)"
+            )
+        if self.warm_workers and self.image is not None:
+            raise ValueError(
+                "--warm-workers forks the ranks from the hosts' own Python, and an --image job runs them in "
+                "containers: drop one of them"
             )
         return self

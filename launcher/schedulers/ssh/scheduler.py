@@ -28,7 +28,15 @@ from launcher.job.record import JobRecord
 from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, copy_excludes, node_agents, worker_argv
+from launcher.job.torchrun import (
+    IMAGE_PYTHON,
+    agent_env,
+    check_warm_program,
+    copy_excludes,
+    node_agents,
+    warm_worker,
+    worker_argv,
+)
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
@@ -45,6 +53,7 @@ from launcher.schedulers.ssh.hosts import (
 )
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
+from launcher.schedulers.ssh.zygotes import zygote_name
 from launcher.supervisor.scheduler import SupervisedScheduler
 
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default
@@ -109,6 +118,7 @@ class SshScheduler(SupervisedScheduler):
                 "rendezvous.endpoint (--rdzv-endpoint) is the first host for the SSH scheduler: "
                 "put the host you want first in --hosts / the hostfile"
             )
+        check_warm_program(spec)
         workdir = workdir_of(spec, files_here=self.files_here)
         image = None
         if opts.image is not None:
@@ -192,6 +202,8 @@ class SshScheduler(SupervisedScheduler):
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
+        if spec.options(SshOptions).warm_workers:
+            worker = warm_worker(worker, zygote_name(job_id))
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         hosts = facts.host_plan()
         python = IMAGE_PYTHON if facts.image is not None else None
