@@ -21,6 +21,10 @@ beat on their hosts, in each host agent's state dir (``launcher.agent``), read h
 hosts' node-local disks; teardown then also holds fetching the hosts' last beats over ssh and checking
 the spare as a submit does (``SshAgents.renew``).
 
+With ``--warm on`` or ``--warm both``: the job runs with ``--warm-workers`` (``both``: rounds
+alternate, cold then warm). On ssh each host's zygote is waited for before the kill, as a long job's
+are ready long before a failure.
+
 With ``--gpu``: one node with one GPU (two ranks cannot share a GPU under NCCL), ``--preset``
 (default gpt2) compiled, bf16; rank 0 is the one killed. Start-up then holds ``torch.compile``'s
 compile (from Inductor's on-disk cache on the retry).
@@ -30,7 +34,7 @@ and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill
 its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
 Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
-[--scheduler ssh [--hosts N]] [--gpu [--preset P]]``,
+[--scheduler ssh [--hosts N]] [--warm on|both] [--gpu [--preset P]]``,
 ``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
@@ -237,11 +241,14 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
 
 
 def _over(args: argparse.Namespace) -> str:
-    if args.warm != "off":
-        return f" --warm {args.warm}"
-    if args.gpu:
-        return f" --gpu --preset {args.preset}"
-    return f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
+    """The flags that set this run apart, for the line that says how to run it again."""
+    flags = f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
+    flags += f" --gpu --preset {args.preset}" if args.gpu else ""
+    flags += f" --warm {args.warm}" if args.warm != "off" else ""
+    default = 20  # --checkpoint-interval's
+    return flags + (
+        f" --checkpoint-interval {args.checkpoint_interval}" if args.checkpoint_interval != default else ""
+    )
 
 
 def _table(rounds: dict[bool, list[dict[str, float]]]) -> list[str]:
