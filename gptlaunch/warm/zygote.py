@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import NoReturn
@@ -45,9 +46,10 @@ class _Child:
 class _Zygote:
     """One thread (a fork copies only the forking thread) and one selector: the listener, each
     client's connection (readable when the client is gone), each child's pidfd (readable when it
-    ended), the signal wakeup fd (SIGTERM: stop) and, if ``watch_stdin``, stdin (its end: stop)."""
+    ended), the signal wakeup fd (SIGTERM: stop) and, with a lease, stdin (its end, or ``lease_s``
+    seconds without a byte on it: stop)."""
 
-    def __init__(self, listener: socket.socket, watch_stdin: bool = False) -> None:
+    def __init__(self, listener: socket.socket, lease_s: float | None = None) -> None:
         self.listener = listener
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ)
@@ -55,7 +57,8 @@ class _Zygote:
         wakeup_w.setblocking(False)
         self.wakeup_w = wakeup_w
         self.sel.register(self.wakeup, selectors.EVENT_READ)
-        if watch_stdin:
+        self.lease_s, self.heard = lease_s, time.monotonic()
+        if lease_s is not None:
             self.sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
         self.children: dict[int, _Child] = {}
         self.stopping = False
@@ -65,7 +68,7 @@ class _Zygote:
         signal.signal(signal.SIGTERM, lambda *_: None)  # the wakeup fd says it
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # only SIGTERM stops it
         while not (self.stopping and not self.children):
-            for key, _ in self.sel.select():
+            for key, _ in self.sel.select(self._lease_left()):
                 if self.sel.get_map().get(key.fd) is not key:  # unregistered earlier in this pass
                     continue
                 if key.fileobj is self.listener:
@@ -79,7 +82,15 @@ class _Zygote:
                     self._ended(key.data)
                 else:
                     self._client_gone(key.data)
+            if self.lease_s is not None and self._lease_left() == 0.0:  # no word from whoever holds it
+                self._stdin_gone()
         os._exit(0)
+
+    def _lease_left(self) -> float | None:
+        """Seconds until the lease runs out (None: no lease)."""
+        if self.lease_s is None:
+            return None
+        return max(0.0, self.heard + self.lease_s - time.monotonic())
 
     def _stop(self) -> None:
         """SIGTERM, or the end of a watched stdin: take no more requests; end once the children have
@@ -90,10 +101,16 @@ class _Zygote:
             self.listener.close()
 
     def _stdin(self) -> None:
-        """Input on a watched stdin is ignored; its end (the ssh session closed) stops the zygote."""
-        if not os.read(sys.stdin.fileno(), 4096):
-            self.sel.unregister(sys.stdin.fileno())
-            self._stop()
+        """Input on the lease's stdin renews it; its end (the ssh session closed) stops the zygote."""
+        if os.read(sys.stdin.fileno(), 4096):
+            self.heard = time.monotonic()
+        else:
+            self._stdin_gone()
+
+    def _stdin_gone(self) -> None:
+        self.sel.unregister(sys.stdin.fileno())
+        self.lease_s = None
+        self._stop()
 
     def _accept(self) -> None:
         """One client's request: a child for it, or (whatever went wrong) its connection closed, and
@@ -197,12 +214,13 @@ def serve(
     path: str,
     preload: tuple[str, ...] = PRELOAD,
     optional: tuple[str, ...] = PRELOAD_IF_PRESENT,
-    watch_stdin: bool = False,
+    lease_s: float | None = None,
 ) -> NoReturn:
     """The zygote: import ``preload`` and what it can of ``optional``, then fork a child for each
     client on the Unix socket ``path`` (a path, mode 0600, whose directory must be private to this
-    user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until SIGTERM, or until
-    stdin ends if ``watch_stdin``; then wait for the children and exit 0. Never returns. Exits 1
+    user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until SIGTERM, or, with
+    ``lease_s``, until stdin ends or brings nothing for that many seconds; then wait for the children
+    and exit 0. Never returns. Exits 1
     when another process holds ``@NAME`` (``OSError``: address in use)."""
     for module in preload:
         importlib.import_module(module)
@@ -220,7 +238,7 @@ def serve(
         os.umask(old_umask)
     listener.listen(64)
     print(f"gptlaunch.warm: ready on {path} (pid {os.getpid()})", flush=True)
-    _Zygote(listener, watch_stdin).loop()
+    _Zygote(listener, lease_s).loop()
 
 
 def _receive(conn: socket.socket) -> tuple[Request, list[int]]:

@@ -54,6 +54,7 @@ from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pu
 from launcher.job.channel import Sender
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
 from launcher.job.reports import NodeStatus, Probed, Pulled
+from launcher.job.torchrun import zygote_name
 from launcher.preflight.probe import collect
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
@@ -222,6 +223,16 @@ def _strays(job_id: str, node: int) -> list[psutil.Process]:
     return [p for p in procs.job_processes(job_id) if _environ(p).get(NODE_ENV) == str(node)]
 
 
+def _forked(job_id: str) -> list[psutil.Process]:
+    """Ranks that the job's zygote on this host forked (``--warm-workers`` on ssh): its children."""
+    name = zygote_name(job_id)
+    found: list[psutil.Process] = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            found += proc.children() if name in proc.cmdline() else []
+    return found
+
+
 def _environ(proc: psutil.Process) -> dict[str, str]:
     try:
         return proc.environ()
@@ -244,8 +255,11 @@ def send(job_id: str, where: Path, node: int, sig: str, grace_s: float) -> int:
             procs.signal_all([agent], signal.SIGTERM)
         return 0
     tree = [*agent.children(recursive=True), agent] if agent is not None else []
-    # A container's processes carry the node's environment too: found even outside the agent's tree.
-    procs.terminate([*tree, *(p for p in _strays(job_id, node) if p not in tree)], grace_s)
+    # A container's processes carry the node's environment too: found even outside the agent's tree;
+    # and ranks forked by the job's zygote (--warm-workers) are its children: the node is gone once
+    # they are too.
+    outside = [p for p in [*_strays(job_id, node), *_forked(job_id)] if p not in tree]
+    procs.terminate([*tree, *outside], grace_s)
     container = _container(where, node)
     if container is not None:
         container.remove()
@@ -346,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.action} takes no command")
     where = args.state_dir or state_dir(args.job)
     if args.action == "signal":
-        return send(args.job, where, args.node, args.signal, args.grace_s)
+        code = send(args.job, where, args.node, args.signal, args.grace_s)
+        if args.signal == "KILL":  # the node is gone: its last status now, so no one asks again
+            _take_stdout().report(status(where, args.node))
+        return code
     _take_stdout().report(status(where, args.node))
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -83,6 +84,11 @@ def check_warm_program(spec: JobSpec) -> None:
             "scheduler.warm_workers (--warm-workers) forks Python ranks; a --no-python program "
             "starts its own interpreter: drop --warm-workers"
         )
+
+
+def zygote_name(job_id: str) -> str:
+    """The abstract socket (``@NAME``, ``gptlaunch.warm``) of ``job_id``'s zygote on each SSH host."""
+    return "@gptlaunch-warm-" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
 def warm_worker(worker: list[str], socket: str) -> list[str]:

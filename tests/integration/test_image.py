@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,14 @@ def test_the_ca_bundle_is_in_no_layer(engine: dict[str, str], cpu_image: dict[st
     env = {**os.environ, "DOCKER_HOST": engine["DOCKER_HOST"]}
     with subprocess.Popen(["docker", "image", "save", TAG], stdout=subprocess.PIPE, env=env) as save:
         assert save.stdout is not None
+        stalled = threading.Timer(600, save.kill)  # a stalled engine fails the test instead of hanging it
+        stalled.daemon = True
+        stalled.start()
         previous, size = b"", 0
         while chunk := save.stdout.read(1 << 24):  # overlapping windows: the canary may straddle two reads
             assert CA_CANARY.encode() not in previous[-64:] + chunk
             previous, size = chunk, size + len(chunk)
+    stalled.cancel()
     assert save.returncode == 0 and size > 100e6  # the layers were there to scan
     history = docker(engine, "history", "--no-trunc", TAG)
     assert CA_CANARY not in history and "ca.crt" not in history

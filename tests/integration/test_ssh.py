@@ -28,8 +28,8 @@ from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.reports import NodeStatus
+from launcher.job.torchrun import zygote_name
 from launcher.schedulers.ssh.scheduler import SshScheduler
-from launcher.schedulers.ssh.zygotes import zygote_name
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
@@ -424,14 +424,16 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
 ) -> None:
     """3 hosts in the hostfile, 2 nodes, --retries 2, --warm-workers: attempt 2 runs on gl-h1 and the
     spare gl-h3 from the checkpoint and completes exactly --max-steps steps, each logged once; gl-h2
-    keeps nothing. gl-h1's rank of attempt 2 is forked from its zygote, which ends with the job."""
+    keeps nothing. Both of attempt 2's ranks are forked from their hosts' zygotes (gl-h3's made ready
+    while attempt 1 ran), which end with the job."""
     run_dir, jobs = private / "run", private / "jobs"
     warm = ("--warm-workers",)
     job = _past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, 2, submit_flags=warm)
     follow = [sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "logs", "-f", job]
     follower = subprocess.Popen(follow, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    zygote_log = jobs / job / "warm-gl-h1.log"
-    wait_for(lambda: zygote_log.exists() and "ready on @" in zygote_log.read_text(), 120, "gl-h1's zygote")
+    logs = {host: jobs / job / f"warm-{host}.log" for host in ("gl-h1", "gl-h3")}
+    ready = lambda: all(p.exists() and "ready on @" in p.read_text() for p in logs.values())  # noqa: E731
+    wait_for(ready, 120, "the zygotes of gl-h1 and the spare gl-h3")
     (rank,) = _ranks_on("gl-h2")
     rank.kill()
     final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
@@ -457,10 +459,11 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     assert "attempt 2 of 3" in text and "gl-h2 → replaced by gl-h3" in text, text
     goodput = json.loads(launcher(jobs, "status", "--json", job, check=True).stdout)["goodput"]
     assert goodput["failures"] == 1 and goodput["lost_s"] > 1 and goodput["training_s"] > 0, goodput
-    assert "(attempt 2, rank 0)" in zygote_log.read_text()  # forked, not started cold
-    assert (jobs / job / "warm-gl-h3.log").exists()  # the spare's zygote, started once it was made ready
+    assert "(attempt 2, rank 0)" in logs["gl-h1"].read_text()  # forked, not started cold
+    assert "(attempt 2, rank 1)" in logs["gl-h3"].read_text()
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
     wait_for(lambda: not _zygotes_of(job), 60, "the job's zygotes to end")
+    assert not [r for host in ("gl-h1", "gl-h2", "gl-h3") for r in _ranks_on(host)]
     print(f"\n{text}")
 
 

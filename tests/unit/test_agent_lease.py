@@ -113,6 +113,36 @@ def test_status_is_a_typed_report_on_the_agents_channel(tmp_path: Path) -> None:
     ]
 
 
+def test_a_kill_answers_with_the_nodes_status_once_its_tree_is_gone(tmp_path: Path) -> None:
+    """``launcher.agent signal --signal KILL``: the agent and its command end, and the answer is the
+    node's status (not running), so the launcher asks the host no more."""
+    argv = [sys.executable, "-m", "launcher.agent", "run", "--job", "j1", "--node", "0", "--lease-s=600"]
+    env = os.environ | {"XDG_STATE_HOME": str(tmp_path)}
+    agent = subprocess.Popen([*argv, "--", "sleep", "600"], stdin=subprocess.PIPE, env=env)
+    assert agent.stdin is not None
+    agent.stdin.write(b"{}\n")
+    agent.stdin.flush()
+    sleeper = _sleeper_pid(agent)
+    kill = [
+        sys.executable,
+        "-m",
+        "launcher.agent",
+        "signal",
+        "--job",
+        "j1",
+        "--node",
+        "0",
+        "--signal",
+        "KILL",
+    ]
+    out = subprocess.run(
+        [*kill, "--grace-s", "0"], env=env, capture_output=True, check=True, timeout=60
+    ).stdout
+    assert agent.wait(timeout=30) != 0 and not psutil.pid_exists(sleeper)
+    _, found = channel_reports(out)
+    assert [(r.node, r.running) for r in found if isinstance(r, NodeStatus)] == [(0, False)], found
+
+
 def test_probe_is_a_typed_report_on_the_agents_channel() -> None:
     argv = [sys.executable, "-m", "launcher.agent", "probe", "--node", "2", "--free-port"]
     out = subprocess.run(argv, capture_output=True, check=True, timeout=120).stdout

@@ -195,28 +195,70 @@ def test_a_stopped_zygote_waits_for_its_children_then_exits(
     assert zygote.wait(30) == 0
 
 
+def _leased_zygote(name: str, lease_s: float) -> subprocess.Popen[str]:
+    code = f"from gptlaunch.warm.zygote import serve; serve({name!r}, ('json',), (), lease_s={lease_s})"
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert zygote.stdout is not None and "ready" in zygote.stdout.readline()
+    return zygote
+
+
 def test_an_abstract_zygote_serves_its_clients_holds_its_name_and_stops_when_its_stdin_ends(
     program: Path, tmp_path: Path
 ) -> None:
     """The SSH scheduler's zygote: ``@NAME`` (no file; per network namespace), alive as long as its
-    stdin (its ssh session)."""
+    stdin (its ssh session) is open."""
     name = f"@gptlaunch-warm-test-{os.getpid()}-{time.monotonic_ns()}"
-    code = f"from gptlaunch.warm.zygote import serve; serve({name!r}, ('json',), (), watch_stdin=True)"
-    zygote = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert zygote.stdout is not None and zygote.stdin is not None and "ready" in zygote.stdout.readline()
-    second = subprocess.run(
-        [sys.executable, "-c", code], input="", capture_output=True, text=True, check=False
-    )
-    assert second.returncode == 1 and "Address already in use" in second.stderr  # the name is held
-    client = _client(name, program, "exit", "3", cwd=tmp_path)
-    out, err = client.communicate(timeout=30)
-    assert client.returncode == 3 and f"cwd {tmp_path}" in out, err
-    assert int(out.split("pid ")[1].split()[0]) != client.pid  # forked, not run cold
-    assert zygote.poll() is None
-    zygote.stdin.close()
-    assert zygote.wait(30) == 0
+    zygote = _leased_zygote(name, 600.0)
+    try:
+        code = f"from gptlaunch.warm.zygote import serve; serve({name!r}, ('json',), ())"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+        assert other.returncode == 1 and "Address already in use" in other.stderr  # the name is held
+        client = _client(name, program, "exit", "3", cwd=tmp_path)
+        out, err = client.communicate(timeout=30)
+        assert client.returncode == 3 and f"cwd {tmp_path}" in out, err
+        assert int(out.split("pid ")[1].split()[0]) != client.pid  # forked, not run cold
+        assert zygote.poll() is None
+        assert zygote.stdin is not None
+        zygote.stdin.close()
+        assert zygote.wait(30) == 0
+    finally:
+        zygote.kill()
+        zygote.wait()
     cold = _client(name, program, "exit", "0", cwd=tmp_path)
     out, _ = cold.communicate(timeout=30)
     assert cold.returncode == 0 and f"pid {cold.pid}" in out  # nobody serves the name any more
+
+
+def test_a_zygote_whose_lease_is_not_renewed_stops_but_its_running_child_ends_first(
+    program: Path, tmp_path: Path
+) -> None:
+    """A host cut off from the supervisor: nothing more comes on the zygote's stdin, which stays open.
+    The zygote stops taking requests once its lease (1 s here) runs out, and exits once its child,
+    stopped through its client, has ended."""
+    name = f"@gptlaunch-warm-test-{os.getpid()}-{time.monotonic_ns()}"
+    zygote = _leased_zygote(name, 1.0)
+    try:
+        client = _client(name, program, "wait", cwd=tmp_path)
+        _child_pid(client)  # forked before the lease ran out (or the test fails: it reads no pid)
+        deadline = time.monotonic() + 30
+        while not _listening_ended(name):  # its listener closes as the lease runs out
+            assert time.monotonic() < deadline, "the zygote took requests 30 s after its lease ran out"
+            time.sleep(0.05)
+        assert zygote.poll() is None  # its child still runs
+        client.send_signal(signal.SIGTERM)
+        assert client.wait(30) == 0
+        assert zygote.wait(30) == 0
+    finally:
+        zygote.kill()
+        zygote.wait()
+
+
+def _listening_ended(name: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect("\0" + name[1:])
+        except ConnectionRefusedError:
+            return True
+    return False

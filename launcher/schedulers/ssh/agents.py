@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from gptlaunch.contract import write_beat
+from launcher.agent.transport import channel_reports
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodePlan, Plan
@@ -76,7 +77,7 @@ class SshAgents(ChildAgents):
         self.ended: dict[str, NodeStatus] = {}  # host -> its agent's last report, in this attempt
         self.renewer: threading.Thread | None = None
         self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
-        self.zygotes = Zygotes(settings, python, plan.job_id, record.dir)
+        self.zygotes = Zygotes(settings, python, plan.job_id, record.dir, LEASE_S)
         self.warm = record.spec().options(SshOptions).warm_workers
 
     def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
@@ -192,6 +193,7 @@ class SshAgents(ChildAgents):
         """A byte to every live node every LEASE_RENEW_S, for the life of the supervisor."""
         while True:
             time.sleep(LEASE_RENEW_S)
+            self.zygotes.renew()
             for client in list(self.clients):
                 try:
                     assert client.stdin is not None
@@ -207,8 +209,9 @@ class SshAgents(ChildAgents):
     def kill(self, job_id: str, grace_s: float) -> None:
         self._signal(self.plan.nodes, "KILL", grace_s)
         spared = self.copies.processes()  # a checkpoint copy in flight finishes: the retry needs it
-        zygotes = self.zygotes.pids()  # kept for the next attempt's ranks
-        children = psutil.Process().children(recursive=True)
+        with self.zygotes.lock:  # kept for the next attempt's ranks (none starts in between)
+            zygotes = self.zygotes.pids()
+            children = psutil.Process().children(recursive=True)
         ending = [p for p in children if p not in spared and p.pid not in zygotes]
         procs.terminate(ending, grace_s)  # ssh clients, masters
 
@@ -239,3 +242,7 @@ class SshAgents(ChildAgents):
         for result in ssh.fan_out(self.settings, list(by_host), command, SIGNAL_TIMEOUT_S + grace_s):
             if not result.ok:
                 say(f"launcher: could not signal the job on {result.error()}")
+            # A KILL answers with the node's status once it is gone: its last beats, and no signal again.
+            for report in channel_reports(result.raw)[1] if result.ok else []:
+                if isinstance(report, NodeStatus) and not report.running:
+                    self.ended.setdefault(result.host, report)

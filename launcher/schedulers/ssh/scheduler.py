@@ -36,6 +36,7 @@ from launcher.job.torchrun import (
     node_agents,
     warm_worker,
     worker_argv,
+    zygote_name,
 )
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
@@ -53,7 +54,6 @@ from launcher.schedulers.ssh.hosts import (
 )
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
-from launcher.schedulers.ssh.zygotes import zygote_name
 from launcher.supervisor.scheduler import SupervisedScheduler
 
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default
