@@ -220,8 +220,8 @@ def serve(
     client on the Unix socket ``path`` (a path, mode 0600, whose directory must be private to this
     user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until SIGTERM, or, with
     ``lease_s``, until stdin ends or brings nothing for that many seconds; then wait for the children
-    and exit 0. Never returns. Exits 1
-    when another process holds ``@NAME`` (``OSError``: address in use)."""
+    and exit 0. Never returns; exits 1 when another process holds ``@NAME`` (``OSError``: address in
+    use)."""
     for module in preload:
         importlib.import_module(module)
     for module in optional:

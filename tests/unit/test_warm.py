@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gptlaunch.warm import address
+
 PROGRAM = """
 import os, signal, sys, time
 got = []
@@ -258,7 +260,7 @@ def test_a_zygote_whose_lease_is_not_renewed_stops_but_its_running_child_ends_fi
 def _listening_ended(name: str) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
-            probe.connect("\0" + name[1:])
+            probe.connect(address(name))
         except ConnectionRefusedError:
             return True
     return False

@@ -40,7 +40,7 @@ class Zygotes:
     def __init__(
         self, settings: SshSettings, python: str, job_id: str, log_dir: Path, lease_s: float
     ) -> None:
-        self.settings, self.python, self.log_dir = settings, python, log_dir
+        self.settings, self.log_dir = settings, log_dir
         self.argv = [
             python,
             "-m",
