@@ -108,8 +108,12 @@ def split_program(tail: list[str]) -> tuple[Program | None, list[str]]:
 class RendezvousSpec(_Strict):
     """How the torchrun agents find each other (torchrun's --rdzv-* flags)."""
 
-    backend: Literal["c10d", "static"] = Field(
-        "c10d", description="c10d: agents meet at a TCP store on the endpoint; static: fixed node ranks"
+    backend: Literal["auto", "c10d", "static"] = Field(
+        "auto",
+        description="static: node k is node rank k, and node 0's agent holds the TCP store; c10d: the "
+        "agents meet at a TCP store on the endpoint and agree on node ranks; auto: static where the "
+        "launcher knows every node's rank and node 0 holds the store (local, ssh, compose, without "
+        "--rdzv-endpoint), else c10d",
     )
     endpoint: str | None = Field(
         None, description="host of the rendezvous store (default: the first node; 127.0.0.1 when local)"

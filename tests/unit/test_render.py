@@ -12,7 +12,7 @@ import pytest
 
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.spec import JobSpec, Program, SpecError
-from launcher.job.torchrun import with_run_dir
+from launcher.job.torchrun import rdzv_backend, with_run_dir
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.schedulers.local.warm import zygote_socket
 
@@ -66,6 +66,20 @@ def test_every_node_gets_the_same_rendezvous_and_its_own_log() -> None:
         assert "--rdzv-id=gold-job" in node.argv
         assert node.env["GLOO_SOCKET_IFNAME"] == "lo" and node.env["NCCL_IB_DISABLE"] == "1"
     assert plan.run_dir == "/jobs/gold-job/run"
+
+
+def test_auto_rendezvous_is_static_where_node_ranks_are_rendered_else_c10d() -> None:
+    spec = _golden_spec()
+    for k, node in enumerate(_render(spec).nodes):
+        assert "--rdzv-backend=static" in node.argv and f"--node-rank={k}" in node.argv
+        assert "--rdzv-conf=timeout=600" in node.argv  # static's name for the join timeout
+    assert rdzv_backend(spec.rendezvous, "{{node_rank}}") == "c10d"  # SLURM: a placeholder
+    elsewhere = spec.rendezvous.model_copy(update={"endpoint": "10.0.0.9"})  # the store off node 0
+    assert rdzv_backend(elsewhere, 0) == "c10d"
+    chosen = spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"backend": "c10d"})})
+    argv = _render(chosen).nodes[0].argv
+    assert "--rdzv-backend=c10d" in argv and not any(a.startswith("--node-rank") for a in argv)
+    assert "--rdzv-conf=join_timeout=600,last_call_timeout=30" in argv
 
 
 def test_run_dir_is_added_only_when_absent() -> None:
