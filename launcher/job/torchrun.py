@@ -41,9 +41,11 @@ def torchrun_argv(
     """
     rdzv = spec.rendezvous
     backend = rdzv_backend(rdzv, node_rank)
-    conf = f"join_timeout={rdzv.join_timeout_s},last_call_timeout={rdzv.last_call_timeout_s}"
-    if backend == "static":
-        conf = f"timeout={rdzv.join_timeout_s}"
+    conf = (
+        f"timeout={rdzv.join_timeout_s}"
+        if backend == "static"
+        else f"join_timeout={rdzv.join_timeout_s},last_call_timeout={rdzv.last_call_timeout_s}"
+    )
     argv = [
         python or spec.python,
         "-m",
