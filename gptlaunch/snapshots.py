@@ -33,10 +33,17 @@ A script opts in with a few lines::
         if found is not None:
             state, where = found
             ...  # load it, as a checkpoint
-        for ...:
-            ...
-            if snapshots.due(step):
-                snapshots.keep(step, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
+        try:
+            for ...:
+                ...  # one optimizer step; ``step``: the steps done
+                if snapshots.due(step):
+                    snapshots.keep(step, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
+        except Exception:  # optional: a retry then redoes no step after a lost peer
+            snapshots.keep_last(step, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
+            raise
+
+``keep_last`` is for a state that is whole: ``step`` must be the steps the weights hold, which is not
+so for an error raised inside the optimizer's step (the built-in trainer tracks it: ``trainer.run``).
 """
 
 from __future__ import annotations
@@ -137,6 +144,23 @@ class Snapshots:
             self._writing = self._pool.submit(self._write, staged, step)
         except Exception as e:  # best effort: the previous write failed, no room, no permission
             self._off(str(e))
+
+    def keep_last(self, step: int, state: dict[str, Any]) -> bool:
+        """On this host's keeper, on the way out of a failure: write ``state`` as the snapshot of
+        ``step`` before returning, with no collective (a peer may be gone), after the write in flight.
+        A rank that survived a lost peer holds the newest state, and a retry resumes from it instead
+        of redoing the steps since the last snapshot. Returns whether it was written (False on the
+        other ranks, with snapshots off, or when the write failed: a warning)."""
+        if self._pool is None:
+            return False
+        with contextlib.suppress(Exception):  # an older snapshot's failed write: moot now
+            self._wait()
+        try:
+            self._write(state, step)
+        except Exception as e:
+            _warn(f"the state of step {step} could not be kept in memory: {e}")
+            return False
+        return True
 
     def _write(self, staged: dict[str, Any], step: int) -> None:
         path = self.directory / f"snapshot-{step:08d}.pt"

@@ -99,6 +99,24 @@ class MetricsWriter:
         for key, value in record.items():
             if key != "step" and isinstance(value, int | float):
                 self._tb.add_scalar(key, value, step)
+        self._ranks(record, step)
+
+    def _ranks(self, record: dict[str, Any], step: int) -> None:
+        """A log interval's per-rank numbers as TensorBoard scalars: each rank's own throughput
+        (``rank_tokens_per_s/rank_K``, tokens/s), their spread (the fastest over the slowest, 1.0 when
+        even) and the ranks named stragglers (``stragglers``: how many; ``straggler_ratio/rank_K``: the
+        named rank's step time over the median)."""
+        per_rank = record.get("rank_tokens_per_s")
+        if not per_rank:
+            return
+        for rank, tokens_per_s in enumerate(per_rank):
+            self._tb.add_scalar(f"rank_tokens_per_s/rank_{rank}", tokens_per_s, step)
+        if min(per_rank) > 0:
+            self._tb.add_scalar("rank_tokens_per_s_spread", max(per_rank) / min(per_rank), step)
+        named = record.get("stragglers", [])
+        self._tb.add_scalar("stragglers", len(named), step)
+        for straggler in named:
+            self._tb.add_scalar(f"straggler_ratio/rank_{straggler['rank']}", straggler["ratio"], step)
 
     def close(self) -> None:
         self._jsonl.close()

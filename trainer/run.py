@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,17 @@ class Run:
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
     saver: Saver  # writes rank 0's checkpoints (in the background); a context manager
     snapshots: Snapshots  # the run's snapshots in the hosts' memory (``gptlaunch.snapshots``)
+    held: Held  # what a snapshot on a failure needs (``snapshot_on_failure``)
+
+
+@dataclass
+class Held:
+    """What this rank knows of the training state between collectives: ``step``, the optimizer steps
+    the weights hold (None while one is being applied: the state is torn), and ``rng``, every rank's
+    CPU RNG state in rank order as last gathered (empty before the first gather)."""
+
+    step: int | None
+    rng: list[torch.Tensor] = field(default_factory=list)
 
 
 def check_same_tokenizer(manifest: Manifest) -> list[str]:
@@ -92,6 +103,7 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     _seed_rank_stream(cfg, env, device, state)
     ddp = _wrap_ddp(model, env, device)
     step_model: nn.Module = model if ddp is None else ddp
+    start_step = 0 if state is None else checkpoint.saved_step(state)
     if cfg.compile:
         # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
         step_model = torch.compile(step_model, mode=cfg.resolved_compile_mode(device.type))  # type: ignore[assignment]
@@ -108,9 +120,10 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
         autocast_dtype=autocast_dtype,
         batches=batches,
         val_tokens=val_tokens,
-        start_step=0 if state is None else checkpoint.saved_step(state),
+        start_step=start_step,
         saver=Saver(cfg.run_dir, cfg.keep_checkpoints, device),
         snapshots=snapshots,
+        held=Held(start_step),
     )
 
 
@@ -229,7 +242,8 @@ def _gather_rng(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return [s.cpu() for s in distributed.all_gather_tensors(state.to(comm_device))]
 
     cuda = gather(torch.cuda.get_rng_state(run.device)) if run.device.type == "cuda" else []
-    return gather(torch.get_rng_state()), cuda
+    run.held.rng = gather(torch.get_rng_state())
+    return run.held.rng, cuda
 
 
 def _state(run: Run, next_step: int, rng: list[torch.Tensor], cuda_rng: list[torch.Tensor]) -> dict[str, Any]:
@@ -257,6 +271,31 @@ def snapshot_state(run: Run, next_step: int) -> None:
     rng, cuda_rng = _gather_rng(run)
     if run.snapshots.writer:
         run.snapshots.keep(next_step, _state(run, next_step, rng, cuda_rng))
+
+
+def snapshot_on_failure(run: Run) -> None:
+    """After an error, on this host's snapshot keeper: keep the state the weights hold in the host's
+    memory at once, with no collective (a peer may be gone), so that a retry redoes no step where a
+    survivor saw the failure (``Snapshots.keep_last``), when ``known_state`` says it can. Only on the
+    CPU: on a GPU a failed collective may leave the device's streams stuck (NCCL), and a copy behind
+    them would hang the exit."""
+    held = run.held
+    if run.snapshots.writer and run.device.type == "cpu" and known_state(held, run.env.rank, run.start_step):
+        assert held.step is not None
+        if run.snapshots.keep_last(held.step, _state(run, held.step, held.rng, [])):
+            print(f"kept step {held.step}'s state in this host's memory for a retry", flush=True)
+
+
+def known_state(held: Held, rank: int, start_step: int) -> bool:
+    """Whether ``held`` is a whole state newer than ``start_step``: not mid-update, and every rank's
+    RNG state known, which it is when this rank's has not moved since the last gather (no dropout:
+    every rank draws alike, so neither have the others')."""
+    return (
+        held.step is not None
+        and held.step > start_step
+        and len(held.rng) > rank
+        and torch.equal(held.rng[rank], torch.get_rng_state())
+    )
 
 
 def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = None) -> SaveTimes | None:

@@ -96,6 +96,7 @@ class StragglerWatch:
         self.device, self.rank, self.world_size = device, rank, world_size
         self._verdict = Stragglers(world_size)
         self._places: list[tuple[int, str]] | None = None
+        self.last: list[float] = []  # every rank's forward seconds per step in the last interval
 
     def interval(self) -> list[dict[str, object]]:
         """At a log interval (every rank, collective): share the compute times and return the
@@ -103,7 +104,8 @@ class StragglerWatch:
         check is off, which costs no collective)."""
         if not self.clock.enabled:
             return []
-        found = self._verdict.update(share(self.clock.take(), self.rank, self.world_size, self.device))
+        self.last = share(self.clock.take(), self.rank, self.world_size, self.device)
+        found = self._verdict.update(self.last)
         if not found:
             return []
         if self._places is None:  # once, and only once there is someone to name: same on every rank
@@ -119,6 +121,12 @@ class StragglerWatch:
             }
             for s in found
         ]
+
+    def rank_tokens_per_s(self, tokens_per_step: int) -> list[float]:
+        """Each rank's own throughput in the last interval, in rank order: its share of a step's
+        tokens (``tokens_per_step`` over all ranks) over its forward seconds per step (0.0: none timed)."""
+        mine = tokens_per_step / self.world_size
+        return [round(mine / s, 1) if s > 0 else 0.0 for s in self.last]
 
 
 def describe(straggler: dict[str, object]) -> str:

@@ -29,11 +29,11 @@ from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, TrainingError
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.optim import lr_at
 from trainer.precheck import check_config
-from trainer.run import Run, save, setup, snapshot_state
+from trainer.run import Run, save, setup, snapshot_on_failure, snapshot_state
 from trainer.saver import SaveTimes
 from trainer.signals import StopRequest
 from trainer.step import agree, evaluate, train_step
@@ -110,7 +110,14 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         # The checkpoint's write ends first (a failed one raises), then the snapshots go, once the run
         # ended with its checkpoint.
         with run.snapshots, run.saver, StopRequest(cfg.stop_signals) as stop:
-            return loop(run, stop)
+            try:
+                return loop(run, stop)
+            except TrainingError:  # diverged: the weights hold no state worth resuming
+                raise
+            except Exception:  # a lost peer's failed collective, most often: keep what this rank holds
+                with contextlib.suppress(Exception):  # never in the way of the error itself
+                    snapshot_on_failure(run)  # while a SIGTERM (torchrun ending the ranks) still waits
+                raise
     finally:
         runtime.flush()  # the step reached, before a teardown that may hang
         distributed.shutdown()
@@ -158,6 +165,8 @@ def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) 
         stragglers = obs.stragglers.interval()
         if stragglers:
             record["stragglers"] = stragglers
+        if obs.stragglers.last:
+            record["rank_tokens_per_s"] = obs.stragglers.rank_tokens_per_s(obs.meter.tokens_per_step)
     if cadence.evaluates(done):
         with runtime.phase("eval"):
             val = evaluate(run)

@@ -1,6 +1,6 @@
-"""The commands on jobs that exist: ``list``, ``status``, ``logs``, ``wait`` and ``cancel``, and the
-one follow loop that attached submits share with them. They read the job record and ask its
-scheduler, importing no torch: they answer at once."""
+"""The commands on jobs that exist: ``list``, ``status``, ``report``, ``logs``, ``wait`` and
+``cancel``, and the one follow loop that attached submits share with them. They read the job record
+and ask its scheduler, importing no torch: they answer at once."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from launcher.job.aftermath import quieted
 from launcher.job.announce import Announcer
 from launcher.job.collapse import collapsed
 from launcher.job.console import say
-from launcher.job.goodput import account, archived_beats, rank0
+from launcher.job.goodput import job_goodput
 from launcher.job.logs import TICK
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
+from launcher.report.facts import gather, report_path
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
 
@@ -137,13 +138,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # status of an old job never waits on hosts that may be gone.
     beats = recorded_beats(plan, record.dir) if st.state.is_terminal else scheduler.heartbeats(record)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
-    goodput = None
-    if st.started_at is not None:
-        last = rank0([b for node in beats.values() for b in node])
-        # From the first attempt's start: a requeued SLURM job's started_at is its last run's.
-        started = min([st.started_at, *(a.started_at for a in st.attempts)])
-        wall = (st.ended_at or time.time()) - started
-        goodput = account([*archived_beats(record.dir, len(st.attempts)), last], wall)
+    goodput = job_goodput(record.dir, st, beats, time.time())
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
         extra = {"nodes": nodes_json, "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio}}
@@ -165,6 +160,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {node.describe()}")
     if goodput is not None:
         print(f"  {goodput.describe()}")
+    if report_path(record.dir).is_file():
+        print(f"  report {report_path(record.dir)} (`launcher report {plan.job_id}` makes it anew)")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the job's report page into its record and print its path."""
+    from launcher.report.page import write as write_report  # plotly: only this command pays its import
+
+    record, scheduler = _open(args)
+    st, plan = scheduler.state(record), record.plan()
+    beats = recorded_beats(plan, record.dir) if st.state.is_terminal else scheduler.heartbeats(record)
+    print(write_report(record, gather(record, st, beats, time.time())))
     return EXIT_OK
 
 

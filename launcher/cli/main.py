@@ -1,4 +1,5 @@
-"""``launcher`` command line: submit, render, list, status, logs, wait, cancel, probe, check, build."""
+"""``launcher`` command line: submit, render, list, status, report, logs, wait, cancel, probe, check,
+build."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from launcher.schedulers.ssh.client import SshError
 
 EXIT_CODES = exit_codes_help()
 STATE_HELP = state_help()
-COMMANDS = "{submit,render,list,status,logs,wait,cancel,probe,check,build}"
+COMMANDS = "{submit,render,list,status,report,logs,wait,cancel,probe,check,build}"
 
 
 def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
@@ -103,6 +104,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
     sub.add_parser("list", help="list jobs and their states")
     for cmd, text in (
         ("status", "show a job's state"),
+        ("report", "write a job's report: one HTML page of charts (loss, attempts, goodput) in its record"),
         ("logs", "print a job's node logs"),
         ("wait", "wait for a job to end; exit with its exit code"),
         ("cancel", "stop a job: ranks checkpoint, then exit"),
@@ -260,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {
             "list": jobs.cmd_list,
             "status": jobs.cmd_status,
+            "report": jobs.cmd_report,
             "logs": jobs.cmd_logs,
             "wait": jobs.cmd_wait,
             "cancel": jobs.cmd_cancel,

@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from gptlaunch.contract import Beat, read_beats
+from launcher.job.record import JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
 
 STARTUP, STEP, EVAL, CHECKPOINT = "startup", "step", "eval", "checkpoint"
@@ -111,6 +112,18 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
         failures=len(attempts) - 1,
         steps_redone=steps_redone,
     )
+
+
+def job_goodput(job_dir: Path, status: JobStatus, beats: dict[int, list[Beat]], now: float) -> Goodput | None:
+    """The goodput of the job in ``job_dir`` (None before it started), given the last attempt's latest
+    beats by node_rank, from the first attempt's start to its end (``now`` while it runs: epoch
+    seconds). A requeued SLURM job's ``started_at`` is its last run's: the attempts say when it began."""
+    if status.started_at is None:
+        return None
+    last = rank0([b for node in beats.values() for b in node])
+    started = min([status.started_at, *(a.started_at for a in status.attempts)])
+    wall = (status.ended_at or now) - started
+    return account([*archived_beats(job_dir, len(status.attempts)), last], wall)
 
 
 def rank0(beats: list[Beat]) -> Beat | None:

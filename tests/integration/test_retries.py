@@ -105,7 +105,8 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
     prepared_data, tmp_path: Path
 ) -> None:
     """No checkpoint before step 100, a snapshot in host memory every 10 steps: rank 1 SIGKILLed past
-    step 16, the next attempt goes on from the newest snapshot, and every later loss is the reference's."""
+    step 16. Rank 0, the survivor, keeps the state of the step it holds on its way out, and the next
+    attempt goes on from it, redoing no step; every later loss is the reference's."""
     reference = tmp_path / "reference"
     ref = _submit(tmp_path / "ref-jobs", reference, prepared_data)
     assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
@@ -124,7 +125,10 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
     resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", logs)
     assert resumed is not None, logs[-3000:]
     first = Attempt.model_validate_json((job_dir / "attempts" / "1" / "attempt.json").read_text())
-    assert first.step is not None and int(resumed[1]) >= 10 and first.step - int(resumed[1]) < 20, first
+    # The killed rank's last beat may lag its step (beats are throttled); the survivor's state cannot.
+    assert first.step is not None and int(resumed[1]) >= max(first.step, 16), (first, resumed[0])
+    kept = (job_dir / "attempts" / "1" / "node-0.log").read_text()
+    assert f"kept step {resumed[1]}'s state in this host's memory for a retry" in kept, kept[-3000:]
     # On disk only the last step's checkpoint (two are kept): there was none to resume from.
     assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{STEPS:08d}.pt"]
     steps = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]

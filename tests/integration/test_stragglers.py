@@ -16,7 +16,9 @@ import psutil
 
 from gptlaunch.compute import WINDOW_S
 from gptlaunch.contract import Beat, read_beats
+from tests.integration.browser import dump_dom, screenshot, traces
 from tests.integration.conftest import FAST, launcher, only_job_id, wait_for_steps
+from trainer.stragglers import THRESHOLD
 
 LOG_INTERVAL = 5
 PLAIN = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_plain.py")
@@ -123,6 +125,13 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
         assert "straggler: rank 1 at " in text, text
         log = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))  # rank 0's, wherever it is
         assert "straggler: rank 1 on node 1 (" in log, log[-2000:]
+        # The report draws each rank's throughput as its own line: rank 1's apart, below rank 0's.
+        fast, slow = shared[-1]["rank_tokens_per_s"]
+        assert fast > THRESHOLD * slow, shared[-1]
+        page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip())
+        dom = dump_dom(page, tmp_path)
+        assert traces(dom, "each-ranks-throughput") == 2 and json.dumps(slow) in dom, dom[-3000:]
+        screenshot(page, "report-straggler.png", tmp_path)
         print(f"\n{text}\n{next(line for line in log.splitlines() if 'straggler' in line)}")
     finally:
         launcher(jobs, "cancel", job_id)

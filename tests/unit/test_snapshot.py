@@ -15,6 +15,7 @@ from gptlaunch import snapshots as snapshots_module
 from gptlaunch.contract import ATTEMPT_ENV, JOB_ID_ENV, RETRIES_ENV, SNAPSHOT_ROOT, job_snapshots
 from gptlaunch.runtime import EXIT_CHECKPOINTED
 from gptlaunch.snapshots import Offer, Snapshots, drop, drop_others, newest, source, writers
+from trainer.run import Held, known_state
 
 
 def test_one_writer_per_host_the_lowest_rank_on_it() -> None:
@@ -99,6 +100,41 @@ def test_a_stop_with_its_checkpoint_drops_the_snapshot_a_failure_keeps_it(
             snapshots.keep(10, STATE)
             raise SystemExit(code)
         assert (newest(tmp_path / "job" / "run") == 10) is kept
+
+
+def test_the_last_state_is_written_before_keep_last_returns_after_the_write_in_flight(
+    tmp_path: Path, retry_of: Callable[[int], None], capsys
+) -> None:
+    retry_of(1)
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "run") as snapshots:
+        snapshots.keep(10, STATE)
+        assert snapshots.keep_last(13, {**STATE, "step": 13})
+        assert newest(tmp_path / "job" / "run") == 13  # written, and step 10's removed once step 13's is
+        raise RuntimeError("a peer is lost: step 13's state stays for the retry")
+    assert [p.name for p in (tmp_path / "job" / "run").iterdir()] == ["snapshot-00000013.pt"]
+    retry_of(2)  # the last attempt keeps none, and says nothing of it
+    with Snapshots(tmp_path / "run") as last:
+        assert not last.keep_last(20, STATE)
+    (tmp_path / "job" / "run").mkdir(parents=True)
+    retry_of(1)
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "run") as failing:
+        (tmp_path / "job" / "run").rmdir()
+        (tmp_path / "job" / "run").write_text("a file where the snapshots should go")
+        assert not failing.keep_last(13, STATE)
+        raise RuntimeError("the retry resumes from the disk")
+    assert "the state of step 13 could not be kept in memory" in capsys.readouterr().err
+
+
+def test_a_state_is_kept_on_a_failure_only_when_whole_newer_and_every_ranks_rng_known() -> None:
+    torch.manual_seed(0)
+    mine = torch.get_rng_state()
+    gathered = [torch.zeros_like(mine), mine]  # rank 0's, then this rank's (1)
+    assert known_state(Held(12, gathered), rank=1, start_step=10)
+    assert not known_state(Held(None, gathered), rank=1, start_step=10)  # mid-update: torn
+    assert not known_state(Held(10, gathered), rank=1, start_step=10)  # nothing newer than the start
+    assert not known_state(Held(12, []), rank=1, start_step=10)  # no gather yet in this attempt
+    torch.rand(1)  # dropout draws: the other ranks' streams moved too, and are unknown
+    assert not known_state(Held(12, gathered), rank=1, start_step=10)
 
 
 def test_a_run_that_is_not_a_retry_drops_a_leftover_of_its_own_directory(

@@ -6,7 +6,15 @@ import time
 
 import torch
 
-from trainer.stragglers import INTERVALS, THRESHOLD, ComputeClock, Straggler, Stragglers, describe
+from trainer.stragglers import (
+    INTERVALS,
+    THRESHOLD,
+    ComputeClock,
+    Straggler,
+    Stragglers,
+    StragglerWatch,
+    describe,
+)
 
 
 def test_a_rank_is_named_after_three_slow_intervals_in_a_row_and_forgotten_when_it_recovers() -> None:
@@ -41,6 +49,15 @@ def test_the_clock_times_only_what_runs_inside_forward() -> None:
     # (a loaded machine only lengthens each sleep, so the bound holds whatever the overshoot inside).
     assert 0.02 <= mean < 0.07, mean
     assert clock.take() == 0.0  # a new interval, no step yet
+
+
+def test_each_ranks_throughput_is_its_share_of_a_step_over_its_forward_time() -> None:
+    watch = StragglerWatch(torch.device("cpu"), rank=0, world_size=2)
+    assert watch.rank_tokens_per_s(4096) == []  # no interval yet
+    watch.last = [0.5, 2.0]
+    assert watch.rank_tokens_per_s(4096) == [4096.0, 1024.0]  # 2048 tokens a step each
+    watch.last = [0.5, 0.0]
+    assert watch.rank_tokens_per_s(4096) == [4096.0, 0.0]  # a rank that timed nothing
 
 
 def test_the_console_line_names_rank_node_host_and_ratio() -> None:

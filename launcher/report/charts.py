@@ -1,0 +1,117 @@
+"""The report's charts, as plotly figures: loss, each rank's own throughput, the attempts' timeline
+and where the wall time went. Each returns None when the job has no data for it (the page says so in
+words instead of drawing an empty chart)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import plotly.graph_objects as go
+
+from launcher.job.goodput import Goodput
+from launcher.report.facts import Span
+
+COLORS = {"failed": "#d62728", "running": "#1f77b4", "succeeded": "#2ca02c"}
+OTHER_COLOR = "#7f7f7f"
+# Goodput's parts, in the order of the bar: (field, label, color).
+PARTS = (
+    ("training_s", "training", "#2ca02c"),
+    ("startup_s", "start-up", "#9467bd"),
+    ("lost_s", "lost to failures", "#d62728"),
+    ("checkpoint_s", "checkpoint stalls", "#ff7f0e"),
+    ("eval_s", "evaluation", "#17becf"),
+    ("other_s", "other", OTHER_COLOR),
+)
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 360) -> go.Figure:
+    """Titles, and the legend in a row under the chart (``height``: pixels, the legend's included)."""
+    fig.update_layout(
+        title=title, xaxis_title=x, yaxis_title=y, height=height, template="plotly_white",
+        margin={"l": 80, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},
+    )  # fmt: skip
+    return fig
+
+
+def loss(metrics: list[dict[str, Any]], spans: list[Span]) -> go.Figure | None:
+    """Training and validation loss (nats) by step, with a line where each failed attempt stopped."""
+    train = [(m["step"], m["loss"]) for m in metrics if "tokens_per_s" in m and "loss" in m]
+    val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
+    if not train and not val:
+        return None
+    fig = go.Figure()
+    if train:
+        fig.add_trace(go.Scatter(x=[s for s, _ in train], y=[v for _, v in train], name="training loss"))
+    if val:
+        xs, ys = [s for s, _ in val], [v for _, v in val]
+        fig.add_trace(go.Scatter(x=xs, y=ys, name="validation loss", mode="lines+markers"))
+    for span in spans:
+        if span.outcome == "failed" and span.step is not None:
+            fig.add_vline(x=span.step, line_dash="dot", line_color=COLORS["failed"])
+            fig.add_annotation(x=span.step, y=1, yref="paper", text=f"attempt {span.number} failed",
+                               showarrow=False, xanchor="left", font={"color": COLORS["failed"]})  # fmt: skip
+    return _layout(fig, "Loss", "step", "loss (nats)")
+
+
+def rank_throughput(metrics: list[dict[str, Any]]) -> go.Figure | None:
+    """Each rank's own throughput by step (``rank_tokens_per_s``: its tokens per step over its forward
+    seconds per step, the straggler check's numbers), one line per rank: a straggler's runs below the
+    others. None when the records carry none."""
+    rows = [(m["step"], m["rank_tokens_per_s"]) for m in metrics if m.get("rank_tokens_per_s")]
+    if not rows:
+        return None
+    fig = go.Figure()
+    for rank in range(max(len(r) for _, r in rows)):
+        points = [(s, r[rank]) for s, r in rows if len(r) > rank]
+        fig.add_trace(go.Scatter(x=[s for s, _ in points], y=[v for _, v in points], name=f"rank {rank}"))
+    return _layout(fig, "Each rank's own throughput (forward passes)", "step", "tokens/s")
+
+
+def timeline(spans: list[Span], now: float) -> go.Figure | None:
+    """The attempts on a wall-clock axis, one bar each, colored by how it ended, with its cause."""
+    if not spans:
+        return None
+    fig = go.Figure()
+    for span in spans:
+        end = span.ended_at if span.ended_at is not None else now
+        fig.add_trace(
+            go.Bar(
+                x=[(end - span.started_at) * 1000],  # a date axis counts milliseconds
+                y=[f"attempt {span.number}"],
+                base=[_utc(span.started_at)],
+                orientation="h",
+                name=f"attempt {span.number}: {span.outcome}",
+                marker_color=COLORS.get(span.outcome, OTHER_COLOR),
+                hovertext=describe(span),
+            )
+        )
+    fig.update_xaxes(type="date")
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, "Attempts", "time (UTC)", "", height=200 + 40 * len(spans))
+
+
+def describe(span: Span) -> str:
+    """``attempt 1: failed at step 16: CAUSE (gl-h2 replaced by gl-h3)``."""
+    at = f" at step {span.step:,}" if span.step is not None else ""
+    text = f"attempt {span.number}: {span.outcome}{at}" + (f": {span.cause}" if span.cause else "")
+    return text + (f" ({span.moved})" if span.moved else "")
+
+
+def goodput_bar(goodput: Goodput) -> go.Figure:
+    """Where the wall time went, as one stacked bar of seconds."""
+    fig = go.Figure()
+    for field, label, color in PARTS:
+        seconds = float(getattr(goodput, field))
+        share = seconds / goodput.wall_s if goodput.wall_s > 0 else 0.0
+        fig.add_trace(
+            go.Bar(x=[seconds], y=["wall time"], orientation="h", name=f"{label} {share:.1%}",
+                   marker_color=color, hovertext=f"{label}: {seconds:.0f} s ({share:.1%})")
+        )  # fmt: skip
+    fig.update_layout(barmode="stack")
+    return _layout(fig, f"Goodput {goodput.ratio:.1%}", "seconds", "", height=260)
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")

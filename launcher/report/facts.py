@@ -1,0 +1,142 @@
+"""What a job's report shows, read from its job record and, where this machine can read it, its run
+dir: the attempts, goodput, the trainer's metrics, and the files worth opening (node logs, hang
+stacks). Nothing here asks a host: a report of an ended job never waits on hosts that may be gone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptlaunch.contract import Beat
+from launcher.job.goodput import Goodput, job_goodput
+from launcher.job.record import JobRecord, JobStatus
+from launcher.job.retry import ATTEMPTS_DIR
+
+METRICS = "metrics.jsonl"  # the trainer's, in the run dir (``trainer.metrics``)
+REPORT = "report.html"  # in the job directory
+
+
+@dataclass(frozen=True)
+class Span:
+    """One attempt on the timeline. Times are epoch seconds; ``ended_at`` None: still running."""
+
+    number: int
+    started_at: float
+    ended_at: float | None
+    outcome: str  # "failed", "running", or the job's terminal state
+    cause: str  # one line: the failure's summary; empty for a run that did not fail
+    step: int | None  # the furthest step its ranks reported
+    moved: str  # hosts replaced or excluded after it, in words (empty: none)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything a report shows. ``metrics``: the trainer's records (None when not readable here,
+    with ``metrics_note`` saying why); ``files``: (label, path relative to the job directory)."""
+
+    job_id: str
+    status: JobStatus
+    scheduler: str
+    nodes: int
+    nproc_per_node: int
+    run_dir: str  # as the nodes see it
+    spans: list[Span]
+    goodput: Goodput | None
+    metrics: list[dict[str, Any]] | None
+    metrics_note: str
+    files: list[tuple[str, str]]
+    made_at: float
+
+
+def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], now: float) -> Facts:
+    """The facts of ``record``'s job in ``status`` (its scheduler's ``state``), with the last attempt's
+    latest beats by node_rank, ``now`` (epoch seconds)."""
+    plan = record.plan()
+    metrics, note = read_metrics(Path(plan.run_dir))
+    return Facts(
+        job_id=plan.job_id,
+        status=status,
+        scheduler=plan.scheduler,
+        nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_dir=plan.run_dir,
+        spans=spans(status, now),
+        goodput=job_goodput(record.dir, status, beats, now),
+        metrics=metrics,
+        metrics_note=note,
+        files=files(record.dir),
+        made_at=now,
+    )
+
+
+def report_path(job_dir: Path) -> Path:
+    """Where ``launcher report`` writes the page of the job in ``job_dir``."""
+    return job_dir / REPORT
+
+
+def spans(status: JobStatus, now: float) -> list[Span]:
+    """Every attempt of the job, the ended ones from the record, then the last (current) one."""
+    found = [
+        Span(
+            a.number,
+            a.started_at,
+            a.ended_at,
+            "failed",
+            a.cause,
+            a.step,
+            "; ".join([*(f"{old} replaced by {new}" for old, new in a.replaced.items()), *a.excluded]),
+        )
+        for a in status.attempts
+    ]
+    if status.started_at is not None:
+        terminal = status.state.is_terminal
+        found.append(
+            Span(
+                status.attempt,
+                status.started_at,
+                status.ended_at if terminal else None,
+                str(status.state) if terminal else "running",
+                (status.message or "") if terminal and status.exit_code else "",
+                None,
+                "",
+            )
+        )
+    return found
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]] | None, str]:
+    """The trainer's records in ``run_dir/metrics.jsonl`` (a line cut short by a crash is skipped),
+    or None with the reason in words."""
+    path = run_dir / METRICS
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None, (
+            f"no {METRICS} in {run_dir} on this machine: the program writes none (a script of your own), "
+            "or the run dir is on the nodes' own disks"
+        )
+    except OSError as e:
+        return None, f"{path} cannot be read here: {e.strerror}"
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records, "" if records else f"{path} holds no records yet"
+
+
+def files(job_dir: Path) -> list[tuple[str, str]]:
+    """The node logs and hang stacks of each attempt, as (label, path relative to ``job_dir``)."""
+    found = []
+    archived = sorted((job_dir / ATTEMPTS_DIR).glob("[0-9]*"), key=lambda d: int(d.name))
+    for where, label in [*((d, f"attempt {d.name}") for d in archived), (job_dir, "last attempt")]:
+        for path in sorted(where.glob("node-*.log")):
+            found.append((f"{label}: {path.stem.replace('-', ' ')} log", str(path.relative_to(job_dir))))
+        for path in sorted((where / "hang").glob("*.txt")):
+            found.append((f"{label}: hang stack {path.stem}", str(path.relative_to(job_dir))))
+    return found

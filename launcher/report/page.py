@@ -1,0 +1,113 @@
+"""The report page: one HTML file with plotly's script inline, so that it opens from disk with no
+server and no network. Written into the job record as ``report.html`` (atomically: a reader sees a
+whole page or the previous one)."""
+
+from __future__ import annotations
+
+import html
+from datetime import UTC, datetime
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from gptlaunch.files import atomic_write_text
+from launcher.job.record import JobRecord
+from launcher.report import charts
+from launcher.report.facts import Facts, report_path
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
+table { border-collapse: collapse; } td, th { padding: 2px 12px 2px 0; text-align: left; }
+p.missing { color: #666; font-style: italic; } .why { color: #555; }
+"""
+
+
+def write(record: JobRecord, facts: Facts) -> Path:
+    """Render ``facts`` into ``JOB/report.html``; returns its path."""
+    path = report_path(record.dir)
+    atomic_write_text(path, render(facts))
+    return path
+
+
+def render(facts: Facts) -> str:
+    """The whole page, as text."""
+    metrics = facts.metrics or []
+    sections = [
+        _section(
+            "Loss",
+            "Is the model learning, and did a retry go on from where the failed attempt was?",
+            charts.loss(metrics, facts.spans) if facts.metrics else None,
+            facts.metrics_note or "no loss was logged yet",
+        ),
+        _section(
+            "Each rank's throughput",
+            "Is one rank slower than the others (a straggler sets the pace of all)?",
+            charts.rank_throughput(metrics) if facts.metrics else None,
+            facts.metrics_note
+            or "the metrics carry no per-rank times (the built-in trainer's straggler check records them)",
+        ),
+        _section(
+            "Attempts",
+            "When did each attempt run, how did it end, and why?",
+            charts.timeline(facts.spans, facts.made_at),
+            "the job has not started yet",
+        )
+        + _attempts(facts),
+        _section(
+            "Where the wall time went",
+            "How much of the wall time trained, and what took the rest?",
+            charts.goodput_bar(facts.goodput) if facts.goodput is not None else None,
+            "no rank has reported yet: goodput needs the ranks' heartbeats",
+        ),
+    ]
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(facts.job_id)}: report</title><style>{STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>\n"
+        f"{_summary(facts)}\n{''.join(sections)}\n{_files(facts)}\n</body></html>\n"
+    )
+
+
+def _summary(facts: Facts) -> str:
+    st = facts.status
+    ended = f" (exit code {st.job_exit_code}: {st.message or st.state})" if st.state.is_terminal else ""
+    rows = [
+        ("state", f"{st.state}{ended}"),
+        ("scheduler", f"{facts.scheduler}, {facts.nodes} node(s) × {facts.nproc_per_node}"),
+        ("run dir", str(facts.run_dir)),
+        ("attempts", str(len(facts.spans))),
+        ("goodput", facts.goodput.describe() if facts.goodput is not None else "not known yet"),
+        ("report made", _when(facts.made_at)),
+    ]
+    cells = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<h1>Job {html.escape(facts.job_id)}</h1><table id='summary'>{cells}</table>"
+
+
+def _section(title: str, question: str, figure: go.Figure | None, missing: str) -> str:
+    slug = title.lower().replace(" ", "-").replace("'", "")
+    head = f"<h2 id='{slug}'>{html.escape(title)}</h2><p class='why'>{html.escape(question)}</p>"
+    if figure is None:
+        return f"{head}<p class='missing'>{html.escape(missing)}</p>\n"
+    body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{slug}",
+                          config={"displaylogo": False, "responsive": True})  # fmt: skip
+    return f"{head}{body}\n"
+
+
+def _attempts(facts: Facts) -> str:
+    items = "".join(f"<li>{html.escape(charts.describe(span))}</li>" for span in facts.spans)
+    return f"<ul id='attempts'>{items}</ul>" if items else ""
+
+
+def _files(facts: Facts) -> str:
+    if not facts.files:
+        return "<h2 id='files'>Logs</h2><p class='missing'>no node log in the job record yet</p>"
+    items = "".join(
+        f"<li><a href='{html.escape(path)}'>{html.escape(label)}</a></li>" for label, path in facts.files
+    )
+    return f"<h2 id='files'>Logs and hang stacks</h2><ul>{items}</ul>"
+
+
+def _when(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

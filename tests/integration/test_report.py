@@ -1,0 +1,61 @@
+"""``launcher report`` on a real job, in a real browser: a local 2-node job whose rank 1 is SIGKILLed
+and retried; its page, opened by headless Chromium with no network, draws every chart from the job's
+numbers and shows both attempts with the failure's cause. The screenshot is kept in ``artifacts/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from launcher.job.follow import wait_terminal
+from launcher.job.record import JobRecord
+from launcher.schedulers.local.scheduler import LocalScheduler
+from tests.integration.browser import dump_dom, screenshot, traces
+from tests.integration.conftest import FAST, launcher, metrics, only_job_id, wait_for_steps
+
+CHARTS = ("loss", "each-ranks-throughput", "attempts", "where-the-wall-time-went")
+
+
+def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
+    prepared_data, tmp_path: Path
+) -> None:
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
+    submit = launcher(
+        jobs, "submit", "--detach", "--nodes", "2", "--retries", "1", "--", *prepared_data, *FAST,
+        "--max-steps", "40", "--eval-interval", "10", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job_dir = jobs / only_job_id(jobs)
+    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=12)
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
+    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    assert final is not None and final.state == "succeeded", final
+
+    made = launcher(jobs, "report", job_dir.name, check=True).stdout.strip()
+    page = job_dir / "report.html"
+    assert Path(made) == page and page.is_file()
+    assert f"report {page}" in launcher(jobs, "status", job_dir.name, check=True).stdout
+
+    dom = dump_dom(page, tmp_path)
+    # Drawn, with the job's data: plotly put an SVG with one trace per series into each chart's div.
+    drawn = {chart: traces(dom, chart) for chart in CHARTS}
+    assert drawn == {
+        "loss": 2,  # training and validation
+        "each-ranks-throughput": 2,  # rank 0 and rank 1
+        "attempts": 2,  # attempt 1 (failed) and attempt 2
+        "where-the-wall-time-went": 6,  # goodput's parts
+    }, (drawn, dom[-3000:])
+    text = _unescaped(dom)
+    cause = final.attempts[0].cause
+    assert "attempt 1: failed at step " in text and "<li>attempt 2: succeeded</li>" in text, text[-3000:]
+    assert cause and cause in text, (cause, text[-3000:])
+    # The figures hold the job's numbers: the last logged loss and rank 1's last throughput.
+    last = [m for m in metrics(run_dir) if "tokens_per_s" in m][-1]
+    assert json.dumps(last["loss"]) in dom and json.dumps(last["rank_tokens_per_s"][1]) in dom
+    print(f"\nscreenshot: {screenshot(page, 'report-retried-job.png', tmp_path)}")
+
+
+def _unescaped(dom: str) -> str:
+    return dom.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").replace("&#x27;", "'")

@@ -1,0 +1,94 @@
+"""The report page (``launcher.report``): a chart for each kind of data the job has, and words, never
+an empty chart, for what it lacks; plotly's script inline, so the page needs no network. The page in
+a real browser is tested on a real job in ``tests/integration/test_report.py``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher.job.goodput import Goodput
+from launcher.job.record import Attempt, JobState, JobStatus
+from launcher.report.facts import Facts, files, read_metrics, spans
+from launcher.report.page import render
+
+T0 = 1_800_000_000.0
+GOODPUT = Goodput(wall_s=100, training_s=90, startup_s=3, lost_s=4, checkpoint_s=1, eval_s=1, other_s=1,
+                  failures=1, steps_redone=[0])  # fmt: skip
+METRICS = [
+    {"step": 10, "loss": 7.5, "tokens_per_s": 5000.0, "rank_tokens_per_s": [9000.0, 4000.0]},
+    {"step": 20, "loss": 6.5, "tokens_per_s": 5100.0, "val_loss": 6.6, "rank_tokens_per_s": [9100.0, 4100.0]},
+]
+
+
+def _status() -> JobStatus:
+    failed = Attempt(number=1, started_at=T0, ended_at=T0 + 40, exit_code=1,
+                     cause="rank 1 on node 1: SIGKILL", step=16, replaced={"gl-h2": "gl-h3"})  # fmt: skip
+    return JobStatus(state=JobState.SUCCEEDED, exit_code=0, created_at=T0, started_at=T0 + 41,
+                     ended_at=T0 + 100, attempt=2, attempts=[failed])  # fmt: skip
+
+
+def _facts(**changes: object) -> Facts:
+    status = _status()
+    facts = {
+        "job_id": "gpt-1", "status": status, "scheduler": "local", "nodes": 2, "nproc_per_node": 1,
+        "run_dir": "/runs/a", "spans": spans(status, T0 + 100), "goodput": GOODPUT, "metrics": METRICS,
+        "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
+        "made_at": T0 + 100,
+    }  # fmt: skip
+    return Facts(**{**facts, **changes})  # type: ignore[arg-type]
+
+
+def _charts(page: str) -> list[str]:
+    return re.findall(r'<div id="chart-([a-z-]+)"', page)
+
+
+def test_every_chart_is_drawn_from_the_jobs_numbers_with_plotly_inline() -> None:
+    page = render(_facts())
+    assert _charts(page) == ["loss", "each-ranks-throughput", "attempts", "where-the-wall-time-went"]
+    tags = re.findall(r"<script[^>]*>", page)
+    assert len(tags) == 5 and not any("src" in tag for tag in tags)  # plotly's, inline; one per chart
+    failed = "attempt 1: failed at step 16: rank 1 on node 1: SIGKILL (gl-h2 replaced by gl-h3)"
+    assert f"<li>{failed}</li>" in page
+    assert "attempt 2: succeeded" in page and "Goodput 90.0%" in page and "training 90.0%" in page
+    assert '"name":"rank 1"' in page and "4100.0" in page  # each rank's line, with its numbers
+    assert "<a href='attempts/1/node-0.log'>attempt 1: node 0 log</a>" in page
+
+
+def test_missing_data_is_said_in_words_never_an_empty_chart() -> None:
+    page = render(
+        _facts(metrics=None, metrics_note="no metrics.jsonl in /runs/a on this machine", goodput=None)
+    )
+    assert _charts(page) == ["attempts"]
+    assert page.count("no metrics.jsonl in /runs/a on this machine") == 2  # loss, throughput
+    assert "goodput needs the ranks&#x27; heartbeats" in page
+    plain = render(_facts(metrics=[{"step": 5, "loss": 7.0, "tokens_per_s": 1.0}]))
+    assert _charts(plain) == ["loss", "attempts", "where-the-wall-time-went"]
+    assert "the metrics carry no per-rank times" in plain
+    unstarted = JobStatus(state=JobState.PENDING, created_at=T0)
+    page = render(_facts(status=unstarted, spans=spans(unstarted, T0), goodput=None, metrics=None, files=[]))
+    assert _charts(page) == [] and "the job has not started yet" in page and "no node log" in page
+
+
+def test_metrics_lines_cut_short_are_skipped_and_a_missing_file_is_explained(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 7.0}\n{"step": 2, "lo')
+    assert read_metrics(tmp_path) == ([{"step": 1, "loss": 7.0}], "")
+    records, why = read_metrics(tmp_path / "elsewhere")
+    assert records is None and "no metrics.jsonl in" in why and "a script of your own" in why
+
+
+def test_the_files_are_each_attempts_logs_and_hang_stacks_relative_to_the_job(tmp_path: Path) -> None:
+    for name in (
+        "attempts/1/node-0.log",
+        "attempts/1/hang/node1-rank1.txt",
+        "attempts/10/node-0.log",
+        "node-0.log",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert files(tmp_path) == [
+        ("attempt 1: node 0 log", "attempts/1/node-0.log"),
+        ("attempt 1: hang stack node1-rank1", "attempts/1/hang/node1-rank1.txt"),
+        ("attempt 10: node 0 log", "attempts/10/node-0.log"),
+        ("last attempt: node 0 log", "node-0.log"),
+    ]
