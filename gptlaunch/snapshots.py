@@ -150,12 +150,16 @@ class Snapshots:
         ``step`` before returning, with no collective (a peer may be gone), after the write in flight.
         A rank that survived a lost peer holds the newest state, and a retry resumes from it instead
         of redoing the steps since the last snapshot. Returns whether it was written (False on the
-        other ranks, with snapshots off, or when the write failed: a warning)."""
+        other ranks, with snapshots off, or when there is no room or the write failed: a warning).
+        Give it CPU tensors: after a failed collective a GPU's stream may never drain."""
         if self._pool is None:
             return False
         with contextlib.suppress(Exception):  # an older snapshot's failed write: moot now
             self._wait()
         try:
+            needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
+            if needed > free:  # the older snapshot stays until this one is whole: room for both
+                raise OSError(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
             self._write(state, step)
         except Exception as e:
             _warn(f"the state of step {step} could not be kept in memory: {e}")

@@ -56,8 +56,10 @@ class Run:
 @dataclass
 class Held:
     """What this rank knows of the training state between collectives: ``step``, the optimizer steps
-    the weights hold (None while one is being applied: the state is torn), and ``rng``, every rank's
-    CPU RNG state in rank order as last gathered (empty before the first gather)."""
+    the weights hold once all of that step's work has ended (its metrics, evaluation, checkpoint);
+    None from the next update until the loop ends that step, since a retry from a step whose work
+    did not end would skip it (a missing record, checkpoint, or the last step's save). ``rng``:
+    every rank's CPU RNG state in rank order as last gathered (empty before the first gather)."""
 
     step: int | None
     rng: list[torch.Tensor] = field(default_factory=list)
@@ -280,15 +282,19 @@ def snapshot_on_failure(run: Run) -> None:
     CPU: on a GPU a failed collective may leave the device's streams stuck (NCCL), and a copy behind
     them would hang the exit."""
     held = run.held
-    if run.snapshots.writer and run.device.type == "cpu" and known_state(held, run.env.rank, run.start_step):
-        assert held.step is not None
-        if run.snapshots.keep_last(held.step, _state(run, held.step, held.rng, [])):
-            print(f"kept step {held.step}'s state in this host's memory for a retry", flush=True)
+    keeper = run.snapshots.writer and run.device.type == "cpu"
+    if not (keeper and known_state(held, run.env.rank, run.start_step)):
+        return
+    # An update that made the weights inf or NaN shows only in the next step's loss: never keep one.
+    finite = all(bool(p.isfinite().all()) for p in run.model.parameters())
+    assert held.step is not None
+    if finite and run.snapshots.keep_last(held.step, _state(run, held.step, held.rng, [])):
+        print(f"kept step {held.step}'s state in this host's memory for a retry", flush=True)
 
 
 def known_state(held: Held, rank: int, start_step: int) -> bool:
-    """Whether ``held`` is a whole state newer than ``start_step``: not mid-update, and every rank's
-    RNG state known, which it is when this rank's has not moved since the last gather (no dropout:
+    """Whether ``held`` is a whole state newer than ``start_step``: a step whose work ended, and every
+    rank's RNG state known, which it is when this rank's has not moved since the last gather (no dropout:
     every rank draws alike, so neither have the others')."""
     return (
         held.step is not None

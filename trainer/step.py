@@ -57,13 +57,12 @@ def train_step(run: Run, step: int, clock: ComputeClock | None = None) -> torch.
         run.scaler.unscale_(run.optimizer)
     if run.cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
-    run.held.step = None  # the weights are being updated: torn until the update ends
+    run.held.step = None  # the weights move past the step held: none until the loop ends this step
     if run.scaler is not None:
         run.scaler.step(run.optimizer)
         run.scaler.update()
     else:
         run.optimizer.step()
-    run.held.step = step + 1
     run.optimizer.zero_grad(set_to_none=True)
     return loss_sum / accum
 

@@ -115,6 +115,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
             except TrainingError:  # diverged: the weights hold no state worth resuming
                 raise
             except Exception:  # a lost peer's failed collective, most often: keep what this rank holds
+                runtime.flush()  # the step reached comes first: the write below may be cut short
                 with contextlib.suppress(Exception):  # never in the way of the error itself
                     snapshot_on_failure(run)  # while a SIGTERM (torchrun ending the ranks) still waits
                 raise
@@ -151,6 +152,7 @@ def loop(run: Run, stop: StopRequest) -> int:
             if stopping:
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
+            run.held.step = done  # all of step ``done``'s work ended: a retry from here skips none
     return EXIT_OK
 
 

@@ -133,7 +133,8 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]] | None, str]:
 def files(job_dir: Path) -> list[tuple[str, str]]:
     """The node logs and hang stacks of each attempt, as (label, path relative to ``job_dir``)."""
     found = []
-    archived = sorted((job_dir / ATTEMPTS_DIR).glob("[0-9]*"), key=lambda d: int(d.name))
+    numbered = (d for d in (job_dir / ATTEMPTS_DIR).glob("*") if d.name.isdigit())  # not a stray folder
+    archived = sorted(numbered, key=lambda d: int(d.name))
     for where, label in [*((d, f"attempt {d.name}") for d in archived), (job_dir, "last attempt")]:
         for path in sorted(where.glob("node-*.log")):
             found.append((f"{label}: {path.stem.replace('-', ' ')} log", str(path.relative_to(job_dir))))

@@ -38,13 +38,13 @@ def render(facts: Facts) -> str:
         _section(
             "Loss",
             "Is the model learning, and did a retry go on from where the failed attempt was?",
-            charts.loss(metrics, facts.spans) if facts.metrics else None,
+            charts.loss(metrics, facts.spans),
             facts.metrics_note or "no loss was logged yet",
         ),
         _section(
             "Each rank's throughput",
             "Is one rank slower than the others (a straggler sets the pace of all)?",
-            charts.rank_throughput(metrics) if facts.metrics else None,
+            charts.rank_throughput(metrics),
             facts.metrics_note
             or "the metrics carry no per-rank times (the built-in trainer's straggler check records them)",
         ),

@@ -41,9 +41,15 @@ def screenshot(page: Path, name: str, tmp_path: Path) -> Path:
     return out
 
 
-def traces(dom: str, chart: str) -> int:
-    """The traces plotly drew in chart ``chart`` (0 when it drew none, or there is no such chart)."""
-    start = dom.find(f'<div id="chart-{chart}"')
-    if start < 0 or 'class="main-svg"' not in dom[start : dom.find("<h2", start)]:
+def chart(dom: str, name: str) -> str:
+    """The part of ``dom`` from chart ``name``'s div to the next heading: its SVG and its figure's data."""
+    start = dom.find(f'<div id="chart-{name}"')
+    return "" if start < 0 else dom[start : dom.find("<h2", start)]
+
+
+def traces(dom: str, name: str) -> int:
+    """The traces plotly drew in chart ``name`` (0 when it drew none, or there is no such chart)."""
+    part = chart(dom, name)
+    if 'class="main-svg"' not in part:
         return 0
-    return len(re.findall(r'<g class="trace (?:scatter|bars)', dom[start : dom.find("<h2", start)]))
+    return len(re.findall(r'<g class="trace (?:scatter|bars)', part))

@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
-from tests.integration.browser import dump_dom, screenshot, traces
+from tests.integration.browser import chart, dump_dom, screenshot, traces
 from tests.integration.conftest import FAST, launcher, metrics, only_job_id, wait_for_steps
 
 CHARTS = ("loss", "each-ranks-throughput", "attempts", "where-the-wall-time-went")
@@ -53,7 +53,8 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     assert cause and cause in text, (cause, text[-3000:])
     # The figures hold the job's numbers: the last logged loss and rank 1's last throughput.
     last = [m for m in metrics(run_dir) if "tokens_per_s" in m][-1]
-    assert json.dumps(last["loss"]) in dom and json.dumps(last["rank_tokens_per_s"][1]) in dom
+    assert json.dumps(last["loss"]) in chart(dom, "loss")
+    assert json.dumps(last["rank_tokens_per_s"][1]) in chart(dom, "each-ranks-throughput")
     print(f"\nscreenshot: {screenshot(page, 'report-retried-job.png', tmp_path)}")
 
 

@@ -16,7 +16,7 @@ import psutil
 
 from gptlaunch.compute import WINDOW_S
 from gptlaunch.contract import Beat, read_beats
-from tests.integration.browser import dump_dom, screenshot, traces
+from tests.integration.browser import chart, dump_dom, screenshot, traces
 from tests.integration.conftest import FAST, launcher, only_job_id, wait_for_steps
 from trainer.stragglers import THRESHOLD
 
@@ -130,7 +130,8 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
         assert fast > THRESHOLD * slow, shared[-1]
         page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip())
         dom = dump_dom(page, tmp_path)
-        assert traces(dom, "each-ranks-throughput") == 2 and json.dumps(slow) in dom, dom[-3000:]
+        drawn = chart(dom, "each-ranks-throughput")
+        assert traces(dom, "each-ranks-throughput") == 2 and json.dumps(slow) in drawn, drawn[-3000:]
         screenshot(page, "report-straggler.png", tmp_path)
         print(f"\n{text}\n{next(line for line in log.splitlines() if 'straggler' in line)}")
     finally:

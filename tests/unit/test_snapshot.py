@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from gptlaunch import snapshots as snapshots_module
 from gptlaunch.contract import ATTEMPT_ENV, JOB_ID_ENV, RETRIES_ENV, SNAPSHOT_ROOT, job_snapshots
 from gptlaunch.runtime import EXIT_CHECKPOINTED
 from gptlaunch.snapshots import Offer, Snapshots, drop, drop_others, newest, source, writers
-from trainer.run import Held, known_state
+from trainer.run import Held, known_state, snapshot_on_failure
 
 
 def test_one_writer_per_host_the_lowest_rank_on_it() -> None:
@@ -103,7 +104,7 @@ def test_a_stop_with_its_checkpoint_drops_the_snapshot_a_failure_keeps_it(
 
 
 def test_the_last_state_is_written_before_keep_last_returns_after_the_write_in_flight(
-    tmp_path: Path, retry_of: Callable[[int], None], capsys
+    tmp_path: Path, retry_of: Callable[[int], None], monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     retry_of(1)
     with pytest.raises(RuntimeError), Snapshots(tmp_path / "run") as snapshots:
@@ -123,6 +124,25 @@ def test_the_last_state_is_written_before_keep_last_returns_after_the_write_in_f
         assert not failing.keep_last(13, STATE)
         raise RuntimeError("the retry resumes from the disk")
     assert "the state of step 13 could not be kept in memory" in capsys.readouterr().err
+    monkeypatch.setattr(snapshots_module, "HEADROOM_BYTES", 2**60)  # more than any machine has free
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "full") as full:
+        assert not full.keep_last(13, STATE)
+        raise RuntimeError("no room: the retry resumes from an older snapshot")
+    assert newest(tmp_path / "job" / "full") is None and "MB needed" in capsys.readouterr().err
+
+
+def test_weights_that_are_not_finite_are_never_kept_on_a_failure() -> None:
+    kept: list[int] = []
+    model = torch.nn.Linear(2, 2)
+    snapshots = SimpleNamespace(writer=True, keep_last=lambda step, _: kept.append(step))
+    run = SimpleNamespace(
+        held=Held(12, [torch.get_rng_state()]), start_step=0, model=model, device=torch.device("cpu"),
+        env=SimpleNamespace(rank=0), snapshots=snapshots,
+    )  # fmt: skip
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")  # an update that diverged, before any loss showed it
+    snapshot_on_failure(run)  # type: ignore[arg-type]
+    assert kept == []
 
 
 def test_a_state_is_kept_on_a_failure_only_when_whole_newer_and_every_ranks_rng_known() -> None:
