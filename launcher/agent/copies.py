@@ -131,7 +131,8 @@ class CheckpointWatch:
 
 def absent(report: Saved, directory: Path) -> list[str]:
     """The files that made ``report`` a save and are not in ``directory`` in that version or a later
-    one (copies keep the saved files' mtimes: a file at least as new, to the second, holds it)."""
+    one (copies keep the saved files' mtimes: a file at least as new, to the second, holds it),
+    largest first: a message that names a few names the checkpoint, not the logs saved beside it."""
     missing = []
     for name, mtime_ns in report.changed.items():
         try:
@@ -140,7 +141,7 @@ def absent(report: Saved, directory: Path) -> list[str]:
             here = -1
         if here // 1_000_000_000 < mtime_ns // 1_000_000_000:
             missing.append(name)
-    return missing
+    return sorted(missing, key=lambda name: -report.files.get(name, 0))
 
 
 def write_mark(directory: Path, job_id: str) -> None:

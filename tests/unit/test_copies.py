@@ -131,6 +131,13 @@ def test_the_copy_holds_a_save_when_its_files_are_there_in_that_version_or_later
     assert absent(saved.model_copy(update={"changed": {"ckpt-2.pt": 0}}), run_dir) == ["ckpt-2.pt"]
 
 
+def test_the_files_missing_from_a_copy_are_named_largest_first(tmp_path: Path) -> None:
+    """A message names the first few: the checkpoint, not the logs saved in the same poll."""
+    files = {"metrics.jsonl": 900, "ckpt-5.pt": 7_000_000, "peak_flops.json": 40, "events.out": 2_000}
+    saved = Saved(node=0, host="h", directory="/r", files=files, changed=dict.fromkeys(files, 10**18))
+    assert absent(saved, tmp_path) == ["ckpt-5.pt", "events.out", "metrics.jsonl", "peak_flops.json"]
+
+
 def test_the_trainers_prepared_data_is_not_watched(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.bin").write_bytes(b"x")
