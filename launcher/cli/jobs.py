@@ -23,6 +23,7 @@ from launcher.job.goodput import job_goodput
 from launcher.job.logs import TICK
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
+from launcher.job.scalars import scalars_dir, tensorboard_command
 from launcher.report.facts import gather, report_path
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
@@ -160,6 +161,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {node.describe()}")
     if goodput is not None:
         print(f"  {goodput.describe()}")
+    if scalars_dir(record.dir).is_dir():
+        print(f"  TensorBoard: {tensorboard_command(record.dir, plan.run_dir)}")
     if report_path(record.dir).is_file():
         print(f"  report {report_path(record.dir)} (`launcher report {plan.job_id}` makes it anew)")
     return EXIT_OK

@@ -42,6 +42,7 @@ from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
 from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, not_retried
+from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
@@ -152,10 +153,15 @@ class _Job:
     attempts: list[Attempt] = field(default_factory=list)
     spec: JobSpec = field(init=False)  # read once
     grace_s: float = field(init=False)  # the job's grace period (seconds)
+    scalars: JobScalars = field(init=False)  # the job's numbers in TensorBoard
 
     def __post_init__(self) -> None:
         self.spec = self.record.spec()
         self.grace_s = self.spec.grace_period_s
+        self.scalars = JobScalars(self.record.dir, self.record.status().created_at)
+
+    def goodput_point(self, periodic: bool = False) -> None:
+        goodput_point(self.scalars, self.record, self.plan, periodic=periodic)
 
     def next_attempt(self) -> None:
         self.agents, self.started = [], time.time()
@@ -188,6 +194,8 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
         job.transport.close()
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
     final = job.record.finish(outcome)
+    job.goodput_point()
+    job.scalars.close()
     # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.
     shutil.rmtree(job_snapshots(job.plan.job_id), ignore_errors=True)
     if ready[0] >= 0:
@@ -227,6 +235,7 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
         message = next_in(ended, job.spec.retries, wait)
         print(f"supervisor: {message}", flush=True)
         job.record.update_status(attempt=ended.number + 1, attempts=job.attempts, message=message)
+        job.goodput_point()  # the failed attempt's share, now that its beats are archived
         if _stop_within(stop, wait):
             message = f"cancelled before attempt {ended.number + 1} of {total} started; {ended.describe()}"
             return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
@@ -265,6 +274,8 @@ def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
     first_start = job.record.status().started_at or job.started
     if job.record.update_status(state=JobState.RUNNING, started_at=first_start).state.is_terminal:
         stop.requested = True  # cancelled while starting: stop what was started
+    before = job.attempts[-1].cause if job.attempts else ""
+    job.scalars.attempt(len(job.attempts) + 1, job.spec.retries + 1, before, job.started)
     return _Watch(job, stop).run()
 
 
@@ -299,6 +310,7 @@ class _Watch:
                 return self._failed(first, codes[first])
             elif self.node_watched and (outcome := self._node_reports()) is not None:
                 return outcome
+            job.goodput_point(periodic=True)
             time.sleep(POLL_S)
 
     def _node_reports(self) -> Outcome | None:

@@ -1,6 +1,7 @@
 """``launcher report`` on a real job, in a real browser: a local 2-node job whose rank 1 is SIGKILLed
 and retried; its page, opened by headless Chromium with no network, draws every chart from the job's
-numbers and shows both attempts with the failure's cause. The screenshot is kept in ``artifacts/``."""
+numbers and shows both attempts with the failure's cause. The screenshot is kept in ``artifacts/``.
+TensorBoard's own event reader finds the job's scalars beside the trainer's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import os
 import signal
 from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord
@@ -36,7 +40,10 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     made = launcher(jobs, "report", job_dir.name, check=True).stdout.strip()
     page = job_dir / "report.html"
     assert Path(made) == page and page.is_file()
-    assert f"report {page}" in launcher(jobs, "status", job_dir.name, check=True).stdout
+    said = launcher(jobs, "status", job_dir.name, check=True).stdout
+    assert f"report {page}" in said
+    logdirs = f"job:{job_dir}/tensorboard/job,trainer:{run_dir}/tensorboard"
+    assert f"TensorBoard: tensorboard --logdir_spec {logdirs}" in said
 
     dom = dump_dom(page, tmp_path)
     # Drawn, with the job's data: plotly put an SVG with one trace per series into each chart's div.
@@ -56,6 +63,29 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     assert json.dumps(last["loss"]) in chart(dom, "loss")
     assert json.dumps(last["rank_tokens_per_s"][1]) in chart(dom, "each-ranks-throughput")
     print(f"\nscreenshot: {screenshot(page, 'report-retried-job.png', tmp_path)}")
+    _assert_tensorboard_shows_the_job(jobs, job_dir, run_dir, cause)
+
+
+def _assert_tensorboard_shows_the_job(jobs: Path, job_dir: Path, run_dir: Path, cause: str) -> None:
+    """TensorBoard's own reader finds the job's numbers (``tensorboard/job`` in the record) and the
+    trainer's per-rank ones (the run dir's)."""
+    job = _events(job_dir / "tensorboard" / "job")
+    assert [e.value for e in job.Scalars("job/attempt")] == [1.0, 2.0]
+    lines = [e.tensor_proto.string_val[0].decode() for e in job.Tensors("job/attempts")]
+    assert lines == ["attempt 1 of 2 started", f"attempt 2 of 2 started after: {cause}"], lines
+    # The last point is the ended job's goodput: what `launcher status` says of it.
+    status = json.loads(launcher(jobs, "status", job_dir.name, "--json", check=True).stdout)
+    last = job.Scalars("goodput/ratio")[-1].value
+    assert last == pytest.approx(status["goodput"]["ratio"], rel=1e-6)  # float32 in the event file
+    assert job.Scalars("goodput/lost_s")[-1].value == pytest.approx(status["goodput"]["lost_s"], rel=1e-6)
+    ranks = _events(run_dir / "tensorboard").Tags()["scalars"]
+    assert {"rank_tokens_per_s/rank_0", "rank_tokens_per_s/rank_1", "rank_tokens_per_s_spread"} <= set(ranks)
+
+
+def _events(directory: Path) -> EventAccumulator:
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
 
 
 def _unescaped(dom: str) -> str:

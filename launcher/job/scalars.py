@@ -1,0 +1,151 @@
+"""The job's own numbers in TensorBoard, beside the trainer's loss: goodput and its parts over time,
+and each attempt's start with the cause of the failure before it. The supervisor writes them into
+``<job dir>/tensorboard/job`` with TensorBoard's own event writer and protos (no torch import in a
+process that lives as long as the job; ``tensorboard.summary.v1``'s helpers would import TensorFlow).
+
+``tensorboard --logdir <job dir>`` shows them as the run ``tensorboard/job`` next to the trainer's
+``run/tensorboard`` (the default run dir is the job's ``run/``; with ``--run-dir`` elsewhere, give
+both dirs: ``--logdir_spec``).
+
+TensorBoard's horizontal "step" here is whole seconds since the job was submitted; each point's wall
+time is when it was measured. Tags:
+
+- ``goodput/ratio``: training seconds over wall seconds, 0..1 (``launcher.job.goodput``);
+- ``goodput/<part>_s``: the seconds of each part so far (training, startup, lost, checkpoint, eval,
+  other, and wall);
+- ``job/attempt``: the attempt that runs (1, 2, ...), ``job/failures``: the failures so far;
+- ``job/attempts`` (text): one line at each attempt's start, with the previous attempt's cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.job.goodput import Goodput, job_goodput, rank0
+from launcher.job.plan import Plan
+from launcher.job.progress import recorded_beats
+from launcher.job.record import JobRecord
+
+if TYPE_CHECKING:  # imported where written: `launcher status` only names the dir, and answers at once
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+SCALARS_DIR = Path("tensorboard") / "job"  # in the job directory
+SAMPLE_S = 15.0  # seconds between two goodput points while an attempt runs
+PARTS = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s", "wall_s")
+
+
+def scalars_dir(job_dir: Path) -> Path:
+    """Where the job-level event file of the job in ``job_dir`` is."""
+    return job_dir / SCALARS_DIR
+
+
+def tensorboard_command(job_dir: Path, run_dir: str) -> str:
+    """The command that shows the job's scalars with the trainer's (those in ``run_dir`` on this
+    machine): one ``--logdir`` when the run dir is inside the job directory, else a run name each."""
+    if Path(run_dir).is_relative_to(job_dir):
+        return f"tensorboard --logdir {job_dir}"
+    return f"tensorboard --logdir_spec job:{scalars_dir(job_dir)},trainer:{Path(run_dir) / 'tensorboard'}"
+
+
+class JobScalars:
+    """The job-level event file of the job in ``job_dir``, submitted at ``origin`` (epoch seconds).
+    A write that fails (a full disk, a read-only record) is logged once and never stops the job."""
+
+    def __init__(self, job_dir: Path, origin: float) -> None:
+        self.origin = origin
+        self.next_sample = 0.0  # time.monotonic() of the next periodic goodput point
+        self._writer: EventFileWriter | None = None
+        try:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            scalars_dir(job_dir).mkdir(parents=True, exist_ok=True)
+            self._writer = EventFileWriter(str(scalars_dir(job_dir)))
+        except Exception as e:
+            self._give_up(e)
+
+    def attempt(self, number: int, total: int, before: str, at: float) -> None:
+        """Attempt ``number`` of ``total`` started at ``at``; ``before``: why the previous one ended
+        (empty for the first)."""
+        line = f"attempt {number} of {total} started" + (f" after: {before}" if before else "")
+        self._add(at, _scalar("job/attempt", number), _text("job/attempts", line))
+        self._add(at, _scalar("job/failures", number - 1))
+
+    def goodput(self, goodput: Goodput, at: float) -> None:
+        """A point of goodput and its parts, measured at ``at``."""
+        self._add(at, _scalar("goodput/ratio", goodput.ratio))
+        for part in PARTS:
+            self._add(at, _scalar(f"goodput/{part}", getattr(goodput, part)))
+
+    def due(self) -> bool:
+        """Whether a periodic point is due (every SAMPLE_S seconds); restarts the period when so."""
+        if time.monotonic() < self.next_sample:
+            return False
+        self.next_sample = time.monotonic() + SAMPLE_S
+        return True
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        if self._writer is not None:
+            self._writer.close()
+
+    def _add(self, at: float, *summaries: Summary) -> None:
+        if self._writer is None:
+            return
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        try:
+            for summary in summaries:
+                event = Event(wall_time=at, step=max(0, int(at - self.origin)), summary=summary)
+                self._writer.add_event(event)
+            self._writer.flush()  # a user's TensorBoard sees the point now, not in two minutes
+        except Exception as e:
+            self._give_up(e)
+
+    def _give_up(self, error: Exception) -> None:
+        """No more points: the job must not end, nor its log fill, for its charts."""
+        logging.getLogger(__name__).warning("job scalars in TensorBoard: none from now on: %s", error)
+        self._writer = None
+
+
+def _scalar(tag: str, value: float) -> Summary:
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
+
+
+def _text(tag: str, line: str) -> Summary:
+    """One line for TensorBoard's text dashboard: a string tensor of shape (1,) with its plugin's
+    metadata, as its own text summaries are."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.compat.proto.types_pb2 import DT_STRING
+    from tensorboard.plugins.text import metadata as text_metadata
+
+    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)])
+    tensor = TensorProto(dtype=DT_STRING, string_val=[line.encode()], tensor_shape=shape)
+    metadata = text_metadata.create_summary_metadata(display_name=tag, description="")
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
+
+
+def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodic: bool) -> None:
+    """A goodput point from what the job record holds now. A periodic one (every SAMPLE_S) only
+    where the running attempt's ranks beat in the record (local nodes, compose; an SSH host's beats
+    reach it when its attempt ends): without them the running attempt would count as not training."""
+    if periodic and not scalars.due():
+        return
+    try:
+        beats = recorded_beats(plan, record.dir)
+        if periodic and rank0([b for node in beats.values() for b in node]) is None:
+            return
+        now = time.time()
+        goodput = job_goodput(record.dir, record.status(), beats, now)
+    except (OSError, ValueError) as e:  # a record being rewritten: the next point will do
+        logging.getLogger(__name__).warning("job scalars in TensorBoard: goodput not read: %s", e)
+        return
+    if goodput is not None:
+        scalars.goodput(goodput, now)

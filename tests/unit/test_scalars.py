@@ -1,0 +1,57 @@
+"""The job's numbers in TensorBoard (``launcher.job.scalars``), read back with TensorBoard's own event
+reader: what a user's TensorBoard shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from launcher.job.goodput import Goodput
+from launcher.job.scalars import PARTS, JobScalars, scalars_dir
+
+
+def _read(job_dir: Path) -> EventAccumulator:
+    events = EventAccumulator(str(scalars_dir(job_dir)), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_attempts_and_goodput_are_scalars_by_seconds_since_submit_and_the_cause_is_text(
+    tmp_path: Path,
+) -> None:
+    origin = 1_000.0
+    scalars = JobScalars(tmp_path, origin)
+    scalars.attempt(1, 2, "", origin + 3.2)
+    goodput = Goodput(wall_s=90, training_s=60, startup_s=5, lost_s=10, checkpoint_s=4, eval_s=6,
+                      other_s=5, failures=1, steps_redone=[2])  # fmt: skip
+    scalars.goodput(goodput, origin + 90.7)
+    scalars.attempt(2, 2, "rank 1 (node 1) was killed by SIGKILL", origin + 95.0)
+    scalars.close()
+
+    events = _read(tmp_path)
+    attempts = events.Scalars("job/attempt")
+    assert [(e.step, e.value) for e in attempts] == [(3, 1.0), (95, 2.0)]
+    assert [e.value for e in events.Scalars("job/failures")] == [0.0, 1.0]
+    assert attempts[1].wall_time == pytest.approx(origin + 95.0)
+    ratio = events.Scalars("goodput/ratio")
+    assert [e.step for e in ratio] == [90]
+    assert ratio[0].value == pytest.approx(60 / 90, rel=1e-6)  # stored as float32
+    for part in PARTS:
+        assert events.Scalars(f"goodput/{part}")[0].value == pytest.approx(getattr(goodput, part))
+    (first, second) = events.Tensors("job/attempts")
+    assert first.tensor_proto.string_val == [b"attempt 1 of 2 started"]
+    assert second.tensor_proto.string_val == [
+        b"attempt 2 of 2 started after: rank 1 (node 1) was killed by SIGKILL"
+    ]
+
+
+def test_a_job_record_that_cannot_hold_the_event_file_costs_the_job_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "tensorboard").write_text("a file where the directory would be")
+    scalars = JobScalars(tmp_path, 0.0)
+    scalars.attempt(1, 1, "", 1.0)  # no error: the job goes on
+    scalars.close()
+    assert "job scalars in TensorBoard: none from now on" in caplog.text
