@@ -14,7 +14,9 @@ time is when it was measured. Tags:
 - ``goodput/<part>_s``: the seconds of each part so far (training, startup, lost, checkpoint, eval,
   other, and wall);
 - ``job/attempt``: the attempt that runs (1, 2, ...), ``job/failures``: the failures so far;
-- ``job/attempts`` (text): one line at each attempt's start, with the previous attempt's cause.
+- ``job/attempts`` (text): one line at each attempt's start, with the previous attempt's cause;
+- ``health/busbw_gbs/<host>-<host>``, ``health/tflops/<host>-rank_K``: the health gate's figures, where
+  the record holds them when the job starts (``launcher.preflight.recorded``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.job.goodput import Goodput, job_goodput, rank0
+from launcher.job.measurements import CollectiveResult
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord
@@ -79,6 +82,15 @@ class JobScalars:
         self._add(at, _scalar("goodput/ratio", goodput.ratio))
         for part in PARTS:
             self._add(at, _scalar(f"goodput/{part}", getattr(goodput, part)))
+
+    def health(self, result: CollectiveResult, hosts: list[str], at: float) -> None:
+        """The health gate's figures (``launcher.preflight.health``) at ``at``: each pair's bus
+        bandwidth (``health/busbw_gbs/<host>-<host>``, GB/s) and each rank's matmul throughput
+        (``health/tflops/<host>-rank_K``, TFLOP/s). ``hosts``: the node names by node rank."""
+        for p in result.pairs:
+            self._add(at, _scalar(f"health/busbw_gbs/{hosts[p.nodes[0]]}-{hosts[p.nodes[1]]}", p.busbw_gbs))
+        for d in result.compute:
+            self._add(at, _scalar(f"health/tflops/{hosts[d.node]}-rank_{d.rank}", d.tflops))
 
     def due(self) -> bool:
         """Whether a periodic point is due (every SAMPLE_S seconds); restarts the period when so."""

@@ -39,7 +39,7 @@ def judge_argv(python: str, job_dir: str, nnodes: int, gate: GateSettings, warn:
     return argv + (["--warn"] if warn else [])
 
 
-def _hosts(health: Path, nnodes: int) -> list[str]:
+def node_names(health: Path, nnodes: int) -> list[str]:
     """The node names by node rank (``node K`` where the batch shell could not write them)."""
     try:
         names = (health / HOSTS).read_text().split()
@@ -52,7 +52,7 @@ def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused
     """Judge the workers' reports; print the table and the report. Returns the refusal that ends the
     job (exit 3 naming nodes, or exit 2 when the gate could not run), None to go on."""
     health = job_dir / HEALTH_DIR
-    hosts = _hosts(health, nnodes)
+    hosts = node_names(health, nnodes)
     done = reports.read_dir(health, reports.CollectiveDone)
     if not done:
         errors = [f.error.message for f in reports.read_dir(health, reports.CollectiveFailed)]

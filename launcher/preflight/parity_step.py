@@ -29,8 +29,8 @@ from launcher.preflight.parity import compare, diff_text, report_table
 PROBE_DIR = "parity"  # in the job directory: node-K.json (report), node-K.log (the probe's stderr)
 
 
-def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]]:
-    """Each node's report, keyed "hostname (node K)"; and a line per node that gave none."""
+def read_probes(probes: Path, nnodes: int) -> tuple[dict[int, Probe], list[str]]:
+    """Each node's report, by node rank; and a line per node that gave none."""
     found, missing = {}, []
     for node in range(nnodes):
         report, log = probes / f"node-{node}.json", probes / f"node-{node}.log"
@@ -39,15 +39,23 @@ def _read_probes(probes: Path, nnodes: int) -> tuple[dict[str, Probe], list[str]
         except (OSError, IndexError, ValueError, ValidationError):
             missing.append(f"  node {node}: no probe report ({report}); its errors: {log}")
             continue
-        found[f"{probe.hostname} (node {node})"] = probe
+        found[node] = probe
     return found, missing
+
+
+def by_name(probes: dict[int, Probe]) -> dict[str, Probe]:
+    """``probes`` keyed by hostname, or "hostname (node K)" where two nodes share a hostname."""
+    names = [p.hostname for p in probes.values()]
+    unique = len(set(names)) == len(names)
+    return {(p.hostname if unique else f"{p.hostname} (node {k})"): p for k, p in probes.items()}
 
 
 def check(job_dir: Path, nnodes: int, gpus_per_node: int, skip: bool, node: int = 0) -> Refused | None:
     """Compare the nodes' reports; print the table, and the diff when they differ (to stderr). Returns the
     refusal (as node ``node`` sends it) that ends the job: exit 3 for a mismatch, 1 when a node gave no
     report; None to go on (they match, or ``skip`` and they only differ)."""
-    probes, missing = _read_probes(job_dir / PROBE_DIR, nnodes)
+    found, missing = read_probes(job_dir / PROBE_DIR, nnodes)
+    probes = {f"{p.hostname} (node {k})": p for k, p in found.items()}
     if missing:
         message = "version parity: the probe failed on some nodes:\n" + "\n".join(missing)
         return Refused(node=node, check="parity", exit_code=EXIT_FAILED, message=message)

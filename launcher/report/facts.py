@@ -1,6 +1,7 @@
 """What a job's report shows, read from its job record and, where this machine can read it, its run
-dir: the attempts, goodput, the trainer's metrics, and the files worth opening (node logs, hang
-stacks). Nothing here asks a host: a report of an ended job never waits on hosts that may be gone."""
+dir: the attempts, goodput, the checks before training, the trainer's metrics, and the files worth
+opening (node logs, hang stacks). Nothing here asks a host: a report of an ended job never waits on
+hosts that may be gone."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from gptlaunch.contract import Beat
 from launcher.job.goodput import Goodput, job_goodput
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
+from launcher.preflight import recorded
+from launcher.preflight.recorded import Checks
 
 METRICS = "metrics.jsonl"  # the trainer's, in the run dir (``trainer.metrics``)
 REPORT = "report.html"  # in the job directory
@@ -44,6 +47,7 @@ class Facts:
     run_dir: str  # as the nodes see it
     spans: list[Span]
     goodput: Goodput | None
+    checks: Checks
     metrics: list[dict[str, Any]] | None
     metrics_note: str
     files: list[tuple[str, str]]
@@ -64,6 +68,7 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
         run_dir=plan.run_dir,
         spans=spans(status, now),
         goodput=job_goodput(record.dir, status, beats, now),
+        checks=recorded.read(record.dir, plan.nnodes),
         metrics=metrics,
         metrics_note=note,
         files=files(record.dir),

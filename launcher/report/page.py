@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs
 
 from gptlaunch.files import atomic_write_text
 from launcher.job.record import JobRecord
-from launcher.report import charts
+from launcher.report import charts, checks
 from launcher.report.facts import Facts, report_path
 
 STYLE = """
@@ -21,6 +21,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; 
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; }
 table { border-collapse: collapse; } td, th { padding: 2px 12px 2px 0; text-align: left; }
 p.missing { color: #666; font-style: italic; } .why { color: #555; }
+tr.named td { color: #d62728; font-weight: bold; } pre { background: #f6f6f6; padding: 8px; }
 """
 
 
@@ -61,6 +62,8 @@ def render(facts: Facts) -> str:
             charts.goodput_bar(facts.goodput) if facts.goodput is not None else None,
             "no rank has reported yet: goodput needs the ranks' heartbeats",
         ),
+        checks.health(facts.checks),
+        checks.parity(facts.checks),
     ]
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -44,6 +44,7 @@ from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRe
 from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, not_retried
 from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
+from launcher.preflight import recorded
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
 
@@ -159,6 +160,9 @@ class _Job:
         self.spec = self.record.spec()
         self.grace_s = self.spec.grace_period_s
         self.scalars = JobScalars(self.record.dir, self.record.status().created_at)
+        checks = recorded.read(self.record.dir, self.plan.nnodes)  # an SSH submit's health gate
+        if checks.health is not None:
+            self.scalars.health(checks.health, checks.hosts, self.started)
 
     def goodput_point(self, periodic: bool = False) -> None:
         goodput_point(self.scalars, self.record, self.plan, periodic=periodic)

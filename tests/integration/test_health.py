@@ -13,7 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from launcher.job.scalars import scalars_dir
+from launcher.preflight import recorded
 from tests.integration.conftest import first_hosts, launcher, only_job_id, run, slowed
 
 STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
@@ -112,5 +116,26 @@ def test_with_retries_a_named_host_is_replaced_by_a_spare_and_the_job_trains(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "launcher: preflight: gl-h3 replaced by spare gl-h5 (--retries)" in proc.stderr
     assert proc.stderr.count("health gate: no host named") == 1  # the second gate, over the new hosts
-    plan = json.loads((jobs / only_job_id(jobs) / "plan.json").read_text())
+    job_dir = jobs / only_job_id(jobs)
+    plan = json.loads((job_dir / "plan.json").read_text())
     assert [node["host"] for node in plan["nodes"]] == ["gl-h1", "gl-h2", "gl-h5", "gl-h4"]
+    _assert_the_report_and_tensorboard_show_the_gate(jobs, job_dir, ["gl-h1", "gl-h2", "gl-h5", "gl-h4"])
+
+
+def _assert_the_report_and_tensorboard_show_the_gate(jobs: Path, job_dir: Path, hosts: list[str]) -> None:
+    """The job record holds the second gate's result and the hosts' probes; the report shows its tables
+    and the parity classes, and TensorBoard's reader finds its figures."""
+    checks = recorded.read(job_dir, len(hosts))
+    assert checks.hosts == hosts and checks.health is not None, checks
+    assert list(checks.probes) == hosts
+    page = Path(launcher(jobs, "report", job_dir.name, check=True).stdout.strip()).read_text()
+    links = page.split("<table id='health-links'>")[1].split("</table>")[0]
+    assert links.count("<tr>") == 1 + len(checks.health.pairs) and "class=named" not in links, links
+    assert "<ul id='health-findings'><li>no host named</li></ul>" in page
+    assert "4 host(s) gl-h1, gl-h2, gl-h5, gl-h4 alike: " in page.split("<pre id='parity'>")[1]
+    events = EventAccumulator(str(scalars_dir(job_dir)), size_guidance={"scalars": 0})
+    events.Reload()
+    for pair in checks.health.pairs:
+        a, b = (hosts[n] for n in pair.nodes)
+        (point,) = events.Scalars(f"health/busbw_gbs/{a}-{b}")
+        assert point.value == pytest.approx(pair.busbw_gbs, rel=1e-6)  # float32

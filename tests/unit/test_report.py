@@ -8,9 +8,13 @@ import re
 from pathlib import Path
 
 from launcher.job.goodput import Goodput
+from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
 from launcher.job.record import Attempt, JobState, JobStatus
+from launcher.preflight import recorded
+from launcher.preflight.recorded import Checks
 from launcher.report.facts import Facts, files, read_metrics, spans
 from launcher.report.page import render
+from tests.unit.test_parity import make_probe
 
 T0 = 1_800_000_000.0
 GOODPUT = Goodput(wall_s=100, training_s=90, startup_s=3, lost_s=4, checkpoint_s=1, eval_s=1, other_s=1,
@@ -34,7 +38,7 @@ def _facts(**changes: object) -> Facts:
         "job_id": "gpt-1", "status": status, "scheduler": "local", "nodes": 2, "nproc_per_node": 1,
         "run_dir": "/runs/a", "spans": spans(status, T0 + 100), "goodput": GOODPUT, "metrics": METRICS,
         "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
-        "made_at": T0 + 100,
+        "made_at": T0 + 100, "checks": Checks({}, None, []),
     }  # fmt: skip
     return Facts(**{**facts, **changes})  # type: ignore[arg-type]
 
@@ -92,3 +96,50 @@ def test_the_files_are_each_attempts_logs_and_hang_stacks_relative_to_the_job(tm
         ("attempt 10: node 0 log", "attempts/10/node-0.log"),
         ("last attempt: node 0 log", "node-0.log"),
     ]
+
+
+def gate_result(slow_link: str, slow_device: str) -> CollectiveResult:
+    """Three hosts' gate: the pairs of ``slow_link``'s host at 0.05 GB/s (the others 1.0), and
+    ``slow_device``'s host's CPU at 0.1 TFLOP/s (the others 1.0)."""
+    hosts = ["h1", "h2", "h3"]
+    pairs = [
+        PairResult(round=r, nodes=(a, b), bytes=2**24, time_us=900.0,
+                   busbw_gbs=0.05 if slow_link in (hosts[a], hosts[b]) else 1.0)
+        for r, (a, b) in enumerate([(0, 1), (1, 2), (2, 0)])
+    ]  # fmt: skip
+    compute = [
+        DeviceResult(rank=k, node=k, local_rank=0, device="cpu", kind="cpu", dtype="float32", size=256,
+                     tflops=0.1 if host == slow_device else 1.0)
+        for k, host in enumerate(hosts)
+    ]  # fmt: skip
+    return CollectiveResult(
+        backend="gloo", world_size=3, hosts=hosts, ifname={}, master="h1:29500", torch="2.13.0", iters=5,
+        warmup=2, init_s=0.1, results=[], pairs=pairs, compute=compute,
+    )  # fmt: skip
+
+
+def test_the_checks_before_training_are_recorded_and_shown_with_the_named_hosts(tmp_path: Path) -> None:
+    probes = [make_probe(), make_probe(hostname="gl-h2"), make_probe(hostname="gl-h3", torch="2.12.0")]
+    hosts = ["h1", "h2", "h3"]
+    recorded.write(tmp_path, probes, gate_result(slow_link="h2", slow_device="h3"), hosts)
+    checks = recorded.read(tmp_path, 3)
+    assert list(checks.probes) == ["gl-h1", "gl-h2", "gl-h3"]
+    assert checks.hosts == hosts and checks.health == gate_result(slow_link="h2", slow_device="h3")
+
+    page = render(_facts(checks=checks))
+    links = page.split("<table id='health-links'>")[1].split("</table>")[0]
+    named = re.findall(r"<tr class=named>(.*?)</tr>", links)
+    assert len(named) == 2 and all("h2" in row for row in named), links  # its two pairs, not h3 – h1
+    devices = page.split("<table id='health-devices'>")[1].split("</table>")[0]
+    assert re.findall(r"<tr class=named><td>(h\d)</td>", devices) == ["h3"]
+    assert "<td>0.100</td>" in devices and "<td>0.050</td>" in links
+    findings = page.split("<ul id='health-findings'>")[1].split("</ul>")[0]
+    assert findings.count("<li>") == 2 and "<li>h2: link" in findings and "<li>h3: " in findings
+    parity = page.split("<pre id='parity'>")[1].split("</pre>")[0]
+    assert "! torch: 2.13.0 on gl-h1, gl-h2; 2.12.0 on gl-h3" in parity, parity
+
+
+def test_checks_that_did_not_run_are_said_in_words(tmp_path: Path) -> None:
+    page = render(_facts(checks=recorded.read(tmp_path, 2)))
+    assert "the job ran no health gate (--health-check)" in page
+    assert "no probe of the hosts in the job record" in page

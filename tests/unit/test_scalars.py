@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from launcher.job.goodput import Goodput
 from launcher.job.scalars import PARTS, JobScalars, scalars_dir
+from tests.unit.test_report import gate_result
 
 
 def _read(job_dir: Path) -> EventAccumulator:
@@ -55,3 +56,16 @@ def test_a_job_record_that_cannot_hold_the_event_file_costs_the_job_nothing(
     scalars.attempt(1, 1, "", 1.0)  # no error: the job goes on
     scalars.close()
     assert "job scalars in TensorBoard: none from now on" in caplog.text
+
+
+def test_the_health_gates_figures_are_scalars_named_by_host(tmp_path: Path) -> None:
+    scalars = JobScalars(tmp_path, 0.0)
+    scalars.health(gate_result(slow_link="h2", slow_device="h3"), ["h1", "h2", "h3"], 4.0)
+    scalars.close()
+    events = _read(tmp_path)
+    links = {tag: events.Scalars(tag)[0].value for tag in events.Tags()["scalars"] if "busbw" in tag}
+    assert links == pytest.approx({
+        "health/busbw_gbs/h1-h2": 0.05, "health/busbw_gbs/h2-h3": 0.05, "health/busbw_gbs/h3-h1": 1.0
+    })  # fmt: skip
+    assert events.Scalars("health/tflops/h3-rank_2")[0].value == pytest.approx(0.1)
+    assert events.Scalars("health/tflops/h1-rank_0")[0].step == 4

@@ -22,6 +22,7 @@ from launcher.agent.transport import agent_argv, back_flags, channel_reports
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
+from launcher.job.measurements import CollectiveResult, Probe
 from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, Plan, UnresolvedHosts, build_plan, workdir_of
 from launcher.job.record import JobRecord
@@ -38,6 +39,7 @@ from launcher.job.torchrun import (
     worker_argv,
     zygote_name,
 )
+from launcher.preflight import recorded
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
@@ -55,6 +57,7 @@ from launcher.schedulers.ssh.hosts import (
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor.scheduler import SupervisedScheduler
+from launcher.supervisor.supervisor import SupervisorHandle
 
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default
 
@@ -108,6 +111,10 @@ def _unchecked(spec: JobSpec, workdir: str, image: str | None) -> SshFacts:
 class SshScheduler(SupervisedScheduler):
     name = "ssh"
     files_here = False  # the hosts may not share this machine's files
+    # What this submit's checks found, for the job record (``submit``): each node's probe, in node
+    # order, and the health gate's result.
+    _probes: tuple[Probe, ...] = ()
+    _health: CollectiveResult | None = None
 
     def resolve(self, spec: JobSpec) -> SshFacts:
         """Every check of ``launcher.schedulers.ssh.hosts.plan_hosts`` (probes the hosts; starts
@@ -132,6 +139,7 @@ class SshScheduler(SupervisedScheduler):
             )
         except UnresolvedHosts as e:  # a dry run still prints the plan, with these hosts marked
             raise UnresolvedHosts(str(e), e.hosts, _unchecked(spec, workdir, image)) from None
+        self._probes = tuple(hosts.probes[h] for h in hosts.hosts)
         return SshFacts.of(workdir, hosts, spec)
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
@@ -177,6 +185,7 @@ class SshScheduler(SupervisedScheduler):
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)
+        self._health = result
         say(format_table(result))
         say(report_text(result, hosts.hosts, found))
         say(f"launcher: preflight took {time.monotonic() - started:.1f} s")
@@ -197,7 +206,15 @@ class SshScheduler(SupervisedScheduler):
             say,
             facts.image,
         )
+        self._probes = tuple(found.probes[h] for h in found.hosts)
         return self.render(spec, SshFacts.of(facts.workdir, found, spec), plan.job_id, job_dir)
+
+    def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+        """Record the checks this submit ran (``launcher.preflight.recorded``: for the report), then
+        start the job as every supervised one."""
+        hosts = [n.host for n in plan.nodes]
+        recorded.write(record.dir, list(self._probes), self._health, hosts)
+        return super().submit(plan, record, detach=detach)
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
