@@ -97,7 +97,7 @@ class MetricsWriter:
         self._jsonl.write(json.dumps(record) + "\n")
         step = int(record["step"])
         for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
+            if key not in ("step", "time") and isinstance(value, int | float):
                 self._tb.add_scalar(key, value, step)
         self._ranks(record, step)
 

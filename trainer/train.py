@@ -295,6 +295,7 @@ class Report:
                 "checkpoint_stall_s": times.stall_s,
                 "checkpoint_wait_s": times.waited_s,
                 "checkpoint_mb": times.nbytes / 1e6,
+                "time": time.time(),  # when it was taken: the report's timeline (epoch seconds)
             }
         )
         if times.background and times.waited_s >= WAIT_NOTED_S:  # a stop's or the last save's may wait

@@ -10,7 +10,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from launcher.job.goodput import Goodput
-from launcher.report.facts import Span
+from launcher.report.facts import Mark, Span
 
 COLORS = {"failed": "#d62728", "running": "#1f77b4", "succeeded": "#2ca02c"}
 OTHER_COLOR = "#7f7f7f"
@@ -69,8 +69,12 @@ def rank_throughput(metrics: list[dict[str, Any]]) -> go.Figure | None:
     return _layout(fig, "Each rank's own throughput (forward passes)", "step", "tokens/s")
 
 
-def timeline(spans: list[Span], now: float) -> go.Figure | None:
-    """The attempts on a wall-clock axis, one bar each, colored by how it ended, with its cause."""
+MARKS = {"checkpoint": ("diamond", "#ff7f0e"), "hang": ("x", "#9467bd")}  # kind: (symbol, color)
+
+
+def timeline(spans: list[Span], marks: list[Mark], now: float) -> go.Figure | None:
+    """The attempts on a wall-clock axis, one bar each, colored by how it ended, with its cause; the
+    checkpoints and hangs as marks on the attempt they fell in."""
     if not spans:
         return None
     fig = go.Figure()
@@ -87,9 +91,25 @@ def timeline(spans: list[Span], now: float) -> go.Figure | None:
                 hovertext=describe(span),
             )
         )
+    for kind, (symbol, color) in MARKS.items():
+        placed = [(m, n) for m in marks if m.kind == kind and (n := _attempt_at(spans, m.time, now))]
+        if placed:
+            fig.add_trace(go.Scatter(
+                x=[_utc(m.time) for m, _ in placed], y=[f"attempt {n}" for _, n in placed], mode="markers",
+                name=f"{kind}s", marker={"symbol": symbol, "color": color, "size": 11},
+                hovertext=[m.text for m, _ in placed], hoverinfo="text",
+            ))  # fmt: skip
     fig.update_xaxes(type="date")
     fig.update_yaxes(autorange="reversed")
     return _layout(fig, "Attempts", "time (UTC)", "", height=200 + 40 * len(spans))
+
+
+def _attempt_at(spans: list[Span], time: float, now: float) -> int | None:
+    """The attempt that ran at ``time`` (epoch seconds), None outside every attempt."""
+    for span in spans:
+        if span.started_at <= time <= (span.ended_at if span.ended_at is not None else now):
+            return span.number
+    return None
 
 
 def describe(span: Span) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gptlaunch.contract import Beat
+from launcher.job import reports
 from launcher.job.goodput import Goodput, job_goodput
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
@@ -35,6 +36,15 @@ class Span:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """A moment on the attempts' timeline: a checkpoint saved, or a hang a node's watchdog found."""
+
+    time: float  # epoch seconds
+    kind: str  # "checkpoint" or "hang"
+    text: str  # one line
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything a report shows. ``metrics``: the trainer's records (None when not readable here,
     with ``metrics_note`` saying why); ``files``: (label, path relative to the job directory)."""
@@ -46,6 +56,7 @@ class Facts:
     nproc_per_node: int
     run_dir: str  # as the nodes see it
     spans: list[Span]
+    marks: list[Mark]
     goodput: Goodput | None
     checks: Checks
     metrics: list[dict[str, Any]] | None
@@ -67,6 +78,7 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
         nproc_per_node=plan.nproc_per_node,
         run_dir=plan.run_dir,
         spans=spans(status, now),
+        marks=checkpoints(metrics or []) + hangs(record.dir),
         goodput=job_goodput(record.dir, status, beats, now),
         checks=recorded.read(record.dir, plan.nnodes),
         metrics=metrics,
@@ -109,6 +121,24 @@ def spans(status: JobStatus, now: float) -> list[Span]:
             )
         )
     return found
+
+
+def checkpoints(metrics: list[dict[str, Any]]) -> list[Mark]:
+    """The checkpoints the trainer recorded with their time (``checkpoint_mb`` records)."""
+    return [
+        Mark(m["time"], "checkpoint", f"checkpoint of step {m['step']:,}: {m['checkpoint_mb']:,.0f} MB, "
+             f"the loop stalled {m.get('checkpoint_stall_s', 0.0):.2f} s")
+        for m in metrics
+        if "checkpoint_mb" in m and isinstance(m.get("time"), int | float)
+    ]  # fmt: skip
+
+
+def hangs(job_dir: Path) -> list[Mark]:
+    """Every hang a node's watchdog reported, in every attempt."""
+    return [
+        Mark(r.time, "hang", f"node {r.node}: {r.hang.summary()}")
+        for r in reports.read(job_dir, reports.Hang)
+    ]
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]] | None, str]:

@@ -51,8 +51,8 @@ def render(facts: Facts) -> str:
         ),
         _section(
             "Attempts",
-            "When did each attempt run, how did it end, and why?",
-            charts.timeline(facts.spans, facts.made_at),
+            "When did each attempt run, how did it end and why; when were checkpoints saved and hangs found?",
+            charts.timeline(facts.spans, facts.marks, facts.made_at),
             "the job has not started yet",
         )
         + _attempts(facts),

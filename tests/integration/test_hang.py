@@ -60,6 +60,12 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
     assert processes_of(job_id) == []
     print(f"\n{message}\nreported {took:.1f} s after the freeze\n{stacks[healthy][:1500]}")
     assert json.loads((job_dir / "status.json").read_text())["exit_code"] == 1
+    # The report: the hang on the attempt's timeline, and links to both stacks.
+    page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip()).read_text()
+    timeline = page.split('<div id="chart-attempts"')[1].split("</script>")[0]
+    assert '"name":"hangs"' in timeline and "watchdog: no progress for " in timeline, timeline[-2000:]
+    for name in (healthy, stopped):
+        assert f"<a href='hang/{name}'>" in page
 
 
 def test_long_evaluations_under_a_tight_step_budget_are_not_a_hang(prepared_data, tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     assert drawn == {
         "loss": 2,  # training and validation
         "each-ranks-throughput": 2,  # rank 0 and rank 1
-        "attempts": 2,  # attempt 1 (failed) and attempt 2
+        "attempts": 3,  # attempt 1 (failed), attempt 2, and the checkpoints' marks
         "where-the-wall-time-went": 6,  # goodput's parts
     }, (drawn, dom[-3000:])
     text = _unescaped(dom)
@@ -62,6 +62,7 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     last = [m for m in metrics(run_dir) if "tokens_per_s" in m][-1]
     assert json.dumps(last["loss"]) in chart(dom, "loss")
     assert json.dumps(last["rank_tokens_per_s"][1]) in chart(dom, "each-ranks-throughput")
+    assert "checkpoint of step 40: " in chart(dom, "attempts")  # the final save, a mark on attempt 2
     print(f"\nscreenshot: {screenshot(page, 'report-retried-job.png', tmp_path)}")
     _assert_tensorboard_shows_the_job(jobs, job_dir, run_dir, cause)
 

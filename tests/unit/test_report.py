@@ -12,7 +12,7 @@ from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
 from launcher.job.record import Attempt, JobState, JobStatus
 from launcher.preflight import recorded
 from launcher.preflight.recorded import Checks
-from launcher.report.facts import Facts, files, read_metrics, spans
+from launcher.report.facts import Facts, Mark, checkpoints, files, read_metrics, spans
 from launcher.report.page import render
 from tests.unit.test_parity import make_probe
 
@@ -38,7 +38,7 @@ def _facts(**changes: object) -> Facts:
         "job_id": "gpt-1", "status": status, "scheduler": "local", "nodes": 2, "nproc_per_node": 1,
         "run_dir": "/runs/a", "spans": spans(status, T0 + 100), "goodput": GOODPUT, "metrics": METRICS,
         "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
-        "made_at": T0 + 100, "checks": Checks({}, None, []),
+        "made_at": T0 + 100, "checks": Checks({}, None, []), "marks": [],
     }  # fmt: skip
     return Facts(**{**facts, **changes})  # type: ignore[arg-type]
 
@@ -143,3 +143,31 @@ def test_checks_that_did_not_run_are_said_in_words(tmp_path: Path) -> None:
     page = render(_facts(checks=recorded.read(tmp_path, 2)))
     assert "the job ran no health gate (--health-check)" in page
     assert "no probe of the hosts in the job record" in page
+
+
+def test_checkpoints_and_hangs_are_marks_on_the_attempt_they_fell_in() -> None:
+    saved = [
+        {
+            "step": 10,
+            "checkpoint_stall_s": 0.25,
+            "checkpoint_wait_s": 0.0,
+            "checkpoint_mb": 72.4,
+            "time": T0 + 20,
+        },
+        {
+            "step": 20,
+            "checkpoint_stall_s": 0.5,
+            "checkpoint_wait_s": 0.0,
+            "checkpoint_mb": 72.4,
+            "time": T0 + 60,
+        },
+        {"step": 30, "checkpoint_mb": 72.4},  # an older trainer's record, without its time: left out
+    ]
+    hangs = [Mark(T0 + 30, "hang", "node 1: watchdog: no progress for 60 s"),
+             Mark(T0 - 50, "hang", "before the job: on no attempt")]  # fmt: skip
+    marks = [*checkpoints(saved), *hangs]
+    assert marks[0].text == "checkpoint of step 10: 72 MB, the loop stalled 0.25 s"
+    chart = render(_facts(marks=marks)).split('<div id="chart-attempts"')[1].split("</script>")[0]
+    assert '"name":"checkpoints"' in chart and '"name":"hangs"' in chart
+    assert '"y":["attempt 1","attempt 2"]' in chart  # step 10 in attempt 1 (T0..T0+40), step 20 in 2
+    assert '"y":["attempt 1"]' in chart and "on no attempt" not in chart
