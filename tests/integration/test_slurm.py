@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -369,6 +370,13 @@ def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
     assert "n1: compute " in proc.stderr, proc.stderr[-3000:]
     assert _untouched(run_dir), "no rank may start when the gate names a node"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
+    # The report of the refused job: the gate's device table with n1 named, and the nodes' parity.
+    page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip()).read_text()
+    devices = page.split("<table id='health-devices'>")[1].split("</table>")[0]
+    assert "<tr class=named><td>n1</td>" in devices and "<tr><td>n2</td>" in devices, devices
+    assert "<li>n1: compute " in page.split("<ul id='health-findings'>")[1].split("</ul>")[0]
+    here = socket.gethostname()  # the dev cluster's nodes share this machine's name: told apart by rank
+    assert f"2 host(s) {here} (node 0), {here} (node 1) alike" in page.split("<pre id='parity'>")[1]
 
 
 def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(

@@ -98,6 +98,11 @@ def test_two_hosts_that_share_no_files_train_over_their_veth_interfaces(
     record_text = "".join(p.read_text(errors="replace") for p in (jobs / job).rglob("*") if p.is_file())
     assert CANARY not in record_text
     assert not processes_of(job)
+    # The report, from the job record and the launcher's copy of the run dir: the hosts share nothing.
+    page = Path(launcher(jobs, "report", job, check=True).stdout.strip()).read_text()
+    assert '<div id="chart-loss"' in page and '<div id="chart-each-ranks-throughput"' in page
+    assert f"2 host(s) {names[0]}, {names[1]} alike: " in page.split("<pre id='parity'>")[1]
+    assert "the job ran no health gate (--health-check)" in page
 
 
 def test_the_plain_script_synced_to_hosts_that_share_no_files_trains_there(
