@@ -12,6 +12,7 @@ from typing import Any
 
 from gptlaunch.contract import Beat
 from launcher.job import reports
+from launcher.job.failures import RUN_COPY
 from launcher.job.goodput import Goodput, job_goodput
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
@@ -70,6 +71,8 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
     latest beats by node_rank, ``now`` (epoch seconds)."""
     plan = record.plan()
     metrics, note = read_metrics(Path(plan.run_dir))
+    if metrics is None and (record.dir / RUN_COPY / METRICS).is_file():  # a node-local run dir's copy
+        metrics, note = read_metrics(record.dir / RUN_COPY)
     return Facts(
         job_id=plan.job_id,
         status=status,

@@ -553,6 +553,9 @@ def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, t
     logs = "".join((jobs / job_id / f"node-{k}.log").read_text() for k in (0, 1))
     for said in ("task: restored", "resumed from", "task: run dir copy"):
         assert said in logs, logs[-3000:]
+    page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip()).read_text()
+    assert '<div id="chart-loss"' in page, "the curves come from the job record's copy of the run dir"
+    assert "attempt 1: failed at step " in page and f"({failed})</li>" in page  # excluded
     (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]
     assert failed not in _hostnames(nodelist)
     assert not (_node_disk(failed) / name / f"ckpt-{steps:08d}.pt").exists()  # not where it ended
