@@ -90,7 +90,9 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
         nxt = attempts[k + 1] if k + 1 < len(attempts) else None
         steps = beat.step - beat.start_step
         step_s = beat.phase_s.get(STEP, 0.0)
-        redone = max(0, beat.step - nxt.start_step) if nxt is not None else 0
+        # A next attempt still starting may not know its resume step yet (its beats say 0 until then).
+        known = nxt is not None and nxt.phase != STARTUP
+        redone = max(0, beat.step - nxt.start_step) if nxt is not None and known else 0
         redone_s = step_s * min(redone, steps) / steps if steps > 0 else 0.0
         training += step_s - redone_s
         checkpoint += beat.phase_s.get(CHECKPOINT, 0.0)

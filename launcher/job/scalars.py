@@ -77,9 +77,10 @@ class JobScalars:
         self._add(at, _scalar("job/attempt", number), _text("job/attempts", line))
         self._add(at, _scalar("job/failures", number - 1))
 
-    def goodput(self, goodput: Goodput, at: float) -> None:
-        """A point of goodput and its parts, measured at ``at``."""
-        self._add(at, _scalar("goodput/ratio", goodput.ratio))
+    def goodput(self, goodput: Goodput, at: float, attempt: int) -> None:
+        """A point of goodput and its parts, measured at ``at`` during ``attempt`` (also a point of
+        ``job/attempt``: a line, where two points at the attempts' starts would hardly show)."""
+        self._add(at, _scalar("job/attempt", attempt), _scalar("goodput/ratio", goodput.ratio))
         for part in PARTS:
             self._add(at, _scalar(f"goodput/{part}", getattr(goodput, part)))
 
@@ -155,9 +156,10 @@ def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodi
         if periodic and rank0([b for node in beats.values() for b in node]) is None:
             return
         now = time.time()
-        goodput = job_goodput(record.dir, record.status(), beats, now)
+        status = record.status()
+        goodput = job_goodput(record.dir, status, beats, now)
     except (OSError, ValueError) as e:  # a record being rewritten: the next point will do
         logging.getLogger(__name__).warning("job scalars in TensorBoard: goodput not read: %s", e)
         return
     if goodput is not None:
-        scalars.goodput(goodput, now)
+        scalars.goodput(goodput, now, status.attempt)

@@ -27,6 +27,18 @@ def test_a_failed_attempt_costs_the_gap_to_the_next_first_step_and_the_steps_red
     )
 
 
+def test_a_next_attempt_still_starting_redoes_nothing_yet() -> None:
+    """Its beats say start_step 0 until it has loaded its checkpoint: not "every step redone"."""
+    first = _beat(100, 0, 40, startup=2, step=38)
+    starting = Beat(rank=0, local_rank=0, pid=2, step=0, phase="startup", phase_since=104, time=105,
+                    start_step=0, phase_s={"startup": 1.0})  # fmt: skip
+    g = account([first, starting], wall_s=110)
+    assert g.steps_redone == [0] and g.training_s == 38
+    assert g.lost_s == 105 - 100  # from its last beat to the next attempt's latest beat, still starting
+    resumed = Beat(**{**starting.__dict__, "phase": "step", "step": 41, "start_step": 35})
+    assert account([first, resumed], wall_s=110).steps_redone == [5]
+
+
 def test_without_failures_nothing_is_lost_and_unknown_attempts_are_other(tmp_path: Path) -> None:
     g = account([_beat(60, 0, 50, startup=6, step=50)], wall_s=60)
     assert (g.training_s, g.lost_s, g.other_s, g.ratio) == (50, 0, 4, 50 / 60)

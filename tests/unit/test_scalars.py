@@ -27,15 +27,15 @@ def test_attempts_and_goodput_are_scalars_by_seconds_since_submit_and_the_cause_
     scalars.attempt(1, 2, "", origin + 3.2)
     goodput = Goodput(wall_s=90, training_s=60, startup_s=5, lost_s=10, checkpoint_s=4, eval_s=6,
                       other_s=5, failures=1, steps_redone=[2])  # fmt: skip
-    scalars.goodput(goodput, origin + 90.7)
+    scalars.goodput(goodput, origin + 90.7, attempt=1)
     scalars.attempt(2, 2, "rank 1 (node 1) was killed by SIGKILL", origin + 95.0)
     scalars.close()
 
     events = _read(tmp_path)
     attempts = events.Scalars("job/attempt")
-    assert [(e.step, e.value) for e in attempts] == [(3, 1.0), (95, 2.0)]
+    assert [(e.step, e.value) for e in attempts] == [(3, 1.0), (90, 1.0), (95, 2.0)]
     assert [e.value for e in events.Scalars("job/failures")] == [0.0, 1.0]
-    assert attempts[1].wall_time == pytest.approx(origin + 95.0)
+    assert attempts[2].wall_time == pytest.approx(origin + 95.0)
     ratio = events.Scalars("goodput/ratio")
     assert [e.step for e in ratio] == [90]
     assert ratio[0].value == pytest.approx(60 / 90, rel=1e-6)  # stored as float32
