@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from gptlaunch.contract import EXIT_OK
+from gptlaunch.contract import EXIT_OK, Beat
 from launcher.cli.flags import UsageError
 from launcher.job.aftermath import quieted
 from launcher.job.announce import Announcer
@@ -135,9 +135,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
     st, plan = scheduler.state(record), record.plan()
     # Per node while it runs: step, heartbeat age, stall and stragglers (where the beats are readable).
-    # Running: from the nodes (SSH asks each host). Ended: only what the job record holds, so that the
-    # status of an old job never waits on hosts that may be gone.
-    beats = recorded_beats(plan, record.dir) if st.state.is_terminal else scheduler.heartbeats(record)
+    beats = _beats(scheduler, record, st)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = job_goodput(record.dir, st, beats, time.time())
     if args.json:
@@ -168,14 +166,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _beats(scheduler: Scheduler[Any], record: JobRecord, status: JobStatus) -> dict[int, list[Beat]]:
+    """The ranks' latest beats by node rank. Running: from the nodes (SSH asks each host). Ended: only
+    what the job record holds, so that an old job's status never waits on hosts that may be gone."""
+    if status.state.is_terminal:
+        return recorded_beats(record.plan(), record.dir)
+    return scheduler.heartbeats(record)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the job's report page into its record and print its path."""
     from launcher.report.page import write as write_report  # plotly: only this command pays its import
 
     record, scheduler = _open(args)
-    st, plan = scheduler.state(record), record.plan()
-    beats = recorded_beats(plan, record.dir) if st.state.is_terminal else scheduler.heartbeats(record)
-    print(write_report(record, gather(record, st, beats, time.time())))
+    st = scheduler.state(record)
+    print(write_report(record, gather(record, st, _beats(scheduler, record, st), time.time())))
     return EXIT_OK
 
 

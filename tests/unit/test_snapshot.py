@@ -131,7 +131,8 @@ def test_the_last_state_is_written_before_keep_last_returns_after_the_write_in_f
     assert newest(tmp_path / "job" / "full") is None and "MB needed" in capsys.readouterr().err
 
 
-def test_weights_that_are_not_finite_are_never_kept_on_a_failure() -> None:
+def test_weights_that_are_not_finite_are_never_kept_on_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("trainer.run._state", lambda run, step, rng, cuda_rng: {"step": step})
     kept: list[int] = []
     model = torch.nn.Linear(2, 2)
     snapshots = SimpleNamespace(writer=True, keep_last=lambda step, _: kept.append(step))
@@ -139,10 +140,12 @@ def test_weights_that_are_not_finite_are_never_kept_on_a_failure() -> None:
         held=Held(12, [torch.get_rng_state()]), start_step=0, model=model, device=torch.device("cpu"),
         env=SimpleNamespace(rank=0), snapshots=snapshots,
     )  # fmt: skip
+    snapshot_on_failure(run)  # type: ignore[arg-type]
+    assert kept == [12]  # finite: kept
     with torch.no_grad():
         model.weight[0, 0] = float("nan")  # an update that diverged, before any loss showed it
     snapshot_on_failure(run)  # type: ignore[arg-type]
-    assert kept == []
+    assert kept == [12]  # not again
 
 
 def test_a_state_is_kept_on_a_failure_only_when_whole_newer_and_every_ranks_rng_known() -> None:
