@@ -79,6 +79,12 @@ def _first_step_at(beat: Beat) -> float:
     return beat.time - sum(beat.phase_s.values()) + beat.phase_s.get(STARTUP, 0.0)
 
 
+def _resumed_at(later: list[Beat | None]) -> int | None:
+    """The step the first of the ``later`` attempts that got past its start-up resumed at (None: none
+    did yet). One still starting may not know it: its beats say 0 until it has loaded its checkpoint."""
+    return next((b.start_step for b in later if b is not None and b.phase != STARTUP), None)
+
+
 def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
     """The goodput of a job whose attempts' last beats (rank 0's, oldest first; None where none was
     kept) are ``attempts``, over ``wall_s`` seconds of wall time."""
@@ -90,9 +96,8 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
         nxt = attempts[k + 1] if k + 1 < len(attempts) else None
         steps = beat.step - beat.start_step
         step_s = beat.phase_s.get(STEP, 0.0)
-        # A next attempt still starting may not know its resume step yet (its beats say 0 until then).
-        known = nxt is not None and nxt.phase != STARTUP
-        redone = max(0, beat.step - nxt.start_step) if nxt is not None and known else 0
+        resumed = _resumed_at(attempts[k + 1 :])
+        redone = max(0, beat.step - resumed) if nxt is not None and resumed is not None else 0
         redone_s = step_s * min(redone, steps) / steps if steps > 0 else 0.0
         training += step_s - redone_s
         checkpoint += beat.phase_s.get(CHECKPOINT, 0.0)

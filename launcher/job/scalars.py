@@ -1,7 +1,9 @@
 """The job's own numbers in TensorBoard, beside the trainer's loss: goodput and its parts over time,
 and each attempt's start with the cause of the failure before it. The supervisor writes them into
-``<job dir>/tensorboard/job`` with TensorBoard's own event writer and protos (no torch import in a
-process that lives as long as the job; ``tensorboard.summary.v1``'s helpers would import TensorFlow).
+``<job dir>/tensorboard/job`` with TensorBoard's own event writer and protos: no torch import in a
+process that lives as long as the job (``tensorboard.summary.v1``'s helpers need TensorFlow; the
+event writer imports it only where it is installed). Nothing here ever stops or fails the job: a
+write that fails (no tensorboard, a full disk) is logged once, and no more points are written.
 
 ``tensorboard --logdir <job dir>`` shows them as the run ``tensorboard/job`` next to the trainer's
 ``run/tensorboard`` (the default run dir is the job's ``run/``; with ``--run-dir`` elsewhere, give
@@ -21,8 +23,10 @@ time is when it was measured. Tags:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +43,7 @@ if TYPE_CHECKING:  # imported where written: `launcher status` only names the di
 SCALARS_DIR = Path("tensorboard") / "job"  # in the job directory
 SAMPLE_S = 15.0  # seconds between two goodput points while an attempt runs
 PARTS = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s", "wall_s")
+Point = tuple[str, float | str]  # (tag, value): a number is a scalar, a string a line of text
 
 
 def scalars_dir(job_dir: Path) -> Path:
@@ -49,49 +54,55 @@ def scalars_dir(job_dir: Path) -> Path:
 def tensorboard_command(job_dir: Path, run_dir: str) -> str:
     """The command that shows the job's scalars with the trainer's (those in ``run_dir`` on this
     machine): one ``--logdir`` when the run dir is inside the job directory, else a run name each."""
-    if Path(run_dir).is_relative_to(job_dir):
-        return f"tensorboard --logdir {job_dir}"
-    return f"tensorboard --logdir_spec job:{scalars_dir(job_dir)},trainer:{Path(run_dir) / 'tensorboard'}"
+    job, run = job_dir.resolve(), Path(run_dir).resolve()
+    if run.is_relative_to(job):
+        return f"tensorboard --logdir {job}"
+    return f"tensorboard --logdir_spec job:{scalars_dir(job)},trainer:{run / 'tensorboard'}"
 
 
 class JobScalars:
-    """The job-level event file of the job in ``job_dir``, submitted at ``origin`` (epoch seconds).
-    A write that fails (a full disk, a read-only record) is logged once and never stops the job."""
+    """The job-level event file of the job in ``job_dir``, submitted at ``origin`` (epoch seconds)."""
 
     def __init__(self, job_dir: Path, origin: float) -> None:
         self.origin = origin
         self.next_sample = 0.0  # time.monotonic() of the next periodic goodput point
         self._writer: EventFileWriter | None = None
-        try:
+        with self._guard():
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             scalars_dir(job_dir).mkdir(parents=True, exist_ok=True)
             self._writer = EventFileWriter(str(scalars_dir(job_dir)))
-        except Exception as e:
-            self._give_up(e)
 
     def attempt(self, number: int, total: int, before: str, at: float) -> None:
         """Attempt ``number`` of ``total`` started at ``at``; ``before``: why the previous one ended
         (empty for the first)."""
         line = f"attempt {number} of {total} started" + (f" after: {before}" if before else "")
-        self._add(at, _scalar("job/attempt", number), _text("job/attempts", line))
-        self._add(at, _scalar("job/failures", number - 1))
+        self._add(at, [("job/attempt", number), ("job/failures", number - 1), ("job/attempts", line)])
 
     def goodput(self, goodput: Goodput, at: float, attempt: int) -> None:
         """A point of goodput and its parts, measured at ``at`` during ``attempt`` (also a point of
         ``job/attempt``: a line, where two points at the attempts' starts would hardly show)."""
-        self._add(at, _scalar("job/attempt", attempt), _scalar("goodput/ratio", goodput.ratio))
-        for part in PARTS:
-            self._add(at, _scalar(f"goodput/{part}", getattr(goodput, part)))
+        points: list[Point] = [("job/attempt", attempt), ("goodput/ratio", goodput.ratio)]
+        self._add(at, points + [(f"goodput/{part}", getattr(goodput, part)) for part in PARTS])
 
     def health(self, result: CollectiveResult, hosts: list[str], at: float) -> None:
         """The health gate's figures (``launcher.preflight.health``) at ``at``: each pair's bus
         bandwidth (``health/busbw_gbs/<host>-<host>``, GB/s) and each rank's matmul throughput
         (``health/tflops/<host>-rank_K``, TFLOP/s). ``hosts``: the node names by node rank."""
-        for p in result.pairs:
-            self._add(at, _scalar(f"health/busbw_gbs/{hosts[p.nodes[0]]}-{hosts[p.nodes[1]]}", p.busbw_gbs))
-        for d in result.compute:
-            self._add(at, _scalar(f"health/tflops/{hosts[d.node]}-rank_{d.rank}", d.tflops))
+        if not self.active:
+            return
+        with self._guard():
+            points: list[Point] = [
+                (f"health/busbw_gbs/{hosts[p.nodes[0]]}-{hosts[p.nodes[1]]}", p.busbw_gbs)
+                for p in result.pairs
+            ]
+            points += [(f"health/tflops/{hosts[d.node]}-rank_{d.rank}", d.tflops) for d in result.compute]
+            self._add(at, points)
+
+    @property
+    def active(self) -> bool:
+        """Whether points are still written (no write failed)."""
+        return self._writer is not None
 
     def due(self) -> bool:
         """Whether a periodic point is due (every SAMPLE_S seconds); restarts the period when so."""
@@ -102,26 +113,31 @@ class JobScalars:
 
     def close(self) -> None:
         """Flush and close the event file."""
-        if self._writer is not None:
-            self._writer.close()
+        with self._guard():
+            if self._writer is not None:
+                self._writer.close()
 
-    def _add(self, at: float, *summaries: Summary) -> None:
-        if self._writer is None:
-            return
-        from tensorboard.compat.proto.event_pb2 import Event
+    def _add(self, at: float, points: list[Point]) -> None:
+        """Write ``points`` as of ``at``, then flush once: a user's TensorBoard sees them now."""
+        with self._guard():
+            if self._writer is None:
+                return
+            from tensorboard.compat.proto.event_pb2 import Event
 
+            step = max(0, int(at - self.origin))
+            for tag, value in points:
+                summary = _text(tag, value) if isinstance(value, str) else _scalar(tag, value)
+                self._writer.add_event(Event(wall_time=at, step=step, summary=summary))
+            self._writer.flush()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Any error in the block ends the points, once, with a warning: never the job."""
         try:
-            for summary in summaries:
-                event = Event(wall_time=at, step=max(0, int(at - self.origin)), summary=summary)
-                self._writer.add_event(event)
-            self._writer.flush()  # a user's TensorBoard sees the point now, not in two minutes
+            yield
         except Exception as e:
-            self._give_up(e)
-
-    def _give_up(self, error: Exception) -> None:
-        """No more points: the job must not end, nor its log fill, for its charts."""
-        logging.getLogger(__name__).warning("job scalars in TensorBoard: none from now on: %s", error)
-        self._writer = None
+            logging.getLogger(__name__).warning("job scalars in TensorBoard: none from now on: %s", e)
+            self._writer = None
 
 
 def _scalar(tag: str, value: float) -> Summary:
@@ -149,7 +165,7 @@ def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodi
     """A goodput point from what the job record holds now. A periodic one (every SAMPLE_S) only
     where the running attempt's ranks beat in the record (local nodes, compose; an SSH host's beats
     reach it when its attempt ends): without them the running attempt would count as not training."""
-    if periodic and not scalars.due():
+    if not scalars.active or (periodic and not scalars.due()):
         return
     try:
         beats = recorded_beats(plan, record.dir)
@@ -158,7 +174,7 @@ def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodi
         now = time.time()
         status = record.status()
         goodput = job_goodput(record.dir, status, beats, now)
-    except (OSError, ValueError) as e:  # a record being rewritten: the next point will do
+    except Exception as e:  # e.g. a beat of another version: the next point may do
         logging.getLogger(__name__).warning("job scalars in TensorBoard: goodput not read: %s", e)
         return
     if goodput is not None:

@@ -43,7 +43,7 @@ def node_names(health: Path, nnodes: int) -> list[str]:
     """The node names by node rank (``node K`` where the batch shell could not write them)."""
     try:
         names = (health / HOSTS).read_text().split()
-    except OSError:
+    except (OSError, ValueError):  # missing, or not text
         names = []
     return names if len(names) == nnodes else [f"node {k}" for k in range(nnodes)]
 

@@ -1,9 +1,11 @@
 """The checks before training as a job record keeps them, on every scheduler that runs them: version
 parity's probes in ``JOB/parity/node-K.json`` and the health gate's result in ``JOB/health/`` (rank
-0's ``CollectiveDone`` report, and the node names in ``hosts``). SLURM's and compose's steps write them
-there inside the job (``parity_step``, ``health_step``); an SSH submit, which runs the checks from this
-machine before the record exists, writes them once it does (``write``). A retry archives them with its
-attempt. Read by ``launcher report`` and the job's TensorBoard scalars."""
+0's ``CollectiveDone`` report, and the node names in ``hosts``). SLURM's steps write both there inside
+the job (``parity_step``, ``health_step``; a requeue runs them again and archives the earlier ones with
+its attempt), compose's parity step its probes; an SSH submit, which runs the checks from this machine
+before the record exists, writes them once it does (``write``): those of the hosts it submitted to (a
+retry that swaps a host for a spare checks the spare, and does not record it). Read by ``launcher
+report`` and the job's TensorBoard scalars."""
 
 from __future__ import annotations
 

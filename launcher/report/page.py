@@ -62,8 +62,18 @@ def render(facts: Facts) -> str:
             charts.goodput_bar(facts.goodput) if facts.goodput is not None else None,
             "no rank has reported yet: goodput needs the ranks' heartbeats",
         ),
-        checks.health(facts.checks),
-        checks.parity(facts.checks),
+        _section(
+            "Health check",
+            "Is a host's link or device slower than the others'?",
+            checks.health(facts.checks, facts.nproc_per_node),
+            checks.HEALTH_MISSING,
+        ),
+        _section(
+            "Version parity",
+            "Do the hosts run the same torch, CUDA, NCCL and packages?",
+            checks.parity(facts.checks),
+            checks.PARITY_MISSING,
+        ),
     ]
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
@@ -88,11 +98,15 @@ def _summary(facts: Facts) -> str:
     return f"<h1>Job {html.escape(facts.job_id)}</h1><table id='summary'>{cells}</table>"
 
 
-def _section(title: str, question: str, figure: go.Figure | None, missing: str) -> str:
+def _section(title: str, question: str, figure: go.Figure | str | None, missing: str) -> str:
+    """A part of the page: its title, the question it answers, and its chart or HTML (``missing``, in
+    words, when None)."""
     slug = title.lower().replace(" ", "-").replace("'", "")
     head = f"<h2 id='{slug}'>{html.escape(title)}</h2><p class='why'>{html.escape(question)}</p>"
     if figure is None:
         return f"{head}<p class='missing'>{html.escape(missing)}</p>\n"
+    if isinstance(figure, str):
+        return f"{head}{figure}\n"
     body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{slug}",
                           config={"displaylogo": False, "responsive": True})  # fmt: skip
     return f"{head}{body}\n"

@@ -63,8 +63,9 @@ class SupervisorHandle(BaseModel):
     node_pids: list[int] = []
 
 
-class _StopAtOnce(Exception):
-    """A second stop request: stop waiting for checkpoints."""
+class _StopAtOnce(BaseException):
+    """A second stop request: stop waiting for checkpoints. Not an Exception: no handler of errors
+    (the job's TensorBoard points, a read that may fail) may swallow it."""
 
 
 def start_supervisor(
@@ -198,10 +199,10 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
         job.transport.close()
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
     final = job.record.finish(outcome)
-    job.goodput_point()
-    job.scalars.close()
     # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.
     shutil.rmtree(job_snapshots(job.plan.job_id), ignore_errors=True)
+    job.goodput_point()  # the ended job's, as `launcher status` tells it
+    job.scalars.close()
     if ready[0] >= 0:
         os.close(ready[0])
     return final.job_exit_code

@@ -37,6 +37,9 @@ def test_a_next_attempt_still_starting_redoes_nothing_yet() -> None:
     assert g.lost_s == 105 - 100  # from its last beat to the next attempt's latest beat, still starting
     resumed = Beat(**{**starting.__dict__, "phase": "step", "step": 41, "start_step": 35})
     assert account([first, resumed], wall_s=110).steps_redone == [5]
+    # An attempt that died while starting: the one after it tells where the job resumed.
+    g = account([first, starting, resumed], wall_s=110)
+    assert g.steps_redone == [5, 0] and g.training_s == 38 * 35 / 40 + 0
 
 
 def test_without_failures_nothing_is_lost_and_unknown_attempts_are_other(tmp_path: Path) -> None:

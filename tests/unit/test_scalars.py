@@ -3,13 +3,14 @@ reader: what a user's TensorBoard shows."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from launcher.job.goodput import Goodput
-from launcher.job.scalars import PARTS, JobScalars, scalars_dir
+from launcher.job.scalars import PARTS, JobScalars, scalars_dir, tensorboard_command
 from tests.unit.test_report import gate_result
 
 
@@ -69,3 +70,28 @@ def test_the_health_gates_figures_are_scalars_named_by_host(tmp_path: Path) -> N
     })  # fmt: skip
     assert events.Scalars("health/tflops/h3-rank_2")[0].value == pytest.approx(0.1)
     assert events.Scalars("health/tflops/h1-rank_0")[0].step == 4
+
+
+def test_without_tensorboard_the_points_end_with_one_warning_and_the_job_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scalars = JobScalars(tmp_path, 0.0)
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.summary_pb2", None)  # import fails
+    scalars.attempt(1, 1, "", 1.0)
+    scalars.health(gate_result(slow_link="h2", slow_device="h3"), ["h1"], 2.0)  # too few names: no error
+    scalars.close()
+    assert not scalars.active
+    assert caplog.text.count("none from now on") == 1, caplog.text
+
+
+def test_the_tensorboard_command_is_one_logdir_when_the_run_dir_is_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = Path("jobs") / "gpt-1"  # a relative --jobs-root, the default
+    assert tensorboard_command(job, str(tmp_path / "jobs" / "gpt-1" / "run")) == (
+        f"tensorboard --logdir {tmp_path}/jobs/gpt-1"
+    )
+    assert tensorboard_command(job, "/runs/a") == (
+        f"tensorboard --logdir_spec job:{tmp_path}/jobs/gpt-1/tensorboard/job,trainer:/runs/a/tensorboard"
+    )

@@ -213,7 +213,10 @@ class SshScheduler(SupervisedScheduler):
         """Record the checks this submit ran (``launcher.preflight.recorded``: for the report), then
         start the job as every supervised one."""
         hosts = [n.host for n in plan.nodes]
-        recorded.write(record.dir, list(self._probes), self._health, hosts)
+        try:
+            recorded.write(record.dir, list(self._probes), self._health, hosts)
+        except OSError as e:  # the report goes without them: no reason to refuse the job
+            say(f"launcher: WARNING: the checks' results are not in the job record ({e})")
         return super().submit(plan, record, detach=detach)
 
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
