@@ -5,6 +5,7 @@ their own disk, is in ``tests/integration/test_slurm.py``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
@@ -234,3 +235,21 @@ def test_a_node_pushes_back_only_what_it_changed_not_what_it_restored(tmp_path: 
     copy.finish()
     assert (job / RUN_COPY / "metrics.jsonl").read_text() == "step 10\nstep 20\n"
     assert (job / RUN_COPY / "shard-1.pt").read_bytes() == b"node 1's own"
+
+
+def test_a_restore_keeps_a_nodes_newer_log_and_replaces_an_older_one(tmp_path: Path) -> None:
+    """The survivor logged steps past the copy's checkpoint (a retry resumes them from its memory and
+    does not redo them): its newer log stays; a node's older log, or one it lacks, is the copy's."""
+    job, run = tmp_path / "job", tmp_path / "run"
+    (job / RUN_COPY).mkdir(parents=True)
+    run.mkdir()
+    (job / RUN_COPY / "metrics.jsonl").write_text("step 1\nstep 2\n")
+    (run / "metrics.jsonl").write_text("step 1\nstep 2\nstep 3\n")
+    copied_at = (job / RUN_COPY / "metrics.jsonl").stat().st_mtime_ns
+    os.utime(run / "metrics.jsonl", ns=(copied_at + 1, copied_at + 1))  # written after the copy's
+    RunCopy(job, run, node=0, host="n1", say=lambda line: None).restore()
+    assert (run / "metrics.jsonl").read_text() == "step 1\nstep 2\nstep 3\n"
+    an_hour_ago = copied_at - 3600 * 10**9
+    os.utime(run / "metrics.jsonl", ns=(an_hour_ago, an_hour_ago))  # an earlier run's, older than the copy
+    RunCopy(job, run, node=0, host="n1", say=lambda line: None).restore()
+    assert (run / "metrics.jsonl").read_text() == "step 1\nstep 2\n"

@@ -16,7 +16,8 @@ during a SLURM job (``launcher submit`` returns once SLURM has it), so the nodes
 - before the ranks start, every node's task restores the copy into its run dir: c10d places rank 0 on
   any node, and a node that replaces an excluded one has nothing. The rendezvous waits for every node,
   so no rank starts before its node holds the checkpoint. Files the copy lacks (a save its node never
-  copied, being lost first) are set aside, so that every node starts from the same files.
+  copied, being lost first) are set aside, so that every node starts from the same checkpoints; a
+  node's own newer version of a file stays (a survivor's log of the steps past the checkpoint).
 
 Why not a peer node's disk: the job record must be reachable anyway (the job cannot run without it),
 a peer is one more node that can be lost, and SLURM gives a task no login to its peers.
@@ -75,6 +76,14 @@ def copy_file(source: Path, target: Path) -> bool:
         partial.unlink(missing_ok=True)
 
 
+def _stale(here: tuple[int, int, int] | None, copy: tuple[int, int, int]) -> bool:
+    """Whether the copy's version (inode, bytes, mtime in ns) replaces ``here``, the run dir's: none
+    there, an older one, or one of the same mtime and another size (rsync's ``--update``). A newer one
+    stays: a survivor's logs of the steps past the copy's checkpoint, which a retry resuming from the
+    snapshot in its memory does not redo (the copy keeps the mtimes of the node that saved it)."""
+    return here is None or here[2] < copy[2] or (here[2] == copy[2] and here[1] != copy[1])
+
+
 def _version(path: Path) -> tuple[int, int, int]:
     info = path.stat()
     return info.st_ino, info.st_size, info.st_mtime_ns
@@ -118,12 +127,12 @@ class RunCopy:
         )
 
     def restore(self) -> None:
-        """The copy into the run dir: each file that is missing there or differs in size or mtime.
+        """The copy into the run dir: each file that is missing there or older there (``_stale``).
         Once this job saved, the files of the run dir that are not in the copy (a save this node made
         but never copied, having been lost) go aside into ``NOT_IN_COPY``: every node then starts from
         the same files, and rank 0 cannot pick a checkpoint that its peers lack. Raises OSError."""
         here, there = snapshot(self.run_dir, self._watch.exclude), snapshot(self.copy)
-        copied = [name for name, info in there.items() if here.get(name, (0, -1, -1))[1:] != info[1:]]
+        copied = [name for name, info in there.items() if _stale(here.get(name), info)]
         for name in copied:
             copy_file(self.copy / name, self.run_dir / name)
         aside = sorted(set(here) - set(there)) if reports.read(self.job_dir, Saved) else []

@@ -8,7 +8,7 @@ no new login), one pull a host at a time; saves that come meanwhile are taken by
 pull copies only what changed (rsync's quick check), off the ranks' critical path: training stalls
 only for the disk and link it shares with the read. Before a next attempt the copy is pushed to every
 host of it (rank 0 may land on any node; a spare has nothing), so node 0 has the checkpoint before
-its ranks start.
+its ranks start; a host's own newer files stay (a survivor's logs of the steps past the checkpoint).
 
 Why not a peer host: it needs host-to-host logins that a user's boxes rarely have, and a peer is
 one more host that can be lost with the first. The launcher's machine is the one that must live for
@@ -202,12 +202,15 @@ class Copies:
         )
 
     def push(self, hosts: list[str]) -> None:
-        """The copy into the run dir of every host (nothing when none was made). Raises OSError naming
-        the hosts it could not reach."""
+        """The copy into the run dir of every host (nothing when none was made), but for the files a host
+        holds in a newer version (rsync's ``--update``: the copy keeps the mtimes of the host it came
+        from). Raises OSError naming the hosts it could not reach."""
         if not self.pulled:
             return
         # The flags keep the launcher's mark here: a host that got it would think it shares this dir.
-        failed = to_hosts(self.settings, hosts, self.run_dir, self.run_dir, self._flags)
+        # --update keeps a host's newer files: a survivor's logs hold the steps past the copy's
+        # checkpoint, which a retry from the snapshot in its memory does not redo.
+        failed = to_hosts(self.settings, hosts, self.run_dir, self.run_dir, [*self._flags, "--update"])
         if failed:
             raise OSError("could not copy the checkpoint to the next attempt's hosts: " + "; ".join(failed))
         self.say(f"launcher: checkpoint copy pushed to {', '.join(hosts)}")
