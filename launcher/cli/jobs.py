@@ -138,9 +138,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     beats = _beats(scheduler, record, st)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = job_goodput(record.dir, st, beats, time.time())
+    report = report_path(record.dir) if report_path(record.dir).is_file() else None
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
-        extra = {"nodes": nodes_json, "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio}}
+        extra = {
+            "nodes": nodes_json,
+            "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio},
+            "report": report and str(report),
+        }
         print(json.dumps({**st.model_dump(mode="json"), **extra}, indent=2))
         return EXIT_OK
     print(f"job {plan.job_id}: {st.state}")
@@ -161,8 +166,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {goodput.describe()}")
     if scalars_dir(record.dir).is_dir():
         print(f"  TensorBoard: {tensorboard_command(record.dir, plan.run_dir)}")
-    if report_path(record.dir).is_file():
-        print(f"  report {report_path(record.dir)} (`launcher report {plan.job_id}` makes it anew)")
+    if report is not None:
+        print(f"  report {report} (`launcher report {plan.job_id}` makes it anew)")
     return EXIT_OK
 
 

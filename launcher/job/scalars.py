@@ -1,5 +1,6 @@
 """The job's own numbers in TensorBoard, beside the trainer's loss: goodput and its parts over time,
-and each attempt's start with the cause of the failure before it. The supervisor writes them into
+and each attempt's start with the cause of the failure before it. The supervisor (on SLURM, node 0's
+task: ``launcher.schedulers.slurm.points``) writes them into
 ``<job dir>/tensorboard/job`` with TensorBoard's own event writer and protos: no torch import in a
 process that lives as long as the job (``tensorboard.summary.v1``'s helpers need TensorFlow; the
 event writer imports it only where it is installed). Nothing here ever stops or fails the job: a
@@ -18,7 +19,13 @@ time is when it was measured. Tags:
 - ``job/attempt``: the attempt that runs (1, 2, ...), ``job/failures``: the failures so far;
 - ``job/attempts`` (text): one line at each attempt's start, with the previous attempt's cause;
 - ``health/busbw_gbs/<host>-<host>``, ``health/tflops/<host>-rank_K``: the health gate's figures, where
-  the record holds them when the job starts (``launcher.preflight.recorded``).
+  the record holds them when the job starts (``launcher.preflight.recorded``);
+- ``ranks/compute_s/rank_K``: each rank's compute seconds per step, as the straggler check measures it
+  for every program (``Beat.compute_s``: its forward passes' mean over its last steps; a DDP step's
+  wall time is the same on every rank, the fast ones waiting for the slow in the all-reduce), with
+  ``ranks/compute_spread`` (the slowest over the fastest, 1.0 when even), ``ranks/straggler/rank_K``
+  (1 when the check names the rank, else 0) and ``ranks/stragglers`` (how many it names), beside each
+  goodput point.
 """
 
 from __future__ import annotations
@@ -30,10 +37,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gptlaunch.contract import Beat
 from launcher.job.goodput import Goodput, job_goodput, rank0
 from launcher.job.measurements import CollectiveResult
 from launcher.job.plan import Plan
-from launcher.job.progress import recorded_beats
+from launcher.job.progress import recorded_beats, stragglers
 from launcher.job.record import JobRecord
 
 if TYPE_CHECKING:  # imported where written: `launcher status` only names the dir, and answers at once
@@ -84,6 +92,20 @@ class JobScalars:
         ``job/attempt``: a line, where two points at the attempts' starts would hardly show)."""
         points: list[Point] = [("job/attempt", attempt), ("goodput/ratio", goodput.ratio)]
         self._add(at, points + [(f"goodput/{part}", getattr(goodput, part)) for part in PARTS])
+
+    def ranks(self, beats: list[Beat], at: float) -> None:
+        """The ranks' compute seconds per step as of their ``beats``, its spread and the straggler flags
+        (``ranks/*``: see the module docstring); nothing before a rank is timed."""
+        with self._guard():  # a malformed beat ends the points, never the job
+            timed = {b.rank: float(b.compute_s) for b in beats if b.compute_s}
+            if not timed:
+                return
+            named = stragglers(beats)
+            points: list[Point] = [(f"ranks/compute_s/rank_{rank}", s) for rank, s in sorted(timed.items())]
+            points += [(f"ranks/straggler/rank_{rank}", float(rank in named)) for rank in sorted(timed)]
+            spread = max(timed.values()) / min(timed.values())
+            points += [("ranks/stragglers", len(named)), ("ranks/compute_spread", spread)]
+            self._add(at, points)
 
     def health(self, result: CollectiveResult, hosts: list[str], at: float) -> None:
         """The health gate's figures (``launcher.preflight.health``) at ``at``: each pair's bus
@@ -161,10 +183,14 @@ def _text(tag: str, line: str) -> Summary:
     return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
-def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodic: bool) -> None:
-    """A goodput point from what the job record holds now. A periodic one (every SAMPLE_S) only
-    where the running attempt's ranks beat in the record (local nodes, compose; an SSH host's beats
-    reach it when its attempt ends): without them the running attempt would count as not training."""
+def goodput_point(
+    scalars: JobScalars, record: JobRecord, plan: Plan, *, periodic: bool, started_at: float | None = None
+) -> None:
+    """A goodput point, and the ranks' (``JobScalars.ranks``), from what the job record holds now. A
+    periodic one (every SAMPLE_S) only where the running attempt's ranks beat in the record (local
+    nodes, SLURM, compose; an SSH host's beats reach it when its attempt ends): without them the running
+    attempt would count as not training. ``started_at``: the job's start (epoch seconds) where the
+    record has none yet (inside a SLURM job, whose start only ``launcher status`` records)."""
     if not scalars.active or (periodic and not scalars.due()):
         return
     try:
@@ -173,9 +199,12 @@ def goodput_point(scalars: JobScalars, record: JobRecord, plan: Plan, *, periodi
             return
         now = time.time()
         status = record.status()
+        if status.started_at is None and started_at is not None:
+            status = status.model_copy(update={"started_at": started_at})
         goodput = job_goodput(record.dir, status, beats, now)
     except Exception as e:  # e.g. a beat of another version: the next point may do
         logging.getLogger(__name__).warning("job scalars in TensorBoard: goodput not read: %s", e)
         return
     if goodput is not None:
         scalars.goodput(goodput, now, status.attempt)
+    scalars.ranks([b for node in beats.values() for b in node], now)

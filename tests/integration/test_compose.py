@@ -20,6 +20,8 @@ import psutil
 
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord
+from launcher.report.checks import PARITY_MISSING
+from tests.integration.browser import dump_dom, traces
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
@@ -337,3 +339,10 @@ def test_a_killed_rank_is_retried_in_new_containers(
     assert "killed by SIGKILL" in final["attempts"][0]["cause"], final
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 31))
     assert left_of(engine, job) == ("", "")
+    # The report of a compose job, in a real browser: both attempts drawn, with the cause, and the
+    # containers' parity step in words, not the sentence said of a job that ran none.
+    page = Path(launcher(jobs, "report", job, env=env, check=True).stdout.strip())
+    dom = dump_dom(page, tmp_path)
+    assert traces(dom, "attempts") >= 2 and traces(dom, "loss") >= 1, dom[-3000:]
+    assert "attempt 1: failed at step " in dom and "<li>attempt 2: succeeded</li>" in dom, dom[-3000:]
+    assert "killed by SIGKILL" in dom and PARITY_MISSING not in dom, dom[-3000:]

@@ -80,6 +80,13 @@ def _assert_tensorboard_shows_the_job(jobs: Path, job_dir: Path, run_dir: Path, 
     last = job.Scalars("goodput/ratio")[-1].value
     assert last == pytest.approx(status["goodput"]["ratio"], rel=1e-6)  # float32 in the event file
     assert job.Scalars("goodput/lost_s")[-1].value == pytest.approx(status["goodput"]["lost_s"], rel=1e-6)
+    assert status["report"] == str(job_dir / "report.html")
+    # The launcher's per-rank points, from the ranks' beats: each rank's compute time, and no straggler.
+    compute = [job.Scalars(f"ranks/compute_s/rank_{rank}")[-1].value for rank in (0, 1)]
+    assert all(seconds > 0 for seconds in compute), compute
+    assert job.Scalars("ranks/compute_spread")[-1].value == pytest.approx(
+        max(compute) / min(compute), rel=1e-5
+    )
     ranks = _events(run_dir / "tensorboard").Tags()["scalars"]
     assert {"rank_tokens_per_s/rank_0", "rank_tokens_per_s/rank_1", "rank_tokens_per_s_spread"} <= set(ranks)
 

@@ -8,7 +8,10 @@ import re
 import time
 from pathlib import Path
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from gptlaunch.contract import read_beats
+from launcher.job.scalars import scalars_dir
 from tests.integration.conftest import FAST, launcher, metrics, processes_of
 from tests.integration.test_slurm import (
     SLURM_2x1,
@@ -64,8 +67,23 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_req
     assert resumed is not None and int(resumed[2]) >= 10, logs[-3000:]
     text = launcher(jobs, "status", job_id, check=True).stdout
     assert f"{failed} → replaced by {spare}" in text, text
+    _assert_tensorboard_shows_both_attempts(jobs / job_id, first["cause"])
     _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
     print(f"\nkill → the spare's first step: {back - killed:.1f} s; resumed at step {resumed[2]}\n{text}")
+
+
+def _assert_tensorboard_shows_both_attempts(job_dir: Path, cause: str) -> None:
+    """Node 0's tasks wrote the job's numbers into its TensorBoard logs (no launcher runs during a SLURM
+    job): each attempt's start with the cause before it, goodput, and the ranks' compute times, read
+    back with TensorBoard's own reader."""
+    events = EventAccumulator(str(scalars_dir(job_dir)), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    lines = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("job/attempts")]
+    assert lines == ["attempt 1 of 2 started", f"attempt 2 of 2 started after: {cause}"], lines
+    assert events.Scalars("job/attempt")[-1].value == 2.0
+    ratio = events.Scalars("goodput/ratio")[-1].value  # attempt 2's last, as its ranks ended
+    assert 0 < ratio < 1, ratio
+    assert {"ranks/compute_s/rank_0", "ranks/compute_s/rank_1"} <= set(events.Tags()["scalars"])
 
 
 def _first_step_resumed(job_dir: Path) -> float | None:

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gptlaunch.compute import WINDOW_S
 from gptlaunch.contract import Beat, read_beats
+from launcher.job.scalars import scalars_dir
 from tests.integration.browser import chart, dump_dom, screenshot, traces
 from tests.integration.conftest import FAST, launcher, only_job_id, wait_for_steps
 from trainer.stragglers import THRESHOLD
@@ -74,6 +76,30 @@ def _beats_at(beat_dirs: list[Path], since: float, timeout_s: float = 120) -> li
             return beats
         time.sleep(0.5)
     raise AssertionError(f"the ranks did not beat after {since} within {timeout_s} s")
+
+
+def _flagged_in_tensorboard(
+    job_dir: Path, since: float, timeout_s: float = 120
+) -> list[tuple[float, float, float]]:
+    """The job's straggler flags in TensorBoard (``launcher.job.scalars``), read with TensorBoard's own
+    reader, as (wall time, rank 0's, rank 1's), once a point at or after ``since`` exists."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = EventAccumulator(str(scalars_dir(job_dir)), size_guidance={"scalars": 0})
+        events.Reload()
+        if "ranks/straggler/rank_1" in events.Tags()["scalars"]:
+            pairs = zip(
+                events.Scalars("ranks/straggler/rank_0"),
+                events.Scalars("ranks/straggler/rank_1"),
+                strict=True,
+            )
+            flags = [(one.wall_time, zero.value, one.value) for zero, one in pairs]
+            if flags[-1][0] >= since:
+                return flags
+        assert time.monotonic() < deadline, (
+            f"no straggler point in the job's TensorBoard within {timeout_s} s"
+        )
+        time.sleep(1.0)
 
 
 def _named_in_status(jobs: Path, job_id: str, timeout_s: float = 120) -> dict[str, float]:
@@ -157,12 +183,18 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
             _pin(beat.pid, beat.rank)
         alone = _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window since pinned
         assert _stragglers_in_status(jobs, job_id) == {}
+        throttled_at = time.time()
         with _throttled(next(b.pid for b in alone if b.rank == 1), share=0.4):
             _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window under the quota
             named = _stragglers_in_status(jobs, job_id)
             text = launcher(jobs, "status", job_id, check=True).stdout
+            flags = _flagged_in_tensorboard(jobs / job_id, since=time.time())
         assert set(named) == {"1"} and named["1"] > 1.25, named
         assert "straggler: rank 1 at " in text, text
+        # The launcher's own points in the job's TensorBoard (every goodput point): rank 1 flagged once
+        # the quota held it, never before; rank 0 never.
+        assert all(rank_1 == 0.0 for at, _, rank_1 in flags if at < throttled_at), flags
+        assert flags[-1][1:] == (0.0, 1.0), flags
         print(f"\n{text}")
     finally:
         launcher(jobs, "cancel", job_id)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gptlaunch.contract import Beat
 from launcher.job.goodput import Goodput
+from launcher.job.progress import STRAGGLER_RATIO
 from launcher.job.scalars import PARTS, JobScalars, scalars_dir, tensorboard_command
 from tests.unit.test_report import gate_result
 
@@ -47,6 +49,28 @@ def test_attempts_and_goodput_are_scalars_by_seconds_since_submit_and_the_cause_
     assert second.tensor_proto.string_val == [
         b"attempt 2 of 2 started after: rank 1 (node 1) was killed by SIGKILL"
     ]
+
+
+def _beat(rank: int, compute_s: float | None) -> Beat:
+    return Beat(rank=rank, local_rank=0, pid=1, step=7, phase="train", phase_since=0.0, time=1.0,
+                compute_s=compute_s)  # fmt: skip
+
+
+def test_each_ranks_compute_time_its_spread_and_the_straggler_flag_are_scalars(tmp_path: Path) -> None:
+    """Rank 2 computes at 3× the others' median, over STRAGGLER_RATIO: flagged, and only it; rank 3,
+    not yet timed, has no point."""
+    assert 3.0 > STRAGGLER_RATIO > 1.1
+    scalars = JobScalars(tmp_path, 0.0)
+    scalars.ranks([_beat(0, 0.1), _beat(1, 0.11), _beat(2, 0.3), _beat(3, None)], 30.0)
+    scalars.ranks([_beat(0, None)], 45.0)  # nobody timed (a new attempt): no point
+    scalars.close()
+    events = _read(tmp_path)
+    tags = set(events.Tags()["scalars"])
+    assert {f"ranks/compute_s/rank_{r}" for r in range(3)} <= tags and "ranks/compute_s/rank_3" not in tags
+    assert events.Scalars("ranks/compute_s/rank_2")[0].value == pytest.approx(0.3)
+    assert [events.Scalars(f"ranks/straggler/rank_{r}")[0].value for r in range(3)] == [0.0, 0.0, 1.0]
+    assert [(e.step, e.value) for e in events.Scalars("ranks/stragglers")] == [(30, 1.0)]
+    assert events.Scalars("ranks/compute_spread")[0].value == pytest.approx(0.3 / 0.1)
 
 
 def test_a_job_record_that_cannot_hold_the_event_file_costs_the_job_nothing(

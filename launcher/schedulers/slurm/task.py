@@ -19,8 +19,10 @@ from its command line, ``python -m launcher.schedulers.slurm.task --job-dir D --
 to gather the nodes' reports, the task writes the stacks to ``D/hang/`` and the one-line cause to the
 log itself.
 
-A run dir on each node's own disk (``launcher.schedulers.slurm.run_copy``) is restored from its copy in
-the job record before the node agent starts, and each save is copied there while the ranks run.
+Node 0's task writes the job's numbers into its TensorBoard logs (``points``), as the supervisor does
+on the other schedulers. A run dir on each node's own disk (``launcher.schedulers.slurm.run_copy``)
+is restored from its copy in the job record before the node agent starts, and each save is copied
+there while the ranks run.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from launcher.job.plan import Plan
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import copy_excludes
 from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.schedulers.slurm.points import AttemptPoints
 from launcher.schedulers.slurm.run_copy import RunCopy, node_local
 from launcher.supervisor.watchdog import NodeWatch
 
@@ -160,6 +163,9 @@ class NodeTask:
         log.flush()
         _note_signals()
         _copy = self._restored(node, host, log)
+        points = AttemptPoints(job_dir)  # the job's numbers in TensorBoard: node 0 writes them
+        if node == 0:
+            points.start()
         # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
         # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
         # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
@@ -190,6 +196,7 @@ class NodeTask:
             ended = time.time()
             if _copy is not None:
                 _copy.finish()
+            points.stop()
         return self._end(node, code, started, log, ended)
 
     def _restored(self, node: int, host: str, log: BinaryIO) -> RunCopy | None:
