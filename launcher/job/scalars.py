@@ -183,6 +183,26 @@ def _text(tag: str, line: str) -> Summary:
     return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
+def read_rank_compute(job_dir: Path) -> dict[int, list[tuple[float, float]]]:
+    """Each rank's compute seconds per step as the job's event files hold them (``ranks/compute_s``),
+    by rank: (epoch seconds, seconds) in time order. Empty when there are none, or they cannot be read
+    (no tensorboard installed, no event file yet)."""
+    directory = scalars_dir(job_dir)
+    if not directory.is_dir():
+        return {}
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+        events.Reload()
+        prefix = "ranks/compute_s/rank_"
+        tags = [t for t in events.Tags()["scalars"] if t.startswith(prefix)]
+        return {int(t[len(prefix) :]): [(e.wall_time, e.value) for e in events.Scalars(t)] for t in tags}
+    except Exception as e:  # a report says in words what it cannot show; it never fails for it
+        logging.getLogger(__name__).warning("job scalars in TensorBoard: not read: %s", e)
+        return {}
+
+
 def goodput_point(
     scalars: JobScalars, record: JobRecord, plan: Plan, *, periodic: bool, started_at: float | None = None
 ) -> None:

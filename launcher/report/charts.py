@@ -69,6 +69,20 @@ def rank_throughput(metrics: list[dict[str, Any]]) -> go.Figure | None:
     return _layout(fig, "Each rank's own throughput (forward passes)", "step", "tokens/s")
 
 
+def rank_compute(series: dict[int, list[tuple[float, float]]]) -> go.Figure | None:
+    """Each rank's compute seconds per step over wall-clock time, as the launcher's straggler check
+    measured it from the ranks' beats (any program: ``launcher.job.scalars``), one line per rank: a
+    straggler's runs above the others. None when there is no point."""
+    if not any(series.values()):
+        return None
+    fig = go.Figure()
+    for rank, points in sorted(series.items()):
+        fig.add_trace(
+            go.Scatter(x=[_utc(t) for t, _ in points], y=[v for _, v in points], name=f"rank {rank}")
+        )
+    return _layout(fig, "Each rank's compute per step (forward passes)", "time (UTC)", "seconds")
+
+
 MARKS = {"checkpoint": ("diamond", "#ff7f0e"), "hang": ("x", "#9467bd")}  # kind: (symbol, color)
 
 

@@ -16,6 +16,7 @@ from launcher.job.failures import RUN_COPY
 from launcher.job.goodput import Goodput, job_goodput
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
+from launcher.job.scalars import read_rank_compute
 from launcher.preflight import recorded
 from launcher.preflight.recorded import Checks
 
@@ -48,7 +49,8 @@ class Mark:
 @dataclass(frozen=True)
 class Facts:
     """Everything a report shows. ``metrics``: the trainer's records (None when not readable here,
-    with ``metrics_note`` saying why); ``files``: (label, path relative to the job directory)."""
+    with ``metrics_note`` saying why); ``rank_compute``: the launcher's per-rank points of any program
+    (``launcher.job.scalars``); ``files``: (label, path relative to the job directory)."""
 
     job_id: str
     status: JobStatus
@@ -62,6 +64,7 @@ class Facts:
     checks: Checks
     metrics: list[dict[str, Any]] | None
     metrics_note: str
+    rank_compute: dict[int, list[tuple[float, float]]]  # rank -> (epoch s, compute s per step), any program
     files: list[tuple[str, str]]
     made_at: float
 
@@ -86,6 +89,7 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
         checks=recorded.read(record.dir, plan.nnodes),
         metrics=metrics,
         metrics_note=note,
+        rank_compute=read_rank_compute(record.dir),
         files=files(record.dir),
         made_at=now,
     )

@@ -24,6 +24,12 @@ p.missing { color: #666; font-style: italic; } .why { color: #555; }
 tr.named td { color: #d62728; font-weight: bold; } pre { background: #f6f6f6; padding: 8px; }
 """
 
+RANKS_UNLOGGED = "the metrics carry no per-rank times (the built-in trainer's straggler check logs them)"
+RANKS_UNRECORDED = (
+    "the launcher recorded no rank's compute time yet (every 15 s while the ranks beat into the job "
+    "record; on SSH hosts, at each attempt's end)"
+)
+
 
 def write(record: JobRecord, facts: Facts) -> Path:
     """Render ``facts`` into ``JOB/report.html``; returns its path."""
@@ -45,9 +51,9 @@ def render(facts: Facts) -> str:
         _section(
             "Each rank's throughput",
             "Is one rank slower than the others (a straggler sets the pace of all)?",
-            charts.rank_throughput(metrics),
-            facts.metrics_note
-            or "the metrics carry no per-rank times (the built-in trainer's straggler check records them)",
+            # The trainer's own numbers where it logged them, else the launcher's, of any program.
+            charts.rank_throughput(metrics) or charts.rank_compute(facts.rank_compute),
+            f"{facts.metrics_note or RANKS_UNLOGGED}, and {RANKS_UNRECORDED}",
         ),
         _section(
             "Attempts",

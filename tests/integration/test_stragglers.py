@@ -195,6 +195,12 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
         # the quota held it, never before; rank 0 never.
         assert all(rank_1 == 0.0 for at, _, rank_1 in flags if at < throttled_at), flags
         assert flags[-1][1:] == (0.0, 1.0), flags
+        # The report of a script that logs no per-rank numbers draws the launcher's: rank 1's line apart.
+        page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip())
+        dom = dump_dom(page, tmp_path)
+        assert traces(dom, "each-ranks-throughput") == 2, chart(dom, "each-ranks-throughput")[-3000:]
+        assert "compute per step" in chart(dom, "each-ranks-throughput")
+        screenshot(page, "report-plain-straggler.png", tmp_path)
         print(f"\n{text}")
     finally:
         launcher(jobs, "cancel", job_id)

@@ -39,7 +39,7 @@ def _facts(**changes: object) -> Facts:
         "job_id": "gpt-1", "status": status, "scheduler": "local", "nodes": 2, "nproc_per_node": 1,
         "run_dir": "/runs/a", "spans": spans(status, T0 + 100), "goodput": GOODPUT, "metrics": METRICS,
         "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
-        "made_at": T0 + 100, "checks": Checks({}, None, []), "marks": [],
+        "made_at": T0 + 100, "checks": Checks({}, None, []), "marks": [], "rank_compute": {},
     }  # fmt: skip
     return Facts(**{**facts, **changes})  # type: ignore[arg-type]
 
@@ -69,10 +69,21 @@ def test_missing_data_is_said_in_words_never_an_empty_chart() -> None:
     assert "goodput needs the ranks&#x27; heartbeats" in page
     plain = render(_facts(metrics=[{"step": 5, "loss": 7.0, "tokens_per_s": 1.0}]))
     assert _charts(plain) == ["loss", "attempts", "where-the-wall-time-went"]
-    assert "the metrics carry no per-rank times" in plain
+    assert "the metrics carry no per-rank times" in plain and "the launcher recorded no rank" in plain
     unstarted = JobStatus(state=JobState.PENDING, created_at=T0)
     page = render(_facts(status=unstarted, spans=spans(unstarted, T0), goodput=None, metrics=None, files=[]))
     assert _charts(page) == [] and "the job has not started yet" in page and "no node log" in page
+
+
+def test_a_script_that_logs_no_per_rank_times_gets_the_launchers_compute_time_of_each_rank() -> None:
+    """No metrics.jsonl (a script of the user's own): each rank's line is the launcher's points, rank
+    1's apart from rank 0's."""
+    series = {0: [(T0 + 15, 0.1), (T0 + 30, 0.1)], 1: [(T0 + 15, 0.1), (T0 + 30, 0.3)]}
+    page = render(_facts(metrics=None, metrics_note="no metrics.jsonl in /runs/a", rank_compute=series))
+    assert _charts(page) == ["each-ranks-throughput", "attempts", "where-the-wall-time-went"]
+    assert "compute per step" in page and '"name":"rank 1"' in page and "0.3" in page
+    trained = render(_facts(rank_compute=series))  # the trainer's own numbers come first
+    assert "own throughput" in trained and "compute per step" not in trained
 
 
 def test_metrics_lines_cut_short_are_skipped_and_a_missing_file_is_explained(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from gptlaunch.contract import Beat
 from launcher.job.goodput import Goodput
 from launcher.job.progress import STRAGGLER_RATIO
-from launcher.job.scalars import PARTS, JobScalars, scalars_dir, tensorboard_command
+from launcher.job.scalars import PARTS, JobScalars, read_rank_compute, scalars_dir, tensorboard_command
 from tests.unit.test_report import gate_result
 
 
@@ -71,6 +71,9 @@ def test_each_ranks_compute_time_its_spread_and_the_straggler_flag_are_scalars(t
     assert [events.Scalars(f"ranks/straggler/rank_{r}")[0].value for r in range(3)] == [0.0, 0.0, 1.0]
     assert [(e.step, e.value) for e in events.Scalars("ranks/stragglers")] == [(30, 1.0)]
     assert events.Scalars("ranks/compute_spread")[0].value == pytest.approx(0.3 / 0.1)
+    read = read_rank_compute(tmp_path)  # what the report draws
+    assert sorted(read) == [0, 1, 2] and read[2] == [(30.0, pytest.approx(0.3))]
+    assert read_rank_compute(tmp_path / "none") == {}
 
 
 def test_a_job_record_that_cannot_hold_the_event_file_costs_the_job_nothing(
