@@ -44,6 +44,10 @@ def test_a_push_fills_in_what_a_host_lacks_and_keeps_a_survivors_newer_logs(
 
     with (survivor / "metrics.jsonl").open("a") as log:  # steps past the checkpoint, after the pull
         log.write(_lines(range(11, 13)))
+    # rsync's --update compares whole seconds: a step's line written in the second of the copy's
+    # version would still be replaced (see Copies.push); these came 2 s later.
+    later = (run_dir / "metrics.jsonl").stat().st_mtime + 2
+    os.utime(survivor / "metrics.jsonl", (later, later))
     (stale / "metrics.jsonl").write_text(_lines(range(1, 4)))  # an earlier run's, older than the copy
     an_hour_ago = time.time() - 3600
     os.utime(stale / "metrics.jsonl", (an_hour_ago, an_hour_ago))

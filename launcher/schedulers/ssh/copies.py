@@ -204,7 +204,9 @@ class Copies:
     def push(self, hosts: list[str]) -> None:
         """The copy into the run dir of every host (nothing when none was made), but for the files a host
         holds in a newer version (rsync's ``--update``: the copy keeps the mtimes of the host it came
-        from). Raises OSError naming the hosts it could not reach."""
+        from). rsync compares whole seconds: a file the host changed within the second of the copy's
+        version is still replaced (a survivor's log of a step that came within a second of the copied
+        checkpoint). Raises OSError naming the hosts it could not reach."""
         if not self.pulled:
             return
         # The flags keep the launcher's mark here: a host that got it would think it shares this dir.
