@@ -105,6 +105,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         f"device {device}, backend {backend if env.is_distributed else 'none'}",
         flush=True,
     )
+    run: Run | None = None
     try:
         run = setup(cfg, env, device, manifest)
         # The checkpoint's write ends first (a failed one raises), then the snapshots go, once the run
@@ -121,6 +122,11 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
                 raise
     finally:
         runtime.flush()  # the step reached, before a teardown that may hang
+        # The model's DDP reducer holds the process group. Dropped before the group, the group's last
+        # reference is Python's, whose destructor lets go of the GIL. Dropped after it, the reducer
+        # destroys the group holding the GIL while gloo's worker thread waits for the GIL to free the
+        # last collective's tensors: a deadlock at exit (seen in CI; pytorch/pytorch#56297).
+        run = None
         distributed.shutdown()
 
 

@@ -66,7 +66,10 @@ def run(
         except subprocess.TimeoutExpired:
             stacks = _stacks(child.pid)  # where it hung, before the kill
             child.kill()
-            stdout, stderr = child.communicate()
+            try:
+                stdout, stderr = child.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a process it left (a rank torchrun lost) holds the pipes
+                stdout, stderr = "", ""
             raise AssertionError(
                 f"{argv} ran past {timeout} s\n{stdout[-4000:]}\n{stderr[-4000:]}\n{stacks}"
             ) from None
