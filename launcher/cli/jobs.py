@@ -138,7 +138,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     beats = _beats(scheduler, record, st)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = job_goodput(record.dir, st, beats, time.time())
-    report = report_path(record.dir) if report_path(record.dir).is_file() else None
+    page = report_path(record.dir)
+    report = page if page.is_file() else None
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
         extra = {

@@ -19,7 +19,7 @@ from gptlaunch.compute import WINDOW_S
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.scalars import scalars_dir
 from tests.integration.browser import chart, dump_dom, screenshot, traces
-from tests.integration.conftest import FAST, launcher, only_job_id, wait_for_steps
+from tests.integration.conftest import FAST, launcher, only_job_id, wait_for, wait_for_steps
 from trainer.stragglers import THRESHOLD
 
 LOG_INTERVAL = 5
@@ -83,23 +83,21 @@ def _flagged_in_tensorboard(
 ) -> list[tuple[float, float, float]]:
     """The job's straggler flags in TensorBoard (``launcher.job.scalars``), read with TensorBoard's own
     reader, as (wall time, rank 0's, rank 1's), once a point at or after ``since`` exists."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    flags: list[tuple[float, float, float]] = []
+
+    def read() -> bool:
         events = EventAccumulator(str(scalars_dir(job_dir)), size_guidance={"scalars": 0})
         events.Reload()
-        if "ranks/straggler/rank_1" in events.Tags()["scalars"]:
-            pairs = zip(
-                events.Scalars("ranks/straggler/rank_0"),
-                events.Scalars("ranks/straggler/rank_1"),
-                strict=True,
-            )
-            flags = [(one.wall_time, zero.value, one.value) for zero, one in pairs]
-            if flags[-1][0] >= since:
-                return flags
-        assert time.monotonic() < deadline, (
-            f"no straggler point in the job's TensorBoard within {timeout_s} s"
+        if "ranks/straggler/rank_1" not in events.Tags()["scalars"]:
+            return False
+        pairs = zip(
+            events.Scalars("ranks/straggler/rank_0"), events.Scalars("ranks/straggler/rank_1"), strict=True
         )
-        time.sleep(1.0)
+        flags[:] = [(one.wall_time, zero.value, one.value) for zero, one in pairs]
+        return flags[-1][0] >= since
+
+    wait_for(read, timeout_s, "a straggler point in the job's TensorBoard")
+    return flags
 
 
 def _named_in_status(jobs: Path, job_id: str, timeout_s: float = 120) -> dict[str, float]:

@@ -35,7 +35,6 @@ class AttemptPoints:
 
     def __init__(self, job_dir: Path) -> None:
         self.record = JobRecord(job_dir)
-        self.job_started = time.time()  # SLURM's start of the job, where it says (``start``)
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,7 +47,7 @@ class AttemptPoints:
             logging.getLogger(__name__).info("job scalars in TensorBoard: none for this record: %s", e)
             return
         now = time.time()
-        self.job_started = float(os.environ.get("SLURM_JOB_START_TIME") or now)
+        job_started = float(os.environ.get("SLURM_JOB_START_TIME") or now)
         scalars = JobScalars(self.record.dir, status.created_at)
         before = next((a.cause for a in status.attempts if a.number == status.attempt - 1), "")
         scalars.attempt(status.attempt, spec.retries + 1, before, now)
@@ -56,13 +55,13 @@ class AttemptPoints:
             checks = recorded.read(self.record.dir, plan.nnodes)
             if checks.health is not None:
                 scalars.health(checks.health, checks.hosts, now)
-        self._thread = threading.Thread(target=self._run, args=(scalars, plan), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(scalars, plan, job_started), daemon=True)
         self._thread.start()
 
-    def _run(self, scalars: JobScalars, plan: Plan) -> None:
+    def _run(self, scalars: JobScalars, plan: Plan, job_started: float) -> None:
         while not self._done.wait(SAMPLE_S):  # Event.wait: monotonic, so each point is due
-            goodput_point(scalars, self.record, plan, periodic=True, started_at=self.job_started)
-        goodput_point(scalars, self.record, plan, periodic=False, started_at=self.job_started)
+            goodput_point(scalars, self.record, plan, periodic=True, started_at=job_started)
+        goodput_point(scalars, self.record, plan, periodic=False, started_at=job_started)
         scalars.close()
 
     def stop(self) -> None:
