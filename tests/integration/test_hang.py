@@ -74,8 +74,8 @@ def test_long_evaluations_under_a_tight_step_budget_are_not_a_hang(prepared_data
     jobs = tmp_path / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--nodes", "2", "--hang-timeout-s", "2", "--",
-        *prepared_data, *FAST, "--max-steps", "6", "--eval-interval", "3", "--eval-iters", "40",
-    )  # fmt: skip
+        *prepared_data, *FAST, "--max-steps", "6", "--eval-interval", "3", "--eval-iters", "160",
+    )  # fmt: skip  # an evaluation: 160 forward passes, against a step's one forward and backward
     assert submit.returncode == 0, submit.stderr[-3000:]
     job_dir = jobs / only_job_id(jobs)
     record, longest = JobRecord(job_dir), {"startup": 0.0, "eval": 0.0}  # seconds seen in each phase
