@@ -38,6 +38,10 @@ WHILE_RUNNING = "in num_nodes_waiting"  # the frame of torchrun's monitor loop, 
 # this line to its "Arguments: " line, a traceback, the call stack and the message; judged as a whole
 # by the traceback's last exception (torchrun stopped while it logged: a SignalException).
 LOGGING_ERROR = "--- Logging error ---"
+# An error record of torch's own logger (torchrun's ``logger.exception``): each of its lines starts with
+# the same ``E<mmdd> <time> <pid> <path>:<line>] ``, the traceback's included. Held until the record
+# ends (a line without that prefix, or a TICK) and judged by its traceback's last exception, as above.
+TORCH_ERROR = re.compile(r"^E\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
 BANNER_LINES = 40  # at most this many lines are dropped as the summary, whatever follows
 MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
@@ -56,6 +60,8 @@ def quieted(lines: Iterable[str]) -> Iterator[str]:
         yield from quiet.finish(key)
     for label in list(quiet.reports):
         yield from quiet.reports.pop(label)
+    for label in list(quiet.records):
+        yield from quiet.end_record(label)
 
 
 class _Quiet:
@@ -66,6 +72,7 @@ class _Quiet:
         self.banners: dict[str, tuple[int, int]] = {}
         self.failed = False  # an exception that follows from a failure has come (any node, any rank)
         self.reports: dict[str, list[str]] = {}  # label -> a logging error report so far
+        self.records: dict[str, tuple[str, list[str]]] = {}  # label -> (prefix, lines) of a torch error
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came. A traceback is judged by its chain's last exception
@@ -73,12 +80,19 @@ class _Quiet:
         at a TICK (nothing new came)."""
         if line == TICK:
             ended = [key for key in self.held if key in self.ended]
-            return [out for key in ended for out in self.finish(key)] + [TICK]
+            records = [out for label in list(self.records) for out in self.end_record(label)]
+            return [out for key in ended for out in self.finish(key)] + records + [TICK]
         match = LINE.match(line)
         if match is None:
             return [line]
         label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
         key = (label, prefix)
+        record = None if prefix else TORCH_ERROR.match(text)
+        if label in self.records and (record is None or record[0] != self.records[label][0]):
+            return self.end_record(label) + self.feed(line)  # the record ended before this line
+        if record is not None:
+            self.records.setdefault(label, (record[0], []))[1].append(line)
+            return []
         if not prefix and (text == LOGGING_ERROR or label in self.reports):
             return self._report(label, line, text)
         if not prefix and label in self.banners:
@@ -120,6 +134,19 @@ class _Quiet:
         if text.startswith(STORE_LOST):
             return self.failed and any(WHILE_RUNNING in line for line in block)
         return text.startswith(AGENT_CONSEQUENCES)
+
+    def end_record(self, label: str) -> list[str]:
+        """The torch error record held for ``label``, ended: dropped when its traceback's last
+        exception follows from a failure, else shown whole."""
+        start, block = self.records.pop(label)
+        texts = [m["text"].rstrip("\n")[len(start) :] for m in map(LINE.match, block) if m is not None]
+        if HEADER not in texts:
+            return block
+        raised = [t for t in texts[texts.index(HEADER) :] if t and not t.startswith((" ", "\t"))]
+        if raised and raised[-1].startswith(AGENT_CONSEQUENCES):
+            self.failed = True
+            return []
+        return block
 
     def _report(self, label: str, line: str, text: str) -> list[str]:
         """A line of a logging error report: held until its end, then dropped when its traceback's

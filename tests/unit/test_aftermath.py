@@ -176,3 +176,21 @@ def test_a_logging_error_report_of_a_stopped_torchrun_is_left_out_and_another_is
     assert list(quieted([*own, ended])) == [*own, ended]
     cut = _node("node0", LOGGING)[:6]  # the stream ended mid-report: shown
     assert list(quieted(cut)) == cut
+
+
+# torchrun stopped by the launcher while its log tailer's error was logged by torch's own logger (as a
+# CI run had): every line of the record, the traceback's too, starts with the same prefix
+TE_LOG = "E1202 02:19:33.481000 18912 {TE}/multiprocessing/tail_log.py:154] "
+TAILER = "\n".join(
+    TE_LOG + line
+    for line in ["error in log tailer for default0. SignalException", *STOPPED.strip().splitlines()]
+)
+
+
+def test_a_torch_error_record_of_a_stopped_torchrun_is_left_out_and_another_is_shown() -> None:
+    failed = "node0 | E1202 02:19:35.803000 18912 {TE}/multiprocessing/api.py:1002] failed (exitcode: 1)\n"
+    ended = "node0 | agent: torchrun exited with code 1\n"
+    assert list(quieted([*_node("node0", TAILER), failed, ended])) == [failed, ended]
+    own = _node("node0", TAILER.replace(STOPPED.strip().splitlines()[-1], "KeyError: 30"))
+    assert list(quieted([*own, TICK, ended])) == [*own, TICK, ended]
+    assert list(quieted([failed])) == [failed]  # a record without a traceback: shown as it came
