@@ -7,9 +7,9 @@ and compute stages (``launcher.preflight.collective --pairs --compute-s S``). Pu
   half the median host's best pair (or below ``--min-busbw``), that is when every pair it is in is
   slow: the slow link's host is named and its healthy partners are not (DLRover's paired node check
   works the same way).
-- **Compute.** Every rank runs dense matmuls in the job's dtype on its device for a fixed time, and
-  keeps its best window's rate; a device below 0.8 × the median of its kind in its dtype (the same GPU
-  model, or CPU processes) is named.
+- **Compute.** Every rank runs dense matmuls in the job's dtype on its device for a fixed time; a
+  device below 0.8 × the median of its kind in its dtype (the same GPU model, or CPU processes) is
+  named.
 
 Each ``Finding`` is one line that starts with the host's name, e.g. ``gl-h3: link 0.04 GB/s on eth0,
 below half the median 0.61 GB/s (pairs gl-h2-gl-h3 0.04, gl-h3-gl-h4 0.04 GB/s)``.

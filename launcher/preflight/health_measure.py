@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 # several within the window.
 MATMUL_N = {"cuda": 8192, "cpu": 512}
 WARMUP_MATMULS = 2  # cuBLAS/oneDNN set-up and GPU clocks ramping
-# The device's figure is its best of this many equal windows of the check, as a pair keeps its better
-# pass: a slow device is slow in each, a moment another process held the core is not (CI saw a healthy
-# CPU "host" named at 0.68 of the median, four sharing two cores).
-COMPUTE_WINDOWS = 4
 PAIR_CALLS = 10  # timed all_reduce calls per pair, at least: their median is the pair's figure
 
 
@@ -70,9 +66,8 @@ def _kind(device: torch.device) -> str:
 def measure_compute(
     rank: int, node: int, local_rank: int, device: torch.device, precision: str, seconds: float
 ) -> DeviceResult:
-    """Matmuls on ``device`` until ``seconds`` have passed (at least one), timed after a barrier; its
-    TFLOP/s are the best of COMPUTE_WINDOWS windows. Collective (the barrier): every rank of the
-    default group must call it."""
+    """Matmuls on ``device`` until ``seconds`` have passed (at least one), timed after a barrier.
+    Collective (the barrier): every rank of the default group must call it."""
     import torch
 
     dtype = compute_dtype(precision, device)
@@ -101,20 +96,17 @@ def _matmuls(
         torch.mm(a, b)
     sync()
     dist.barrier()  # every device starts together: hosts sharing a machine (or a switch) share it alike
-    best, count, start = 0.0, 0, time.perf_counter()  # best: matmuls per second in a window
-    window, in_window = start, 0
+    count, start = 0, time.perf_counter()
     while True:
         torch.mm(a, b)
-        count, in_window = count + 1, in_window + 1
+        count += 1
         if device.type == "cuda" and count % 16:
             continue  # look at the clock (a synchronization) only every 16 queued matmuls
         sync()
-        now = time.perf_counter()
-        if now - window >= seconds / COMPUTE_WINDOWS:
-            best, window, in_window = max(best, in_window / (now - window)), now, 0
-        if now - start >= seconds:
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
             break
-    tflops = 2 * n**3 * best / 1e12  # an n×n by n×n matmul is 2n³ floating-point operations
+    tflops = 2 * n**3 * count / elapsed / 1e12  # an n×n by n×n matmul is 2n³ floating-point operations
     where = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
     return DeviceResult(
         rank=rank, node=node, local_rank=local_rank, device=where, kind=_kind(device),
