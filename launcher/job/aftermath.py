@@ -72,7 +72,7 @@ class _Quiet:
         self.banners: dict[str, tuple[int, int]] = {}
         self.failed = False  # an exception that follows from a failure has come (any node, any rank)
         self.reports: dict[str, list[str]] = {}  # label -> a logging error report so far
-        self.records: dict[str, tuple[str, list[str]]] = {}  # label -> (prefix, lines) of a torch error
+        self.records: dict[str, tuple[str, list[str]]] = {}  # label -> (lines' start, lines): a torch error
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came. A traceback is judged by its chain's last exception
@@ -142,11 +142,7 @@ class _Quiet:
         texts = [m["text"].rstrip("\n")[len(start) :] for m in map(LINE.match, block) if m is not None]
         if HEADER not in texts:
             return block
-        raised = [t for t in texts[texts.index(HEADER) :] if t and not t.startswith((" ", "\t"))]
-        if raised and raised[-1].startswith(AGENT_CONSEQUENCES):
-            self.failed = True
-            return []
-        return block
+        return [] if self._follows(texts[texts.index(HEADER) :]) else block
 
     def _report(self, label: str, line: str, text: str) -> list[str]:
         """A line of a logging error report: held until its end, then dropped when its traceback's
@@ -158,11 +154,15 @@ class _Quiet:
         del self.reports[label]
         texts = [m["text"].rstrip("\n") for m in map(LINE.match, block) if m is not None]
         stack = texts.index("Call stack:") if "Call stack:" in texts else len(texts)
-        raised = [t for t in texts[:stack] if t and not t.startswith((" ", "\t"))]
-        if raised and raised[-1].startswith(AGENT_CONSEQUENCES):
-            self.failed = True
-            return []
-        return block
+        return [] if self._follows(texts[:stack]) else block
+
+    def _follows(self, traceback: list[str]) -> bool:
+        """Whether a traceback's texts (its chain's too) end with an exception that follows from a
+        failure (noted in ``failed``)."""
+        raised = [t for t in traceback if t and not t.startswith((" ", "\t"))]
+        follows = bool(raised) and raised[-1].startswith(AGENT_CONSEQUENCES)
+        self.failed |= follows
+        return follows
 
     @staticmethod
     def _peer_error(prefix: str, text: str) -> bool:
