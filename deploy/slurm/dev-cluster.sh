@@ -30,7 +30,7 @@ readonly STOP_TIMEOUT=30        # seconds a daemon may take to exit on SIGTERM
 # for a step launch on one machine (the credential only has to reach slurmd).
 readonly CRED_EXPIRE=10
 readonly SCHED_INTERVAL=5
-readonly PACKAGES="slurm-wlm munge mariadb-server slurmdbd podman runc"  # podman: `--image` jobs
+readonly PACKAGES="slurm-wlm slurm-client munge mariadb-server slurmdbd podman runc"  # podman: `--image` jobs
 
 readonly MUNGE_DIR="$STATE/munge"       # owned by munge: munged's pid and log
 readonly DB_RUN="$STATE/mariadb"        # owned by mysql: socket and pid file

@@ -21,9 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.job.programs import DOCKER, PODMAN
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 
 RUNTIMES = ("podman", "docker")  # what a node may run images with; "auto" takes the first it has
+NO_RUNTIME = "no container runtime"  # how the error of a host without one begins (``pick``)
+PACKAGES = {p.name: p.package for p in (PODMAN, DOCKER)}  # the runtime -> the package to install
 PULL_TIMEOUT_S = 1800.0  # a CUDA image is several GB
 REMOVE_TIMEOUT_S = 60.0
 
@@ -40,7 +43,8 @@ def pick(wanted: str) -> str:
     for runtime in candidates:
         if shutil.which(runtime):
             return runtime
-    raise ContainerError(f"no container runtime ({' or '.join(candidates)}) on this host's PATH: install one")
+    packages = " or ".join(PACKAGES[r] for r in candidates)
+    raise ContainerError(f"{NO_RUNTIME} ({' or '.join(candidates)}) on this host's PATH: install {packages}")
 
 
 def has_gpus() -> bool:

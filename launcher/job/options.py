@@ -168,6 +168,14 @@ class GateOptions(SchedulerOptions):
         json_schema_extra=flag(metavar="GB/s", group=GATE_GROUP),
     )
 
+    health_compute_s: float | None = Field(
+        None,
+        ge=0,
+        description="seconds of matmuls per device in the health gate's compute check (default 1; 0: no "
+        "compute check, as where the nodes' processes share cores and their rates cannot be compared)",
+        json_schema_extra=flag(metavar="S", group=GATE_GROUP),
+    )
+
     @property
     def gate(self) -> bool:
         """Whether the health gate runs (--health-check or --health-check-warn)."""
@@ -179,10 +187,11 @@ class GateOptions(SchedulerOptions):
             raise ValueError(
                 "--health-check refuses and --health-check-warn launches when a node is named: keep one"
             )
-        if self.min_busbw is not None and not self.gate:
-            raise ValueError(
-                "--min-busbw is a threshold of the health gate: add --health-check (or --health-check-warn)"
-            )
+        for name, value in (("--min-busbw", self.min_busbw), ("--health-compute-s", self.health_compute_s)):
+            if value is not None and not self.gate:
+                raise ValueError(
+                    f"{name} is a setting of the health gate: add --health-check (or --health-check-warn)"
+                )
         return self
 
 

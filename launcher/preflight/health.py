@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from launcher.job.options import GateOptions
 from launcher.job.torchrun import trainer_flag
 from launcher.preflight import gpu_health
 from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
@@ -49,11 +50,12 @@ class GateSettings:
     gpus_per_node: int = 1  # the job's processes per node: GPUs each host with GPUs needs
 
     @classmethod
-    def of_job(cls, trainer_args: list[str], min_busbw: float | None, nproc_per_node: int) -> GateSettings:
-        """The gate of a job: its ``--precision`` (the trainer's default bf16), ``--min-busbw`` and
-        processes per node."""
+    def of_job(cls, trainer_args: list[str], opts: GateOptions, nproc_per_node: int) -> GateSettings:
+        """The gate of a job: its ``--precision`` (the trainer's default bf16), ``--min-busbw``,
+        ``--health-compute-s`` and processes per node."""
         precision = trainer_flag(trainer_args, "--precision") or "bf16"
-        return cls(min_busbw=min_busbw, precision=precision, gpus_per_node=nproc_per_node)
+        compute_s = COMPUTE_S if opts.health_compute_s is None else opts.health_compute_s
+        return cls(compute_s, min_busbw=opts.min_busbw, precision=precision, gpus_per_node=nproc_per_node)
 
     def worker_args(self) -> list[str]:
         """The flags of ``launcher.preflight.collective`` that run the gate's stages."""

@@ -87,7 +87,7 @@ def gate_lines(
     opts = spec.options(SlurmOptions)
     if not opts.gate:
         return []
-    gate = GateSettings.of_job(spec.trainer_args, opts.min_busbw, spec.nproc_per_node)
+    gate = GateSettings.of_job(spec.trainer_args, opts, spec.nproc_per_node)
     judge = judge_argv(
         image.python if image else spec.python, str(job_dir), spec.nnodes, gate, opts.health_check_warn
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gptlaunch.contract import EXIT_REFUSED
 from launcher.agent.transport import channel_reports
-from launcher.image.runtime import PULL_TIMEOUT_S, exec_argv
+from launcher.image.runtime import NO_RUNTIME, PULL_TIMEOUT_S, exec_argv
 from launcher.job.measurements import Probe
 from launcher.job.plan import UnresolvedHosts
 from launcher.job.reports import Probed, Pulled
@@ -27,6 +27,7 @@ from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.needs import MissingProgramError
 from launcher.schedulers.ssh.options import SshOptions
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
@@ -133,14 +134,22 @@ def pull_image(
     say(f"launcher: pulling {image} on {', '.join(hosts)} ...")
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PULL_TIMEOUT_S, done)
     _refuse_unresolved(results)
-    runtimes, errors = {}, []
+    runtimes, errors, no_runtime = {}, [], []
     for result in results:
         pulled = [r.runtime for r in channel_reports(result.raw)[1] if isinstance(r, Pulled)]
         if pulled:
             runtimes[result.host] = pulled[-1]
-        else:  # the runtime's (or the registry's) error, which the agent printed last
-            why = result.stderr.strip().splitlines()[-1:] if result.returncode == 1 else []
-            errors.append(f"{result.host}: {why[0].removeprefix('error: ')}" if why else result.error())
+            continue
+        # the runtime's (or the registry's) error, which the agent printed last
+        why = result.stderr.strip().splitlines()[-1:] if result.returncode == 1 else []
+        error = why[0].removeprefix("error: ") if why else ""
+        if error.startswith(NO_RUNTIME):
+            no_runtime.append(f"{result.host}: {error}")
+        errors.append(f"{result.host}: {error}" if error else result.error())
+    if no_runtime:  # a host to fix, not a registry to reach: exit 3, as for any other program it lacks
+        raise MissingProgramError(
+            "--image needs a container runtime on every host:\n  " + "\n  ".join(no_runtime)
+        )
     if errors:
         raise SpecError(
             f"cannot pull the image {image} on every host:\n  " + "\n  ".join(errors) + "\n  check that "

@@ -43,6 +43,7 @@ from launcher.preflight import recorded
 from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh import needs
 from launcher.schedulers.ssh.agents import LEASE_S, SIGNAL_TIMEOUT_S, SshAgents, agent_command
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import (
@@ -150,7 +151,9 @@ class SshScheduler(SupervisedScheduler):
         HealthError (exit 3) naming each slow host (``--health-check-warn``: says it and goes on),
         SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
-        sync(opts, [n.host for n in plan.nodes], plan.facts_as(SshFacts).workdir, say)
+        hosts = [n.host for n in plan.nodes]
+        check_needs(opts, hosts, spec.python, job_dir)
+        sync(opts, hosts, plan.facts_as(SshFacts).workdir, say)
         if not opts.gate:
             return plan
         excluded: set[str] = set()
@@ -181,7 +184,7 @@ class SshScheduler(SupervisedScheduler):
         """Run the gate over ``plan``'s hosts, print its report; the findings that name a host."""
         opts = spec.options(SshOptions)
         hosts = plan.facts_as(SshFacts).host_plan()
-        gate = GateSettings.of_job(spec.trainer_args, opts.min_busbw, spec.nproc_per_node)
+        gate = GateSettings.of_job(spec.trainer_args, opts, spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)
@@ -195,7 +198,9 @@ class SshScheduler(SupervisedScheduler):
         """``plan`` on ``hosts``, after every check of a submit. Raises SpecError / ParityError."""
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
         facts = plan.facts_as(SshFacts)
-        sync(opts, [h for h in hosts if h not in {n.host for n in plan.nodes}], facts.workdir, say)  # spares
+        added = [h for h in hosts if h not in {n.host for n in plan.nodes}]
+        check_needs(opts, added, spec.python, job_dir)
+        sync(opts, added, facts.workdir, say)
         found = plan_hosts(
             opts,
             len(hosts),
@@ -278,6 +283,14 @@ class SshScheduler(SupervisedScheduler):
         spec = record.spec()
         settings = ssh_settings(spec.options(SshOptions))
         SshAgents(record.plan(), settings, spec.python, {}, self, record).kill(record.job_id, grace_s)
+
+
+def check_needs(opts: SshOptions, hosts: list[str], python: str, job_dir: Path) -> None:
+    """Refuse the job before any rank starts when this machine or one of ``hosts`` lacks a program it
+    needs (``launcher.schedulers.ssh.needs``). Raises SpecError (here) or MissingProgramError (a host)."""
+    if hosts:
+        answers = needs.ask(ssh_settings(opts), hosts, python, needs.near_record(job_dir))
+        needs.check(answers, opts.sync is not None, say)
 
 
 def _host_status(
