@@ -30,18 +30,28 @@ from tests.conftest import missing_component
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test in this folder `integration` (`pytest -m "not integration"` skips them)."""
+    """Mark every test in this folder `integration` (`pytest -m "not integration"` skips them), and
+    put it in its pytest-xdist group: `make test` runs the `beside` tests (those that wait on SLURM's
+    daemons, image builds and pulls) on one worker beside the others on a second, then the `alone`
+    ones (timing: a threshold or budget measured on the machine) with the machine to themselves."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
+            group = "beside" if item.get_closest_marker("beside") else "main"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
-# Fast, deterministic trainer settings shared by the tests (compile is exercised by the benchmark).
-# Micro-batches of 4 sequences, not 16: a step is a quarter of the default's compute (about 0.5 s on
-# 2 CPU cores instead of 2 s), which is most of what these tests spend, and what they test does not
-# depend on the batch size.
-FAST = ["--no-compile", "--eval-iters", "2", "--log-interval", "1", "--micro-batch-size", "4"]
+# Fast, deterministic trainer settings shared by the tests (compile is exercised by the benchmark and
+# by test_compiled_ddp.py). Training steps are most of what these tests spend, and what they test does
+# not depend on the model's size: micro-batches of 4 sequences (not 16) of a model of 2 blocks of
+# width 128 (not tiny's 4 of 256) make a step about 0.1 s on a core (tiny's default: 2 s); tests whose
+# faults need longer steps add TINY after FAST. A given peak FLOP/s: rank 0 of each new run dir would
+# otherwise measure it (about 1.8 s of matmuls at start-up, while the other ranks wait);
+# tests/unit/test_metrics.py measures it for real.
+FAST = ["--no-compile", "--eval-iters", "2", "--log-interval", "1", "--micro-batch-size", "4",
+        "--n-layer", "2", "--n-head", "2", "--d-model", "128", "--peak-flops", "1e12"]  # fmt: skip
+TINY = ["--n-layer", "4", "--n-head", "4", "--d-model", "256"]  # the tiny preset's shape, after FAST
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +146,28 @@ LEFTOVER_MARKS = ("trainer.cli", "gptlaunch.shim", "launcher.preflight.collectiv
 LEFTOVER_GRACE_S = 20.0  # some ends are asynchronous: a container's, a SLURM step's
 
 
+# Under pytest-xdist (``make test`` runs the I/O-bound tests beside the others), a worker judges only
+# its own processes: its descendants, and those whose command line or working directory names one of
+# its own directories (its base temporary directory, where every test's run dir, data and project
+# are, or a ``private`` dir of its tests). The other worker's are that worker's to judge.
+OWN_DIRS: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_dirs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    OWN_DIRS.append(str(tmp_path_factory.getbasetemp()))
+
+
+def _ours(proc: psutil.Process, command: str) -> bool:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return True
+    with contextlib.suppress(psutil.Error):
+        if os.getpid() in {p.pid for p in proc.parents()}:
+            return True
+        command += " " + proc.cwd()
+    return any(own in command for own in OWN_DIRS)
+
+
 def _leftovers() -> list[psutil.Process]:
     ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found = []
@@ -143,7 +175,8 @@ def _leftovers() -> list[psutil.Process]:
         command = " ".join(proc.info["cmdline"] or [])
         # Another checkout's test run on this machine (its own .venv) is not ours to judge.
         elsewhere = "/.venv/bin/" in command and sys.prefix not in command
-        if proc.pid not in ours and any(mark in command for mark in LEFTOVER_MARKS) and not elsewhere:
+        marked = any(mark in command for mark in LEFTOVER_MARKS)
+        if proc.pid not in ours and marked and not elsewhere and _ours(proc, command):
             found.append(proc)
     return found
 
@@ -309,6 +342,7 @@ def private(hostfile: Path) -> Iterator[Path]:
     name = f"sn-{uuid.uuid4().hex[:10]}"
     path = SSH_STATE / "local" / name
     path.mkdir()
+    OWN_DIRS.append(str(path))
     yield path
     for root in [SSH_STATE / "local", *(SSH_STATE / "hosts").glob("*/local")]:
         shutil.rmtree(root / name, ignore_errors=True)
@@ -328,10 +362,11 @@ def logged_step(job_dir: Path) -> int:
     return max((int(step) for text in logs for step in _STEP.findall(text)), default=0)
 
 
-def first_hosts(hostfile: Path, n: int, tmp_path: Path) -> Path:
+def first_hosts(hostfile: Path, n: int, tmp_path: Path, skip: int = 0) -> Path:
+    """A hostfile of ``n`` test hosts, the first after ``skip`` of them."""
     lines = [line for line in hostfile.read_text().splitlines() if line and not line.startswith("#")]
     path = tmp_path / f"hosts-{n}"
-    path.write_text("\n".join(lines[:n]) + "\n")
+    path.write_text("\n".join(lines[skip : skip + n]) + "\n")
     return path
 
 

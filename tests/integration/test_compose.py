@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord
@@ -34,6 +35,8 @@ from tests.integration.conftest import (
     processes_of,
     wait_for,
 )
+
+pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
 
 SECRET = "hf_compose_canary_40d2a7"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.conftest import FAST, losses, metrics, run, torchrun
+from tests.integration.conftest import FAST, TINY, losses, metrics, run, torchrun
 from trainer.checkpoint import load
 from trainer.config import GPTConfig, TrainConfig
 from trainer.model import GPT
@@ -34,6 +34,7 @@ def test_two_ranks_with_accumulation_take_the_same_step_as_one_process_on_the_gl
     common = [
         *prepared_data,
         *FAST,
+        *TINY,  # the shape the bounds below were measured on
         "--precision",
         "fp32",
         "--max-steps",

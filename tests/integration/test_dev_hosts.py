@@ -13,7 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import missing_component, run, wait_for
+
+pytestmark = pytest.mark.alone  # see conftest.pytest_collection_modifyitems
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS_SCRIPT = ROOT / "deploy" / "ssh" / "dev-hosts.sh"

@@ -9,11 +9,14 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from gptlaunch.contract import read_beats
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.integration.conftest import (
     FAST,
+    TINY,
     frozen_until_ended,
     launcher,
     only_job_id,
@@ -68,13 +71,14 @@ def test_a_stopped_rank_is_a_hang_named_with_every_ranks_stack(prepared_data, tm
         assert f"<a href='hang/{name}'>" in page
 
 
+@pytest.mark.alone  # busy loops on a core, or a 2 s step budget
 def test_long_evaluations_under_a_tight_step_budget_are_not_a_hang(prepared_data, tmp_path: Path) -> None:
     """``--hang-timeout-s 2`` bounds steps only: each evaluation takes longer (observed here in the
     heartbeats, not assumed), within its own budget, and the job runs to its end."""
     jobs = tmp_path / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--nodes", "2", "--hang-timeout-s", "2", "--",
-        *prepared_data, *FAST, "--max-steps", "6", "--eval-interval", "3", "--eval-iters", "160",
+        *prepared_data, *FAST, *TINY, "--max-steps", "6", "--eval-interval", "3", "--eval-iters", "160",
     )  # fmt: skip  # an evaluation: 160 forward passes, against a step's one forward and backward
     assert submit.returncode == 0, submit.stderr[-3000:]
     job_dir = jobs / only_job_id(jobs)

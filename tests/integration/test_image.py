@@ -15,8 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from launcher.image.build import CONTEXT
 from tests.integration.conftest import CA_CANARY, SYSTEM_CA, TAG, docker, launcher, run
+
+pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
 
 ROOT = Path(__file__).resolve().parents[2]
 EDITED = "gptlaunch-test:edited"

@@ -32,6 +32,10 @@ from tests.integration.conftest import (
     wait_for,
 )
 
+pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
+# gl-h6 and gl-h7: the SSH tests that run beside these (make test) take gl-h1..3's links down
+IMAGE_HOSTS_AFTER = 5
+
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY_SCRIPT = ROOT / "deploy" / "docker" / "dev-registry.sh"
 SLURM_STATE = Path("/var/lib/gptlaunch-slurm")  # deploy/slurm/dev-cluster.sh: storage-nK.conf per node
@@ -101,7 +105,7 @@ def test_two_hosts_pull_the_pinned_image_and_train_in_it_whatever_their_local_ta
     tmp_path: Path,
 ) -> None:
     tag, digest = pushed["image"], pushed["repo_digests"][0]
-    hosts = first_hosts(hostfile, 2, tmp_path)
+    hosts = first_hosts(hostfile, 2, tmp_path, skip=IMAGE_HOSTS_AFTER)
     names = [line.split()[0] for line in hosts.read_text().splitlines()]
     for host in names:  # each host really pulls, into its own storage
         ssh(host, "podman rmi --all --force", check=False)
@@ -135,7 +139,10 @@ def test_the_plain_script_runs_in_the_pinned_image_on_two_hosts_that_share_no_fi
     """A user's program with ``--image`` on SSH: synced to each host's own disk, run in the image
     through the shim; its checkpoint (``--out {{run_dir}}``) comes back as the launcher's copy and its
     steps as beats."""
-    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    hosts, project = (
+        first_hosts(hostfile, 2, tmp_path, skip=IMAGE_HOSTS_AFTER),
+        plain_project(tmp_path, wikitext_valid),
+    )
     jobs = private / "jobs"
     plain = ["ddp_plain.py", "--data", "input.txt", "--steps", "30", "--out", "{{run_dir}}"]
     proc = launcher(jobs, "submit", "--sync", str(project), "--workdir", str(private / "work"),
@@ -153,7 +160,7 @@ def test_the_plain_script_runs_in_the_pinned_image_on_two_hosts_that_share_no_fi
 def test_a_host_that_cannot_reach_the_registry_is_named_before_any_rank_starts(
     hostfile: Path, engine: dict[str, str], pushed: dict[str, Any], registry: str, tmp_path: Path
 ) -> None:
-    hosts = first_hosts(hostfile, 2, tmp_path)
+    hosts = first_hosts(hostfile, 2, tmp_path, skip=IMAGE_HOSTS_AFTER)
     names = [line.split()[0] for line in hosts.read_text().splitlines()]
     digest = pushed["repo_digests"][0]
     ssh(names[1], f"podman rmi --force {digest}", check=False)  # it must pull
@@ -193,7 +200,7 @@ def test_killing_one_hosts_container_fails_the_job_naming_that_host_and_leaves_n
     private: Path,
     tmp_path: Path,
 ) -> None:
-    hosts = first_hosts(hostfile, 2, tmp_path)
+    hosts = first_hosts(hostfile, 2, tmp_path, skip=IMAGE_HOSTS_AFTER)
     names = [line.split()[0] for line in hosts.read_text().splitlines()]
     jobs, run_dir = private / "jobs", private / "run"
     flags = ssh_job(hosts, pushed["repo_digests"][0], train(prepared_data, run_dir, 100_000))

@@ -1,8 +1,9 @@
 """Job-level retries on the local scheduler with real faults: a rank killed by SIGKILL and a frozen
 rank (a hang) are retried from the last checkpoint and the job succeeds with exactly the losses of an
-uninterrupted run; an error that repeats at the same step stops after two attempts; a failure after
-new steps is retried at once, one that repeats with no new step waits a backoff, and a cancel during
-it ends the job and nothing starts afterwards."""
+uninterrupted run (with warm workers: once the job's zygote has imported torch, a retry's ranks are
+forked from it, and nothing of it outlives the job); an error that repeats at the same step stops
+after two attempts; a failure after new steps is retried at once, one that repeats with no new step
+waits a backoff, and a cancel during it ends the job and nothing starts afterwards."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import re
 import signal
 from pathlib import Path
 
+import psutil
+import pytest
+
 from gptlaunch.contract import Beat, job_snapshots, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.schedulers.local.warm import LOG, zygote_socket
 from tests.integration.conftest import (
     FAST,
     launcher,
@@ -46,25 +51,43 @@ def _submit(
     return jobs / only_job_id(jobs)
 
 
+@pytest.fixture(scope="module")
+def reference(prepared_data: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The losses of the job never interrupted (once for the module), step -> loss."""
+    tmp = tmp_path_factory.mktemp("reference")
+    ref = _submit(tmp / "jobs", tmp / "run", prepared_data)
+    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
+    return losses(tmp / "run")
+
+
+def _zygote(job_dir: Path) -> psutil.Process:
+    ready = re.search(r"ready on \S+ \(pid (\d+)\)", (job_dir / LOG).read_text())
+    assert ready is not None
+    return psutil.Process(int(ready[1]))
+
+
 def _status(job_dir: Path) -> dict:
     return dict(json.loads((job_dir / "status.json").read_text()))
 
 
-def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrupted_run(
-    prepared_data, tmp_path: Path
+def test_a_killed_rank_and_a_hang_are_retried_from_warm_workers_and_the_losses_match_an_uninterrupted_run(
+    prepared_data: list[str], reference: dict[int, float], tmp_path: Path
 ) -> None:
-    reference = tmp_path / "reference"
-    ref = _submit(tmp_path / "ref-jobs", reference, prepared_data)
-    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
-
     run_dir = tmp_path / "run"
-    job_dir = _submit(tmp_path / "jobs", run_dir, prepared_data, "--retries", "2", "--retry-backoff-s", "1",
-                      "--hang-timeout-s", "5")  # fmt: skip
-    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=12)
+    job_dir = _submit(tmp_path / "jobs", run_dir, prepared_data, "--warm-workers", "--retries", "2",
+                      "--retry-backoff-s", "1", "--hang-timeout-s", "5")  # fmt: skip
+    beat_dirs = [job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)]
+    wait_for(lambda: "ready" in (job_dir / LOG).read_text(), 120, "the zygote to import torch")
+    zygote = _zygote(job_dir)
+    beats = wait_for_steps(beat_dirs, step=12)
     os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)  # after the checkpoint of step 10
     wait_for(lambda: (job_dir / "attempts" / "1").is_dir(), 120, "attempt 1 to end")
-    beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=14)
-    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGSTOP)  # a hang in attempt 2
+    beats = wait_for_steps(beat_dirs, step=14)
+    # Attempt 2's ranks are the zygote's children, and their torch is the one it imported.
+    ranks = [psutil.Process(b.pid) for b in beats]
+    assert {p.ppid() for p in ranks} == {zygote.pid}, beats
+    assert all(" ".join(p.cmdline()).split()[1:3] == ["-m", "trainer.cli"] for p in ranks)  # as ps shows
+    os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGSTOP)  # a hang of a forked rank
     final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
     first, second = (
@@ -82,7 +105,7 @@ def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrup
     steps = [m["step"] for m in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
              if "tokens_per_s" in m]  # fmt: skip
     assert steps == list(range(1, STEPS + 1))
-    assert losses(run_dir) == losses(reference)
+    assert losses(run_dir) == reference
     text = launcher(tmp_path / "jobs", "status", job_dir.name, check=True).stdout
     assert "attempt 3 of 3" in text and "attempt 1 at step" in text and "attempt 2 at step" in text, text
     # Goodput: the failures cost time (the hang alone its --hang-timeout-s), and the parts add up.
@@ -98,19 +121,16 @@ def test_a_killed_rank_and_a_hang_are_retried_and_the_losses_match_an_uninterrup
     parts = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s")
     assert abs(sum(goodput[k] for k in parts) - goodput["wall_s"]) < 1e-6 * goodput["wall_s"], goodput
     assert "lost" in text and "to 2 failures" in text, text
-    assert processes_of(job_dir.name) == []
+    assert processes_of(job_dir.name) == [] and not zygote.is_running()
+    assert not zygote_socket(job_dir.name).parent.exists()
 
 
 def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is_on_disk(
-    prepared_data, tmp_path: Path
+    prepared_data: list[str], reference: dict[int, float], tmp_path: Path
 ) -> None:
     """No checkpoint before step 100, a snapshot in host memory every 10 steps: rank 1 SIGKILLed past
     step 16. Rank 0, the survivor, keeps the state of the step it holds on its way out, and the next
     attempt goes on from it, redoing no step; every later loss is the reference's."""
-    reference = tmp_path / "reference"
-    ref = _submit(tmp_path / "ref-jobs", reference, prepared_data)
-    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
-
     run_dir = tmp_path / "run"
     job_dir = _submit(
         tmp_path / "jobs", run_dir, prepared_data, "--retries", "1", extra=["--checkpoint-interval", "100"]
@@ -133,7 +153,7 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
     assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{STEPS:08d}.pt"]
     steps = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]
     assert steps == list(range(1, STEPS + 1))
-    assert losses(run_dir) == losses(reference)  # bit for bit
+    assert losses(run_dir) == reference  # bit for bit
     assert not snapshots.exists()  # the job ended: its snapshots are gone from memory
 
 

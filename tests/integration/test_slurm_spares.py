@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gptlaunch.contract import read_beats
@@ -24,6 +25,8 @@ from tests.integration.test_slurm import (
     _until,
     slurm_cluster,  # noqa: F401 (the module's fixture: a running dev cluster)
 )
+
+pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
 
 
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_requeue(

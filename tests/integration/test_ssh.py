@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -685,3 +686,51 @@ def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_
     assert resumed and resumed[0] >= 100 and "step 2000/2000" in logs, logs[-3000:]
     assert (on_host("gl-h3", Path(run_dir)) / "ckpt.pt").is_file()  # the spare got the copy
     wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+
+
+@contextlib.contextmanager
+def without_program(host: str, path: str, tmp_path: Path) -> Iterator[None]:
+    """``path`` (a program) gone from ``host`` alone: a plain file bind-mounted over it in the host's
+    own mount namespace (its sshd's; ``dev-hosts.sh`` makes it private), so that no shell there finds
+    it, while this machine and the other hosts keep theirs."""
+    pid = (SSH_STATE / "hosts" / host / "sshd.pid").read_text().strip()
+    blank = tmp_path / "not-a-program"
+    blank.write_text("")
+    nsenter = ["nsenter", "-t", pid, "-m"]
+    run([*nsenter, "mount", "--bind", str(blank), path], check=True)
+    try:
+        yield
+    finally:
+        run([*nsenter, "umount", path], check=True)
+
+
+def test_without_rsync_here_or_on_one_host_a_sync_job_is_refused_before_any_rank_starts(
+    hostfile: Path, wikitext_valid: Path, private: Path, tmp_path: Path
+) -> None:
+    """``--sync`` copies with rsync, which runs on both ends: missing on this machine is exit 2, missing
+    on one host exit 3 naming that host, each with the package to install, and nothing is started
+    or written. This machine "without rsync" is a PATH of every program here but rsync."""
+    hosts, project = first_hosts(hostfile, 2, tmp_path), plain_project(tmp_path, wikitext_valid)
+    first, second = host_names(hosts)
+    rsync = shutil.which("rsync")
+    assert rsync is not None, "the set-up installs rsync (.ci/run)"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        for program in Path(directory).glob("*") if Path(directory).is_dir() else []:
+            if program.name != "rsync" and not (bin_dir / program.name).exists():
+                (bin_dir / program.name).symlink_to(program)
+    workdir, jobs = private / "work", private / "jobs"
+    argv = ["submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2", "--sync", str(project),
+            "--workdir", str(workdir), "--", *PLAIN_ARGS]  # fmt: skip
+    here = launcher(jobs, *argv, env={"PATH": str(bin_dir)})
+    assert here.returncode == 2, here.stderr[-3000:]
+    assert "--sync needs rsync" in here.stderr and "not installed on this machine" in here.stderr
+    assert "apt-get install rsync" in here.stderr and "Traceback" not in here.stderr
+    with without_program(second, rsync, tmp_path):
+        host = launcher(jobs, *argv)
+    assert host.returncode == 3, host.stderr[-3000:]
+    assert "--sync needs rsync" in host.stderr and f"not installed on {second}:" in host.stderr
+    assert first not in host.stderr.split("--sync needs rsync")[1] and "apt-get install rsync" in host.stderr
+    assert not jobs.exists() or not any(jobs.iterdir()), "nothing may be written for a refused launch"
+    assert not any(on_host(h, workdir).exists() for h in (first, second)), "nothing synced either"

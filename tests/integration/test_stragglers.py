@@ -13,14 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gptlaunch.compute import WINDOW_S
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.scalars import scalars_dir
 from tests.integration.browser import chart, dump_dom, screenshot, traces
-from tests.integration.conftest import FAST, launcher, only_job_id, wait_for, wait_for_steps
+from tests.integration.conftest import FAST, TINY, launcher, only_job_id, wait_for, wait_for_steps
 from trainer.stragglers import THRESHOLD
+
+pytestmark = pytest.mark.alone  # see conftest.pytest_collection_modifyitems
 
 LOG_INTERVAL = 5
 PLAIN = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_plain.py")
@@ -122,7 +125,7 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
     assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
     jobs = tmp_path / "jobs"
     submit = launcher(
-        jobs, "submit", "--detach", "--nodes", "2", "--", *prepared_data, *FAST,
+        jobs, "submit", "--detach", "--nodes", "2", "--", *prepared_data, *FAST, *TINY,
         "--log-interval", str(LOG_INTERVAL), "--max-steps", "100000", "--eval-interval", "100000",
         "--checkpoint-interval", "100000",
     )  # fmt: skip

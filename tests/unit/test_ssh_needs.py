@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
+from launcher.image.runtime import ContainerError, pick
 from launcher.job.spec import SpecError
-from launcher.schedulers.ssh import needs
+from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh import hosts, needs
 from launcher.schedulers.ssh.needs import HostNeeds, MissingProgramError
 
 ALL = HostNeeds(rsync=True, py_spy=True, shares_files=False)
@@ -72,3 +74,31 @@ def test_the_token_goes_beside_the_record_in_a_directory_that_exists(tmp_path: P
     assert needs.near_record(tmp_path / "jobs" / "job-1") == tmp_path  # jobs/ is not made yet
     (tmp_path / "jobs").mkdir()
     assert needs.near_record(tmp_path / "jobs" / "job-1") == tmp_path / "jobs"
+
+
+def test_a_host_without_a_container_runtime_is_exit_3_naming_it_and_the_packages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--image``: the pull's answers, as each host's agent gives them (a host that lacks both runtimes
+    says ``launcher.image.runtime.pick``'s error last); the registry's refusal stays exit 2."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ContainerError) as no_runtime:
+        pick("auto")
+    said = {"h1": f"error: {no_runtime.value}", "h2": "error: podman pull r/x@sha256:1: connection refused"}
+
+    def fan_out(_settings, names, _command, _timeout, _done=None):  # type: ignore[no-untyped-def]
+        return [ssh.Result(host=h, returncode=1, stdout="", stderr=said[h], seconds=0.1) for h in names]
+
+    monkeypatch.setattr(ssh, "fan_out", fan_out)
+    settings = ssh.SshSettings(options=(), host_key_check="yes", connect_timeout_s=5, max_parallel=4)
+    with pytest.raises(MissingProgramError) as e:
+        hosts.pull_image(settings, ["h1", "h2"], "python3", "r/x@sha256:1", "auto", print)
+    assert e.value.exit_code == EXIT_REFUSED
+    assert "h1: no container runtime (podman or docker)" in str(e.value) and "h2" not in str(e.value)
+    assert "install podman or docker.io" in str(e.value)
+    said["h1"] = said["h2"]
+    with pytest.raises(SpecError) as refused:
+        hosts.pull_image(settings, ["h1", "h2"], "python3", "r/x@sha256:1", "auto", print)
+    assert not isinstance(refused.value, MissingProgramError) and "cannot pull the image" in str(
+        refused.value
+    )
