@@ -46,11 +46,12 @@ class HostNeeds:
 
 def command(python: str, token_file: Path) -> str:
     """The shell command that answers for one host: three lines, ``rsync=…``, ``py-spy=…``, ``token=…``."""
-    py = shlex.quote(python)
-    spy = f'd=$(dirname "$(command -v {py})" 2>/dev/null); [ -x "$d/py-spy" ] || command -v py-spy'
+    # `[ -x ]` after `command -v`: bash's `command -v` names a file it cannot run when it finds no other
+    has = 'p=$(command -v {0}) && [ -x "$p" ] && echo yes'
+    beside = f'd=$(dirname "$(command -v {shlex.quote(python)})") && [ -x "$d/py-spy" ] && echo yes'
     return (
-        f"echo rsync=$(command -v rsync >/dev/null && echo yes); "
-        f"echo py-spy=$({spy} >/dev/null && echo yes); "
+        f"echo rsync=$({has.format('rsync')}); "
+        f"echo py-spy=$({beside} || {has.format('py-spy')}); "
         f"echo token=$(cat {shlex.quote(str(token_file))} 2>/dev/null)"
     )
 
