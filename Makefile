@@ -26,13 +26,12 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The unit tests on both cores; then the integration tests in two phases (tests/integration/conftest.py):
-# the `beside` ones (SLURM, image builds and pulls, compose) on one worker beside the rest on another,
-# then the `alone` ones (a threshold or a time budget measured on the machine) by themselves.
+# The unit tests on both cores (pytest-xdist); then the integration tests in two phases (tests/phases.sh):
+# the `beside` ones (SLURM, image builds and pulls, compose) in a pytest beside one of the rest, then
+# the `alone` ones (a threshold or a time budget measured on the machine) by themselves.
 test: lint docs
 	$(VENV)/bin/pytest -q -n 2 tests/unit
-	$(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not alone" --durations=40 tests/integration
-	$(VENV)/bin/pytest -q -m alone --durations=10 tests/integration
+	bash tests/phases.sh $(VENV)/bin/pytest
 
 # The docs site into site/; --strict (mkdocs.yml): a broken link or anchor, or a page left out, fails.
 docs: setup

@@ -30,16 +30,11 @@ from tests.conftest import missing_component
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test in this folder `integration` (`pytest -m "not integration"` skips them), and
-    put it in its pytest-xdist group: `make test` runs the `beside` tests (those that wait on SLURM's
-    daemons, image builds and pulls) on one worker beside the others on a second, then the `alone`
-    ones (timing: a threshold or budget measured on the machine) with the machine to themselves."""
+    """Mark every test in this folder `integration` (`pytest -m "not integration"` skips them)."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
-            group = "beside" if item.get_closest_marker("beside") else "main"
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # Fast, deterministic trainer settings shared by the tests (compile is exercised by the benchmark and
@@ -146,10 +141,11 @@ LEFTOVER_MARKS = ("trainer.cli", "gptlaunch.shim", "launcher.preflight.collectiv
 LEFTOVER_GRACE_S = 20.0  # some ends are asynchronous: a container's, a SLURM step's
 
 
-# Under pytest-xdist (``make test`` runs the I/O-bound tests beside the others), a worker judges only
-# its own processes: its descendants, and those whose command line or working directory names one of
-# its own directories (its base temporary directory, where every test's run dir, data and project
-# are, or a ``private`` dir of its tests). The other worker's are that worker's to judge.
+# `make test` (tests/phases.sh) runs the `beside` tests in a pytest of their own beside the others, with
+# BESIDE_ENV set in both: each run then judges only its own processes, its descendants and those whose
+# command line or working directory names one of its own directories (its base temporary directory,
+# where every test's run dir, data and project are, or a ``private`` dir of its tests).
+BESIDE_ENV = "GPTLAUNCH_TESTS_BESIDE"
 OWN_DIRS: list[str] = []
 
 
@@ -159,7 +155,7 @@ def _own_dirs(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def _ours(proc: psutil.Process, command: str) -> bool:
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not os.environ.get(BESIDE_ENV):
         return True
     with contextlib.suppress(psutil.Error):
         if os.getpid() in {p.pid for p in proc.parents()}:

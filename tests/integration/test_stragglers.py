@@ -16,7 +16,7 @@ import psutil
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from gptlaunch.compute import WINDOW_S
+from gptlaunch.compute import MIN_STEPS, WINDOW_S
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.scalars import scalars_dir
 from tests.integration.browser import chart, dump_dom, screenshot, traces
@@ -79,6 +79,16 @@ def _beats_at(beat_dirs: list[Path], since: float, timeout_s: float = 120) -> li
             return beats
         time.sleep(0.5)
     raise AssertionError(f"the ranks did not beat after {since} within {timeout_s} s")
+
+
+def _a_whole_window(beat_dirs: list[Path], timeout_s: float = 180) -> list[Beat]:
+    """Both ranks' beats once a whole window of the compute measure has passed from now: WINDOW_S
+    seconds and MIN_STEPS steps (``gptlaunch.compute``: the measure spans both, so with steps slower
+    than WINDOW_S / MIN_STEPS a window of seconds alone still holds steps from before)."""
+    started = max(b.step for d in beat_dirs for b in read_beats(d))
+    beats = _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1, timeout_s=timeout_s)
+    wait_for_steps(beat_dirs, step=started + MIN_STEPS + 1, timeout_s=timeout_s)
+    return beats
 
 
 def _flagged_in_tensorboard(
@@ -182,11 +192,11 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
         beats = wait_for_steps(beat_dirs, step=1)
         for beat in beats:
             _pin(beat.pid, beat.rank)
-        alone = _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window since pinned
+        alone = _a_whole_window(beat_dirs)  # since pinned
         assert _stragglers_in_status(jobs, job_id) == {}
         throttled_at = time.time()
         with _throttled(next(b.pid for b in alone if b.rank == 1), share=0.4):
-            _beats_at(beat_dirs, since=time.time() + WINDOW_S + 1)  # a whole window under the quota
+            _a_whole_window(beat_dirs)  # under the quota
             named = _stragglers_in_status(jobs, job_id)
             text = launcher(jobs, "status", job_id, check=True).stdout
             flags = _flagged_in_tensorboard(jobs / job_id, since=time.time())
