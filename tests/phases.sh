@@ -6,6 +6,7 @@
 #   2. the `alone` tests (a threshold or a time budget measured on the machine), by themselves.
 # Usage: tests/phases.sh PYTEST. Exit status: 0 when every phase passed, else the first failure's.
 set -uo pipefail
+set -m  # job control: a background job of a shell without it ignores SIGINT (the Ctrl-C tests send it)
 pytest=$1
 base=$(mktemp -d /tmp/gptlaunch-tests.XXXXXX)
 export GPTLAUNCH_TESTS_BESIDE=1  # each run ends only its own leftovers (tests/integration/conftest.py)

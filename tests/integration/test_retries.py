@@ -23,6 +23,7 @@ from launcher.schedulers.local.scheduler import LocalScheduler
 from launcher.schedulers.local.warm import LOG, zygote_socket
 from tests.integration.conftest import (
     FAST,
+    TINY,
     launcher,
     losses,
     metrics,
@@ -45,7 +46,8 @@ def _submit(
     extra: list[str] | None = None,
 ) -> Path:
     """A detached local 2-node job; ``flags`` are the launcher's, ``extra`` the trainer's (last)."""
-    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *CKPT, *(extra or [])]
+    # TINY: a kill must land in a step's compute, not its collectives, for a survivor to keep its step
+    argv = ["submit", "--detach", "--nodes", "2", *flags, "--", *data, *FAST, *TINY, *CKPT, *(extra or [])]
     proc = launcher(jobs, *argv, "--max-steps", str(STEPS), "--run-dir", str(run_dir), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return jobs / only_job_id(jobs)
