@@ -35,6 +35,7 @@ from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
     SSH_STATE,
+    TINY,
     first_hosts,
     launcher,
     logged_step,
@@ -411,7 +412,7 @@ def _past_step_12_with_a_spare(
     submit = launcher(
         jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
         "--retries", str(retries), "--retry-backoff-s", "1", *submit_flags,
-        "--", *train_args(prepared_data, run_dir, 40),
+        "--", *train_args(prepared_data, run_dir, 40), *TINY,  # steps that outlast rsync's 1 s mtimes
         "--checkpoint-interval", "10", "--eval-interval", "100000", *flags,
     )  # fmt: skip
     assert submit.returncode == 0, submit.stderr[-3000:]
