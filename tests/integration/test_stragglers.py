@@ -113,6 +113,13 @@ def _flagged_in_tensorboard(
     return flags
 
 
+def _settled(job_dir: Path) -> None:
+    """Once the job's supervisor has written its first point into the job's TensorBoard: its one-off
+    import of TensorBoard's writer (a second or two of a core) is then behind the window in which no
+    rank may be named, and does not take a pinned rank's core in it."""
+    _flagged_in_tensorboard(job_dir, since=0.0)
+
+
 def _named_in_status(jobs: Path, job_id: str, timeout_s: float = 120) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while not (named := _stragglers_in_status(jobs, job_id)):
@@ -143,10 +150,13 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
     job_id = only_job_id(jobs)
     job_dir, run_dir = jobs / job_id, jobs / job_id / "run"
     try:
-        beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=1)
+        beat_dirs = [job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)]
+        beats = wait_for_steps(beat_dirs, step=1)
         for beat in beats:
             _pin(beat.pid, beat.rank)
-        alone = _wait_for_log_intervals(run_dir, after_step=beats[0].step + LOG_INTERVAL, n=4)
+        _settled(job_dir)
+        now = max(b.step for b in wait_for_steps(beat_dirs, step=1))
+        alone = _wait_for_log_intervals(run_dir, after_step=now + LOG_INTERVAL, n=4)
         assert not any("stragglers" in r for r in alone), alone
         # A quota, not a busy loop on its core: a busy loop gave rank 1 only about 1.3x against the
         # 1.25 threshold, too little margin on a loaded machine; 40% of a core gives about 2.5x.
@@ -192,6 +202,7 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
         beats = wait_for_steps(beat_dirs, step=1)
         for beat in beats:
             _pin(beat.pid, beat.rank)
+        _settled(jobs / job_id)
         alone = _a_whole_window(beat_dirs)  # since pinned
         assert _stragglers_in_status(jobs, job_id) == {}
         throttled_at = time.time()
