@@ -28,7 +28,8 @@ EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
         EXIT_REFUSED,
         "failed",
         "nodes refused before training: the hosts' versions differ (parity check; the diff is printed), "
-        "the health check named a node (one line each) or the newest checkpoint is out of reach; no rank "
+        "the health check named a node (one line each), a host lacks a program the job needs (rsync, a "
+        "container runtime; the package is named) or the newest checkpoint is out of reach; no rank "
         "started",
     ),
     (

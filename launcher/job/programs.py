@@ -17,9 +17,9 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Program:
-    """An external program: ``name`` on PATH, the ``package`` to install for it, what it is ``for``,
-    and, when a job runs without it, ``optional``: what is lost then (None: a job that needs it is
-    refused)."""
+    """An external program: ``name`` on PATH, the ``package`` to install for it (``pip:NAME`` for a
+    Python package), what it is ``used_for``, and, when a job runs without it, ``optional``: what is
+    lost then (None: a job that needs it is refused)."""
 
     name: str
     package: str
