@@ -127,6 +127,9 @@ def test_a_killed_rank_and_a_hang_are_retried_from_warm_workers_and_the_losses_m
     assert not zygote_socket(job_dir.name).parent.exists()
 
 
+# A race by design: the survivor keeps its step only if it sees the failure before the launcher ends
+# it, which a loaded machine loses (failed twice beside the beside tests, passed alone).
+@pytest.mark.alone
 def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is_on_disk(
     prepared_data: list[str], reference: dict[int, float], tmp_path: Path
 ) -> None:
