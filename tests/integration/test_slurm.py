@@ -25,6 +25,7 @@ from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
+    TINY,
     launcher,
     losses,
     make_other_venv,
@@ -452,7 +453,8 @@ def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, st
     nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
     step 7 passed and a checkpoint is in the job record's copy."""
     jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
-    args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
+    # TINY: steps slow enough that rank 0 still trains when the copy holds a checkpoint
+    args = [*prepared_data, *FAST, *TINY, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
     args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
     flags = ["--retries", "1", "--retry-backoff-s", "1"]
     proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
