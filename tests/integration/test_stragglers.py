@@ -1,7 +1,7 @@
-"""Stragglers against real contention: two local ranks, each pinned to its own core; nobody is named
-while they run alone, and rank 1 is named once a CPU quota (a cgroup) throttles it to a share of its
-core: by the built-in trainer's own check (metrics.jsonl, the console) and by the launcher (`launcher
-status`, from the ranks' beats), and for a plain script with no change to it (`launcher status`)."""
+"""Stragglers against real contention: two local ranks, rank 1 pinned to a core of its own; rank 1 is
+named by nobody while the ranks run alone, and is named once a CPU quota (a cgroup) throttles it to a
+share of its core: by the built-in trainer's own check (metrics.jsonl, the console) and by the launcher
+(`launcher status`, from the ranks' beats), and for a plain script with no change to it."""
 
 from __future__ import annotations
 
@@ -39,6 +39,19 @@ def _pin(pid: int, core: int) -> None:
     """Every thread of ``pid`` onto ``core`` (threads started later inherit it from theirs)."""
     for thread in psutil.Process(pid).threads():
         os.sched_setaffinity(thread.id, {core})
+
+
+@pytest.fixture
+def the_rest_on_core_0() -> Iterator[None]:
+    """This test, and so every process of the job it starts (affinity is inherited), on core 0, until
+    ``_pin`` moves rank 1 to core 1: rank 1's core then carries rank 1 alone, and no work of the
+    launcher's or the test's can make it look slow before the quota holds it. (Rank 0 shares core 0
+    with all of that and may then be named: no assertion rests on rank 0 before the quota.)"""
+    assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    yield
+    os.sched_setaffinity(0, cores)
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -138,8 +151,8 @@ def _wait_for_log_intervals(run_dir: Path, after_step: int, n: int, timeout_s: f
     raise AssertionError(f"{n} log intervals after step {after_step} not reached in {timeout_s} s")
 
 
+@pytest.mark.usefixtures("the_rest_on_core_0")
 def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_data, tmp_path: Path) -> None:
-    assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
     jobs = tmp_path / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--nodes", "2", "--", *prepared_data, *FAST, *TINY,
@@ -157,8 +170,8 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
         _settled(job_dir)
         now = max(b.step for b in wait_for_steps(beat_dirs, step=1))
         alone = _wait_for_log_intervals(run_dir, after_step=now + LOG_INTERVAL, n=4)
-        # Rank 1, the one the quota will hold, is named by nobody before it. (Rank 0 may be: pinned to
-        # core 0, which carries the rest of this machine's work, it was seen at 1.29x here.)
+        # Rank 1, the one the quota will hold, is named by nobody before it (rank 0 may be: its core
+        # carries all the rest, and was seen to make it 1.29x slower).
         assert not any(s["rank"] == 1 for r in alone for s in r.get("stragglers", [])), alone
         # A quota, not a busy loop on its core: a busy loop gave rank 1 only about 1.3x against the
         # 1.25 threshold, too little margin on a loaded machine; 40% of a core gives about 2.5x.
@@ -187,10 +200,10 @@ def test_a_rank_held_to_part_of_its_core_is_named_and_nobody_before(prepared_dat
         launcher(jobs, "cancel", job_id)
 
 
+@pytest.mark.usefixtures("the_rest_on_core_0")
 def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
     wikitext_valid: Path, tmp_path: Path
 ) -> None:
-    assert len(os.sched_getaffinity(0)) >= 2, "this test pins the two ranks to two different cores"
     jobs = tmp_path / "jobs"
     submit = launcher(
         jobs, "submit", "--detach", "--nodes", "2", "--", PLAIN, "--data", str(wikitext_valid),
@@ -206,7 +219,7 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
             _pin(beat.pid, beat.rank)
         _settled(jobs / job_id)
         alone = _a_whole_window(beat_dirs)  # since pinned
-        assert _stragglers_in_status(jobs, job_id) == {}
+        assert "1" not in _stragglers_in_status(jobs, job_id)  # rank 0, beside all the rest, may be
         throttled_at = time.time()
         with _throttled(next(b.pid for b in alone if b.rank == 1), share=0.4):
             _a_whole_window(beat_dirs)  # under the quota
@@ -216,7 +229,7 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
         assert set(named) == {"1"} and named["1"] > 1.25, named
         assert "straggler: rank 1 at " in text, text
         # The launcher's own points in the job's TensorBoard (every goodput point): rank 1 flagged once
-        # the quota held it, never before; rank 0 never.
+        # the quota held it, never before; rank 0 not while rank 1 is the slow one.
         assert all(rank_1 == 0.0 for at, _, rank_1 in flags if at < throttled_at), flags
         assert flags[-1][1:] == (0.0, 1.0), flags
         # The report of a script that logs no per-rank numbers draws the launcher's: rank 1's line apart.
