@@ -16,7 +16,10 @@ CHATTER = ("AUTOTUNE", "Autotune Choices", "TypedStorage", "Profiler record func
 def test_the_compiled_main_job_matches_eager_at_the_first_step_with_no_torch_chatter_on_the_console(
     prepared_data: list[str], tmp_path: Path
 ) -> None:
-    common = [*prepared_data, "--max-steps", "4", "--log-interval", "1", "--eval-iters", "1"]
+    # The smallest shape (compiling is most of the time, and autotuning each matmul takes longer the
+    # bigger it is); the trainer's default configuration otherwise.
+    shape = ["--n-layer", "1", "--n-head", "2", "--d-model", "64", "--micro-batch-size", "4"]
+    common = [*prepared_data, *shape, "--max-steps", "4", "--log-interval", "1", "--eval-iters", "1"]
     # The main job's command with the trainer's default compiled training (max-autotune on the CPU:
     # where the autotune tables and torch's warnings came from), on a cold Inductor cache: with a warm
     # one nothing is autotuned, and the console half would prove nothing.

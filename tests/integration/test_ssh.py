@@ -456,7 +456,9 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     # by the launcher, may be killed before it reports: it is then asked over ssh.)
     last = [r for r in reports.read(jobs / job, NodeStatus) if not r.running]
     assert last[0].node == 1 and last[0].exit_code != 0, last
-    assert 12 <= max(b.step for b in last[0].beats) <= first.step, last
+    # Beats are written at most twice a second: the killed rank's last one may trail the step 12
+    # that rank 0 logged, so what can be asserted is that it is rank 1's and no later than the record.
+    assert [b.rank for b in last[0].beats] == [1] and 1 <= last[0].beats[0].step <= first.step, last
     assert sorted((r.node, r.exit_code) for r in last[-2:]) == [(0, 0), (1, 0)], last
     assert [n.host for n in JobRecord(jobs / job).plan().nodes] == ["gl-h1", "gl-h3"]
     before = Plan.model_validate_json((jobs / job / "attempts" / "1" / "plan.json").read_text())
