@@ -4,6 +4,7 @@ CI=true, whose .ci/run has ../shared beside the clone)."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import NoReturn
 
@@ -14,6 +15,11 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "wikitext-2"
 
 # tests/gpu needs a CUDA GPU, which CI never has: collected only when asked for (make gpu-test).
 collect_ignore = [] if os.environ.get("GPTLAUNCH_GPU_TESTS") == "1" else ["gpu"]
+
+# A shell without job control starts `make test &` with SIGINT ignored, and every launcher the tests
+# start would inherit that and shrug off the Ctrl-C the stop tests send: restore what a terminal gives.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -92,16 +92,22 @@ def record_of(
 
 
 def push(client: docker.DockerClient, record: ImageRecord) -> ImageRecord:
-    """Push the image to the registry its tag names; returns the record with the registry digests.
-    Raises DockerError naming the registry's answer (unreachable, unauthorized, ...)."""
+    """Push the image to the registry its tag names; returns the record with the one digest this push
+    produced (``registry/repo@sha256:…``). Raises DockerError naming the registry's answer
+    (unreachable, unauthorized, ...) or when the engine reported no digest."""
     repository, _, tag = record.image.rpartition(":")
     if not repository or "/" in tag:  # no tag given: docker's default
         repository, tag = record.image, "latest"
+    digest = None
     try:
         for chunk in client.images.push(repository, tag=tag, stream=True, decode=True):
             if "error" in chunk:
                 raise DockerError(f"push of {record.image} failed: {chunk['error']}")
-        digests = client.images.get(record.id).attrs.get("RepoDigests") or []
+            # the engine's last message names the manifest it pushed (what `docker push` prints as
+            # "digest: sha256:…"); the image's RepoDigests would also list every earlier push's
+            digest = (chunk.get("aux") or {}).get("Digest") or digest
     except (DockerException, RequestException) as e:  # an APIError carries the registry's answer
         raise DockerError(f"push of {record.image} failed: {getattr(e, 'explanation', None) or e}") from None
-    return record.model_copy(update={"repo_digests": list(digests)})
+    if not digest:
+        raise DockerError(f"push of {record.image} ended without the registry's digest; run it again")
+    return record.model_copy(update={"repo_digests": [f"{repository}@{digest}"]})

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.image.build import BuildFailed, BuildProgress, variant
+from launcher.image.record import ImageRecord, push
 from tests.conftest import missing_component
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +43,27 @@ def test_the_image_id_comes_from_the_aux_message() -> None:
     progress = BuildProgress(on_step=lambda line: None, on_output=lambda line: None)
     progress.feed({"aux": {"ID": "sha256:" + "ab" * 32}})
     assert progress.image_id == "sha256:" + "ab" * 32
+
+
+class _PushingEngine:
+    """The Docker SDK's client as far as push() uses it: the engine's push messages, no engine."""
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.images = self
+        self.messages = messages
+
+    def push(self, repository: str, tag: str, stream: bool, decode: bool) -> list[dict]:
+        return self.messages
+
+
+def test_a_push_records_the_digest_it_produced_not_the_engines_earlier_ones() -> None:
+    record = ImageRecord(
+        image="reg:5000/gpt:cpu", id="sha256:" + "ab" * 32, repo_digests=["reg:5000/gpt@sha256:" + "0" * 64],
+        variant="cpu", size_bytes=1, build_s=1.0, labels={}, versions={},
+    )  # fmt: skip
+    digest = "sha256:" + "cd" * 32
+    engine = _PushingEngine([{"status": "Pushed"}, {"aux": {"Tag": "cpu", "Digest": digest, "Size": 9}}])
+    assert push(engine, record).repo_digests == [f"reg:5000/gpt@{digest}"]
 
 
 def test_variants_take_torch_from_their_pins_file() -> None:
