@@ -4,6 +4,7 @@ one write at a time, and a failed write is not lost."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,17 @@ def test_a_save_waits_for_the_previous_write_and_both_are_kept(tmp_path: Path, m
     hold_s = 0.5
     monkeypatch.setenv(SLOW_WRITE_ENV, str(hold_s))
     with Saver(tmp_path, keep=2, device=torch.device("cpu")) as saver:
-        first = saver.save(_state(), 10, blocking=False)
+        states = _state(), _state()
+        t0 = time.perf_counter()
+        first = saver.save(states[0], 10, blocking=False)
         assert first.stall_s < hold_s  # the write goes on after save returned
-        second = saver.save(_state(), 20, blocking=True)  # waits for the first, then writes itself
-    assert second.waited_s > 0 and second.stall_s >= hold_s
+        second = saver.save(states[1], 20, blocking=True)  # waits for the first, then writes itself
+        t1 = time.perf_counter()
+    # The first write holds from after t0 for hold_s and the second save began at or before
+    # t1 - second.stall_s, so it waited at least the rest of the hold (not all of it: the hold began
+    # while the first save was returning, which is what CI's 0.499 s < 0.5 s came from).
+    assert second.waited_s >= hold_s - (t1 - second.stall_s - t0) > 0
+    assert second.stall_s >= second.waited_s
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000010.pt", "ckpt-00000020.pt"]
     assert not list(tmp_path.glob(".ckpt-*"))  # no temporary file left
 
