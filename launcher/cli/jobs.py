@@ -24,6 +24,7 @@ from launcher.job.logs import TICK
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.job.scalars import scalars_dir, tensorboard_command
+from launcher.job.survivors import left_to_logs
 from launcher.report.facts import gather, report_path
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
@@ -43,12 +44,14 @@ def follow(
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
     shown (``launcher.job.console.console_lines``). ``console`` (an attached submit, ``--wait``, not
-    ``logs -f``): the tracebacks that only follow from a failure are left out (``launcher.job.aftermath``),
+    ``logs -f``): what the other nodes print once an attempt fails is left out (``launcher.job.survivors``:
+    each line shown a few seconds late), and so are the tracebacks that only follow from a failure
+    (``launcher.job.aftermath``),
     lines that several ranks print alike are shown once, naming the ranks (``launcher.job.collapse``),
     and each retry is announced (``launcher.job.announce``)."""
     lines = scheduler.logs(record, node, follow=True)
-    if console:  # a traceback is judged whole, before --tee keeps some of its lines
-        lines = quieted(lines)
+    if console:  # the failure's aftermath left to the logs, a traceback judged whole, before --tee
+        lines = quieted(left_to_logs(lines, lambda: record.status().failing))
     lines = (line for line in lines if line == TICK or keep(line))
     if console:
         lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))
@@ -62,6 +65,8 @@ def _announced(lines: Iterator[str], announcer: Announcer) -> Iterator[str]:
         for said in announcer.lines():
             say(said)
         yield line
+    for said in announcer.lines(final=True):  # an attempt that resumed and ended between two reads
+        say(said)
 
 
 def _copy(lines: Iterator[str], out: TextIO | None, keep_reading: bool = False) -> None:

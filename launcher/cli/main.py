@@ -15,7 +15,7 @@ from typing import Any
 from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
-from launcher.cli import hosts, jobs, submit
+from launcher.cli import hosts, jobs, submit, supervise
 from launcher.cli.exits import exit_codes_help
 from launcher.cli.fields import fields_help
 from launcher.cli.flags import UsageError, add_job_flags
@@ -246,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     allow_many_open_files()
     split = argv.index("--") if "--" in argv else len(argv)
     own, trainer_args = argv[:split], argv[split + 1 :]
+    if own[:1] == ["supervise"]:  # the controller's own program: not in --help (launcher.cli.supervise)
+        return supervise.main(argv[1:])
     parser = _parser(_help_for(own))
     args, extras = parser.parse_known_args(own)
     if extras:  # each with the flag it likely meant, or where it goes

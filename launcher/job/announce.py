@@ -38,8 +38,10 @@ class Announcer:
         self.waiting: Attempt | None = None  # the last failed attempt, until the next one resumes
         self.next_read = 0.0
 
-    def lines(self) -> list[str]:
-        if self.total == 1 or time.monotonic() < self.next_read:
+    def lines(self, final: bool = False) -> list[str]:
+        """What to say now; ``final``: once the job's output ended, what is left (the beats asked here
+        and waited for: nothing calls again)."""
+        if self.total == 1 or (not final and time.monotonic() < self.next_read):
             return []
         self.next_read = time.monotonic() + READ_EVERY_S
         out = []
@@ -49,7 +51,7 @@ class Announcer:
             out.append(f"launcher: {next_in(attempt, self.total - 1, wait_s)}")
             self.waiting = attempt
         self.seen = len(attempts)
-        if self.waiting is not None and (beat := self._next_attempts_beat(self.waiting)) is not None:
+        if self.waiting is not None and (beat := self._next_attempts_beat(self.waiting, final)) is not None:
             number, start = self.waiting.number + 1, beat.start_step
             how = f"resumed at step {start:,}" if start else "started at step 0"
             out.append(f"launcher: attempt {number} of {self.total} {how}")
@@ -62,9 +64,16 @@ class Announcer:
         except Exception:  # a host that cannot answer now (or a plan being rewritten): asked again later
             self._answer = {}
 
-    def _next_attempts_beat(self, ended: Attempt) -> Beat | None:
+    def _next_attempts_beat(self, ended: Attempt, wait: bool = False) -> Beat | None:
         """Rank 0's first beat of a step of the attempt after ``ended`` (written after that attempt was
-        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded), once asked."""
+        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded), once asked
+        (``wait``: asked now, and waited for)."""
+        if wait:
+            if self._asking is not None:
+                self._asking.join()
+            self._asking = threading.Thread(target=self._ask, name="announce-beats", daemon=True)
+            self._asking.start()
+            self._asking.join()
         if self._asking is None:
             self._asking = threading.Thread(target=self._ask, name="announce-beats", daemon=True)
             self._asking.start()

@@ -1,13 +1,16 @@
-"""How a job ended: the root cause of a failure, or the checkpoint of a stop (the trainer's stop marker).
+"""The facts of a failure, read from the job record, and its root cause (``first_failure``).
 
 One cause per failure, deduplicated across nodes, by what it says about the job rather than by time
 alone: an agent killed by a signal, then a lost host (the transport's explanation), then a worker
 killed by a signal (torchrun's failure summary in its node log) that wrote no error file, then a
-rank's own error (one that then died by a signal, e.g. SIGABRT at exit, is named by its error), and
-last a peer's "connection closed / reset / timed out", which is what the healthy ranks see when
-another one dies. Within a class, the earliest wins. Worker errors come from
-``@record`` on the trainer's entry point: ``<log dir>/<run id>/attempt_<n>/<local rank>/error.json``.
-The peers' errors stay in the node logs.
+rank's own error (one that then died by a signal, e.g. SIGABRT at exit, is named by its error), then
+a node that died without a word, and last the first failed agent's exit code. Among rank errors, one
+raised inside torch.distributed or autograd's backward (where a healthy rank finds out that a peer
+died or hung: DDP's gradient all_reduce) comes after any other; within a class, the earliest wins.
+Where an error was raised is read from its traceback's frames, never from its message's words.
+Worker errors come from ``@record`` on the trainer's entry point:
+``<log dir>/<run id>/attempt_<n>/<local rank>/error.json``. The peers' errors stay in the node logs.
+How an attempt ended as a whole is ``launcher.job.verdict``'s.
 """
 
 from __future__ import annotations
@@ -15,14 +18,20 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, StopMarker, read_stop_marker
-from launcher.job.hang import HangReport, hang_message, suspects, write_stacks
+from gptlaunch.contract import StopMarker, read_stop_marker
 from launcher.job.logs import log_end
-from launcher.job.plan import Plan
-from launcher.job.record import Failure, JobRecord, JobState, Outcome
+from launcher.job.plan import Plan, node_log_name
+from launcher.job.record import Failure, JobRecord
+from launcher.job.reports import Started
+
+# Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
+# autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
+_CONSEQUENCE_FILES = ("/torch/distributed/", "/torch/autograd/")
+_FRAME_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,13 @@ class RankError:
     timestamp: int  # seconds, from the error file
     written_ns: int  # the file's mtime: breaks ties within a second
     message: str
+    raised_in: str = ""  # the file of its traceback's innermost frame ("": no traceback)
+
+    @property
+    def follows(self) -> bool:
+        """Raised inside torch.distributed or autograd's backward: what a healthy rank sees when a
+        peer dies or hangs, so it is a cause only when no other error is."""
+        return any(part in self.raised_in for part in _CONSEQUENCE_FILES)
 
 
 def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[RankError]:
@@ -41,19 +57,22 @@ def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[Rank
     for node in range(nnodes):
         for path in record.torchelastic_dir(node).glob("*/attempt_*/*/error.json"):
             try:
-                data = json.loads(path.read_text())
-                msg = data["message"]
+                msg = json.loads(path.read_text())["message"]
                 text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
-                ts = int(msg.get("extraInfo", {}).get("timestamp", 0)) if isinstance(msg, dict) else 0
-            except (OSError, ValueError, KeyError, TypeError):
+                extra = msg.get("extraInfo", {}) if isinstance(msg, dict) else {}
+                ts, stack = int(extra.get("timestamp", 0)), str(extra.get("py_callstack", ""))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             written_ns = path.stat().st_mtime_ns
             if written_ns >= since * 1e9:
-                found.append(RankError(node, int(path.parent.name), ts, written_ns, text))
+                frames = _FRAME_FILE.findall(stack)
+                raised_in = frames[-1] if frames else ""
+                found.append(RankError(node, int(path.parent.name), ts, written_ns, text, raised_in))
     return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
 
 
-# What a healthy rank reports when a peer died or hung: a consequence, not a cause (gloo, NCCL, c10d).
+# What a healthy rank reports when a peer died or hung (gloo, NCCL, c10d): the console's rule for which
+# tracebacks to hide (``launcher.job.aftermath``). No decision of the job's end reads it.
 _PEER_ERROR = re.compile(
     r"connection (?:closed|reset|refused)|closed by peer|broken pipe|timed out|timeout|"
     r"socket (?:closed|error)|ECONNRESET|EPIPE|communicator was aborted|watchdog|"
@@ -65,7 +84,7 @@ _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitco
 
 
 def is_peer_error(message: str) -> bool:
-    """Whether a rank's error is what a peer's death or hang looks like from a healthy rank."""
+    """Whether a rank's error reads like a peer's death or hang seen from a healthy rank."""
     return _PEER_ERROR.search(message) is not None
 
 
@@ -88,12 +107,84 @@ def worker_deaths(record: JobRecord, nnodes: int) -> list[WorkerDeath]:
     return list(dict.fromkeys(found))  # the summary repeats the root cause: once each
 
 
-def _global_rank(log: Path, local_rank: int) -> int | None:
-    """The global rank of ``local_rank`` on a node, from torchrun's failure summary in the node log
-    (``rank      : 3 (local_rank: 1)``)."""
-    pattern = re.compile(rf"rank\s*:\s*(\d+)\s*\(local_rank:\s*{local_rank}\)")
-    matches = pattern.findall(log_end(log))
-    return int(matches[-1]) if matches else None
+def global_ranks(record: JobRecord, errors: Sequence[RankError]) -> dict[tuple[int, int], int]:
+    """(node, local rank) -> global rank of the ranks in ``errors``, from torchrun's failure summary
+    in their node logs (``rank      : 3 (local_rank: 1)``)."""
+    found = {}
+    for node in {e.node_rank for e in errors}:
+        for rank, local_rank, _ in _SUMMARY.findall(log_end(record.node_log(node))):
+            found[(node, int(local_rank))] = int(rank)
+    return found
+
+
+def first_failure(
+    job_dir: Path,
+    hosts: dict[int, str],
+    *,
+    errors: Sequence[RankError] = (),
+    deaths: Sequence[WorkerDeath] = (),
+    died: Sequence[Started] = (),
+    failed_node: int | None = None,
+    exit_code: int | None = None,
+    transport_error: str | None = None,
+    ranks: dict[tuple[int, int], int] | None = None,
+) -> Failure | None:
+    """The root cause, by the order in this module's docstring, of a failure whose first failed agent
+    was ``failed_node``'s (exit ``exit_code``; None: none seen), given the ranks' ``errors`` (earliest
+    first), the ``deaths`` of workers, the nodes that ``died`` and what the transport made of the exit
+    (``transport_error``); ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank. None
+    when nothing names a cause. Pure."""
+
+    def log(node: int) -> Path:
+        return job_dir / node_log_name(node)
+
+    if failed_node is not None and (signum := killed_by(exit_code)) is not None:
+        error = (
+            f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code {exit_code})"
+        )
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"{error}; see {log(failed_node)}",
+        )
+    if failed_node is not None and transport_error is not None:
+        return Failure(
+            node_rank=failed_node,
+            host=hosts.get(failed_node),
+            exit_code=exit_code,
+            error=f"{transport_error}; see {log(failed_node)}",
+        )
+    # A worker that wrote its own error died of it (then, e.g., aborted at exit): that error tells more.
+    wrote = {(e.node_rank, e.local_rank) for e in errors}
+    if deaths := [d for d in deaths if (d.node_rank, d.local_rank) not in wrote]:
+        d = deaths[0]
+        error = f"rank {d.rank} was killed by {signal_name(d.signum)}; its peers' errors follow from it"
+        return Failure(
+            node_rank=d.node_rank,
+            host=hosts.get(d.node_rank),
+            local_rank=d.local_rank,
+            rank=d.rank,
+            exit_code=exit_code,
+            error=f"{error}; see {log(d.node_rank)}",
+        )
+    if errors:
+        first = min(errors, key=lambda e: e.follows)  # stable: the earliest of its class
+        return Failure(
+            node_rank=first.node_rank,
+            host=hosts.get(first.node_rank),
+            local_rank=first.local_rank,
+            rank=(ranks or {}).get((first.node_rank, first.local_rank)),
+            exit_code=exit_code,
+            error=first.message,
+        )
+    if died:
+        error = "its task ended without a word (killed, or its node failed) before any rank reported an error"
+        return Failure(node_rank=died[0].node, host=hosts.get(died[0].node, died[0].host), error=error)
+    if failed_node is None:
+        return None
+    error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"
+    return Failure(node_rank=failed_node, host=hosts.get(failed_node), exit_code=exit_code, error=error)
 
 
 def root_cause(
@@ -104,60 +195,22 @@ def root_cause(
     since: float = 0.0,
     transport_error: str | None = None,
 ) -> Failure:
-    """The first failure of the job (since ``since``); falls back to the first agent seen failing when
-    no rank left an error file (e.g. a worker killed by a signal, or an agent that could not start).
-    ``transport_error``: what the failed node's exit code means for its scheduler's transport (e.g. a
-    lost ssh connection), which then is the cause."""
+    """``first_failure`` of the job's files since ``since`` (epoch seconds), the first failed agent
+    being ``failed_node``'s with ``exit_code``."""
     errors = read_errors(record, nnodes, since)
-    hosts = {n.node_rank: n.named_host for n in record.plan().nodes}
-    signum = killed_by(exit_code)
-    if signum is not None:  # the agent itself was killed: the peers' errors come after
-        return Failure(
-            node_rank=failed_node,
-            host=hosts.get(failed_node),
-            exit_code=exit_code,
-            error=f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code "
-            f"{exit_code}); "
-            f"see {record.node_log(failed_node)}",
-        )
-    if transport_error is not None:
-        return Failure(
-            node_rank=failed_node,
-            host=hosts.get(failed_node),
-            exit_code=exit_code,
-            error=f"{transport_error}; see {record.node_log(failed_node)}",
-        )
-    # A worker that wrote its own error died of it (then, e.g., aborted at exit): that error tells more.
-    wrote = {(e.node_rank, e.local_rank) for e in errors}
-    deaths = [d for d in worker_deaths(record, nnodes) if (d.node_rank, d.local_rank) not in wrote]
-    if deaths:
-        first_death = deaths[0]
-        return Failure(
-            node_rank=first_death.node_rank,
-            host=hosts.get(first_death.node_rank),
-            local_rank=first_death.local_rank,
-            rank=first_death.rank,
-            exit_code=exit_code,
-            error=f"rank {first_death.rank} was killed by {signal_name(first_death.signum)}; its peers' "
-            f"errors follow from it; see {record.node_log(first_death.node_rank)}",
-        )
-    if errors:
-        first = min(errors, key=lambda e: is_peer_error(e.message))  # stable: earliest of its class
-        return Failure(
-            node_rank=first.node_rank,
-            host=hosts.get(first.node_rank),
-            local_rank=first.local_rank,
-            rank=_global_rank(record.node_log(first.node_rank), first.local_rank),
-            exit_code=exit_code,
-            error=first.message,
-        )
-    return Failure(
-        node_rank=failed_node,
-        host=hosts.get(failed_node),
+    hosts = {n.node_rank: n.named_host for n in record.plan().nodes if n.named_host}
+    failure = first_failure(
+        record.dir,
+        hosts,
+        errors=errors,
+        deaths=worker_deaths(record, nnodes),
+        failed_node=failed_node,
         exit_code=exit_code,
-        error=f"the torchrun agent of node {failed_node} exited with code {exit_code}; "
-        f"see {record.node_log(failed_node)}",
+        transport_error=transport_error,
+        ranks=global_ranks(record, errors),
     )
+    assert failure is not None  # a failed node always names one
+    return failure
 
 
 def killed_by(exit_code: int | None) -> int | None:
@@ -189,23 +242,10 @@ def stop_marker(run_dir: Path, since: float, job_dir: Path | None = None) -> Sto
     return marker
 
 
-def stop_outcome(plan: Plan, since: float, job_dir: Path | None = None) -> Outcome:
-    """ "checkpointed" (exit 75) when the ranks recorded a stop checkpoint at or after ``since`` (in
-    the run dir, or its copy in ``job_dir``: see ``stop_marker``), else "cancelled" (exit 130)."""
-    marker = stop_marker(Path(plan.run_dir), since, job_dir)
-    if marker is None:
-        message = "stopped on request, no checkpoint saved"
-        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
+def stop_message(plan: Plan, marker: StopMarker) -> str:
+    """What a stop with a checkpoint says: the checkpoint, the step, and how to resume."""
     trainer = any("trainer.cli" in node.argv for node in plan.nodes)  # not the user's own program
-    resume = f"resume by submitting again with -- --run-dir {plan.run_dir}"
-    if not trainer:
-        resume = f"in {plan.run_dir}"
-    message = f"checkpoint {marker.checkpoint} saved at step {marker.step}; {resume}"
-    return Outcome(state=JobState.CHECKPOINTED, exit_code=EXIT_CHECKPOINTED, message=message)
-
-
-def hang_outcome(job_dir: Path, report: HangReport) -> Outcome:
-    """A hang as the job's end: every rank's stack kept in ``job_dir/hang/``, the suspect named."""
-    message = hang_message(report, write_stacks(job_dir, report))
-    nodes = sorted({r.node for r in report.ranks if r.rank in suspects(report)})
-    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message, suspect_nodes=nodes)
+    resume = (
+        f"resume by submitting again with -- --run-dir {plan.run_dir}" if trainer else f"in {plan.run_dir}"
+    )
+    return f"checkpoint {marker.checkpoint} saved at step {marker.step}; {resume}"

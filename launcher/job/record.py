@@ -203,6 +203,17 @@ class Attempt(BaseModel):
         return f"attempt {self.number}{at}: {self.cause}{spares}{excluded}"
 
 
+class Failing(BaseModel):
+    """The controller found attempt ``attempt`` failing at ``at`` (epoch seconds), first on node
+    ``node`` (None: every node, a hang). Written before it stops the other nodes: what they print from
+    then on follows from the failure (the console leaves it to the node logs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    attempt: int
+    node: int | None
+    at: float
+
+
 class JobStatus(BaseModel):
     """Where a job is. Times are epoch seconds."""
 
@@ -218,6 +229,7 @@ class JobStatus(BaseModel):
     message: str = ""
     attempt: int = 1  # the attempt running (or the last one)
     attempts: list[Attempt] = []  # the attempts that ended before it, oldest first
+    failing: Failing | None = None  # the running attempt, once the controller found it failing
 
     @property
     def job_exit_code(self) -> int:

@@ -125,6 +125,45 @@ def next_in(ended: Attempt, retries: int, wait_s: float) -> str:
     return f"{ended.describe()}; attempt {ended.number + 1} of {retries + 1} starts {when}"
 
 
+@dataclass(frozen=True)
+class Retry:
+    """A failed attempt archived and the next one announced: it starts in ``wait_s`` seconds, and the
+    status says ``message``."""
+
+    attempt: Attempt
+    wait_s: float
+    message: str
+
+
+def retry_next(
+    record: JobRecord,
+    outcome: Outcome,
+    *,
+    history: list[Attempt],
+    started_at: float,
+    ended_at: float,
+    step: int | None,
+    replaced: dict[str, str] | None = None,
+    excluded: list[str] | None = None,
+    steps: Sequence[str] = (),
+    min_wait_s: float = 0.0,
+    where: str = "",
+) -> Retry:
+    """The one bookkeeping after an attempt that is retried, for every controller: the attempt after
+    ``history`` (the job's ended attempts, oldest first), which ran from ``started_at`` to ``ended_at``
+    (epoch seconds, its end detected) and reached ``step``, archived (``end_attempt``); the backoff
+    before the next (``backoff_s``, at least ``min_wait_s``); the status updated to say when (and
+    ``where``, appended) it starts."""
+    spec = record.spec()
+    ended = end_attempt(record, outcome, number=len(history) + 1, started_at=started_at, ended_at=ended_at,
+                        step=step, replaced=replaced, excluded=excluded, steps=steps)  # fmt: skip
+    attempts = [*history, ended]
+    wait = max(backoff_s(spec.retry_backoff_s, attempts), min_wait_s)
+    message = next_in(ended, spec.retries, wait) + where
+    record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
+    return Retry(ended, wait, message)
+
+
 def end_attempt(
     record: JobRecord,
     outcome: Outcome,

@@ -14,14 +14,15 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import replace
 
-from gptlaunch.contract import EXIT_FAILED, Beat, read_stop_marker
-from launcher.job.failures import stop_outcome
+from gptlaunch.contract import Beat
+from launcher.job.facts import gather
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
-from launcher.job.record import JobError, JobRecord, JobState, JobStatus, Outcome
+from launcher.job.record import JobError, JobRecord, JobStatus, Outcome
+from launcher.job.verdict import verdict
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport
@@ -50,7 +51,7 @@ class SupervisedScheduler(ABC):
         return recorded_beats(record.plan(), record.dir)
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
-        return start_supervisor(plan, record, self.transport(plan, record), detach=detach)
+        return start_supervisor(plan, record, detach=detach)
 
     def state(self, record: JobRecord) -> JobStatus:
         status = record.status()
@@ -65,13 +66,8 @@ class SupervisedScheduler(ABC):
         remaining = self.remaining(record) if handle else ""
         if remaining:
             return status.model_copy(update={"message": f"its supervisor is gone; {remaining}"})
-        since = status.started_at or status.created_at
-        if read_stop_marker(Path(record.plan().run_dir), since) is not None:
-            return _record_end(record, status, stop_outcome(record.plan(), since))
-        message = "the process following the job died before recording its end; nothing of it runs"
-        return _record_end(
-            record, status, Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message=message)
-        )
+        facts = gather(record, status.started_at or status.created_at)
+        return _record_end(record, status, verdict(replace(facts, controller_lost=True)).outcome)
 
     def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
         return node_logs(self, record, node, follow)
@@ -99,7 +95,7 @@ class SupervisedScheduler(ABC):
         self.sweep(record, record.spec().grace_period_s)
         if handle is not None and procs.alive(handle.supervisor):
             procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
-        return record.finish(stop_outcome(record.plan(), asked))
+        return record.finish(verdict(replace(gather(record, asked), stop_requested=True)).outcome)
 
 
 def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:

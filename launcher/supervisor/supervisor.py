@@ -1,9 +1,11 @@
-"""The supervisor: a process forked by ``launcher submit`` that starts one agent per node through the
-scheduler's ``Transport`` (``launcher.supervisor.transport``: a torchrun child here, an ``ssh`` client, a
-``docker start --attach``), follows them to the job's end and records it.
+"""The supervisor, the job's controller: the program ``launcher supervise --job-dir DIR`` (``supervise``),
+which ``launcher submit`` starts (``start_supervisor``), runs the job's attempts in the foreground: it
+starts one agent per node through the scheduler's ``Transport`` (``launcher.supervisor.transport``: a
+torchrun child here, an ``ssh`` client, a ``docker start --attach``), follows them to each attempt's
+end (``launcher.supervisor.watch``), retries or ends the job (``launcher.job.retry``) and records it.
 
 Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
-FAIL_FAST_GRACE_S) and the root cause is read from torchelastic's error files. A stop request
+FAIL_FAST_GRACE_S); how the attempt ended is ``launcher.job.verdict``'s. A stop request
 (SIGTERM from ``launcher cancel``, or from the kernel when an attached ``launcher submit`` dies) is
 relayed to every agent, whose ranks checkpoint and exit; a second one stops everything at once. No
 process of the job outlives it: it is a child subreaper, every agent gets SIGTERM from the kernel if
@@ -15,42 +17,30 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-import psutil
 from pydantic import BaseModel, ConfigDict
 
 from gptlaunch.contract import (
     ATTEMPT_ENV,
-    EXIT_CHECKPOINTED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     job_snapshots,
-    read_stop_marker,
 )
-from launcher.job import reports
-from launcher.job.failures import hang_outcome, killed_by, root_cause, stop_outcome
-from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S, merge
 from launcher.job.plan import Plan
-from launcher.job.record import Attempt, JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, not_retried
-from launcher.job.scalars import JobScalars, goodput_point
-from launcher.job.spec import JobSpec
-from launcher.preflight import recorded
+from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
+from launcher.job.retry import decide, furthest_step, not_retried, retry_next
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
+from launcher.supervisor.watch import FAIL_FAST_GRACE_S, Job, Watch
 
-FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
 POLL_S = 0.1
-REPORT_READ_S = 1.0  # how often the job record is read for the nodes' hang reports
 
 
 class SupervisorHandle(BaseModel):
@@ -68,35 +58,59 @@ class _StopAtOnce(BaseException):
     (the job's TensorBoard points, a read that may fail) may swallow it."""
 
 
-def start_supervisor(
-    plan: Plan, record: JobRecord, transport: Transport, *, detach: bool
-) -> SupervisorHandle:
-    """Fork the supervisor (in its own session: a Ctrl-C on the terminal reaches only us) and return
-    once it has started every agent (or failed to, which the status records). Attached (not
-    ``detach``), the supervisor gets SIGTERM from the kernel if this process dies, even by SIGKILL,
-    and stops the job with a checkpoint; detached, it is a grandchild re-parented to init, so it
-    outlives us and is never our zombie."""
+def start_supervisor(plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
+    """Start the job's controller, ``launcher supervise --job-dir DIR`` (``supervise`` in a program of
+    its own, in its own session: a Ctrl-C on the terminal reaches only us), and return once it has
+    started every agent (or failed to, which the status records). Attached (not ``detach``), the
+    supervisor gets SIGTERM from the kernel if this process dies, even by SIGKILL, and stops the job
+    with a checkpoint; detached, it is a grandchild re-parented to init, so it outlives us and is
+    never our zombie. Its output goes to ``JOB/supervisor.log``."""
     _ensure_std_fds()  # so the pipe's fds are >= 3 and stay clear of the supervisor's stdio
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):  # a fork copies unflushed buffers: printed twice
         if stream is not None:
             stream.flush()
+    job_dir = record.dir.absolute()
+    argv = [sys.executable, *SUPERVISE, "--job-dir", str(job_dir), "--ready-fd", str(write_fd)]
     pid = os.fork()
     if pid == 0:  # never returns into the caller's code
-        os.close(read_fd)
-        if detach and os.fork() != 0:
-            os._exit(0)
-        supervise(plan, record, transport, ready_fd=write_fd, die_with_parent=not detach)
+        _exec_supervisor(argv, job_dir / "supervisor.log", read_fd, write_fd, detach)
     os.close(write_fd)
     if detach:
         os.waitpid(pid, 0)
     with os.fdopen(read_fd, "rb") as ready:
         ready.read()  # EOF once every agent started, or the supervisor ended
     handle = record.handle(SupervisorHandle)
-    if handle is None:  # the supervisor died before it wrote anything
-        record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message="the supervisor died"))
+    if handle is None:  # the supervisor died before it wrote anything (its log says why)
+        message = f"the supervisor died before it started the job: see {job_dir / 'supervisor.log'}"
+        record.finish(Outcome(state=JobState.LOST, exit_code=EXIT_FAILED, message=message))
         return SupervisorHandle(scheduler=plan.scheduler, supervisor=ProcessRef(pid=pid, started=0.0))
     return handle
+
+
+SUPERVISE = ["-m", "launcher.cli.supervise"]  # what `launcher supervise` runs
+
+
+def _exec_supervisor(argv: list[str], log: Path, read_fd: int, ready_fd: int, detach: bool) -> NoReturn:
+    """In the forked child: become the supervisor's process (a session of its own, SIGTERM when the
+    caller dies unless ``detach``, output to ``log``) and exec ``argv``."""
+    try:
+        # Blocked until the program's own handlers are in place (a mask is kept across exec): a
+        # Ctrl-C meanwhile must not end it with the caller's handlers.
+        signal.pthread_sigmask(signal.SIG_BLOCK, procs.STOP_SIGNALS)
+        os.close(read_fd)
+        if detach and os.fork() != 0:
+            os._exit(0)
+        os.setsid()
+        if not detach:
+            procs.die_with_parent()  # kept across exec
+        _detach_from_caller(log, keep_fd=ready_fd)
+        os.set_inheritable(ready_fd, True)
+        os.execv(argv[0], argv)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(EXIT_FAILED)  # never unwind into the forking caller's stack
 
 
 def _ensure_std_fds() -> None:
@@ -108,24 +122,18 @@ def _ensure_std_fds() -> None:
             os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
 
 
-def supervise(
-    plan: Plan, record: JobRecord, transport: Transport, *, ready_fd: int, die_with_parent: bool
-) -> NoReturn:
-    """Run the job to its end in this (freshly forked) process, record the outcome and exit with the
-    job's exit code. ``ready_fd`` is closed once every agent has started (or starting failed)."""
-    code = EXIT_FAILED
+def supervise(record: JobRecord, transport: Transport, *, ready_fd: int = -1) -> int:
+    """Run the job of ``record`` (its Plan, through ``transport``) to its end in this process, in the
+    foreground: every attempt, and the end recorded. Returns the job's exit code. ``ready_fd`` (when
+    >= 0) is closed once every agent of the first attempt started (or starting failed). SIGTERM,
+    SIGINT and SIGHUP stop the job with a checkpoint; a second one, at once."""
+    stop = _StopOnSignal()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, procs.STOP_SIGNALS)
     try:
-        stop = _StopOnSignal()  # first: replaces the handlers inherited from the forking process
-        os.setsid()
-        if die_with_parent:
-            procs.die_with_parent()
-        record = JobRecord(record.dir.absolute())
-        _detach_from_caller(record.dir / "supervisor.log", keep_fd=ready_fd)
-        code = _run(_Job(plan, record, transport), ready_fd, stop)
+        return _run(Job(record.plan(), record, transport), ready_fd, stop)
     except BaseException:
         traceback.print_exc()
-    finally:
-        os._exit(code)  # never unwind into the forking caller's stack
+        return EXIT_FAILED
 
 
 def _detach_from_caller(log: Path, keep_fd: int) -> None:
@@ -142,37 +150,7 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
     os.chdir("/")
 
 
-@dataclass
-class _Job:
-    """The job a supervisor follows: its Plan, record and transport; the current attempt's agents and
-    start time, and the attempts that ended before it."""
-
-    plan: Plan
-    record: JobRecord
-    transport: Transport
-    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    started: float = field(default_factory=time.time)
-    attempts: list[Attempt] = field(default_factory=list)
-    spec: JobSpec = field(init=False)  # read once
-    grace_s: float = field(init=False)  # the job's grace period (seconds)
-    scalars: JobScalars = field(init=False)  # the job's numbers in TensorBoard
-
-    def __post_init__(self) -> None:
-        self.spec = self.record.spec()
-        self.grace_s = self.spec.grace_period_s
-        self.scalars = JobScalars(self.record.dir, self.record.status().created_at)
-        checks = recorded.read(self.record.dir, self.plan.nnodes)  # an SSH submit's health gate
-        if checks.health is not None:
-            self.scalars.health(checks.health, checks.hosts, self.started)
-
-    def goodput_point(self, periodic: bool = False) -> None:
-        goodput_point(self.scalars, self.record, self.plan, periodic=periodic)
-
-    def next_attempt(self) -> None:
-        self.agents, self.started = [], time.time()
-
-
-def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
+def _run(job: Job, ready_fd: int, stop: _StopOnSignal) -> int:
     procs.become_subreaper()
     handle = SupervisorHandle(scheduler=job.plan.scheduler, supervisor=procs.process_ref())
     job.record.write_handle(handle)
@@ -208,7 +186,7 @@ def _run(job: _Job, ready_fd: int, stop: _StopOnSignal) -> int:
     return final.job_exit_code
 
 
-def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
     """Run the job's attempts until one ends for good (``launcher.job.retry``); its outcome."""
     total = job.spec.retries + 1
     while True:
@@ -223,29 +201,29 @@ def _attempts(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Ou
             return not_retried(outcome, decision.why, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         try:
-            hosts = [job.plan.nodes[n].host for n in decision.without if n < len(job.plan.nodes)]
-            plan = job.transport.renew(job.record, hosts[0] if hosts else None)
+            blamed = [job.plan.nodes[n].host for n in decision.without if n < len(job.plan.nodes)]
+            plan = job.transport.renew(job.record, blamed)
         except OSError as e:
             message = (
                 f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {outcome.cause}"
             )
             return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
-        ended = end_attempt(job.record, outcome, number=len(job.attempts) + 1, started_at=job.started,
-                            ended_at=detected, step=step, replaced=_replaced(job.plan, plan))  # fmt: skip
-        job.attempts.append(ended)
+        retry = retry_next(job.record, outcome, history=job.attempts, started_at=job.started,
+                           ended_at=detected, step=step, replaced=_replaced(job.plan, plan))  # fmt: skip
+        job.attempts.append(retry.attempt)
         if plan is not None:
             job.plan = plan
             job.record.write_plan(plan)
-        wait = backoff_s(job.spec.retry_backoff_s, job.attempts)
-        message = next_in(ended, job.spec.retries, wait)
-        print(f"supervisor: {message}", flush=True)
-        job.record.update_status(attempt=ended.number + 1, attempts=job.attempts, message=message)
+        print(f"supervisor: {retry.message}", flush=True)
         job.goodput_point()  # the failed attempt's share, now that its beats are archived
-        if _stop_within(stop, wait):
-            message = f"cancelled before attempt {ended.number + 1} of {total} started; {ended.describe()}"
+        number = retry.attempt.number + 1
+        if _stop_within(stop, retry.wait_s):
+            message = f"cancelled before attempt {number} of {total} started; {retry.attempt.describe()}"
             return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
         job.next_attempt()
-        job.record.update_status(message=f"attempt {ended.number + 1} of {total}; {ended.describe()}")
+        job.record.update_status(
+            message=f"attempt {number} of {total}; {retry.attempt.describe()}", failing=None
+        )
 
 
 def _replaced(old: Plan, new: Plan | None) -> dict[str, str]:
@@ -263,7 +241,7 @@ def _stop_within(stop: _StopOnSignal, seconds: float) -> bool:
     return stop.requested
 
 
-def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+def _attempt(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
     """Start every node's agent and follow them to this attempt's end."""
     try:
         for node in job.plan.nodes:
@@ -281,98 +259,7 @@ def _attempt(job: _Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
         stop.requested = True  # cancelled while starting: stop what was started
     before = job.attempts[-1].cause if job.attempts else ""
     job.scalars.attempt(len(job.attempts) + 1, job.spec.retries + 1, before, job.started)
-    return _Watch(job, stop).run()
-
-
-class _Watch:
-    """Follows the agents to the job's end: success, fail-fast on the first failure, or a stop."""
-
-    def __init__(self, job: _Job, stop: _StopOnSignal) -> None:
-        self.job, self.stop = job, stop
-        self.stop_at: float | None = None
-        self.stop_asked = 0.0  # wall-clock time of the stop request
-        # Each node's agent watches its ranks: it reports a hang and holds them for the others' dumps.
-        self.node_watched = job.spec.hang.enabled
-        self.next_read = 0.0
-        self.first_report: float | None = None
-
-    def run(self) -> Outcome:
-        job = self.job
-        while True:
-            codes = [a.poll() for a in job.agents]
-            if all(c == 0 for c in codes):
-                return Outcome(state=JobState.SUCCEEDED, exit_code=0)
-            if self.stop.requested and self.stop_at is None:
-                self._begin_stop()
-            failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
-            if self.stop_at is not None:
-                if all(c is not None for c in codes) or time.monotonic() - self.stop_at > job.grace_s:
-                    self._drain_ended()  # a host's stop marker comes on its channel
-                    return stop_outcome(job.plan, since=self.stop_asked)
-            elif failed:
-                # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
-                first = min(failed, key=lambda k: killed_by(codes[k]) is None)
-                return self._failed(first, codes[first])
-            elif self.node_watched and (outcome := self._node_reports()) is not None:
-                return outcome
-            job.goodput_point(periodic=True)
-            time.sleep(POLL_S)
-
-    def _node_reports(self) -> Outcome | None:
-        """The hang the nodes' own watchdogs report (read every REPORT_READ_S): once every node has
-        reported, or HANG_REPORTS_S after the first, the job ends as a hang (which releases the ranks
-        the nodes hold for each other's dumps)."""
-        job = self.job
-        if time.monotonic() < self.next_read:
-            return None
-        self.next_read = time.monotonic() + REPORT_READ_S
-        hangs = reports.hangs(job.record.dir, since=job.started)
-        if not hangs:
-            return None
-        self.first_report = self.first_report or time.monotonic()
-        if len(hangs) < job.plan.nnodes and time.monotonic() - self.first_report < HANG_REPORTS_S:
-            return None
-        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
-        hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
-        return hang_outcome(job.record.dir, merge(hangs, hosts))
-
-    def _begin_stop(self) -> None:
-        self.stop_at, self.stop_asked = time.monotonic(), time.time()
-        self.job.transport.stop(self.job.agents)
-
-    def _drain_ended(self) -> None:
-        """The channels of the agents that ended, read to their end (at most DRAIN_S)."""
-        drain_channels(DRAIN_S, [a.pid for a in self.job.agents if a.poll() is not None])
-
-    def _failed(self, node: int, code: int | None) -> Outcome:
-        job = self.job
-        self._drain_ended()  # a host's stop marker comes on its channel
-        marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
-        if marker is None and code == EXIT_CHECKPOINTED:  # the marker is rank 0's: its node may end later
-            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
-            self._drain_ended()
-            marker = read_stop_marker(Path(job.plan.run_dir), since=job.started)
-        if marker is not None and killed_by(code) is None:
-            # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
-            # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
-            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], job.grace_s)
-            return stop_outcome(job.plan, since=job.started)
-        if code == EXIT_HANG:  # that node's watchdog reported a hang: so will the others', soon
-            psutil.wait_procs([psutil.Process(a.pid) for a in job.agents if a.poll() is None], HANG_REPORTS_S)
-        job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
-        drain_channels(DRAIN_S)
-        hangs = reports.hangs(job.record.dir, since=job.started)
-        if hangs:
-            hosts = {n.node_rank: n.named_host for n in job.plan.nodes if n.named_host}
-            return hang_outcome(job.record.dir, merge(hangs, hosts))
-        refusal = job.transport.refusal(job.record, job.started)
-        if refusal is not None:
-            return refusal
-        explained = job.transport.explain(job.plan.nodes[node], code)
-        failure = root_cause(job.record, job.plan.nnodes, node, code, transport_error=explained)
-        return Outcome(
-            state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
-        )
+    return Watch(job, stop).run()
 
 
 class _StopOnSignal:

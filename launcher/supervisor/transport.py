@@ -1,19 +1,17 @@
 """How the supervisor reaches its node agents: the ``Transport`` each scheduler gives it (start, stop,
 kill, explain an exit, renew the nodes for a retry), the base for agents that are child processes
-here (``ChildAgents``), and the two ways to start one: ``start_child`` (the node's command as a child,
-its output into the node log) and ``start_client`` (a client process such as ``ssh`` or ``docker
-start --attach``, the secrets on its stdin and, for a node agent's channel, its reports into the job
-record: ``launcher.job.channel``).
+here (``ChildAgents``), and how one starts: ``start_client`` (a client process such as ``ssh`` or
+``docker start --attach``, the secrets on its stdin and, for a node agent's channel, its reports into
+the job record: ``launcher.job.channel``).
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -21,7 +19,7 @@ import psutil
 
 from launcher.job import channel, reports
 from launcher.job.plan import NodePlan, Plan
-from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.job.record import JobRecord
 from launcher.supervisor import procs, secrets
 
 
@@ -49,28 +47,22 @@ class Transport(Protocol):
         or None when it is the agent's own."""
         ...
 
-    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        """The outcome of a check that refused the nodes before training (e.g. version parity run
-        inside the nodes) recorded since ``since``, or None."""
-        ...
-
     def keep_beats(self, record: JobRecord) -> None:
         """Copy the ranks' last heartbeats into the job record where they are kept elsewhere (SSH: on
         the hosts), so that the attempt's step and goodput can be read from the record."""
         ...
 
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
-        place of ``failed_host`` (the failed rank's host, or a hang suspect's, if any); a new Plan when the
-        hosts change, else None. Raises OSError when the next attempt cannot run."""
+        place of each of ``failed_hosts`` (every host the failure blamed: the root cause's, each hang
+        suspect's, each one a health gate named; may be empty); a new Plan when the hosts change, else
+        None. Raises OSError when the next attempt cannot run (too few spares: it says which hosts)."""
         ...
 
 
 class ChildAgents:
-    """Agents that are child processes of the supervisor, on this machine (a base for transports)."""
-
-    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-        return start_child(node, record)
+    """Agents that are child processes of the supervisor, on this machine (a base for transports,
+    which add ``start``)."""
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
@@ -88,35 +80,9 @@ class ChildAgents:
     def keep_beats(self, record: JobRecord) -> None:
         """Nothing to do: the ranks beat in the job record."""
 
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """Nothing to do: the agents are processes started anew on the same nodes."""
         return None
-
-    def refusal(self, record: JobRecord, since: float) -> Outcome | None:
-        # A node's parity step (compose's container entry, or any node that runs it) records a refusal
-        # in the job record: that is the job's exit code and message, not the agent's exit.
-        refused = reports.read(record.dir, reports.Refused, since=since)
-        if not refused:
-            return None
-        return Outcome(state=JobState.FAILED, exit_code=refused[-1].exit_code, message=refused[-1].message)
-
-
-def start_child(node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
-    """Start ``node``'s argv as a child of this process, output appended to its node log. Raises
-    OSError."""
-    with open(record.dir / node.log, "ab") as log:
-        # A new session per node: signals to the supervisor's group do not hit the agents twice. The
-        # kernel sends the agent SIGTERM if the supervisor dies, so no agent trains on orphaned.
-        return subprocess.Popen(
-            node.argv,
-            env=os.environ | node.env,
-            cwd=node.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=procs.die_with_parent,
-        )
 
 
 def start_client(

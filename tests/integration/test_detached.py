@@ -174,3 +174,30 @@ def test_a_node_that_cannot_start_stops_the_nodes_already_started(tmp_path: Path
     assert status["state"] == "failed" and "node 1 could not start" in status["message"]
     assert status["ended_at"] is not None
     assert processes_of(job_id) == [], "the cleanup must have killed node 0 before recording the end"
+
+
+def test_the_controller_runs_a_two_node_job_in_the_foreground_as_a_program(
+    prepared_data, tmp_path: Path
+) -> None:
+    """`launcher supervise --job-dir DIR`, run by hand on a job record nothing started: every attempt
+    in the foreground, the end recorded, the job's exit code; `launcher submit` starts the same."""
+    from launcher.job.record import JobRecord, JobStatus
+    from launcher.job.spec import JobSpec
+    from launcher.schedulers.local.scheduler import LocalScheduler
+
+    job_dir, run_dir = tmp_path / "jobs" / "by-hand", tmp_path / "run"
+    trainer = [*prepared_data, *FAST, "--run-dir", str(run_dir), "--max-steps", "3"]
+    spec = JobSpec.model_validate({"nnodes": 2, "trainer_args": trainer})
+    scheduler = LocalScheduler()
+    plan = scheduler.render(spec, scheduler.resolve(spec), "by-hand", job_dir)
+    JobRecord.create(job_dir, spec, plan, JobStatus(created_at=time.time()))
+    argv = [sys.executable, "-m", "launcher.cli.main", "supervise", "--job-dir", str(job_dir)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as supervise:
+        output, _ = supervise.communicate(timeout=300)
+    status = json.loads((job_dir / "status.json").read_text())
+    assert supervise.returncode == 0 and status["state"] == "succeeded", (output, status)
+    handle = json.loads((job_dir / "handle.json").read_text())
+    assert handle["supervisor"]["pid"] == supervise.pid  # this process ran the job, in the foreground
+    assert "step 3/3" in (job_dir / "node-0.log").read_text()
+    assert "rank 1/2" in (job_dir / "node-1.log").read_text()
+    assert max(losses(run_dir)) == 3 and processes_of("by-hand") == []

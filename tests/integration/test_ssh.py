@@ -394,6 +394,43 @@ def test_a_stopped_rank_on_host_2_is_a_hang_named_by_the_host_agents(
     print(f"\n{final.message}\nreported {took:.1f} s after the freeze")
 
 
+def test_a_hang_that_names_ranks_on_two_hosts_is_retried_on_two_spares(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
+) -> None:
+    """4 hosts in the hostfile, 2 nodes, --retries 1: the rank on each of the job's hosts is stopped
+    (SIGSTOP) past step 3, so the hang names both; attempt 2 runs on the spares gl-h3 and gl-h4, one
+    for each failed host in the hostfile's order, to --max-steps."""
+    hosts = first_hosts(hostfile, 4, tmp_path)
+    run_dir, jobs = private / "run", private / "jobs"
+    submit = launcher(
+        jobs, "submit", "--detach", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2",
+        "--retries", "1", "--retry-backoff-s", "0", "--hang-timeout-s", "10",
+        "--", *train_args(prepared_data, run_dir, 12),
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr[-3000:]
+    job = only_job_id(jobs)
+    wait_for(lambda: step_of(jobs) >= 3, 300, "step 3")
+    ranks = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]]
+    assert sorted(p.environ()["GPTLAUNCH_HOST_NODE"] for p in ranks) == ["0", "1"], ranks
+    for rank in ranks:
+        rank.suspend()  # SIGSTOP
+    try:
+        final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.resume()
+    assert final is not None and final.state == "succeeded", final
+    (first,) = json.loads((jobs / job / "status.json").read_text())["attempts"]
+    assert first["replaced"] == {"gl-h1": "gl-h3", "gl-h2": "gl-h4"}, first
+    assert "(node 0, gl-h1) is stopped" in first["cause"] and "(node 1, gl-h2) is stopped" in first["cause"]
+    attempt_2 = json.loads((jobs / job / "plan.json").read_text())
+    assert [n["host"] for n in attempt_2["nodes"]] == ["gl-h3", "gl-h4"], attempt_2["nodes"]
+    assert max(m["step"] for m in metrics(run_dir) if "tokens_per_s" in m) == 12
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    print(f"\n{first['cause']}")
+
+
 def _past_step_12_with_a_spare(
     hostfile: Path,
     prepared_data: list[str],

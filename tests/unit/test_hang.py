@@ -11,7 +11,6 @@ import pytest
 from gptlaunch.contract import Beat, read_beats, write_beat
 from gptlaunch.heartbeat import Heartbeat
 from launcher.job import reports
-from launcher.job.failures import hang_outcome
 from launcher.job.hang import (
     FLOOR_S,
     STEP_FACTOR,
@@ -27,6 +26,7 @@ from launcher.job.hang import (
 )
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
+from launcher.job.verdict import hung
 from launcher.supervisor.watchdog import NodeWatch, waits_in
 from tests.unit.plans import local_plan
 from trainer.distributed import DistEnv
@@ -112,7 +112,7 @@ def test_the_message_names_the_stopped_rank_against_those_that_wait(tmp_path: Pa
         f"ranks 0, 2 wait in all_reduce; stacks in {tmp_path / 'hang'}/"
     )
     # A retry avoids the suspects' nodes (SSH: a spare in place of gl-h2; SLURM: --exclude).
-    outcome = hang_outcome(tmp_path, HangReport(silent_s=124.4, budget_s=120.0, step=1234, ranks=ranks))
+    outcome = hung(tmp_path, HangReport(silent_s=124.4, budget_s=120.0, step=1234, ranks=ranks))
     assert outcome.blamed_nodes() == [1, 3]
 
 

@@ -28,10 +28,19 @@ def record(tmp_path: Path) -> JobRecord:
     return JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time() - 60))
 
 
+# The innermost frames of the tracebacks in error.json's py_callstack (torch 2.13 under gloo): a peer's
+# error is raised in torch.distributed's collective, a rank's own in the training code.
+IN_COLLECTIVE = '  File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce'
+IN_TRAINER = '  File "/work/trainer/step.py", line 40, in train_step'
+
+
 def _error_file(record: JobRecord, node: int, message: str, when: float) -> None:
     path = record.torchelastic_dir(node) / "run" / "attempt_0" / "0" / "error.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": int(when)}}}))
+    frame = IN_COLLECTIVE if "RuntimeError: injected" not in message else IN_TRAINER
+    stack = f"Traceback (most recent call last):\n{frame}\n    work.wait()\n{message}\n"
+    extra = {"timestamp": int(when), "py_callstack": stack}
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
 
 
 def test_a_killed_worker_is_the_cause_not_the_peer_that_saw_it_go(record: JobRecord) -> None:

@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -150,7 +151,7 @@ class ComposeScheduler(SupervisedScheduler):
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         try:
             compose.create()
-            return start_supervisor(plan, record, transport, detach=detach)
+            return start_supervisor(plan, record, detach=detach)
         except BaseException:  # refused, timed out or Ctrl-C: nothing will follow what was created
             if not record.has_handle():
                 with contextlib.suppress(DockerError):
@@ -314,7 +315,7 @@ class ComposeAgents(ChildAgents):
             except DockerError as e:  # the end of the grace period kills them all (kill below)
                 print(f"stopping the containers: {e}", file=sys.stderr, flush=True)
 
-    def renew(self, record: JobRecord, failed_host: str | None) -> None:
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> None:
         """The containers anew (``kill`` removed them), on the same engine. Raises OSError."""
         try:
             self.compose.create()

@@ -21,7 +21,8 @@ from pathlib import Path
 from gptlaunch.contract import EXIT_CHECKPOINTED
 from launcher.job import reports
 from launcher.job.failures import stop_marker
-from launcher.job.hang import EXIT_HANG
+from launcher.job.hang import EXIT_HANG, merge
+from launcher.job.verdict import Ending, Facts, verdict
 
 REQUEUE = 0  # this step's exit code that asks the script to requeue the job
 
@@ -30,17 +31,29 @@ def ending(
     *, exit_code: int, run_dir: Path, job_dir: Path, since: float, restarts: int, max_requeues: int
 ) -> tuple[int, str]:
     """(this step's exit code: ``REQUEUE`` or the job's, what to say) after the nodes' step failed
-    with ``exit_code``; the run started at ``since`` (epoch seconds), after ``restarts`` requeues."""
-    marker = stop_marker(run_dir, since, job_dir)
-    if marker is not None:
-        if marker.signal == "SIGUSR2" and restarts < max_requeues:
+    with ``exit_code``; the run started at ``since`` (epoch seconds), after ``restarts`` requeues.
+    How it ended is ``launcher.job.verdict``'s, from the stop marker and the nodes' hang reports."""
+    hangs = reports.hangs(job_dir, since=since)
+    facts = Facts(
+        plan=None,
+        job_dir=job_dir,
+        agents=(exit_code,),
+        first_failed=0,
+        marker=stop_marker(run_dir, since, job_dir),
+        hang=merge(hangs) if hangs else None,
+    )
+    end = verdict(facts)
+    if end.ending == Ending.STOPPED and facts.marker is not None:
+        if facts.marker.signal == "SIGUSR2" and restarts < max_requeues:
             return REQUEUE, f"checkpoint saved; requeueing (restart {restarts + 1} of at most {max_requeues})"
-        said = f"stopped after the checkpoint of step {marker.step}; submit again to resume"
-        return EXIT_CHECKPOINTED, said
+        return (
+            EXIT_CHECKPOINTED,
+            f"stopped after the checkpoint of step {facts.marker.step}; submit again to resume",
+        )
     # srun's exit code prefers a task killed by a signal to any task's exit code: a node task that
     # srun's kill-on-bad-exit SIGTERM caught while its Python was exiting (the default handler back)
     # makes it 15, not the hang's 124. The nodes' hang reports in the job record say what happened.
-    if exit_code == EXIT_HANG or reports.hangs(job_dir, since=since):
+    if end.ending == Ending.HUNG or exit_code == EXIT_HANG:
         said = (
             f"the ranks hung (no progress): the cause is in {job_dir}/node-*.log, stacks in {job_dir}/hang/"
         )

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from gptlaunch.contract import ATTEMPT_ENV, FIRST_HOST_ENV
 from launcher.job.record import JobRecord
-from launcher.job.retry import backoff_s, decide, end_attempt, furthest_step, next_in, spares
+from launcher.job.retry import decide, furthest_step, retry_next, spares
 from launcher.preflight import health_step, parity_step
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
@@ -112,18 +112,18 @@ def retry(
     avoid = {host for a in status.attempts for host in a.excluded} | set(blamed)
     nxt = _within(hosts, ran, avoid) if stay and spec.options(SlurmOptions).spare_nodes else None
     replaced = dict(zip(blamed, [h for h in nxt if h not in ran], strict=False)) if nxt else None
-    ended = end_attempt(record, outcome, number=len(status.attempts) + 1, started_at=since, ended_at=detected,
-                        step=step, excluded=blamed, replaced=replaced, steps=STEP_FILES)  # fmt: skip
-    attempts = [*status.attempts, ended]
-    wait = backoff_s(spec.retry_backoff_s, attempts)
-    wait = wait if nxt else max(wait, 1.0)  # a requeue's StartTime is in whole seconds
-    message = next_in(ended, spec.retries, wait) + (" in this allocation" if nxt else "")
-    record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
+    retry = retry_next(
+        record, outcome, history=status.attempts, started_at=since, ended_at=detected, step=step,
+        replaced=replaced, excluded=blamed, steps=STEP_FILES,
+        min_wait_s=0.0 if nxt else 1.0,  # a requeue's StartTime is in whole seconds
+        where=" in this allocation" if nxt else "",
+    )  # fmt: skip
     if nxt:
-        return Next(message, nxt, ended.number + 1, wait)
+        return Next(retry.message, nxt, retry.attempt.number + 1, retry.wait_s)
+    attempts = [*status.attempts, retry.attempt]
     excluded = sorted({host for a in attempts for host in a.excluded})
-    why = requeue(os.environ["SLURM_JOB_ID"], excluded, wait)
-    return Next(message + (f" (could not exclude {', '.join(excluded)}: {why})" if why else ""))
+    why = requeue(os.environ["SLURM_JOB_ID"], excluded, retry.wait_s)
+    return Next(retry.message + (f" (could not exclude {', '.join(excluded)}: {why})" if why else ""))
 
 
 def _within(hosts: list[str], ran: list[str], avoid: set[str]) -> tuple[str, ...] | None:

@@ -8,17 +8,15 @@ back to ``pending`` and runs again under the same id: only SLURM's end states ar
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED
 from launcher.job import reports
-from launcher.job.failures import hang_outcome, read_errors, root_cause, stop_marker, stop_outcome
-from launcher.job.hang import merge
-from launcher.job.record import Failure, JobRecord, JobState, Outcome
+from launcher.job.facts import gather
+from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.job.retry import decide, furthest_step, not_retried
+from launcher.job.verdict import Facts, verdict
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
@@ -93,65 +91,39 @@ def job_state(slurm_state: str) -> JobState | None:
     return next((state for state, words in _STATES.items() if slurm_state in words), None)
 
 
-def _first_failed_node(record: JobRecord, since: float) -> tuple[int, int | None] | None:
-    """(node, its agent's exit code) of the first node whose task reported a failure in this run."""
-    failed = reports.read(record.dir, reports.Failed, since)
-    return (failed[0].node, failed[0].exit_code) if failed else None
-
-
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
-    """How a job that SLURM reports ended did end: succeeded; failed (exit 3) when the nodes' versions
-    differ (the parity step, ``launcher.preflight.parity_step``) or the health gate named nodes
-    (``launcher.preflight.health_step``); checkpointed when the ranks stopped with
-    a checkpoint in this run (a cancel, a time limit without requeue); else cancelled or failed with
-    the root cause (first failing rank from torchelastic's error files)."""
-    plan, status = record.plan(), record.status()
-    # This attempt's reports: a retry on spare nodes runs in the same allocation, after its start.
+    """How a job that SLURM reports ended did end (``launcher.job.verdict``): this run's facts in the
+    job record (a retry on spare nodes runs in the same allocation: its facts are those after the
+    last attempt's end), and what SLURM says (COMPLETED, CANCELLED)."""
+    status = record.status()
     started = info.start or status.started_at or status.created_at
     since = max([started, *(a.ended_at for a in status.attempts)])
-    if info.state == "COMPLETED":
-        return Outcome(state=JobState.SUCCEEDED, exit_code=0)
-    if status.stop_requested_at is not None:  # a cancel (also during the steps before training)
-        return stop_outcome(plan, since, record.dir)  # checkpointed, or cancelled (130) if none saved
-    refused = reports.read(record.dir, reports.Refused, since)
-    if refused:  # a step before training ended the job: nothing trained
-        return Outcome(  # the nodes the health gate named are the ones a retry leaves out
-            state=JobState.FAILED,
-            exit_code=refused[-1].exit_code,
-            message=refused[-1].message,
-            suspect_nodes=refused[-1].nodes,
-        )
-    stopped = stop_marker(Path(plan.run_dir), since, record.dir) is not None
-    # A task that died (its node crashed, it was killed) makes srun end the others with SIGTERM: their
-    # ranks checkpoint and stop, but that stop is the failure's, not a stop on request.
-    # A node whose task started and never ended in this run died with it (killed, its machine gone).
-    died = reports.died(record.dir, since)
-    stop = not died and (info.exit_code == EXIT_CHECKPOINTED or stopped)
-    if stop:
-        return stop_outcome(plan, since, record.dir)
-    if info.state == "CANCELLED":
-        message = "cancelled in SLURM before the ranks saved a checkpoint"
-        return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
-    hangs = reports.hangs(record.dir, since)
-    if hangs:  # the nodes' watchdogs found the ranks hung, took their stacks and ended them
-        return hang_outcome(record.dir, merge(hangs))
-    first = _first_failed_node(record, since)
-    if read_errors(record, plan.nnodes, since) or first is not None:
-        node, code = first or (0, info.exit_code)
-        failure = root_cause(record, plan.nnodes, node, code, since)
-        summary = failure.summary()
-        return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=summary)
-    if died:
-        error = "its task ended without a word (killed, or its node failed) before any rank reported an error"
-        failure = Failure(node_rank=died[0].node, host=died[0].host, error=error)
-        return Outcome(
-            state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary()
-        )
-    message = (
+    return verdict(_facts(info, record, since)).outcome
+
+
+def _facts(info: AccountingInfo, record: JobRecord, since: float) -> Facts:
+    """The run's facts: each node's task exit code from its ``Ended`` report, the torchrun agent's
+    exit code of a node that reported it ``Failed`` (the first one is the first failed node)."""
+    facts = gather(record, since)
+    agents: list[int | None] = [None] * (facts.plan.nnodes if facts.plan is not None else 1)
+    for ended in reports.latest_per_node(reports.read(record.dir, reports.Ended, since)):
+        agents[ended.node] = ended.exit_code
+    failed = reports.read(record.dir, reports.Failed, since)
+    for report in reversed(failed):
+        agents[report.node] = report.exit_code
+    unexplained = (
         f"SLURM ended the job {info.state} (exit {info.exit_code}) before any rank reported an error: "
         f"see {record.dir}/node-*.log and submitit/*.out there"
     )
-    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
+    return replace(
+        facts,
+        agents=tuple(agents),
+        first_failed=failed[0].node if failed else None,
+        completed=info.state == "COMPLETED",
+        stop_requested=record.status().stop_requested_at is not None,
+        scheduler_cancelled=info.state == "CANCELLED",
+        unexplained=unexplained,
+    )
 
 
 def final_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:

@@ -50,7 +50,6 @@ from launcher.job.hang import (
     EXIT_HANG,
     HANG_REPORTS_S,
     add_watch_flags,
-    hang_message,
     heartbeat_dir,
     merge,
     parse_with_command,
@@ -60,6 +59,7 @@ from launcher.job.hang import (
 from launcher.job.plan import Plan
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import copy_excludes
+from launcher.job.verdict import hung
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.points import AttemptPoints
 from launcher.schedulers.slurm.run_copy import RunCopy, node_local
@@ -230,8 +230,8 @@ class NodeTask:
         if code == EXIT_HANG:
             if self.standalone:  # no launcher to gather the reports: say what they found
                 merged = merge(reports.hangs(job_dir, since=started))
-                stacks = write_stacks(job_dir, merged)
-                log_writer(log)(f"task: {hang_message(merged, stacks)}")
+                write_stacks(job_dir, merged)
+                log_writer(log)(f"task: {hung(job_dir, merged).message}")
             raise SystemExit(EXIT_HANG)
         if code == 0:
             return 0

@@ -1,21 +1,24 @@
 """The supervisor's transport for SSH (``SshAgents``): one ``ssh host python -m launcher.agent run``
 client a node, its stdin the node's lease and its stdout the agent's channel; ``launcher.agent
-signal`` over ssh to stop or end a node; a spare host in place of a failed one for a retry; and, for
-hosts that share no file system with the launcher, the checkpoint copies (``copies``).
+signal`` over ssh to stop or end a node; a spare host in place of each failed one for a retry; and, for
+hosts that share no file system with the launcher, the checkpoint copies (``copies``). It asks the
+scheduler through the callables it is given (``Replan``, ``Heartbeats``), and imports only ``remote``
+of what the scheduler uses too: the scheduler imports this module, never the other way round.
 """
 
 from __future__ import annotations
 
 import functools
-import shlex
+import itertools
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 import psutil
 
-from gptlaunch.contract import write_beat
+from gptlaunch.contract import Beat, write_beat
 from launcher.agent.transport import channel_reports
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir
@@ -23,36 +26,29 @@ from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord
 from launcher.job.reports import NodeReport, NodeStatus
 from launcher.job.retry import spares
-from launcher.job.spec import SpecError
+from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import copy_excludes
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of
 from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.remote import LEASE_RENEW_S, LEASE_S, SIGNAL_TIMEOUT_S, agent_command
 from launcher.schedulers.ssh.warm import warm_spares
 from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
 
-if TYPE_CHECKING:
-    from launcher.schedulers.ssh.scheduler import SshScheduler
-
-SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
-REJOIN_WAIT_S = 600.0  # with no spare, how long a retry waits for the job's hosts to answer again
+REJOIN_WAIT_S = 600.0  # with no spare in the hostfile, how long a retry waits for the job's hosts
 REJOIN_POLL_S = 10.0
-# The hosts' lease (``launcher.agent run --lease-s``): the supervisor writes a byte to every node's ssh stdin
-# each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
-# detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
-# a node before that node gives up on the launcher.
-LEASE_S = 30.0
-LEASE_RENEW_S = 5.0
 BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
+MAX_SPARE_SETS = 8  # sets of spares a retry checks before it gives up
 
-
-def agent_command(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
-    """``launcher.agent ACTION`` of node ``node`` of ``job_id``, as a remote shell command."""
-    argv = [python, "-m", "launcher.agent", action, "--job", job_id, "--node", str(node), *extra]
-    return f"cd / && {shlex.join(argv)}"
+# The scheduler's checks and questions, as the transport calls them (``SshScheduler.replan`` and
+# ``SshScheduler.heartbeats``, passed as bound methods: this module never imports the scheduler).
+# Replan: (spec, hosts, the current plan, job dir) -> the plan on those hosts; raises SpecError.
+Replan = Callable[[JobSpec, list[str], Plan, Path], Plan]
+# Heartbeats: (record, timeout in seconds, hosts not to ask) -> node rank -> its ranks' last beats.
+Heartbeats = Callable[[JobRecord, float, Collection[str]], dict[int, list[Beat]]]
 
 
 class SshAgents(ChildAgents):
@@ -64,11 +60,13 @@ class SshAgents(ChildAgents):
         settings: ssh.SshSettings,
         python: str,
         secrets: dict[str, str],
-        scheduler: SshScheduler,
         record: JobRecord,
+        *,
+        replan: Replan,
+        heartbeats: Heartbeats,
     ) -> None:
         self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
-        self.scheduler = scheduler
+        self.replan, self.heartbeats = replan, heartbeats
         excluded = copy_excludes(record.spec(), str(plan.facts.get("workdir", "/")), plan.run_dir)
         self.copies = Copies(settings, record.dir, plan.run_dir, say, excluded)
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
@@ -80,14 +78,14 @@ class SshAgents(ChildAgents):
         self.zygotes = Zygotes(settings, python, plan.job_id, record.dir, LEASE_S)
         self.warm = record.spec().options(SshOptions).warm_workers
 
-    def renew(self, record: JobRecord, failed_host: str | None) -> Plan | None:
-        """For a retry: the first spare of the hostfile (hosts beyond ``--nodes``) that passes every
-        check of a submit, in place of ``failed_host``; with none, the same hosts once they all answer
-        again (every REJOIN_POLL_S, for at most REJOIN_WAIT_S). The new Plan (None: ``failed_host``
-        is not one of the job's). On hosts that share no file system with this machine, the newest
-        checkpoint goes to every host of the next attempt first (``copies``). Raises OSError when no
-        set of hosts can run the next attempt, or when the newest checkpoint is out of reach (unless
-        ``--allow-start-over``)."""
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
+        """For a retry: every host of ``failed_hosts`` (all the hosts a failure blamed, any order,
+        possibly none) that runs a node of the job replaced by a spare of its own (``_hosts_for_retry``).
+        The new Plan, node k on the same host as before unless node k's host failed; None when no
+        failed host is one of the job's. On hosts that share no file system with this machine, the
+        newest checkpoint goes to every host of the next attempt first (``copies``). Raises OSError
+        when no set of hosts can run the next attempt (the message names the hosts that could not be
+        replaced), or when the newest checkpoint is out of reach (unless ``--allow-start-over``)."""
         self.lost, self.ended = set(), {}  # the next attempt's hosts answer again, or are replaced
         self.copies.settle()
         missing = self.copies.missing()
@@ -99,24 +97,51 @@ class SshAgents(ChildAgents):
         if missing is not None:
             say(f"launcher: warning: going on from an older copy (--allow-start-over): {missing}")
         with self.warming:
-            plan = self._hosts_for_retry(record, failed_host)
+            plan = self._hosts_for_retry(record, failed_hosts)
         self.copies.push([n.host for n in self.plan.nodes])
         return plan
 
-    def _hosts_for_retry(self, record: JobRecord, failed_host: str | None) -> Plan | None:
+    def _hosts_for_retry(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
+        """The job's Plan with each of its hosts in ``failed_hosts`` replaced by a spare (``_on_spares``),
+        which are never taken again; None when none of ``failed_hosts`` is one of the job's. With no
+        host in the hostfile beyond the job's own, the same hosts once they all answer again (every
+        REJOIN_POLL_S, for at most REJOIN_WAIT_S). Raises OSError naming the hosts that could not be
+        replaced: too few usable spares, or the job's own hosts did not answer in time."""
         current = [n.host for n in self.plan.nodes]
-        if failed_host not in current:
+        blamed = [h for h in dict.fromkeys(current) if h in failed_hosts]  # in node order
+        if not blamed:
             return None
-        spec = record.spec()
-        opts = spec.options(SshOptions)
-        self.failed.add(failed_host)
-        for spare in spares(hosts_of(opts), current, self.failed):
+        self.failed.update(blamed)
+        pool = hosts_of(record.spec().options(SshOptions))
+        free = spares(pool, current, self.failed)
+        plan = self._on_spares(record, current, blamed, free)
+        if plan is not None:
+            self.zygotes.end(set(blamed), wait_s=0.0)  # out of the job: their zygotes go, unwaited for
+            return plan
+        if spares(pool, current, ()):
+            raise OSError(_too_few_spares(blamed, free))
+        return self._rejoin(record, current, blamed)
+
+    def _on_spares(
+        self, record: JobRecord, current: list[str], blamed: list[str], free: list[str]
+    ) -> Plan | None:
+        """The job's Plan with the nodes on ``blamed`` hosts moved to spares from ``free`` (in the
+        hostfile's order), one spare each: the first set of them, in the order of ``free``, that
+        passes every check of a submit (``_replan``) together; each set that fails is said and
+        skipped. One check when the first ``len(blamed)`` spares are usable; at most MAX_SPARE_SETS
+        (each check probes every host). None: no set passes."""
+        for chosen in itertools.islice(itertools.combinations(free, len(blamed)), MAX_SPARE_SETS):
+            swap = dict(zip(blamed, chosen, strict=True))
             try:
-                plan = self._replan(record, [spare if h == failed_host else h for h in current])
-                self.zygotes.end({failed_host}, wait_s=0.0)  # out of the job: its zygote goes, unwaited for
-                return plan
+                return self._replan(record, [swap.get(h, h) for h in current])
             except SpecError as e:
-                say(f"launcher: spare host {spare} cannot take over from {failed_host}: {e}")
+                spare = "spare host" + ("s" if len(chosen) > 1 else "")
+                say(f"launcher: {spare} {', '.join(chosen)} cannot take over from {', '.join(blamed)}: {e}")
+        return None
+
+    def _rejoin(self, record: JobRecord, current: list[str], blamed: list[str]) -> Plan:
+        """The job's Plan on its own hosts once they all pass the checks again (every REJOIN_POLL_S,
+        for at most REJOIN_WAIT_S). Raises OSError naming ``blamed`` when they do not in time."""
         deadline = time.monotonic() + REJOIN_WAIT_S
         while True:
             try:
@@ -124,15 +149,15 @@ class SshAgents(ChildAgents):
             except SpecError as e:
                 if time.monotonic() > deadline:
                     raise OSError(
-                        f"no spare host in the hostfile could replace {failed_host}, and the job's hosts did "
-                        f"not all answer within {REJOIN_WAIT_S:.0f} s: {e}"
+                        f"no spare host in the hostfile could replace {', '.join(blamed)}, and the job's "
+                        f"hosts did not all answer within {REJOIN_WAIT_S:.0f} s: {e}"
                     ) from None
                 time.sleep(REJOIN_POLL_S)
 
     def _replan(self, record: JobRecord, hosts: list[str]) -> Plan:
         """The job's Plan on ``hosts``, after the checks of a submit (probes, parity, workdir, routes,
         port). Raises SpecError."""
-        self.plan = self.scheduler.replan(record.spec(), hosts, self.plan, record.dir)
+        self.plan = self.replan(record.spec(), hosts, self.plan, record.dir)
         return self.plan
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
@@ -182,7 +207,7 @@ class SshAgents(ChildAgents):
         found = {status.node: status.beats for status in ended.values()}
         if unreported := {n.host for n in self.plan.nodes} - self.lost - set(ended):
             skip = {n.host for n in self.plan.nodes} - unreported
-            found |= self.scheduler.heartbeats(record, BEATS_TIMEOUT_S, skip=skip)
+            found |= self.heartbeats(record, BEATS_TIMEOUT_S, skip)
         for node, beats in found.items():
             directory = heartbeat_dir(record.dir, node)
             directory.mkdir(parents=True, exist_ok=True)
@@ -246,3 +271,13 @@ class SshAgents(ChildAgents):
             for report in channel_reports(result.raw)[1] if result.ok else []:
                 if isinstance(report, NodeStatus) and not report.running:
                     self.ended.setdefault(result.host, report)
+
+
+def _too_few_spares(blamed: list[str], free: list[str]) -> str:
+    """Why the ``blamed`` hosts could not all be replaced by spares from ``free``."""
+    left = f"{len(free)} spare host(s) left in the hostfile ({', '.join(free) or 'none'})"
+    if len(free) < len(blamed):
+        why = f"{left}: a host a failure named is never taken again"
+    else:  # each set of them failed the checks of a submit: said as they ran
+        why = f"fewer than {len(blamed)} of the {left} passed the checks of a submit"
+    return f"no spare host could replace {', '.join(blamed)} ({len(blamed)} needed): {why}"

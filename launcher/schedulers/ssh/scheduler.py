@@ -44,7 +44,7 @@ from launcher.preflight.collective_report import format_table
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh import needs
-from launcher.schedulers.ssh.agents import LEASE_S, SIGNAL_TIMEOUT_S, SshAgents, agent_command
+from launcher.schedulers.ssh.agents import SshAgents
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import (
     HealthError,
@@ -56,6 +56,7 @@ from launcher.schedulers.ssh.hosts import (
     ssh_settings,
 )
 from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.remote import LEASE_S, SIGNAL_TIMEOUT_S, agent_command
 from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle
@@ -258,11 +259,17 @@ class SshScheduler(SupervisedScheduler):
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
-        spec = record.spec()
-        settings = ssh_settings(spec.options(SshOptions))
-        agents = SshAgents(plan, settings, spec.python, spec.secrets_here(), self, record)
+        agents = self._agents(plan, record, record.spec().secrets_here())
         agents.copies.mark(record.job_id)
         return agents
+
+    def _agents(self, plan: Plan, record: JobRecord, secrets: dict[str, str]) -> SshAgents:
+        """The supervisor's transport for ``plan``, with this scheduler's checks and questions."""
+        spec = record.spec()
+        settings = ssh_settings(spec.options(SshOptions))
+        return SshAgents(
+            plan, settings, spec.python, secrets, record, replan=self.replan, heartbeats=self.heartbeats
+        )
 
     def heartbeats(
         self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
@@ -280,9 +287,7 @@ class SshScheduler(SupervisedScheduler):
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
-        spec = record.spec()
-        settings = ssh_settings(spec.options(SshOptions))
-        SshAgents(record.plan(), settings, spec.python, {}, self, record).kill(record.job_id, grace_s)
+        self._agents(record.plan(), record, {}).kill(record.job_id, grace_s)
 
 
 def check_needs(opts: SshOptions, hosts: list[str], python: str, job_dir: Path) -> None:

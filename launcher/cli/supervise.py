@@ -1,0 +1,64 @@
+"""``launcher supervise --job-dir DIR``: a job's controller in the foreground. It runs the job of a
+job record (its Plan, through its scheduler's Transport, found through the registry) attempt after
+attempt to its end, records the end, and exits with the job's exit code. ``launcher submit`` starts
+exactly this for local, SSH and compose jobs (``launcher.supervisor.supervisor.start_supervisor``);
+it is not in ``launcher --help``: a user has no need to call it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE
+from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.schedulers import get_scheduler
+from launcher.supervisor.scheduler import SupervisedScheduler
+from launcher.supervisor.supervisor import supervise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exits with the job's exit code once the job ended (returns only on a usage error: 2)."""
+    p = argparse.ArgumentParser(
+        prog="launcher supervise",
+        description="Run a job's attempts in the foreground to its end (what `launcher submit` starts "
+        "for local, SSH and compose jobs); exit with the job's exit code.",
+    )
+    p.add_argument("--job-dir", type=Path, required=True, help="the job record (jobs/<job id>)")
+    p.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)  # closed once started
+    args = p.parse_args(argv)
+    if not (args.job_dir / "plan.json").is_file():
+        print(
+            f"launcher supervise: error: {args.job_dir} is not a job record (no plan.json)", file=sys.stderr
+        )
+        return EXIT_USAGE
+    record = JobRecord(args.job_dir.absolute())
+    plan = record.plan()
+    scheduler = get_scheduler(plan.scheduler)
+    if not isinstance(scheduler, SupervisedScheduler):
+        print(
+            f"launcher supervise: error: {plan.scheduler} jobs are not run by this command", file=sys.stderr
+        )
+        return EXIT_USAGE
+    try:
+        transport = scheduler.transport(plan, record)
+    except Exception as e:  # the job must still end in its record, saying why
+        record.finish(Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=f"launcher error: {e!r}"))
+        raise
+    code = supervise(record, transport, ready_fd=args.ready_fd)
+    # The end is recorded and nothing of the job runs: exit now. An interpreter's teardown would keep
+    # this process (whose command line names the job) alive after its callers saw the job end.
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def _usage(error: str) -> int:
+    print(f"launcher supervise: error: {error}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""How an attempt ended: one pure function (``verdict``) of the attempt's typed facts, for every
+controller (the supervisor of local, SSH and compose jobs, and every SLURM piece).
+
+The precedence, one order everywhere (the first that holds decides):
+
+1. **success**: every node's agent exited 0, or the scheduler says the job completed;
+2. **a stop on request** (``launcher cancel``, a signal to the controller): checkpointed (exit 75)
+   when the ranks left a stop marker, else cancelled (exit 130);
+3. **a refusal before training** (version parity, the health gate, a checkpoint out of reach): the
+   refusal's exit code and message, and the nodes it named;
+4. **a stop from outside the launcher** (a shutdown, SLURM's warning signal): the ranks left a stop
+   marker, or an agent exited 75, and neither was the first failed agent killed by a signal nor did a
+   node die (then the stop followed from that failure): checkpointed;
+5. **cancelled by the scheduler** (SLURM's CANCELLED) before any checkpoint: cancelled;
+6. **the controller was lost** (a reader found the job's controller gone, nothing of it running);
+7. **a hang** the nodes' watchdogs reported: failed, with the suspects named;
+8. **a failure**: the root cause (``launcher.job.failures.first_failure``): an agent killed by a
+   signal, a lost host, a worker killed by a signal, a rank's own error (errors raised inside
+   torch.distributed come after the others), a node that died without a word, the first failed
+   agent's exit code; else what the scheduler said.
+
+Every input is a typed fact: exit codes, signals, the stop marker, the nodes' reports, where an
+exception was raised. No message text decides: error messages only go into the outcome's text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, StopMarker
+from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_by, stop_message
+from launcher.job.hang import HANG_DIR, HangReport, hang_message, suspects
+from launcher.job.plan import Plan
+from launcher.job.record import JobState, Outcome
+from launcher.job.reports import Refused, Started
+
+
+class Ending(enum.Enum):
+    """Which rule of the precedence decided (``verdict``'s docstring)."""
+
+    SUCCEEDED = "succeeded"
+    STOPPED = "stopped"  # on request or from outside: checkpointed, or cancelled without a checkpoint
+    REFUSED = "refused"
+    CANCELLED = "cancelled"  # by the scheduler
+    LOST = "lost"
+    HUNG = "hung"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is known of one attempt when it ends. ``agents``: each node's agent exit code by node rank
+    (None: still running, or not known); ``first_failed``: the node whose agent the controller saw
+    fail first (None: none seen). Paths in the outcome's text point into ``job_dir``; ``plan`` (None
+    where no job record has one: the standalone sbatch script) names the hosts and how to resume."""
+
+    plan: Plan | None
+    job_dir: Path
+    agents: tuple[int | None, ...] = ()
+    first_failed: int | None = None
+    completed: bool = False  # the scheduler says every node succeeded (SLURM: COMPLETED)
+    stop_requested: bool = False
+    marker: StopMarker | None = None  # the ranks' stop marker written in this attempt
+    refused: Refused | None = None  # the last refusal of a check before training, in this attempt
+    scheduler_cancelled: bool = False
+    controller_lost: bool = False
+    hang: HangReport | None = None  # the nodes' hang reports, merged; stacks in ``job_dir/hang/``
+    died: tuple[Started, ...] = ()  # nodes that started and never said they ended
+    transport_error: str | None = None  # what the first failed agent's exit code means for its transport
+    errors: tuple[RankError, ...] = ()  # the ranks' error files of this attempt, earliest first
+    deaths: tuple[WorkerDeath, ...] = ()  # workers their torchrun reported killed by a signal
+    ranks: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> rank
+    unexplained: str = ""  # what the scheduler says of an end that nothing else explains
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ending: Ending
+    outcome: Outcome
+
+
+def verdict(facts: Facts) -> Verdict:
+    """The attempt's end, by the precedence in this module's docstring. Pure: reads no file."""
+    agents = facts.agents
+    if facts.completed or (agents and all(code == 0 for code in agents)):
+        return Verdict(Ending.SUCCEEDED, Outcome(state=JobState.SUCCEEDED, exit_code=0))
+    if facts.stop_requested:
+        return Verdict(Ending.STOPPED, _stopped(facts))
+    if facts.refused is not None:
+        return Verdict(Ending.REFUSED, _refused(facts.refused))
+    if _stopped_from_outside(facts):
+        return Verdict(Ending.STOPPED, _stopped(facts))
+    if facts.scheduler_cancelled:
+        message = "cancelled by the scheduler before the ranks saved a checkpoint"
+        return Verdict(Ending.CANCELLED, _outcome(JobState.CANCELLED, EXIT_INTERRUPTED, message))
+    if facts.controller_lost:
+        message = "the process following the job died before recording its end; nothing of it runs"
+        return Verdict(Ending.LOST, _outcome(JobState.LOST, EXIT_FAILED, message))
+    if facts.hang is not None:
+        return Verdict(Ending.HUNG, hung(facts.job_dir, facts.hang))
+    return Verdict(Ending.FAILED, _failed(facts))
+
+
+def _outcome(state: JobState, exit_code: int, message: str) -> Outcome:
+    return Outcome(state=state, exit_code=exit_code, message=message)
+
+
+def _stopped_from_outside(facts: Facts) -> bool:
+    said = facts.marker is not None or EXIT_CHECKPOINTED in facts.agents
+    first = facts.agents[facts.first_failed] if facts.first_failed is not None else None
+    return said and killed_by(first) is None and not facts.died
+
+
+def _stopped(facts: Facts) -> Outcome:
+    """Checkpointed (exit 75) with the ranks' stop marker, else cancelled (exit 130)."""
+    if facts.marker is None:
+        return _outcome(JobState.CANCELLED, EXIT_INTERRUPTED, "stopped on request, no checkpoint saved")
+    message = f"checkpoint {facts.marker.checkpoint} saved at step {facts.marker.step}"
+    if facts.plan is not None:
+        message = stop_message(facts.plan, facts.marker)
+    return _outcome(JobState.CHECKPOINTED, EXIT_CHECKPOINTED, message)
+
+
+def _refused(refused: Refused) -> Outcome:
+    # The nodes a health gate named are the ones a retry leaves out.
+    return Outcome(
+        state=JobState.FAILED,
+        exit_code=refused.exit_code,
+        message=refused.message,
+        suspect_nodes=refused.nodes,
+    )
+
+
+def hung(job_dir: Path, report: HangReport) -> Outcome:
+    """A hang as an outcome: its one line (stacks in ``job_dir/hang/``), and the suspects' nodes, the
+    ones a retry leaves out."""
+    message = hang_message(report, job_dir / HANG_DIR)
+    nodes = sorted({r.node for r in report.ranks if r.rank in suspects(report)})
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message, suspect_nodes=nodes)
+
+
+def _failed(facts: Facts) -> Outcome:
+    code = facts.agents[facts.first_failed] if facts.first_failed is not None else None
+    nodes = facts.plan.nodes if facts.plan is not None else []
+    failure = first_failure(
+        facts.job_dir,
+        {n.node_rank: n.named_host for n in nodes if n.named_host},
+        errors=facts.errors,
+        deaths=facts.deaths,
+        died=facts.died,
+        failed_node=facts.first_failed,
+        exit_code=code,
+        transport_error=facts.transport_error,
+        ranks=facts.ranks,
+    )
+    if failure is None:
+        return _outcome(JobState.FAILED, EXIT_FAILED, facts.unexplained or "the job failed without a word")
+    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary())
