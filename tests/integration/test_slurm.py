@@ -8,11 +8,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -20,130 +18,38 @@ import psutil
 import pytest
 
 from gptlaunch.contract import read_beats
-from launcher.agent.copies import MARK
 from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
-    TINY,
     launcher,
     losses,
     make_other_venv,
     metrics,
-    missing_component,
     plain_project,
     processes_of,
     run,
     slowed,
 )
+from tests.integration.slurm_helpers import (
+    SLURM_2x1,
+    files_containing,
+    hostnames,
+    is_rank,
+    node_of,
+    reached,
+    sacct,
+    sbatch_rendered,
+    slurm_cluster,  # noqa: F401 (autouse: the dev cluster is up)
+    slurm_id_of,
+    status_json,
+    trainer_args,
+    until,
+    until_ended,
+    untouched,
+)
 
 pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
-
-ROOT = Path(__file__).resolve().parents[2]
-DEV_CLUSTER = ROOT / "deploy" / "slurm" / "dev-cluster.sh"
-SLURM_2x1 = ["--scheduler", "slurm", "--nodes", "2", "--gpus-per-node", "1", "--time", "15"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def slurm_cluster() -> None:
-    """A running dev cluster with 3 idle nodes: started here if it is not (root only)."""
-    if run(["bash", str(DEV_CLUSTER), "status"], timeout=60).returncode == 0 and len(_hostnames("ALL")) >= 3:
-        return
-    why = "needs root to start the dev SLURM cluster"
-    if os.geteuid() == 0:
-        up = run(["bash", str(DEV_CLUSTER), "up", "--nodes", "3"], timeout=600)
-        if up.returncode == 0:
-            return
-        why = f"the dev SLURM cluster did not start: {up.stderr[-2000:]}"
-    missing_component(f"CI must run the SLURM tests: {why}")
-
-
-def _hostnames(nodelist: str) -> list[str]:
-    """The hosts of a SLURM node list ("ALL": the cluster's nodes)."""
-    if nodelist == "ALL":
-        return run(["sinfo", "--noheader", "--Node", "--format=%N"], check=True).stdout.split()
-    return run(["scontrol", "show", "hostnames", nodelist], check=True).stdout.split()
-
-
-def _sacct(slurm_job_id: str, *fields: str, duplicates: bool = False) -> list[list[str]]:
-    argv = ["sacct", "-X", "-n", "--parsable2", "-j", slurm_job_id, "-o", ",".join(fields)]
-    out = run([*argv, *(["--duplicates"] if duplicates else [])], check=True).stdout
-    return [line.split("|") for line in out.splitlines()]
-
-
-def _slurm_id(jobs: Path, job_id: str) -> str:
-    return str(json.loads((jobs / job_id / "handle.json").read_text())["slurm_job_id"])
-
-
-def _status(jobs: Path, job_id: str) -> dict:
-    out = launcher(jobs, "status", "--json", job_id, check=True).stdout
-    return dict(json.loads(out))
-
-
-def _until(what: str, check, timeout: float = 180.0, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
-
-
-def _trainer_args(prepared_data: list[str], run_dir: Path, max_steps: int) -> list[str]:
-    """Train ``max_steps`` steps into ``run_dir``, checkpointing only at the end or on a stop."""
-    return [
-        *prepared_data,
-        *FAST,
-        "--max-steps",
-        str(max_steps),
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-interval",
-        "1000",
-    ]
-
-
-def _sbatch_rendered(jobs: Path, tmp_path: Path, args: list[str], *flags: str) -> str:
-    """Render the job's sbatch script (``flags``: more launcher flags), submit it with plain sbatch;
-    the SLURM job id."""
-    script = launcher(jobs, "render", *SLURM_2x1, *flags, "--", *args, check=True).stdout
-    (tmp_path / "job.sbatch").write_text(script)
-    assert not jobs.exists()  # rendering writes nothing
-    out = run(["sbatch", "--parsable", str(tmp_path / "job.sbatch")], cwd=tmp_path, check=True).stdout
-    return out.strip().split(";")[0]
-
-
-def _until_ended(slurm_id: str, timeout: float = 180.0) -> None:
-    ended = ("COMPLETED", "FAILED", "CANCELLED")
-    _until(
-        f"SLURM job {slurm_id} ended", lambda: any(r[0] in ended for r in _sacct(slurm_id, "State")), timeout
-    )
-
-
-def _reached(run_dir: Path, step: int) -> bool:
-    return (run_dir / "metrics.jsonl").is_file() and max(losses(run_dir), default=0) >= step
-
-
-def _node_of(rank: psutil.Process) -> int:
-    """The job's node (not torchrun's group rank, which is the order of joining) a rank runs on: its
-    heartbeat directory is ``JOB/heartbeat/node-<k>``."""
-    return int(rank.environ()["GPTLAUNCH_HEARTBEAT_DIR"].rsplit("-", 1)[1])
-
-
-def _is_rank(cmdline: list[str]) -> bool:
-    """A training process (torchrun's worker), not the torchrun agent that started it."""
-    torchrun = {"torch.distributed.run", "launcher.agent.torchrun"}  # as rendered, as the agent runs it
-    return "trainer.cli" in cmdline and not torchrun & set(cmdline)
-
-
-def _untouched(run_dir: Path) -> bool:
-    """Nothing in ``run_dir`` but the launcher's mark (``launcher.agent.copies.MARK``, written at submit)."""
-    return sorted(p.name for p in run_dir.iterdir()) == [MARK]
-
-
-def _files_containing(root: Path, needle: str) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
 
 
 @pytest.mark.parametrize("path", ["submitit", "sbatch script"])
@@ -155,9 +61,9 @@ def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, t
         # live, node-prefixed output: rank 0's lines, on the node c10d gave it
         assert re.search(r"^node[01] \| \[rank0\]: step 30/30", proc.stdout, re.MULTILINE), proc.stdout
     else:
-        slurm_id = _sbatch_rendered(jobs, tmp_path, PLAIN_ARGS, "--workdir", str(project))
-        _until_ended(slurm_id)
-        assert _sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
+        slurm_id = sbatch_rendered(jobs, tmp_path, PLAIN_ARGS, "--workdir", str(project))
+        until_ended(slurm_id)
+        assert sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
     (job_dir,) = jobs.iterdir()
     logs = "".join(log.read_text() for log in job_dir.glob("node-*.log"))
     assert "step 30/30" in logs and (project / "out" / "ckpt.pt").is_file()
@@ -169,39 +75,39 @@ def test_the_sbatch_scripts_node_tasks_report_a_stopped_rank_as_a_hang(prepared_
     """Without the launcher to gather the nodes' reports, the node tasks of the plain sbatch script
     write the stacks and the cause themselves, and the job ends with the hang's exit code."""
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = _trainer_args(prepared_data, run_dir, 100000)
-    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--hang-timeout-s", "10")
-    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
+    args = trainer_args(prepared_data, run_dir, 100000)
+    slurm_id = sbatch_rendered(jobs, tmp_path, args, "--hang-timeout-s", "10")
+    until("step 3", lambda: reached(run_dir, 3), timeout=300)
     (job_dir,) = jobs.iterdir()
     (rank1,) = [
-        p for p in processes_of(job_dir.name) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"
+        p for p in processes_of(job_dir.name) if is_rank(p.cmdline()) and p.environ().get("RANK") == "1"
     ]
     rank1.suspend()  # SIGSTOP
     try:
-        _until_ended(slurm_id, timeout=150)
+        until_ended(slurm_id, timeout=150)
     finally:
         with contextlib.suppress(psutil.Error):
             rank1.resume()
-    assert _sacct(slurm_id, "State,ExitCode") == [["FAILED", f"{EXIT_HANG}:0"]]
+    assert sacct(slurm_id, "State,ExitCode") == [["FAILED", f"{EXIT_HANG}:0"]]
     logs = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))
     assert "task: hang: no progress for " in logs and ") is stopped (SIGSTOP?)" in logs, logs[-3000:]
     stacks = sorted(p.name.split("-")[1] for p in (job_dir / "hang").iterdir())
     assert stacks == ["rank0.txt", "rank1.txt"]
-    _until("no process of the job", lambda: not processes_of(job_dir.name), timeout=60)
+    until("no process of the job", lambda: not processes_of(job_dir.name), timeout=60)
 
 
 def test_preemption_checkpoints_requeues_and_resumes_to_exactly_max_steps(
     prepared_data, tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = _trainer_args(prepared_data, run_dir, 60)
+    args = trainer_args(prepared_data, run_dir, 60)
     proc = launcher(jobs, "submit", *SLURM_2x1, "--", *args, check=True)
     job_id = proc.stdout.strip()
-    slurm_id = _slurm_id(jobs, job_id)
-    _until("step 5", lambda: _reached(run_dir, 5))
+    slurm_id = slurm_id_of(jobs, job_id)
+    until("step 5", lambda: reached(run_dir, 5))
     # What SLURM sends before a time limit or a preemption (--signal=USR2@90), to every process.
     run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
-    stopped = _until(
+    stopped = until(
         "stop checkpoint",
         lambda: (
             json.loads((run_dir / "stopped.json").read_text())
@@ -212,9 +118,9 @@ def test_preemption_checkpoints_requeues_and_resumes_to_exactly_max_steps(
     assert stopped["signal"] == "SIGUSR2" and 5 <= stopped["step"] < 60
     waited = launcher(jobs, "wait", job_id, timeout=900)
     assert waited.returncode == 0, waited.stderr[-4000:]
-    assert _status(jobs, job_id)["state"] == "succeeded"
+    assert status_json(jobs, job_id)["state"] == "succeeded"
     # Requeued once (two runs under one job id), and the second resumed: no step trained twice.
-    assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
+    assert [r[0] for r in sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
     steps = sorted(losses(run_dir))
     assert steps == list(range(1, 61))
     log = "".join(p.read_text() for p in (jobs / job_id).glob("node-*.log"))  # rank 0 on either node
@@ -241,18 +147,18 @@ def test_cancel_ends_running_and_queued_jobs_and_secrets_stay_off_disk(prepared_
     )
     running, queued = first.stdout.strip(), second.stdout.strip()
     # The cluster's two nodes have one CPU each: the second job waits for the first.
-    _until("first job running", lambda: _status(jobs, running)["state"] == "running")
-    assert _status(jobs, queued)["state"] == "pending"
-    _until("step 2", lambda: _reached(tmp_path / "a", 2))
-    ranks = [p for p in processes_of(running) if _is_rank(p.cmdline())]
+    until("first job running", lambda: status_json(jobs, running)["state"] == "running")
+    assert status_json(jobs, queued)["state"] == "pending"
+    until("step 2", lambda: reached(tmp_path / "a", 2))
+    ranks = [p for p in processes_of(running) if is_rank(p.cmdline())]
     assert len(ranks) == 2 and all(p.environ().get("HF_TOKEN") == canary for p in ranks)  # the job gets it
 
     cancelled = launcher(jobs, "cancel", queued, check=True)
-    assert "cancelled" in cancelled.stdout and _status(jobs, queued)["state"] == "cancelled"
+    assert "cancelled" in cancelled.stdout and status_json(jobs, queued)["state"] == "cancelled"
     launcher(jobs, "cancel", running, check=True)
-    assert _status(jobs, running)["state"] == "checkpointed"
-    _until("no process of the job", lambda: not processes_of(running), timeout=30)
-    assert _files_containing(jobs, canary) == []  # records, submitit folder, pickles, logs
+    assert status_json(jobs, running)["state"] == "checkpointed"
+    until("no process of the job", lambda: not processes_of(running), timeout=30)
+    assert files_containing(jobs, canary) == []  # records, submitit folder, pickles, logs
 
 
 def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_path: Path) -> None:
@@ -264,31 +170,31 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_pa
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "injected fault on rank 1 at step 3" in proc.stderr
     job_id = proc.stdout.splitlines()[0]
-    failure = _status(jobs, job_id)["failure"]
+    failure = status_json(jobs, job_id)["failure"]
     # c10d hands out ranks in the order nodes join: the named node is whichever ran rank 1.
     node = failure["node_rank"]
     assert failure["rank"] == 1 and f"node {node}, rank 1" in proc.stderr
     assert "rank 1/2 " in (jobs / job_id / f"node-{node}.log").read_text()
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=30)
+    until("no process of the job", lambda: not processes_of(job_id), timeout=30)
 
 
 def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
     prepared_data, tmp_path: Path
 ) -> None:
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    proc = launcher(jobs, "submit", *SLURM_2x1, "--", *_trainer_args(prepared_data, run_dir, 100000))
+    proc = launcher(jobs, "submit", *SLURM_2x1, "--", *trainer_args(prepared_data, run_dir, 100000))
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = proc.stdout.splitlines()[0]
-    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
-    (rank1,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
-    node = _node_of(rank1)
+    until("step 3", lambda: reached(run_dir, 3), timeout=300)
+    (rank1,) = [p for p in processes_of(job_id) if is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    node = node_of(rank1)
     rank1.kill()
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
-    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 150)
+    status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 150)
     failure = status["failure"]
     assert status["state"] == "failed" and (failure["node_rank"], failure["rank"]) == (node, 1), status
     assert "killed by SIGKILL" in failure["error"], status
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+    until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
 def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, tmp_path: Path) -> None:
@@ -306,9 +212,9 @@ def test_a_node_with_other_versions_ends_the_job_before_training(prepared_data, 
     line = next(x for x in proc.stderr.splitlines() if "packages.tokenizers:" in x)
     assert version("tokenizers") in line and other in line and "(node 0)" in line and "(node 1)" in line
     job_id = proc.stdout.splitlines()[0]
-    assert _status(jobs, job_id)["state"] == "failed" and _status(jobs, job_id)["exit_code"] == 3
-    assert _sacct(_slurm_id(jobs, job_id), "State,ExitCode") == [["FAILED", "3:0"]]
-    assert _untouched(run_dir), "no rank may start when the versions differ"
+    assert status_json(jobs, job_id)["state"] == "failed" and status_json(jobs, job_id)["exit_code"] == 3
+    assert sacct(slurm_id_of(jobs, job_id), "State,ExitCode") == [["FAILED", "3:0"]]
+    assert untouched(run_dir), "no rank may start when the versions differ"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
 
 
@@ -339,11 +245,11 @@ def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
         proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=600)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     job_id = proc.stdout.splitlines()[0]
-    status = _status(jobs, job_id)
+    status = status_json(jobs, job_id)
     assert (status["state"], status["exit_code"]) == ("failed", 3), status
     assert status["message"].startswith("the health gate named 1 node(s):\n  n1: compute "), status["message"]
     assert "n1: compute " in proc.stderr, proc.stderr[-3000:]
-    assert _untouched(run_dir), "no rank may start when the gate names a node"
+    assert untouched(run_dir), "no rank may start when the gate names a node"
     assert not (jobs / job_id / "node-0.log").exists() and not (jobs / job_id / "node-1.log").exists()
     # The report of the refused job: the gate's device table with n1 named, and the nodes' parity.
     page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip()).read_text()
@@ -361,7 +267,7 @@ def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
     """``--health-check --retries 1`` with n1 slowed: SLURM gives the job n1 and n2 (the first idle
     nodes), the gate names n1, the batch script requeues the job without it, and on n2 and n3 the gate
     passes and the job trains."""
-    _until("3 idle nodes", lambda: len(_idle_nodes()) >= 3, timeout=120)
+    until("3 idle nodes", lambda: len(_idle_nodes()) >= 3, timeout=120)
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
     flags = ["--health-check", "--retries", "1", "--retry-backoff-s", "1"]
@@ -370,14 +276,16 @@ def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
         proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
         assert proc.returncode == 0, proc.stderr[-4000:]
         job_id = proc.stdout.splitlines()[0]
-        status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 600)
+        status = until(
+            "the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 600
+        )
     assert status["state"] == "succeeded", status
     (first,) = status["attempts"]
     assert (first["exit_code"], first["excluded"]) == (3, ["n1"]), first
     assert "the health gate named 1 node(s):\n  n1: compute " in first["cause"], first
     assert (jobs / job_id / "attempts" / "1" / "health" / "node-0.out").is_file()  # the gate's output, kept
-    (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]  # the last run's
-    assert _hostnames(nodelist) == ["n2", "n3"], nodelist
+    (nodelist,) = sacct(slurm_id_of(jobs, job_id), "NodeList")[0]  # the last run's
+    assert hostnames(nodelist) == ["n2", "n3"], nodelist
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == [1, 2, 3]
 
 
@@ -400,17 +308,19 @@ def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_pat
     """Each node's task watches its ranks' heartbeats (in the shared job record); both report and the
     job ends as a hang naming the stopped rank, with every rank's stack kept."""
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = _trainer_args(prepared_data, run_dir, 100000)
+    args = trainer_args(prepared_data, run_dir, 100000)
     proc = launcher(jobs, "submit", *SLURM_2x1, "--hang-timeout-s", "10", "--", *args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = proc.stdout.splitlines()[0]
-    _until("step 3", lambda: _reached(run_dir, 3), timeout=300)
-    (rank1,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
+    until("step 3", lambda: reached(run_dir, 3), timeout=300)
+    (rank1,) = [p for p in processes_of(job_id) if is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
     frozen = time.monotonic()
     rank1.suspend()  # SIGSTOP
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
     try:
-        status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 150)
+        status = until(
+            "the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 150
+        )
     finally:
         with contextlib.suppress(psutil.Error):
             rank1.resume()
@@ -420,141 +330,5 @@ def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_pat
     assert "rank 1 (node " in message and ") is stopped (SIGSTOP?)" in message, message
     stacks = {p.name.split("-")[1]: p.read_text() for p in (jobs / job_id / "hang").iterdir()}
     assert sorted(stacks) == ["rank0.txt", "rank1.txt"] and all("Python v" in t for t in stacks.values())
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+    until("no process of the job", lambda: not processes_of(job_id), timeout=60)
     print(f"\n{message}\nreported {took:.1f} s after the freeze")
-
-
-SLURM_STATE = Path(os.environ.get("GPTLAUNCH_SLURM_DIR", "/var/lib/gptlaunch-slurm"))
-NODE_LOCAL = SLURM_STATE / "local"  # on each node, its own disk (deploy/slurm/dev-cluster.sh)
-
-
-def _node_disk(host: str) -> Path:
-    """What node ``host`` sees at NODE_LOCAL, as this machine sees it."""
-    disk = SLURM_STATE / "node-local" / host
-    assert disk.is_dir(), f"no node-local disk {disk}: restart the cluster (dev-cluster.sh down, then up)"
-    return disk
-
-
-@pytest.fixture
-def node_disks(tmp_path: Path) -> Iterator[None]:
-    """The test's run dirs on the nodes' own disks, removed after it (the disks outlive a test)."""
-    yield
-    for disk in (SLURM_STATE / "node-local").glob(f"*/{_local_run_name(tmp_path)}"):
-        shutil.rmtree(disk, ignore_errors=True)
-
-
-def _local_run_name(tmp_path: Path) -> str:
-    """A run dir name of this test's own, on every node's disk (which outlives pytest's tmp dirs)."""
-    return f"run-{tmp_path.parent.name}-{tmp_path.name}"
-
-
-def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, str, str]:
-    """A 2-node job with ``--retries 1`` whose run dir is on each node's own disk (not declared: the
-    nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
-    step 7 passed and a checkpoint is in the job record's copy."""
-    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
-    # TINY: steps slow enough that rank 0 still trains when the copy holds a checkpoint
-    args = [*prepared_data, *FAST, *TINY, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
-    args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
-    flags = ["--retries", "1", "--retry-backoff-s", "1"]
-    proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    job_id = proc.stdout.splitlines()[0]
-    disks = [_node_disk(host) / name for host in _hostnames("ALL")]
-    copy = jobs / job_id / "run-copy"
-    _until("step 7", lambda: any(_reached(d, 7) for d in disks) and list(copy.glob("ckpt-*.pt")), 300)
-    assert not (NODE_LOCAL / name / "metrics.jsonl").exists()  # the launcher's machine sees none of it
-    return jobs, job_id, name
-
-
-def _lose_rank_0s_node(job_id: str) -> str:
-    """SIGKILL the task of the node that holds rank 0 (and so its checkpoints); that node's name."""
-    (rank0,) = [p for p in processes_of(job_id) if _is_rank(p.cmdline()) and p.environ().get("RANK") == "0"]
-    (task,) = [p for p in rank0.parents() if "submitit.core._submit" in p.cmdline()]
-    task.kill()
-    return str(rank0.environ()["SLURMD_NODENAME"])
-
-
-@pytest.mark.usefixtures("node_disks")
-def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, tmp_path: Path) -> None:
-    """``--retries 1``, a 2-node job on the 3-node cluster: the node holding rank 0 and its checkpoints
-    is lost (its task, submitit's process, parent of its torchrun agent, SIGKILLed after a checkpoint).
-    The batch script requeues the job without that node; attempt 2 runs on the two other nodes, which
-    never held a checkpoint, restores the job record's copy on both, resumes from it and trains
-    exactly ``--max-steps`` steps, each logged once."""
-    steps = 30
-    jobs, job_id, name = _node_local_job(prepared_data, tmp_path, steps)
-    failed = _lose_rank_0s_node(job_id)
-    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
-    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
-    assert status["state"] == "succeeded", status
-    (first,) = status["attempts"]
-    assert first["excluded"] == [failed], first
-    copy = jobs / job_id / "run-copy"
-    logged = [m["step"] for m in metrics(copy) if "tokens_per_s" in m]
-    assert logged == list(range(1, steps + 1))  # from the copy: resumed, no step twice, none missing
-    assert (copy / f"ckpt-{steps:08d}.pt").is_file()
-    logs = "".join((jobs / job_id / f"node-{k}.log").read_text() for k in (0, 1))
-    for said in ("task: restored", "resumed from", "task: run dir copy"):
-        assert said in logs, logs[-3000:]
-    page = Path(launcher(jobs, "report", job_id, check=True).stdout.strip()).read_text()
-    assert '<div id="chart-loss"' in page, "the curves come from the job record's copy of the run dir"
-    assert "attempt 1: failed at step " in page and f"({failed})</li>" in page  # excluded
-    (nodelist,) = _sacct(_slurm_id(jobs, job_id), "NodeList")[0]  # the last run's
-    assert failed not in _hostnames(nodelist) and len(_hostnames(nodelist)) == 2, nodelist
-    assert not (_node_disk(failed) / name / f"ckpt-{steps:08d}.pt").exists()  # not where it ended
-    assert (jobs / job_id / "attempts" / "1" / "node-0.log").is_file()  # attempt 1 keeps its logs
-    text = launcher(jobs, "status", job_id, check=True).stdout
-    assert "attempt 2 of 2" in text and f"{failed} excluded" in text, text
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
-
-
-@pytest.mark.usefixtures("node_disks")
-def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
-    prepared_data, tmp_path: Path
-) -> None:
-    """As above, but the job record's copy is gone too: attempt 2 does not quietly train from step 0;
-    it fails, naming the checkpoint, where it was saved and ``--allow-start-over``."""
-    jobs, job_id, _ = _node_local_job(prepared_data, tmp_path, 200)
-    failed = _lose_rank_0s_node(job_id)
-    shutil.rmtree(jobs / job_id / "run-copy")
-    terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
-    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
-    assert status["state"] == "failed" and status["exit_code"] == 3, status
-    message = status["message"]
-    for words in (
-        "the newest checkpoint (ckpt-",
-        f"on {failed}",
-        "is not in its copy",
-        "--allow-start-over",
-    ):
-        assert words in message, message
-    assert len(status["attempts"]) == 1  # attempt 2 was refused, not retried
-    logs = "".join(p.read_text() for p in (jobs / job_id).glob("node-*.log"))
-    assert "task: not started: the newest checkpoint" in logs, logs[-3000:]
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
-
-
-@pytest.mark.usefixtures("node_disks")
-def test_the_sbatch_script_with_a_node_local_run_dir_requeues_and_resumes_from_the_copy(
-    prepared_data, tmp_path: Path
-) -> None:
-    """The standalone script (``launcher render``, run with plain sbatch), told the run dir is
-    node-local: on SLURM's warning signal the stop marker and the checkpoint reach the job record's
-    copy, the script requeues the job, and the next run restores the copy and trains exactly to the
-    end. (The same script's requeue with a shared run dir is submitit's: the preemption test.)"""
-    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
-    args = _trainer_args(prepared_data, NODE_LOCAL / name, 40)
-    slurm_id = _sbatch_rendered(jobs, tmp_path, args, "--node-local-run-dir")
-    disks = [_node_disk(host) / name for host in _hostnames("ALL")]
-    _until("step 5", lambda: any(_reached(d, 5) for d in disks))
-    run(["scancel", "--signal=USR2", "--full", slurm_id], check=True)
-    _until_ended(slurm_id, timeout=600)
-    assert [r[0] for r in _sacct(slurm_id, "State", duplicates=True)] == ["REQUEUED", "COMPLETED"]
-    assert _sacct(slurm_id, "State,ExitCode") == [["COMPLETED", "0:0"]]
-    (job_dir,) = jobs.iterdir()
-    copy = job_dir / "run-copy"
-    assert sorted(losses(copy)) == list(range(1, 41))  # resumed: no step twice
-    assert {m["world_size"] for m in metrics(copy) if "world_size" in m} == {2}
-    assert sorted(p.name for p in job_dir.glob("node-*.log")) == ["node-0.log", "node-1.log"]
-    assert "task: run dir copy" in "".join(p.read_text() for p in job_dir.glob("node-*.log"))

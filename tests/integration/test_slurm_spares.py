@@ -14,16 +14,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from gptlaunch.contract import read_beats
 from launcher.job.scalars import scalars_dir
 from tests.integration.conftest import FAST, launcher, metrics, processes_of
-from tests.integration.test_slurm import (
+from tests.integration.slurm_helpers import (
     SLURM_2x1,
-    _hostnames,
-    _is_rank,
-    _reached,
-    _sacct,
-    _slurm_id,
-    _status,
-    _until,
+    hostnames,
+    is_rank,
+    reached,
+    sacct,
     slurm_cluster,  # noqa: F401 (the module's fixture: a running dev cluster)
+    slurm_id_of,
+    status_json,
+    until,
 )
 
 pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
@@ -45,23 +45,23 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_req
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = proc.stdout.splitlines()[0]
-    _until("step 12", lambda: _reached(run_dir, 12), timeout=300)
-    ranks = {p.environ()["RANK"]: p for p in processes_of(job_id) if _is_rank(p.cmdline())}
+    until("step 12", lambda: reached(run_dir, 12), timeout=300)
+    ranks = {p.environ()["RANK"]: p for p in processes_of(job_id) if is_rank(p.cmdline())}
     ran = sorted(p.environ()["SLURMD_NODENAME"] for p in ranks.values())
     failed = ranks["1"].environ()["SLURMD_NODENAME"]
     (task,) = [p for p in ranks["1"].parents() if "submitit.core._submit" in p.cmdline()]  # that node's task
     task.kill()
     killed = time.time()
-    back = _until("the retry's first step", lambda: _first_step_resumed(jobs / job_id), 300, every=0.2)
+    back = until("the retry's first step", lambda: _first_step_resumed(jobs / job_id), 300, every=0.2)
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
-    status = _until("the job ended", lambda: (s := _status(jobs, job_id))["state"] in terminal and s, 300)
+    status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 300)
     assert status["state"] == "succeeded", status
-    (spare,) = set(_hostnames("ALL")) - set(ran)
+    (spare,) = set(hostnames("ALL")) - set(ran)
     (first,) = status["attempts"]
     assert first["excluded"] == [failed] and first["replaced"] == {failed: spare}, first
-    runs = _sacct(_slurm_id(jobs, job_id), "State,NodeList", duplicates=True)  # a requeue adds a run
+    runs = sacct(slurm_id_of(jobs, job_id), "State,NodeList", duplicates=True)  # a requeue adds a run
     assert len(runs) == 1 and runs[0][0] == "COMPLETED", runs
-    assert sorted(_hostnames(runs[0][1])) == sorted(_hostnames("ALL")), runs  # one allocation, all 3
+    assert sorted(hostnames(runs[0][1])) == sorted(hostnames("ALL")), runs  # one allocation, all 3
     logged = [m for m in metrics(run_dir) if "tokens_per_s" in m]
     assert [m["step"] for m in logged] == list(range(1, steps + 1))
     logs = "".join(p.read_text() for p in (jobs / job_id).glob("node-*.log"))
@@ -71,7 +71,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation_with_no_req
     text = launcher(jobs, "status", job_id, check=True).stdout
     assert f"{failed} → replaced by {spare}" in text, text
     _assert_tensorboard_shows_both_attempts(jobs / job_id, first["cause"])
-    _until("no process of the job", lambda: not processes_of(job_id), timeout=60)
+    until("no process of the job", lambda: not processes_of(job_id), timeout=60)
     print(f"\nkill → the spare's first step: {back - killed:.1f} s; resumed at step {resumed[2]}\n{text}")
 
 

@@ -1,6 +1,7 @@
 """The launcher's copy of a share-nothing run dir against real sshd test hosts and real rsync
 (``launcher.schedulers.ssh.copies``): what a host saved is pulled here, and pushed to the next
-attempt's hosts without taking back what a survivor wrote since."""
+attempt's hosts without taking back what a survivor wrote since; and a retry that cannot have the
+newest checkpoint is refused."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import os
 import time
 from pathlib import Path
 
+from launcher.job.follow import wait_terminal
+from launcher.job.record import JobRecord
 from launcher.job.reports import Saved
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
-from tests.integration.conftest import on_host
+from launcher.schedulers.ssh.scheduler import SshScheduler
+from tests.integration.conftest import on_host, processes_of, run, wait_for
+from tests.integration.test_ssh_failures import past_step_12_with_a_spare
 
 _CHECKPOINT = "ckpt-00000010.pt"
 
@@ -58,3 +63,35 @@ def test_a_push_fills_in_what_a_host_lacks_and_keeps_a_survivors_newer_logs(
         assert (host_dir / "metrics.jsonl").read_text() == _lines(range(1, 11)), host_dir
         assert (host_dir / _CHECKPOINT).read_bytes() == b"weights" * 100, host_dir
     assert any("pushed to gl-h1, gl-h2, gl-h3" in line for line in said), said
+
+
+def test_a_retry_without_the_newest_checkpoint_fails_naming_where_it_is(
+    hostfile: Path, prepared_data: list[str], private: Path, tmp_path: Path
+) -> None:
+    """Never a silent restart: this machine's copy of the run dir refuses every write (``chattr +i``,
+    as a full disk would), so rank 0's checkpoints exist on its host only. A rank killed after step
+    12 ends the job with a message that names the checkpoint, its host and the fix, and no attempt 2
+    starts from step 0."""
+    run_dir = private / "run"
+    run_dir.mkdir()
+    run(["chattr", "+i", str(run_dir)], check=True)
+    try:
+        job = past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=1)
+        names = [n.host for n in JobRecord(private / "jobs" / job).plan().nodes]
+        (holder,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]
+        (rank,) = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]
+                   and p.environ().get("GPTLAUNCH_HOST_NODE") == str(1 - names.index(holder))]  # fmt: skip
+        rank.kill()
+        final = wait_terminal(SshScheduler(), JobRecord(private / "jobs" / job), 300, poll_s=0.5)
+    finally:
+        run(["chattr", "-i", str(run_dir)], check=True)
+    assert final is not None and final.state == "failed", final
+    message = final.message
+    assert "attempt 2 of 2 could not be prepared" in message and "does not start over" in message, message
+    assert (
+        "ckpt-00000010.pt" in message and f"saved on {holder}" in message and "--allow-start-over" in message
+    )
+    assert f"rsync -a {holder}:{run_dir}/ {run_dir}/" in message, message
+    assert not (private / "jobs" / job / "attempts").exists() and not final.attempts  # no attempt 2 ran
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
+    print(f"\n{message}")
