@@ -51,7 +51,7 @@ def follow(
     and each retry is announced (``launcher.job.announce``)."""
     lines = scheduler.logs(record, node, follow=True)
     if console:  # the failure's aftermath left to the logs, a traceback judged whole, before --tee
-        lines = quieted(left_to_logs(lines, lambda: record.status().failing))
+        lines = quieted(left_to_logs(lines, record.status))
     lines = (line for line in lines if line == TICK or keep(line))
     if console:
         lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))

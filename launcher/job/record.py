@@ -204,14 +204,18 @@ class Attempt(BaseModel):
 
 
 class Failing(BaseModel):
-    """The controller found attempt ``attempt`` failing at ``at`` (epoch seconds), first on node
-    ``node`` (None: every node, a hang). Written before it stops the other nodes: what they print from
-    then on follows from the failure (the console leaves it to the node logs)."""
+    """The controller found attempt ``attempt`` failing at ``at`` (epoch seconds). Written before it
+    stops anything, then again once the verdict is known (``decided``), naming the rank that failed
+    (``node``, ``rank``; None where the cause is no one rank's: a hang, a lost host). What the ranks
+    and torchruns print from then on follows from the failure, but for that rank's own lines: the
+    console leaves it to the node logs (``launcher.job.survivors``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     attempt: int
-    node: int | None
     at: float
+    decided: bool = False
+    node: int | None = None
+    rank: int | None = None
 
 
 class JobStatus(BaseModel):

@@ -151,36 +151,13 @@ def retry_next(
 ) -> Retry:
     """The one bookkeeping after an attempt that is retried, for every controller: the attempt after
     ``history`` (the job's ended attempts, oldest first), which ran from ``started_at`` to ``ended_at``
-    (epoch seconds, its end detected) and reached ``step``, archived (``end_attempt``); the backoff
-    before the next (``backoff_s``, at least ``min_wait_s``); the status updated to say when (and
-    ``where``, appended) it starts."""
+    (epoch seconds, its end detected) and reached ``step``, archived now that its processes are gone
+    and the next nodes chosen (``archive``, with the files ``steps`` of the job directory: those of
+    the steps before training); the backoff before the next (``backoff_s``, at least ``min_wait_s``);
+    the status updated to say when (and ``where``, appended) it starts."""
     spec = record.spec()
-    ended = end_attempt(record, outcome, number=len(history) + 1, started_at=started_at, ended_at=ended_at,
-                        step=step, replaced=replaced, excluded=excluded, steps=steps)  # fmt: skip
-    attempts = [*history, ended]
-    wait = max(backoff_s(spec.retry_backoff_s, attempts), min_wait_s)
-    message = next_in(ended, spec.retries, wait) + where
-    record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
-    return Retry(ended, wait, message)
-
-
-def end_attempt(
-    record: JobRecord,
-    outcome: Outcome,
-    *,
-    number: int,
-    started_at: float,
-    ended_at: float,
-    step: int | None,
-    replaced: dict[str, str] | None = None,
-    excluded: list[str] | None = None,
-    steps: Sequence[str] = (),
-) -> Attempt:
-    """Attempt ``number`` (epoch seconds: started, its end detected), which ended with ``outcome`` at
-    ``step``, archived (``archive``, with the files ``steps`` of the job directory: those of the steps
-    before training) now that its processes are gone and the next nodes chosen."""
     attempt = Attempt(
-        number=number,
+        number=len(history) + 1,
         started_at=started_at,
         ended_at=ended_at,
         cleaned_at=time.time(),
@@ -191,7 +168,12 @@ def end_attempt(
         replaced=replaced or {},
         excluded=excluded or [],
     )
-    return archive(record, attempt, steps)
+    ended = archive(record, attempt, steps)
+    attempts = [*history, ended]
+    wait = max(backoff_s(spec.retry_backoff_s, attempts), min_wait_s)
+    message = next_in(ended, spec.retries, wait) + where
+    record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
+    return Retry(ended, wait, message)
 
 
 def archive(record: JobRecord, attempt: Attempt, steps: Sequence[str] = ()) -> Attempt:

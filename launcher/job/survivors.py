@@ -1,13 +1,14 @@
-"""The console after a failure: what the other nodes print once an attempt fails follows from it (a
-peer's "connection closed" traceback, the torchruns the launcher stops, a survivor's own messages),
-whatever its shape, and goes to the node logs only; the console says the cause once (the retry's
-line, or the job's summary).
+"""The console after a failure: what the ranks and torchruns print once an attempt fails follows from
+it (a peer's "connection closed" traceback, the torchruns the launcher stops, a survivor's own
+messages), whatever its shape, and goes to the node logs only; the console shows the failed rank's
+own lines and says the cause once (the retry's line, or the job's summary).
 
 The controller writes that fact in the job's status (``JobStatus.failing``) as soon as it finds an
-attempt failing, before it stops the other nodes. Each node line reaches the console HOLD_S seconds
-after it was read, so that what a survivor printed between the failure and the controller knowing
-of it is still held then and is left out too. The failed node's own lines (its rank's error) are
-shown; after a hang (no failed node) no node's are. Nothing here reads the lines' words.
+attempt failing, before it stops anything, and again once its verdict names the failed rank
+(``decided``). Each node line reaches the console HOLD_S seconds after it was read, so that what was
+printed between the failure and the controller knowing of it is still held then; from then on node
+lines wait for the verdict (at most DECIDE_MAX_S). Nothing here reads the lines' words: only their
+node and rank labels.
 """
 
 from __future__ import annotations
@@ -21,30 +22,36 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from launcher.job.logs import TICK
-from launcher.job.record import Failing
+from launcher.job.record import Failing, JobStatus
 
 # Longer than a rank's death takes to reach the status: torchrun's monitor interval (0.1 s), its exit
 # (about 1 s, more on a loaded machine), the supervisor's poll (0.1 s).
 HOLD_S = 3.0
+# The longest a verdict may take to name the rank: the other nodes' hang reports (30 s), the kill's
+# grace and the channels' drain (5 s each). Past it, every node line since the failure is left out.
+DECIDE_MAX_S = 60.0
 STATUS_EVERY_S = 0.25  # how often the status is read for the fact
-_NODE = re.compile(r"^(?:\S+ )?node(\d+) \| ")  # ``NodePlan.label``: ``node1`` or ``gpu-b node1``
+_LABEL = re.compile(r"^(?:\S+ )?node(\d+) \| (?:\[rank(\d+)\]: )?")  # ``NodePlan.label``, a rank's prefix
 
 
-def node_of(line: str) -> int | None:
-    """The node rank of a node-labelled console line (None for another line)."""
-    match = _NODE.match(line)
-    return int(match[1]) if match else None
+def node_of(line: str) -> tuple[int, int | None] | None:
+    """(node rank, the rank that printed it, None for its torchrun's own) of a node-labelled console
+    line; None for another line (the launcher's)."""
+    match = _LABEL.match(line)
+    if match is None:
+        return None
+    return int(match[1]), int(match[2]) if match[2] is not None else None
 
 
 def left_to_logs(
     lines: Iterable[str],
-    failing: Callable[[], Failing | None],
+    status: Callable[[], JobStatus],
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[str]:
-    """``lines`` (TICK passes at once), each held HOLD_S seconds (by ``clock``), less the lines that
-    followed from a failure: once ``failing()`` (the status's fact, read every STATUS_EVERY_S) names
-    the attempt failing, those of every other node read from HOLD_S before it was seen until the fact
-    is cleared (the next attempt)."""
+    """``lines`` (TICK passes at once), each held HOLD_S seconds (by ``clock``), less the node lines
+    that followed from a failure: those read from HOLD_S before ``status()`` (read every
+    STATUS_EVERY_S) named the attempt failing until the next attempt started, but the failed rank's
+    own once the verdict named it."""
     held: deque[tuple[float, str]] = deque()
     windows: list[_Window] = []  # the failures seen, newest last
     next_read = -math.inf
@@ -52,14 +59,17 @@ def left_to_logs(
         now = clock()
         if line is None or now >= next_read:
             next_read = now + STATUS_EVERY_S
-            _note(windows, failing(), now)
+            _note(windows, status(), now)
         if line:
             held.append((now, line))
         due = now - HOLD_S if line is not None else math.inf
         while held and held[0][0] <= due:
-            read_at, text = held.popleft()
-            node = node_of(text)
-            if not any(w.covers(read_at, node) for w in windows):
+            read_at, text = held[0]
+            window = next((w for w in windows if w.start <= read_at < w.end), None)
+            if line is not None and window is not None and not window.decided(now):
+                break  # the verdict may still name the rank whose lines these are
+            held.popleft()
+            if window is None or window.shows(node_of(text)):
                 yield text
         if line == TICK:
             yield TICK
@@ -67,25 +77,52 @@ def left_to_logs(
 
 @dataclass
 class _Window:
-    """A failure as this console saw it: lines of nodes other than ``fact.node`` read from ``start``
-    until ``end`` (the fact cleared) follow from it."""
+    """A failure as this console saw it: node lines read from ``start`` until ``end`` (the fact
+    cleared) follow from it, but the failed rank's once ``fact`` names it."""
 
     fact: Failing
     start: float
+    seen: float
     end: float = math.inf
 
-    def covers(self, read_at: float, node: int | None) -> bool:
-        if node is None or not self.start <= read_at < self.end:
-            return False
-        return self.fact.node is None or node != self.fact.node
+    def decided(self, now: float) -> bool:
+        return self.fact.decided or now - self.seen > DECIDE_MAX_S
+
+    def shows(self, label: tuple[int, int | None] | None) -> bool:
+        if label is None:  # not a node's line
+            return True
+        node, rank = label
+        named = self.fact.decided and self.fact.node == node and rank is not None
+        return named and self.fact.rank in (None, rank)
 
 
-def _note(windows: list[_Window], fact: Failing | None, now: float) -> None:
-    """Open a window for a new fact, close the open one when the fact changed or went."""
+def _note(windows: list[_Window], status: JobStatus, now: float) -> None:
+    """Open a window for a failing attempt, update it with the verdict; close it when the next attempt
+    starts (the verdict then read from the archived attempt, if it was missed); drop it when the
+    failure turned out to be none (a stop)."""
     current = windows[-1] if windows and windows[-1].end == math.inf else None
-    if current is not None and current.fact == fact:
-        return
+    fact = status.failing
     if current is not None:
-        current.end = now
-    if fact is not None:
-        windows.append(_Window(fact, now - HOLD_S))
+        if status.attempt > current.fact.attempt:
+            current.end, current.fact = now, _named(current.fact, status)
+        elif fact is None:
+            windows.remove(current)
+        elif fact.attempt == current.fact.attempt:
+            current.fact = fact
+    if fact is not None and not any(w.fact.attempt == fact.attempt for w in windows):
+        window = _Window(fact, now - HOLD_S, now)
+        if status.attempt > fact.attempt:  # the next attempt started before this read: one read late
+            window.end, window.fact = now, _named(fact, status)
+        windows.append(window)
+
+
+def _named(fact: Failing, status: JobStatus) -> Failing:
+    """``fact`` decided: as the controller said, or from the root cause its attempt was archived with."""
+    said = status.failing
+    if said is not None and said.attempt == fact.attempt and said.decided:
+        return said
+    if fact.decided or len(status.attempts) < fact.attempt:
+        return fact
+    failure = status.attempts[fact.attempt - 1].failure
+    named = {"node": failure.node_rank, "rank": failure.rank} if failure is not None else {}
+    return fact.model_copy(update={"decided": True, **named})

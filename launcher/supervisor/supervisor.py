@@ -221,9 +221,7 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
             message = f"cancelled before attempt {number} of {total} started; {retry.attempt.describe()}"
             return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
         job.next_attempt()
-        job.record.update_status(
-            message=f"attempt {number} of {total}; {retry.attempt.describe()}", failing=None
-        )
+        job.record.update_status(message=f"attempt {number} of {total}; {retry.attempt.describe()}")
 
 
 def _replaced(old: Plan, new: Plan | None) -> dict[str, str]:

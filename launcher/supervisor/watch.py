@@ -18,7 +18,7 @@ from launcher.job.facts import gather
 from launcher.job.failures import killed_by
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S
 from launcher.job.plan import Plan
-from launcher.job.record import Attempt, Failing, JobRecord, Outcome
+from launcher.job.record import Attempt, Failing, JobRecord, JobState, Outcome
 from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
 from launcher.job.verdict import Ending, Facts, Verdict, verdict
@@ -96,9 +96,9 @@ class Watch:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 return self._failed(min(failed, key=lambda k: killed_by(codes[k]) is None))
             elif self.node_watched and self._hang_reported():
-                self._failing(None)
+                self._failing()
                 self._kill()  # releases the ranks the nodes hold for each other's dumps
-                return self._verdict().outcome
+                return self._decided(self._verdict().outcome)
             job.goodput_point(periodic=True)
             time.sleep(POLL_S)
 
@@ -114,11 +114,22 @@ class Watch:
     def _verdict(self, first: int | None = None, explained: str | None = None, stop: bool = False) -> Verdict:
         return verdict(self._facts(first, explained, stop))
 
-    def _failing(self, node: int | None) -> None:
-        """Say in the status, before anything is stopped, that this attempt fails (first on ``node``;
-        None: every node): the console leaves the other nodes' output from then on to the logs."""
-        failing = Failing(attempt=len(self.job.attempts) + 1, node=node, at=time.time())
-        self.job.record.update_status(failing=failing)
+    def _failing(self) -> None:
+        """Say in the status, before anything is stopped, that this attempt fails: the console holds
+        what the nodes print from then on until the verdict names the rank (``_decided``)."""
+        self.job.record.update_status(failing=Failing(attempt=len(self.job.attempts) + 1, at=time.time()))
+
+    def _decided(self, outcome: Outcome) -> Outcome:
+        """``outcome``, and in the status the rank it names (``Failing``): the console shows that rank's
+        lines, and leaves the rest since the failure to the logs. No failure (a stop): nothing hidden."""
+        status = self.job.record.status()
+        failing, failure = status.failing, outcome.failure
+        if failing is None or outcome.state != JobState.FAILED:
+            self.job.record.update_status(failing=None)
+            return outcome
+        named = {"node": failure.node_rank, "rank": failure.rank} if failure is not None else {}
+        self.job.record.update_status(failing=failing.model_copy(update={"decided": True, **named}))
+        return outcome
 
     def _kill(self) -> None:
         """End every process of the attempt; the agents' exit codes until now are kept (``codes``):
@@ -159,7 +170,7 @@ class Watch:
         job = self.job
         code = job.agents[node].poll()
         if code != EXIT_CHECKPOINTED:  # 75: the ranks stopped with a checkpoint, likely no failure
-            self._failing(node)
+            self._failing()
         self._drain_ended()  # a host's stop marker comes on its channel
         explained = job.transport.explain(job.plan.nodes[node], code)  # once: it may note a lost host
         if code == EXIT_CHECKPOINTED and self._facts(node).marker is None:
@@ -172,4 +183,4 @@ class Watch:
             self._wait_others(HANG_REPORTS_S)
         self._kill()
         drain_channels(DRAIN_S)
-        return self._verdict(node, explained).outcome
+        return self._decided(self._verdict(node, explained).outcome)
