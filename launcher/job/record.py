@@ -352,10 +352,10 @@ class JobRecord:
             self.write_status(updated)
             return updated
 
-    def finish(self, outcome: Outcome) -> JobStatus:
-        """Record how the job ended (``outcome`` and the end time), unless an end is recorded already;
-        returns the recorded status."""
-        return self.update_status(**dict(outcome), ended_at=time.time())
+    def finish(self, outcome: Outcome, ended_at: float | None = None) -> JobStatus:
+        """Record how the job ended (``outcome`` and the end time, epoch seconds: ``ended_at``, default
+        now), unless an end is recorded already; returns the recorded status."""
+        return self.update_status(**dict(outcome), ended_at=ended_at or time.time())
 
     def handle(self, model: type[ModelT]) -> ModelT | None:
         """The scheduler's handle (None before the job was submitted)."""

@@ -42,7 +42,7 @@ from launcher.job.goodput import Goodput, job_goodput, rank0
 from launcher.job.measurements import CollectiveResult
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats, stragglers
-from launcher.job.record import JobRecord
+from launcher.job.record import JobRecord, JobStatus
 
 if TYPE_CHECKING:  # imported where written: `launcher status` only names the dir, and answers at once
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -204,13 +204,21 @@ def read_rank_compute(job_dir: Path) -> dict[int, list[tuple[float, float]]]:
 
 
 def goodput_point(
-    scalars: JobScalars, record: JobRecord, plan: Plan, *, periodic: bool, started_at: float | None = None
+    scalars: JobScalars,
+    record: JobRecord,
+    plan: Plan,
+    *,
+    periodic: bool,
+    started_at: float | None = None,
+    status: JobStatus | None = None,
 ) -> None:
     """A goodput point, and the ranks' (``JobScalars.ranks``), from what the job record holds now. A
     periodic one (every SAMPLE_S) only where the running attempt's ranks beat in the record (local
     nodes, SLURM, compose; an SSH host's beats reach it when its attempt ends): without them the running
     attempt would count as not training. ``started_at``: the job's start (epoch seconds) where the
-    record has none yet (inside a SLURM job, whose start only ``launcher status`` records)."""
+    record has none yet (inside a SLURM job, whose start only ``launcher status`` records). ``status``:
+    the job's status to tell it from, where the record does not hold it yet (an end about to be
+    recorded)."""
     if not scalars.active or (periodic and not scalars.due()):
         return
     try:
@@ -218,7 +226,7 @@ def goodput_point(
         if periodic and rank0([b for node in beats.values() for b in node]) is None:
             return
         now = time.time()
-        status = record.status()
+        status = status or record.status()
         if status.started_at is None and started_at is not None:
             status = status.model_copy(update={"started_at": started_at})
         goodput = job_goodput(record.dir, status, beats, now)

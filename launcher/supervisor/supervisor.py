@@ -176,11 +176,14 @@ def _run(job: Job, ready_fd: int, stop: _StopOnSignal) -> int:
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         job.transport.close()
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
-    final = job.record.finish(outcome)
     # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.
     shutil.rmtree(job_snapshots(job.plan.job_id), ignore_errors=True)
-    job.goodput_point()  # the ended job's, as `launcher status` tells it
+    # The ended job's goodput, as `launcher status` will tell it, before the end is recorded: whoever
+    # sees the end finds nothing of the job at work, this process included (it exits next).
+    ended_at = time.time()
+    job.goodput_point(status=job.record.status().model_copy(update={**dict(outcome), "ended_at": ended_at}))
     job.scalars.close()
+    final = job.record.finish(outcome, ended_at)
     if ready[0] >= 0:
         os.close(ready[0])
     return final.job_exit_code

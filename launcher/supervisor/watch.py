@@ -18,7 +18,7 @@ from launcher.job.facts import gather
 from launcher.job.failures import killed_by
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S
 from launcher.job.plan import Plan
-from launcher.job.record import Attempt, Failing, JobRecord, JobState, Outcome
+from launcher.job.record import Attempt, Failing, JobRecord, JobState, JobStatus, Outcome
 from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
 from launcher.job.verdict import Ending, Facts, Verdict, verdict
@@ -59,8 +59,8 @@ class Job:
         if checks.health is not None:
             self.scalars.health(checks.health, checks.hosts, self.started)
 
-    def goodput_point(self, periodic: bool = False) -> None:
-        goodput_point(self.scalars, self.record, self.plan, periodic=periodic)
+    def goodput_point(self, periodic: bool = False, status: JobStatus | None = None) -> None:
+        goodput_point(self.scalars, self.record, self.plan, periodic=periodic, status=status)
 
     def next_attempt(self) -> None:
         self.agents, self.started = [], time.time()
