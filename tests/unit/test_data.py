@@ -21,7 +21,6 @@ from trainer.data.splits import load_tokenizer, open_split
 from trainer.errors import DataError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-UNREACHABLE_HUB = "http://127.0.0.1:9"  # discard port on loopback: refused at once, no network needed
 MANIFEST_KEYS = [
     "format_version",
     "key",

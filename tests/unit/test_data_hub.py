@@ -13,29 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_data import copy_head, decode_docs, wikitext_docs
+from tests.unit.test_data import REPO_ROOT, copy_head, decode_docs, wikitext_docs
 from trainer.data.corpus import DataSource, hub_reachable
 from trainer.data.manifest import Manifest, load_manifest
 from trainer.data.prepare import prepare_data
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE_HUB = "http://127.0.0.1:9"  # discard port on loopback: refused at once, no network needed
-MANIFEST_KEYS = [
-    "format_version",
-    "key",
-    "source",
-    "source_kind",
-    "source_identity",
-    "vocab_size",
-    "requested_vocab_size",
-    "dtype",
-    "eot_id",
-    "splits",
-    "documents",
-    "input_sha256",
-    "tokenizer_sha256",
-    "val_fraction",
-]
 
 
 _HF_WORKER = """
