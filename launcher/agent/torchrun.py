@@ -25,13 +25,18 @@ import shutil
 import sys
 
 TORCHRUN = ["-m", "torch.distributed.run"]
+NODE_ENTRY = ["-m", "launcher.job.node"]  # fills in a node's placeholders, then execs its command
 
 
 def fast_exit(argv: list[str], path: str | None = None) -> list[str]:
     """``argv`` with this module in place of torchrun's, where ``argv`` is ``PYTHON -m
-    torch.distributed.run ARGS`` and ``PYTHON``, looked up in ``path`` (the ``PATH`` it will run
-    with; None: this process's), is this process's own interpreter (the same path, not the same file:
-    a venv's python is a link to one shared by every venv); else ``argv`` unchanged."""
+    torch.distributed.run ARGS`` (or that behind ``PYTHON -m launcher.job.node ... --``) and
+    ``PYTHON``, looked up in ``path`` (the ``PATH`` it will run with; None: this process's), is this
+    process's own interpreter (the same path, not the same file: a venv's python is a link to one
+    shared by every venv); else ``argv`` unchanged."""
+    if argv[1:3] == NODE_ENTRY and "--" in argv:  # behind ``launcher.job.node``: its command
+        cut = argv.index("--") + 1
+        return [*argv[:cut], *fast_exit(argv[cut:], path)]
     if argv[1:3] != TORCHRUN or (shutil.which(argv[0], path=path) or argv[0]) != sys.executable:
         return argv
     return [argv[0], "-m", "launcher.agent.torchrun", *argv[3:]]

@@ -37,17 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     record = JobRecord(args.job_dir.absolute())
     plan = record.plan()
     scheduler = get_scheduler(plan.scheduler)
-    if not isinstance(scheduler, SupervisedScheduler):
+    if not callable(getattr(scheduler, "transport", None)):
         print(
             f"launcher supervise: error: {plan.scheduler} jobs are not run by this command", file=sys.stderr
         )
         return EXIT_USAGE
     try:
-        transport = scheduler.transport(plan, record)
+        transport = scheduler.transport(plan, record)  # type: ignore[attr-defined]
     except Exception as e:  # the job must still end in its record, saying why
         record.finish(Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=f"launcher error: {e!r}"))
         raise
-    code = supervise(record, transport, ready_fd=args.ready_fd)
+    # A scheduler with a queue has its own handle on the job (SLURM's job id): not this process.
+    own = isinstance(scheduler, SupervisedScheduler)
+    code = supervise(record, transport, ready_fd=args.ready_fd, handle=own)
     # The end is recorded and nothing of the job runs: exit now. An interpreter's teardown would keep
     # this process (whose command line names the job) alive after its callers saw the job end.
     for stream in (sys.stdout, sys.stderr):

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gptlaunch.contract import (
     ATTEMPT_ENV,
+    EXIT_CHECKPOINTED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     job_snapshots,
@@ -37,7 +38,7 @@ from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
 from launcher.job.retry import decide, furthest_step, not_retried, retry_next
 from launcher.supervisor import procs
-from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
+from launcher.supervisor.transport import DRAIN_S, NewAllocation, Transport, drain_channels
 from launcher.supervisor.watch import FAIL_FAST_GRACE_S, Job, Watch
 
 POLL_S = 0.1
@@ -122,15 +123,19 @@ def _ensure_std_fds() -> None:
             os.open(os.devnull, os.O_RDWR)  # takes the lowest free fd: this one
 
 
-def supervise(record: JobRecord, transport: Transport, *, ready_fd: int = -1) -> int:
+def supervise(record: JobRecord, transport: Transport, *, ready_fd: int = -1, handle: bool = True) -> int:
     """Run the job of ``record`` (its Plan, through ``transport``) to its end in this process, in the
     foreground: every attempt, and the end recorded. Returns the job's exit code. ``ready_fd`` (when
-    >= 0) is closed once every agent of the first attempt started (or starting failed). SIGTERM,
-    SIGINT and SIGHUP stop the job with a checkpoint; a second one, at once."""
+    >= 0) is closed once every agent of the first attempt started (or starting failed). ``handle``:
+    this process is how the job is found again (its handle, a ``SupervisorHandle``); not where the
+    scheduler's own handle finds it (SLURM's job id). SIGTERM, SIGINT and SIGHUP stop the job with a
+    checkpoint; a second one, at once."""
     stop = _StopOnSignal()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, procs.STOP_SIGNALS)
     try:
-        return _run(Job(record.plan(), record, transport), ready_fd, stop)
+        # A SLURM job requeued carries on with the attempts of its earlier allocations.
+        job = Job(record.plan(), record, transport, attempts=list(record.status().attempts))
+        return _run(job, ready_fd, stop, handle)
     except BaseException:
         traceback.print_exc()
         return EXIT_FAILED
@@ -150,14 +155,16 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
     os.chdir("/")
 
 
-def _run(job: Job, ready_fd: int, stop: _StopOnSignal) -> int:
+def _run(job: Job, ready_fd: int, stop: _StopOnSignal, own_handle: bool) -> int:
     procs.become_subreaper()
     handle = SupervisorHandle(scheduler=job.plan.scheduler, supervisor=procs.process_ref())
-    job.record.write_handle(handle)
+    if own_handle:
+        job.record.write_handle(handle)
     ready = [ready_fd]
 
     def started() -> None:  # every agent of an attempt started: `launcher submit` may return
-        job.record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in job.agents]}))
+        if own_handle:
+            job.record.write_handle(handle.model_copy(update={"node_pids": [a.pid for a in job.agents]}))
         if ready[0] >= 0:
             os.close(ready[0])
             ready[0] = -1
@@ -176,6 +183,8 @@ def _run(job: Job, ready_fd: int, stop: _StopOnSignal) -> int:
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         job.transport.close()
         drain_channels(DRAIN_S)  # the nodes' last output, in their logs before the end is recorded
+    if outcome.state == JobState.PENDING:  # handed back to the scheduler (``_handed_over``): no end
+        return 0
     # The ranks' in-memory snapshots on this machine (local nodes): nothing will resume from them now.
     shutil.rmtree(job_snapshots(job.plan.job_id), ignore_errors=True)
     # The ended job's goodput, as `launcher status` will tell it, before the end is recorded: whoever
@@ -200,20 +209,33 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
         decision = decide(outcome, step, job.attempts, job.spec.retries)
         if stop.requested:
             return outcome
+        if outcome.exit_code == EXIT_CHECKPOINTED:  # stopped from outside: the scheduler may requeue it
+            return _handed_over(job, stop, outcome, (), 0.0) or outcome
         if not decision.retry:
             return not_retried(outcome, decision.why, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
+        elsewhere = False
         try:
             blamed = [job.plan.nodes[n].host for n in decision.without if n < len(job.plan.nodes)]
             plan = job.transport.renew(job.record, blamed)
+        except NewAllocation:  # retried in a new allocation, once this attempt is recorded
+            plan, elsewhere = None, True
         except OSError as e:
             message = (
                 f"attempt {len(job.attempts) + 2} of {total} could not be prepared: {e}; {outcome.cause}"
             )
             return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
         retry = retry_next(job.record, outcome, history=job.attempts, started_at=job.started,
-                           ended_at=detected, step=step, replaced=_replaced(job.plan, plan))  # fmt: skip
+                           ended_at=detected, step=step, replaced=_replaced(job.plan, plan),
+                           excluded=blamed if elsewhere else None,
+                           min_wait_s=1.0 if elsewhere else 0.0)  # fmt: skip
         job.attempts.append(retry.attempt)
+        if elsewhere:
+            excluded = sorted({host for a in job.attempts for host in a.excluded})
+            handed = _handed_over(job, stop, outcome, excluded, retry.wait_s)
+            if handed is None:
+                return not_retried(outcome, "no node left to retry on", job.attempts[:-1], job.spec.retries)
+            return handed
         if plan is not None:
             job.plan = plan
             job.record.write_plan(plan)
@@ -225,6 +247,24 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
             return Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
         job.next_attempt()
         job.record.update_status(message=f"attempt {number} of {total}; {retry.attempt.describe()}")
+
+
+def _handed_over(
+    job: Job, stop: _StopOnSignal, outcome: Outcome, excluded: Sequence[str], wait_s: float
+) -> Outcome | None:
+    """The job handed back to its scheduler for a new allocation (``Transport.requeue``) after the
+    attempt that ended with ``outcome``: a pending outcome, recorded with the attempt's last goodput
+    point first (the requeue ends this process's allocation); None when the scheduler does not."""
+    job.goodput_point()
+    job.scalars.close()
+    stop.ignore()  # the requeue signals this process too
+    said = job.transport.requeue(job.record, outcome, excluded, wait_s)
+    if said is None:
+        stop.listen()
+        return None
+    print(f"supervisor: {said}", flush=True)
+    job.record.update_status(state=JobState.PENDING, message=said, failing=None)
+    return Outcome(state=JobState.PENDING, exit_code=0, message=said)
 
 
 def _replaced(old: Plan, new: Plan | None) -> dict[str, str]:
@@ -269,6 +309,9 @@ class _StopOnSignal:
     def __init__(self) -> None:
         self.requested = False
         self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
+        # SLURM's warning before a time limit or a preemption reaches the ranks, which checkpoint and
+        # stop; this process too (``scancel --full``), which must outlive it and follow them.
+        signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
@@ -279,3 +322,8 @@ class _StopOnSignal:
     def ignore(self) -> None:
         for sig in self._previous:
             signal.signal(sig, signal.SIG_IGN)
+
+    def listen(self) -> None:
+        """Undo ``ignore``."""
+        for sig in self._previous:
+            signal.signal(sig, self._handle)

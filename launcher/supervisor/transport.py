@@ -19,7 +19,7 @@ import psutil
 
 from launcher.job import channel, reports
 from launcher.job.plan import NodePlan, Plan
-from launcher.job.record import JobRecord
+from launcher.job.record import JobRecord, Outcome
 from launcher.supervisor import procs, secrets
 
 
@@ -56,8 +56,25 @@ class Transport(Protocol):
         """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
         place of each of ``failed_hosts`` (every host the failure blamed: the root cause's, each hang
         suspect's, each one a health gate named; may be empty); a new Plan when the hosts change, else
-        None. Raises OSError when the next attempt cannot run (too few spares: it says which hosts)."""
+        None. Raises OSError when the next attempt cannot run (too few spares: it says which hosts),
+        NewAllocation when it runs in a new allocation (``requeue``)."""
         ...
+
+    def requeue(
+        self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
+    ) -> str | None:
+        """Hand the job back to its scheduler, to run again in a new allocation, after the attempt that
+        ended with ``outcome``: a failure that ``renew`` could not retry here (NewAllocation), which
+        runs without the hosts ``excluded`` after ``wait_s`` seconds, or a stop the scheduler asked for
+        (SLURM's warning before a time limit or a preemption). The next controller resumes the job,
+        so this one ends without recording an end. What to say; None where the scheduler does not
+        (the job ends here)."""
+        ...
+
+
+class NewAllocation(OSError):
+    """``Transport.renew``: the next attempt cannot run in this allocation (no spare left), but in a
+    new one, which ``Transport.requeue`` asks the scheduler for."""
 
 
 class ChildAgents:
@@ -82,6 +99,12 @@ class ChildAgents:
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """Nothing to do: the agents are processes started anew on the same nodes."""
+        return None
+
+    def requeue(
+        self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
+    ) -> str | None:
+        """Never: a job here has no allocation to come back to."""
         return None
 
 

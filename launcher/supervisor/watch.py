@@ -75,7 +75,7 @@ class Watch:
         self.stop_at: float | None = None
         # Each node's agent watches its ranks: it reports a hang and holds them for the others' dumps.
         self.node_watched = job.spec.hang.enabled
-        self.next_read = 0.0
+        self.next_read = self.next_stop_read = 0.0
         self.first_report: float | None = None
         self.codes: tuple[int | None, ...] = ()  # the agents' exit codes when the supervisor killed them
 
@@ -85,7 +85,7 @@ class Watch:
             codes = [a.poll() for a in job.agents]
             if all(c == 0 for c in codes):
                 return self._verdict().outcome
-            if self.stop.requested and self.stop_at is None:
+            if (self.stop.requested or self._stop_recorded()) and self.stop_at is None:
                 self._begin_stop()
             failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
             if self.stop_at is not None:
@@ -150,6 +150,15 @@ class Watch:
             return False
         self.first_report = self.first_report or time.monotonic()
         return len(hangs) >= job.plan.nnodes or time.monotonic() - self.first_report >= HANG_REPORTS_S
+
+    def _stop_recorded(self) -> bool:
+        """Whether a stop was asked in the job record (read every REPORT_READ_S): how ``launcher
+        cancel`` reaches a controller on another machine (SLURM's, in the allocation)."""
+        if time.monotonic() < self.next_stop_read:
+            return False
+        self.next_stop_read = time.monotonic() + REPORT_READ_S
+        self.stop.requested = self.job.record.status().stop_requested_at is not None
+        return self.stop.requested
 
     def _begin_stop(self) -> None:
         self.stop_at = time.monotonic()

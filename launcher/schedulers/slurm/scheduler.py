@@ -37,13 +37,16 @@ from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torche
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker_argv
 from launcher.schedulers.slurm import steps
+from launcher.schedulers.slurm.controller import ALLOCATED, Controller, node_commands
+from launcher.schedulers.slurm.controller import transport as controller_transport
 from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.partition import gpus_asked
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.spares import node_step, step_size
-from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state
+from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state, lost_controller
 from launcher.schedulers.slurm.task import NodeTask
+from launcher.supervisor.transport import Transport
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
@@ -141,21 +144,24 @@ def _submitit_request(
 ) -> SubmititRequest:
     """What submitit is given. ``node_step``: the nodes' srun line of submitit's batch script
     (``spares.node_step``), for the retry step to run again on spare nodes."""
+    opts = spec.options(SlurmOptions)
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
         "job_name": options["job-name"],
-        "nodes": spec.nnodes + spec.options(SlurmOptions).spare_nodes,
+        "nodes": spec.nnodes + opts.spare_nodes,
         "ntasks_per_node": 1,
         "time": int(options["time"]),
-        "signal_delay_s": spec.options(SlurmOptions).signal_delay_s,
-        # With spare nodes, the nodes' step runs on the allocation's first --nodes (SLURM's choice).
-        "srun_args": [*SRUN_ARGS, *step_size(spec), *(image.srun_args() if image else [])],
-        "stderr_to_stdout": True,
+        "signal_delay_s": opts.signal_delay_s,
     }
+    if opts.controller:  # the controller in the batch step, one task: it starts the nodes' steps
+        parameters["use_srun"] = False
+    else:  # With spare nodes, the nodes' step runs on the allocation's first --nodes (SLURM's choice).
+        parameters["srun_args"] = [*SRUN_ARGS, *step_size(spec), *(image.srun_args() if image else [])]
+        parameters["stderr_to_stdout"] = True
     # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
     # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    if spec.options(SlurmOptions).spare_nodes:  # a failed node must not end the allocation, spares and all
+    if opts.spare_nodes or opts.controller:  # a failed node must not end the allocation: the job goes on
         extra["no-kill"] = True
     retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir), node_step=node_step)
     python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
@@ -163,7 +169,7 @@ def _submitit_request(
         parameters=parameters,
         additional_parameters=extra,
         setup=[*BATCH_SETUP, *checks],  # parity and the health gate
-        teardown=retry if spec.retries else [],
+        teardown=retry if spec.retries and not opts.controller else [],
         python=python,
     )
 
@@ -236,10 +242,10 @@ class SlurmScheduler:
         env = agent_env(spec, job_id, threads, run_dir)
         # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
         argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
-        node = NodeCommand(host="(allocated by SLURM)", argv=argv, env=env)
-        plan = build_plan(
-            self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=[node] * spec.nnodes
-        )
+        nodes = [NodeCommand(host=ALLOCATED, argv=argv, env=env)] * spec.nnodes
+        if opts.controller:
+            nodes = node_commands(spec, facts.workdir, job_id, job_dir, worker, env)
+        plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
 
         def checks(retry: list[str] | None, nnodes: int) -> list[str]:
@@ -280,7 +286,7 @@ class SlurmScheduler:
         checked = checks(retry if spec.retries else None, spec.nnodes + opts.spare_nodes)
         request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)
-        if spec.retries and opts.spare_nodes:  # the retry step runs the nodes' step again on spares
+        if spec.retries and opts.spare_nodes and not opts.controller:  # the retry step: again on spares
             step = node_step(submission)
             request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image, step)
             submission = _executor(request, job_dir, opts.max_requeues)
@@ -306,7 +312,11 @@ class SlurmScheduler:
         node = plan.nodes[0]
         image = _image(spec, plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
         image_run = image.image_run([*node.env, *spec.secret_env]) if image else None
-        task = NodeTask.of(plan, spec, plan.facts_as(SlurmFacts).workdir, record.dir, image_run)
+        task = (
+            Controller(str(record.dir))
+            if opts.controller
+            else NodeTask.of(plan, spec, plan.facts_as(SlurmFacts).workdir, record.dir, image_run)
+        )
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it
                 job = executor.submit(task)
@@ -332,8 +342,15 @@ class SlurmScheduler:
         state = job_state(info.state)
         if state is None:
             return status
+        controlled = record.spec().options(SlurmOptions).controller
         if state.is_terminal:
-            return record.finish(final_outcome(info, record))
+            status = record.status()  # the controller records the end itself, maybe just now
+            if status.state.is_terminal:
+                return status
+            lost = controlled and status.state == JobState.RUNNING
+            return record.finish(lost_controller(info, record) if lost else final_outcome(info, record))
+        if controlled and state == status.state == JobState.RUNNING:  # the controller says the rest
+            return status
         message = f"SLURM job {handle.slurm_job_id}: {info.state}"
         if state == JobState.PENDING and info.reason:
             message += f" ({info.reason})"
@@ -347,6 +364,10 @@ class SlurmScheduler:
         if all(getattr(status, k) == v for k, v in changes.items()):
             return status
         return record.update_status(**changes)
+
+    def transport(self, plan: Plan, record: JobRecord) -> Transport:
+        """The controller's (``--slurm-controller``), in the job's allocation."""
+        return controller_transport(plan, record)
 
     def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
         """From the job record (shared with the nodes), where the nodes' ranks write them."""
@@ -366,8 +387,9 @@ class SlurmScheduler:
         if shutil.which("scancel") is None:
             raise JobError(f"scancel {NO_SLURM}")
         if status.state == JobState.RUNNING and status.stop_requested_at is None:
-            record.update_status(stop_requested_at=time.time())
-            _scancel(handle.slurm_job_id, "--signal=TERM")
+            record.update_status(stop_requested_at=time.time())  # a controller reads it there
+            if not record.spec().options(SlurmOptions).controller:
+                _scancel(handle.slurm_job_id, "--signal=TERM")
             if not wait:
                 return self.state(record)
             final = wait_terminal(self, record, record.spec().grace_period_s, POLL_S)

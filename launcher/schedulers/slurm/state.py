@@ -137,3 +137,13 @@ def final_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
     decision = decide(outcome, furthest_step(record), status.attempts, spec.retries)
     why = decision.why or "the requeue failed: see the batch log in submitit/"  # it was to be retried
     return not_retried(outcome, why, status.attempts, spec.retries)
+
+
+def lost_controller(info: AccountingInfo, record: JobRecord) -> Outcome:
+    """The end of a job whose controller (``--slurm-controller``) SLURM ended before it recorded the
+    end: SLURM's state says why (TIMEOUT, NODE_FAIL: its node lost, CANCELLED outside the launcher)."""
+    status = record.status()
+    facts = replace(gather(record, status.started_at or status.created_at), controller_lost=True)
+    outcome = verdict(facts).outcome
+    said = f"SLURM ended job {info.job_id} {info.state} (exit {info.exit_code}) while its controller ran"
+    return outcome.model_copy(update={"message": f"{said}: {outcome.message}"})

@@ -1,0 +1,176 @@
+"""The controller's transport inside a SLURM allocation (``SrunAgents``): each node's agent
+(``python -m launcher.agent run``, as the Plan renders it) is a job step of its own, ``srun --nodes=1
+--ntasks=1 --nodelist=HOST``, started from the controller on the allocation's first node. srun relays
+the step's stdout, which is the agent's channel (its output and framed reports), and its stdin.
+
+What srun does with a step (checked on the dev cluster, SLURM 22.05; docs/contributors/architecture.md):
+with ``--unbuffered`` it passes the task's stdout on byte for byte as written (a frame with no newline
+is not held back) and its own stdin to the task, EOF included. SIGTERM, SIGINT or SIGHUP to srun ends
+the step at once (``forcing job termination``: SIGKILL to every process of the step, then srun exits),
+as does srun's own death; other signals (SIGUSR1, SIGUSR2) srun forwards to every process of the
+step. So a stop (the ranks checkpoint) is the agent's own ``signal`` action, run on the node as a step
+that overlaps the agent's (as the SSH transport runs it over ssh), and a kill is SIGTERM to the srun
+clients, which return once SLURM has ended their steps.
+
+A retry runs in the same allocation when it holds a spare node (``--spare-nodes``) for each node the
+failure blamed: those nodes are left out of the rest of the job. Once none is left, the job is
+requeued without them (``requeue``): the next controller resumes it in a new allocation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from gptlaunch.contract import EXIT_CHECKPOINTED, FIRST_HOST_ENV
+from launcher.job.failures import stop_marker
+from launcher.job.plan import NodePlan, Plan
+from launcher.job.record import JobRecord, Outcome, agent_dir
+from launcher.job.retry import spares
+from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.supervisor import procs
+from launcher.supervisor.transport import ChildAgents, NewAllocation, start_client
+
+SIGNAL_TIMEOUT_S = 30.0  # for an agent's ``signal`` step: srun's start and a Python's
+STEP_END_S = 40.0  # SLURM's KillWait (30 s by default) and the time srun takes to see its step gone
+
+
+def step_argv(host: str, *extra: str) -> list[str]:
+    """srun's start of a one-task step on ``host`` of the job's allocation."""
+    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--unbuffered", *extra]
+
+
+def allocation_hosts() -> list[str]:
+    """The allocation's hosts, in its order (``scontrol show hostnames $SLURM_JOB_NODELIST``)."""
+    argv = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+
+def placed(plan: Plan, hosts: Sequence[str]) -> Plan:
+    """``plan`` with node k on ``hosts[k]``."""
+    nodes = [n.model_copy(update={"host": h}) for n, h in zip(plan.nodes, hosts, strict=True)]
+    return plan.model_copy(update={"nodes": nodes})
+
+
+def _scontrol(*args: str) -> None:
+    """Raises subprocess.CalledProcessError with scontrol's error."""
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60, check=True)
+
+
+def requeue(slurm_job_id: str, excluded: Sequence[str], wait_s: float) -> str | None:
+    """Requeue the job to start again after ``wait_s`` seconds on nodes other than ``excluded``; why
+    the exclusion could not be set (the job then requeues without it), or None. SLURM refuses to
+    change the nodes of a running job: it is first made pending and held, which also ends this
+    allocation (SIGTERM to the batch step, which this process ignores for the few seconds it takes)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by scontrol: the hold ends this step
+    _scontrol("requeuehold", slurm_job_id)
+    why = None
+    try:
+        start = f"StartTime=now+{math.ceil(wait_s)}"
+        _scontrol("update", f"JobId={slurm_job_id}", f"ExcNodeList={','.join(excluded)}", start)
+    except subprocess.CalledProcessError as e:
+        why = e.stderr.strip() or str(e)
+    _scontrol("release", slurm_job_id)
+    return why
+
+
+class SrunAgents(ChildAgents):
+    """The controller's transport in a SLURM allocation: one srun step a node (see the module)."""
+
+    def __init__(self, plan: Plan, record: JobRecord, hosts: list[str], since: float) -> None:
+        """``hosts``: the allocation's, in its order; ``since``: when this controller started."""
+        spec = record.spec()
+        self.plan, self.job_dir, self.hosts, self.since = plan, record.dir, hosts, since
+        self.python, self.max_requeues = spec.python, spec.options(SlurmOptions).max_requeues
+        self.failed: set[str] = set()  # hosts a failure named: never used again in this allocation
+        self.clients: dict[int, subprocess.Popen[bytes]] = {}  # node rank -> its srun, this attempt
+
+    def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
+        # Every node meets node 0's rendezvous, wherever a retry put it (``{{first_host}}``).
+        env = os.environ | node.env | {FIRST_HOST_ENV: self.plan.nodes[0].host}
+        argv = [*step_argv(node.host), *node.argv]
+        client = start_client(
+            argv, record.dir / node.log, {}, keep_stdin=False, env=env, cwd=node.cwd, channel_of=record.dir
+        )
+        self.clients[node.node_rank] = client
+        return client
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        """The agents' ``signal --signal TERM`` on their nodes: each relays it to its ranks."""
+        self._signal("TERM", 0.0)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        """The agents' ``signal --signal KILL`` on their nodes (SIGTERM, SIGKILL after ``grace_s``: a
+        survivor keeps its last state in memory meanwhile), then SIGTERM to every srun client: SLURM
+        ends their steps, every process of them."""
+        self._signal("KILL", grace_s)
+        procs.terminate(psutil.Process().children(recursive=True), STEP_END_S)
+        self.clients = {}
+
+    def _signal(self, sig: str, grace_s: float) -> None:
+        """``launcher.agent signal`` on the node of every agent still running, at once; each step
+        overlaps the agent's, which holds the node."""
+        state = f"--state-dir={agent_dir(self.job_dir)}"
+        signals = [
+            subprocess.Popen(
+                [
+                    *step_argv(node.host, "--overlap"),
+                    *(self.python, "-m", "launcher.agent", "signal", "--job", self.plan.job_id),
+                    *("--node", str(node.node_rank), "--signal", sig, f"--grace-s={grace_s:g}", state),
+                ],
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for node in self.plan.nodes
+            if (client := self.clients.get(node.node_rank)) is not None and client.poll() is None
+        ]
+        for step in signals:
+            try:
+                step.wait(SIGNAL_TIMEOUT_S + grace_s)
+            except subprocess.TimeoutExpired:
+                step.kill()
+
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
+        """Each of the job's hosts in ``failed_hosts`` replaced by a spare node of the allocation (in its
+        order), and never used again in it; None when none is one of the job's. Raises NewAllocation
+        when too few spares are left: the job is then requeued without them."""
+        current = [n.host for n in self.plan.nodes]
+        blamed = [h for h in dict.fromkeys(current) if h in failed_hosts]
+        if not blamed:
+            return None
+        self.failed.update(blamed)
+        free = spares(self.hosts, current, self.failed)
+        if len(free) < len(blamed):
+            raise NewAllocation(f"no spare node left in the allocation for {', '.join(blamed)}")
+        swap = dict(zip(blamed, free, strict=False))
+        self.plan = placed(self.plan, [swap.get(h, h) for h in current])
+        return self.plan
+
+    def requeue(
+        self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
+    ) -> str | None:
+        """SLURM requeues the job: after a failure with no spare left, without ``excluded``; after the
+        ranks checkpointed on SLURM's warning signal (SIGUSR2: a time limit or a preemption), as
+        long as ``max_requeues`` allows."""
+        job_id = os.environ["SLURM_JOB_ID"]
+        if outcome.exit_code != EXIT_CHECKPOINTED:
+            why = requeue(job_id, excluded, wait_s)
+            return f"requeued SLURM job {job_id} without {', '.join(excluded)}" + (
+                f" (could not exclude them: {why})" if why else ""
+            )
+        marker = stop_marker(Path(self.plan.run_dir), self.since, record.dir)
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        if marker is None or marker.signal != "SIGUSR2" or restarts >= self.max_requeues:
+            return None
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this allocation
+        _scontrol("requeue", job_id)
+        return (
+            f"checkpoint of step {marker.step} saved on SLURM's warning; requeued "
+            f"(restart {restarts + 1} of at most {self.max_requeues})"
+        )
