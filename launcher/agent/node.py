@@ -95,13 +95,17 @@ class NodeAgent:
         self.cut_off = False  # the lease ran out: the launcher lost this host
 
     def install_signals(self) -> None:
-        """SIGTERM/SIGINT ask the command to stop; SIGHUP (a dropped connection) is ignored. Before
-        anything can find this process to signal it: a stop sent at once is not lost."""
+        """SIGTERM/SIGINT ask the command to stop; SIGHUP (a dropped connection) and SIGUSR2 are not for
+        this process. Before anything can find this process to signal it: a stop sent at once is not
+        lost."""
         if not self.forward_signals:
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # SLURM's warning before a time limit or a preemption reaches every process of a job step:
+        # it is for the ranks, the agent outlives it (a handler: the command's default comes back).
+        signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         first = not self.stop_requested

@@ -309,9 +309,6 @@ class _StopOnSignal:
     def __init__(self) -> None:
         self.requested = False
         self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
-        # SLURM's warning before a time limit or a preemption reaches the ranks, which checkpoint and
-        # stop; this process too (``scancel --full``), which must outlive it and follow them.
-        signal.signal(signal.SIGUSR2, lambda signum, frame: None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 import psutil
 
@@ -90,6 +91,15 @@ class SrunAgents(ChildAgents):
         self.python, self.max_requeues = spec.python, spec.options(SlurmOptions).max_requeues
         self.failed: set[str] = set()  # hosts a failure named: never used again in this allocation
         self.clients: dict[int, subprocess.Popen[bytes]] = {}  # node rank -> its srun, this attempt
+        signal.signal(signal.SIGUSR2, self._relay)
+
+    def _relay(self, signum: int, frame: FrameType | None) -> None:
+        """SLURM's warning sent to the batch step (``scancel --signal=USR2 --full``; the one before a
+        time limit goes to the steps themselves): to every srun client, which passes it on to every
+        process of its step. The ranks checkpoint and stop; the agents outlive it."""
+        for client in list(self.clients.values()):
+            if client.poll() is None:
+                client.send_signal(signum)
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         # Every node meets node 0's rendezvous, wherever a retry put it (``{{first_host}}``).
