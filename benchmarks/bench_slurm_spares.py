@@ -2,12 +2,12 @@
 requeue (no spare), side by side on the dev cluster (``deploy/slurm/dev-cluster.sh up --nodes 3``).
 
 Each round runs both, one after the other: a 2-node job (tiny preset, one thread per rank) with
-``--retries 1``; once both ranks are past ``--kill-step``, the task of rank 1's node (submitit's
-process, parent of its torchrun agent) is SIGKILLed, as a lost node would be. From the attempt
+``--retries 1``; once both ranks are past ``--kill-step``, the node agent of rank 1's node (its job
+step's task, parent of its torchrun agent) is SIGKILLed, as a lost node would be. From the attempt
 record and the next attempt's heartbeats:
 
-- detection: the kill → the retry step has archived the attempt (srun saw the task die, ended the
-  step, and the batch script's retry step decided);
+- detection: the kill → the controller has archived the attempt (the agent's srun step ended, and
+  the controller in the allocation decided);
 - restart: → the next attempt's first step is done (a spare: a new srun step in the same allocation;
   a requeue: the job back in the queue, allocated again, and its steps before training).
 
@@ -57,11 +57,11 @@ def _until(what: str, found: Callable[[], T | None], timeout_s: float = 600) -> 
 
 
 def _node_task(pid: int) -> psutil.Process:
-    """The SLURM task (submitit's process) a rank runs under."""
+    """The node agent (its job step's task) a rank runs under."""
     for parent in psutil.Process(pid).parents():
-        if "submitit.core._submit" in parent.cmdline():
+        if "launcher.agent" in parent.cmdline():
             return parent
-    raise BenchError(f"rank pid {pid} runs under no submitit task")
+    raise BenchError(f"rank pid {pid} runs under no node agent")
 
 
 def one_job(args: argparse.Namespace, tmp: Path, mode: str, k: int) -> dict[str, float]:

@@ -1,10 +1,10 @@
-"""The job's own numbers in TensorBoard, beside the trainer's loss: goodput and its parts over time,
-and each attempt's start with the cause of the failure before it. The supervisor (on SLURM, node 0's
-task: ``launcher.schedulers.slurm.points``) writes them into
-``<job dir>/tensorboard/job`` with TensorBoard's own event writer and protos: no torch import in a
-process that lives as long as the job (``tensorboard.summary.v1``'s helpers need TensorFlow; the
-event writer imports it only where it is installed). Nothing here ever stops or fails the job: a
-write that fails (no tensorboard, a full disk) is logged once, and no more points are written.
+"""The job's own numbers in TensorBoard, beside the trainer's loss: goodput and its parts over time, and
+each attempt's start with the cause of the failure before it. The job's controller (on SLURM, in the
+allocation) writes them into ``<job dir>/tensorboard/job`` with TensorBoard's own event writer and
+protos: no torch import in a process that lives as long as the job (``tensorboard.summary.v1``'s helpers
+need TensorFlow; the event writer imports it only where it is installed). Nothing here ever stops or
+fails the job: a write that fails (no tensorboard, a full disk) is logged once, and no more points are
+written.
 
 ``tensorboard --logdir <job dir>`` shows them as the run ``tensorboard/job`` next to the trainer's
 ``run/tensorboard`` (the default run dir is the job's ``run/``; with ``--run-dir`` elsewhere, give

@@ -8,8 +8,9 @@ with the gate's stages on every allocated node (one ``srun`` step of torchrun ag
 0's result (``launcher.preflight.health``), prints the report to the batch log and, when a node is
 named, ends the job with exit code 3 (EXIT_REFUSED) before any rank of the job starts, with a
 ``launcher.job.reports.Refused`` report of the message and the named node ranks (read by
-``launcher.schedulers.slurm.state``). With ``--retries``, the retry step then requeues the job without
-those nodes (``launcher.schedulers.slurm.retry``), so SLURM allocates others in their place. A
+``launcher.schedulers.slurm.state``). With ``--retries``, the batch script goes on to the job's
+controller, which takes that refusal for its first attempt's and retries without those nodes: on a
+spare node of the allocation, else requeued so that SLURM allocates others in their place. A
 requeued job runs the gate again on its new nodes.
 """
 

@@ -37,11 +37,14 @@ from gptlaunch.contract import (
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
 from launcher.job.retry import decide, furthest_step, not_retried, retry_next
+from launcher.job.verdict import Facts, verdict
+from launcher.preflight import health_step, parity_step
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, NewAllocation, Transport, drain_channels
 from launcher.supervisor.watch import FAIL_FAST_GRACE_S, Job, Watch
 
 POLL_S = 0.1
+CHECK_DIRS = (parity_step.PROBE_DIR, health_step.HEALTH_DIR)  # the checks' output in the job record
 
 
 class SupervisorHandle(BaseModel):
@@ -228,6 +231,7 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
         retry = retry_next(job.record, outcome, history=job.attempts, started_at=job.started,
                            ended_at=detected, step=step, replaced=_replaced(job.plan, plan),
                            excluded=blamed if elsewhere else None,
+                           steps=CHECK_DIRS if elsewhere else (),  # a new allocation checks again
                            min_wait_s=1.0 if elsewhere else 0.0)  # fmt: skip
         job.attempts.append(retry.attempt)
         if elsewhere:
@@ -284,6 +288,9 @@ def _stop_within(stop: _StopOnSignal, seconds: float) -> bool:
 
 def _attempt(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
     """Start every node's agent and follow them to this attempt's end."""
+    refused = job.transport.refused(job.record)
+    if refused is not None:  # a check before this controller refused its first nodes
+        return verdict(Facts(plan=job.plan, job_dir=job.record.dir, refused=refused)).outcome
     try:
         for node in job.plan.nodes:
             # Which attempt this is, for the program (``gptlaunch.runtime.attempt``; SLURM's requeues

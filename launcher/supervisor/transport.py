@@ -60,6 +60,12 @@ class Transport(Protocol):
         NewAllocation when it runs in a new allocation (``requeue``)."""
         ...
 
+    def refused(self, record: JobRecord) -> reports.Refused | None:
+        """A check before training that ran before this controller (SLURM's batch steps: the health
+        gate) and refused nodes of its first attempt, which then starts no agent: its outcome is that
+        refusal's. None on every later call."""
+        ...
+
     def requeue(
         self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
     ) -> str | None:
@@ -99,6 +105,10 @@ class ChildAgents:
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """Nothing to do: the agents are processes started anew on the same nodes."""
+        return None
+
+    def refused(self, record: JobRecord) -> reports.Refused | None:
+        """None: the checks ran before this controller started (``launcher submit``)."""
         return None
 
     def requeue(

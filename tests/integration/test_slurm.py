@@ -58,8 +58,8 @@ def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, t
     if path == "submitit":
         proc = launcher(jobs, "submit", *SLURM_2x1, "--workdir", str(project), "--wait", "--", *PLAIN_ARGS)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        # live, node-prefixed output: rank 0's lines, on the node c10d gave it
-        assert re.search(r"^node[01] \| \[rank0\]: step 30/30", proc.stdout, re.MULTILINE), proc.stdout
+        # live, node-prefixed output: rank 0's lines, on node 0 and its host
+        assert re.search(r"^n\d node0 \| \[rank0\]: step 30/30", proc.stdout, re.MULTILINE), proc.stdout
     else:
         slurm_id = sbatch_rendered(jobs, tmp_path, PLAIN_ARGS, "--workdir", str(project))
         until_ended(slurm_id)
@@ -171,9 +171,8 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_pa
     assert "injected fault on rank 1 at step 3" in proc.stderr
     job_id = proc.stdout.splitlines()[0]
     failure = status_json(jobs, job_id)["failure"]
-    # c10d hands out ranks in the order nodes join: the named node is whichever ran rank 1.
-    node = failure["node_rank"]
-    assert failure["rank"] == 1 and f"node {node}, rank 1" in proc.stderr
+    node = failure["node_rank"]  # rank 1 is node 1's (a static rendezvous), on the host it names
+    assert (node, failure["rank"]) == (1, 1) and f"node 1 (host {failure['host']}), rank 1" in proc.stderr
     assert "rank 1/2 " in (jobs / job_id / f"node-{node}.log").read_text()
     until("no process of the job", lambda: not processes_of(job_id), timeout=30)
 

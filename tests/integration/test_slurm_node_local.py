@@ -4,6 +4,7 @@ newest checkpoint is refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -83,7 +84,8 @@ def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, st
 def _lose_rank_0s_node(job_id: str) -> str:
     """SIGKILL the task of the node that holds rank 0 (and so its checkpoints); that node's name."""
     (rank0,) = [p for p in processes_of(job_id) if is_rank(p.cmdline()) and p.environ().get("RANK") == "0"]
-    (task,) = [p for p in rank0.parents() if "submitit.core._submit" in p.cmdline()]
+    # the node agent (its srun step; the old node task: submitit's process)
+    (task,) = [p for p in rank0.parents() if {"launcher.agent", "submitit.core._submit"} & {*p.cmdline()}]
     task.kill()
     return str(rank0.environ()["SLURMD_NODENAME"])
 
@@ -130,6 +132,8 @@ def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
     it fails, naming the checkpoint, where it was saved and ``--allow-start-over``."""
     jobs, job_id, _ = _node_local_job(prepared_data, tmp_path, 200)
     failed = _lose_rank_0s_node(job_id)
+    # once the controller requeued the job: the survivor's last save is in the copy by then
+    until("requeued", lambda: json.loads((jobs / job_id / "status.json").read_text())["state"] == "pending")
     shutil.rmtree(jobs / job_id / "run-copy")
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
     status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 300)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.beside  # see conftest.pytest_collection_modifyitems
 def test_a_killed_rank_is_retried_on_the_spare_by_the_controller_in_the_same_allocation(
     prepared_data, tmp_path: Path
 ) -> None:
-    """``--nodes 2 --spare-nodes 1 --retries 1 --slurm-controller``, no checkpoint interval before the
+    """``--nodes 2 --spare-nodes 1 --retries 1``, no checkpoint interval before the
     end: rank 1 is SIGKILLed past step 12. The controller, in the allocation, retries at once on the
     survivor and the spare in the same SLURM job (one run in ``sacct``, no requeue), resumed at the
     step the job reached (the survivor's snapshot in memory), and trains exactly ``--max-steps``
@@ -41,7 +41,7 @@ def test_a_killed_rank_is_retried_on_the_spare_by_the_controller_in_the_same_all
     jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
     args = [*prepared_data, *FAST, "--max-steps", str(steps), "--run-dir", str(run_dir)]
     args += ["--checkpoint-interval", "1000", "--eval-interval", "100000"]
-    flags = ["--retries", "1", "--spare-nodes", "1", "--slurm-controller"]
+    flags = ["--retries", "1", "--spare-nodes", "1"]
     proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = proc.stdout.splitlines()[0]

@@ -21,7 +21,7 @@ from launcher.job.spec import JobSpec
 from launcher.preflight.collective_report import CollectiveError, CollectiveResult, DeviceResult
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
-from launcher.schedulers.slurm.steps import gate_lines, retry_argv
+from launcher.schedulers.slurm.steps import gate_lines
 
 NODES = ["n1", "n2", "n3"]
 
@@ -120,10 +120,13 @@ def _spec(**scheduler: object) -> JobSpec:
     return JobSpec.model_validate(fields)
 
 
-def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_path: Path) -> None:
-    """The gate's lines as submitit's batch script runs them with --retries, by bash: `srun` puts rank
-    0's report (n2 slow) beside the step's --output; the real judgment names n2, the retry step runs
-    (and cannot retry here: no job record) and the script exits 3."""
+@pytest.mark.parametrize("retries", [False, True])
+def test_the_batch_lines_end_the_job_or_leave_the_named_node_to_the_controller(
+    retries: bool, tmp_path: Path
+) -> None:
+    """The gate's lines as submitit's batch script runs them, by bash: `srun` puts rank 0's report (n2
+    slow) beside the step's --output; the real judgment names n2 in a refusal report. Without
+    retries the script exits 3; with them it goes on to the controller, which retries without n2."""
     job_dir, bin_dir = tmp_path / "job", tmp_path / "bin"
     bin_dir.mkdir()
     result = tmp_path / "rank-0.jsonl"
@@ -133,14 +136,16 @@ def test_the_batch_lines_end_the_attempt_with_exit_3_after_the_retry_step(tmp_pa
     srun += f'cp {result} "$(dirname "$out")"; echo "$@" > {tmp_path}/srun.args'
     _fake(bin_dir, "srun", srun)
     spec = _spec(health_check=True)
-    retry = retry_argv(sys.executable, str(job_dir))
-    lines = gate_lines(spec, os.getcwd(), job_dir, {"GLOO_SOCKET_IFNAME": "{{ifname}}"}, None, retry)
+    env_nodes = {"GLOO_SOCKET_IFNAME": "{{ifname}}"}
+    lines = gate_lines(spec, os.getcwd(), job_dir, env_nodes, None, carry_on=retries)
     env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[1-2]"}
-    script = "\n".join([*BATCH_SETUP, *lines, "echo trained"])
+    script = "\n".join([*BATCH_SETUP, *lines, "echo controller"])
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == EXIT_REFUSED, proc.stdout + proc.stderr
-    assert "n2: compute 0.02 TFLOP/s" in proc.stdout and "\nbatch: not retried:" in proc.stdout, proc.stdout
-    assert "trained" not in proc.stdout
+    assert proc.returncode == (0 if retries else EXIT_REFUSED), proc.stdout + proc.stderr
+    assert "n2: compute 0.02 TFLOP/s" in proc.stdout, proc.stdout
+    assert ("controller" in proc.stdout.splitlines()) == retries, proc.stdout
+    (refused,) = reports.read(job_dir, reports.Refused, 0.0)
+    assert (refused.exit_code, refused.nodes) == (EXIT_REFUSED, [1])  # what the controller reads
     assert (job_dir / HEALTH_DIR / HOSTS).read_text() == "n1\nn2\n"
     args = (tmp_path / "srun.args").read_text()
     # The environment before the node entry (which fills in placeholders in its argv only), as for training.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import EXIT_USAGE
+from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV
 from launcher.cli.main import main
 from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
@@ -21,12 +21,9 @@ from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm import partition
 from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes, time_note
 from launcher.schedulers.slurm.scheduler import (
-    BATCH_SETUP,
     SCRIPT,
-    SUBMITIT_REQUEST,
     SlurmFacts,
     SlurmScheduler,
-    SubmititRequest,
 )
 from launcher.schedulers.slurm.state import job_state
 
@@ -148,15 +145,21 @@ def test_the_node_command_refuses_a_missing_workdir_naming_the_host(tmp_path: Pa
     assert there.stdout.strip() == str(tmp_path)
 
 
-def test_every_node_meets_on_the_first_host_at_a_port_from_the_job_id() -> None:
+def test_every_node_meets_node_0s_host_at_a_port_from_the_job_id() -> None:
+    """Each node's agent runs its torchrun with its own rank (a static rendezvous), behind the node
+    entry that fills in node 0's host (set by the controller) and the port from SLURM's job id."""
     plan = _render(_spec())
     assert len(plan.nodes) == 2 and len({n.log for n in plan.nodes}) == 2
-    agent = plan.nodes[0].argv
-    assert agent[1:6] == ["-m", "launcher.job.node", "--workdir", plan.nodes[0].cwd, "--"]
-    env = {"SLURM_JOB_ID": "123456", "SLURM_NODEID": "1"}
-    assert substitute("{{rdzv_port}}", env) == str(PORT_BASE + 123456 % PORT_SPAN)
-    assert "--rdzv-endpoint={{first_host}}:{{rdzv_port}}" in agent and "--rdzv-id={{slurm_job_id}}" in agent
-    assert substitute(next(a for a in agent if a.startswith("--log-dir")), env).endswith("/node-1")
+    for k, node in enumerate(plan.nodes):
+        argv = node.argv
+        assert argv[1:4] == ["-m", "launcher.agent", "run"] and argv[argv.index("--node") + 1] == str(k)
+        entry = argv.index("launcher.job.node")
+        assert argv[entry + 1 : entry + 4] == ["--workdir", node.cwd, "--"]
+        assert "--rdzv-backend=static" in argv and f"--node-rank={k}" in argv
+        assert "--rdzv-endpoint={{first_host}}:{{rdzv_port}}" in argv
+        assert next(a for a in argv if a.startswith("--log-dir")).endswith(f"/node-{k}")
+    env = {"SLURM_JOB_ID": "123456", FIRST_HOST_ENV: "n3"}
+    assert substitute("{{first_host}}:{{rdzv_port}}", env) == f"n3:{PORT_BASE + 123456 % PORT_SPAN}"
 
 
 def test_gpus_are_requested_only_when_wanted() -> None:
@@ -243,27 +246,6 @@ def test_pass_through_options_reach_the_script() -> None:
 )
 def test_slurm_states_map_to_the_common_states(word: str, state: JobState | None) -> None:
     assert job_state(word) == state
-
-
-def test_with_retries_the_batch_script_ends_in_the_retry_step_keeping_the_nodes_exit_status(
-    tmp_path: Path,
-) -> None:
-    """The submitit batch script's lines around the nodes' step, run by bash with a step that fails
-    (exit 7): the retry step runs and the script still exits 7 (what SLURM records for the attempt),
-    even where it cannot retry (here: no job record)."""
-    plan = _render(
-        _spec(python=sys.executable, retries=1), job_dir=str(tmp_path / "job"), workdir=os.getcwd()
-    )
-    request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
-    assert "--retries needs `launcher submit`" in plan.files[SCRIPT]  # the standalone script cannot
-    script = "\n".join([*BATCH_SETUP, "(exit 7)", *request.teardown])  # the parity step left out
-    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 7, proc.stderr
-    assert "\nbatch: not retried:" in proc.stdout and proc.stdout.startswith("batch: run started at"), (
-        proc.stdout
-    )
-    plain = SubmititRequest.model_validate_json(_render(_spec()).files[SUBMITIT_REQUEST])
-    assert plain.teardown == []
 
 
 def test_a_time_limit_in_slurms_mm_ss_form_is_said_in_words(tmp_path: Path, capsys) -> None:

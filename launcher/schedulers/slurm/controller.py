@@ -24,16 +24,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptlaunch.contract import FIRST_HOST_ENV
 from launcher.agent.transport import agent_argv
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodeCommand, Plan
 from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec
-from launcher.job.torchrun import node_agents
+from launcher.job.torchrun import IMAGE_PYTHON, copy_excludes, node_agents
+from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image
+from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.schedulers.slurm.run_copy import wrapper_argv
 from launcher.schedulers.slurm.transport import SrunAgents, allocation_hosts, placed
 from launcher.supervisor.supervisor import SUPERVISE
 
 ALLOCATED = "(allocated by SLURM)"  # a node's host until the controller places it
+# What a podman container passes on to the node's command, beside the Plan's variables: the
+# rendezvous host the controller sets, SLURM's job id (the rendezvous port) and the GPUs it gave.
+IN_CONTAINER = (FIRST_HOST_ENV, "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -48,26 +55,46 @@ class Controller:
 
 
 def node_commands(
-    spec: JobSpec, workdir: str, job_id: str, job_dir: Path, worker: list[str], env: dict[str, str]
-) -> list[NodeCommand]:
+    spec: JobSpec, job_id: str, job_dir: Path, workdir: str, run: tuple[list[str], str],
+    env: dict[str, str], image: SlurmImage | None,
+) -> list[NodeCommand]:  # fmt: skip
     """Each node's agent (``launcher.agent run``) running its torchrun, whose rank is known now (a
     static rendezvous at node 0) and whose rendezvous host and port are filled in on the node
-    (``launcher.job.node``: ``{{first_host}}``, set by the controller, and ``{{rdzv_port}}``)."""
-    rdzv = spec.rendezvous
+    (``launcher.job.node``: ``{{first_host}}``, set by the controller, and ``{{rdzv_port}}``), behind
+    the run dir's copy (``launcher.schedulers.slurm.run_copy``) unless the run dir is declared shared.
+    ``run``: what each rank runs and the run dir (in ``workdir``). With an image, torchrun runs in
+    it; so does the agent, but with podman (it starts the container)."""
+    worker, run_dir = run
+    rdzv, python = spec.rendezvous, IMAGE_PYTHON if image else spec.python
     endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
-    torchruns = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker)
-    entry = [spec.python, "-m", "launcher.job.node", "--workdir", workdir, "--"]
-    beats, state = [heartbeat_dir(job_dir, k) for k in range(spec.nnodes)], agent_dir(job_dir)
-    return [
-        NodeCommand(
-            host=ALLOCATED,
-            argv=agent_argv(
-                spec.python, spec, job_id, k, [*entry, *run], heartbeat_dir=beats[k], state_dir=state
-            ),
-            env=env,
-        )
-        for k, run in enumerate(torchruns)
-    ]
+    runs = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker, python=python)
+    podman = image.image_run([*env, *spec.secret_env, *IN_CONTAINER]) if image else None
+    entry = [python, "-m", "launcher.job.node", "--workdir", workdir, "--"]
+    run_dir = str(Path(workdir) / run_dir)
+    argv = []
+    for k, torchrun in enumerate(runs):
+        copied = _copied(spec, python, job_id, job_dir, (workdir, run_dir), k)
+        agent = agent_argv(
+            image.python if image else spec.python, spec, job_id, k, [*entry, *copied, *torchrun],
+            heartbeat_dir=heartbeat_dir(job_dir, k), state_dir=agent_dir(job_dir),
+            image_flags=podman.flags() if podman else [],
+        )  # fmt: skip
+        argv.append(image.wrap(agent) if image else agent)
+    return [NodeCommand(host=ALLOCATED, argv=a, env=env) for a in argv]
+
+
+def _copied(
+    spec: JobSpec, python: str, job_id: str, job_dir: Path, dirs: tuple[str, str], node: int
+) -> list[str]:
+    """The run dir's copy in front of node ``node``'s command, unless the run dir is declared shared;
+    ``dirs``: the workdir and the (absolute) run dir."""
+    workdir, run_dir = dirs
+    declared = spec.options(SlurmOptions).node_local_run_dir
+    if declared is False:
+        return []
+    excluded = copy_excludes(spec, workdir, run_dir)
+    flags = wrapper_argv(python, job_dir, run_dir, node, job_id, declared, excluded, spec.allow_start_over)
+    return [*flags, "--"]
 
 
 def transport(plan: Plan, record: JobRecord) -> SrunAgents:
@@ -76,4 +103,5 @@ def transport(plan: Plan, record: JobRecord) -> SrunAgents:
     hosts = allocation_hosts()
     here = placed(plan, hosts[: plan.nnodes])
     record.write_plan(here)
-    return SrunAgents(here, record, hosts, since=time.time())
+    image = job_image(record.spec(), plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
+    return SrunAgents(here, record, hosts, since=time.time(), image=image)

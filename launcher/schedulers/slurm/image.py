@@ -19,12 +19,22 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.image.runtime import ImageRun, exec_argv
-from launcher.job.spec import SpecError
+from launcher.job.mounts import container_mounts
+from launcher.job.plan import Facts
+from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
+from launcher.schedulers.slurm.options import SlurmOptions
 
 PYXIS_FLAG = "--container-image"
+
+
+class SlurmFacts(Facts):
+    gpus_per_node: int  # GPUs requested per node; 0 for CPU processes
+    image: str | None = None  # pinned by digest (or an Apptainer .sif file): what every node runs
+    runtime: str | None = None  # with an image: pyxis, apptainer or podman
 
 
 def pick_runtime(wanted: str) -> str:
@@ -138,3 +148,13 @@ def pyxis_image(ref: str) -> str:
     if sep and ("." in head or ":" in head or head == "localhost"):
         return f"{head}#{rest}"
     return ref
+
+
+def job_image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str) -> SlurmImage | None:
+    """How the job's nodes run its image (None: on the nodes' own Python)."""
+    if facts.image is None or facts.runtime is None:
+        return None
+    extra = spec.options(SlurmOptions).container_mounts
+    args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
+    mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
+    return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)

@@ -139,8 +139,8 @@ class SlurmOptions(ContainerOptions, GateOptions):
         ge=0,
         description="nodes allocated beyond --nodes, idle until a node fails: a retry (--retries) then "
         "runs at once on a spare, in the same allocation, with no requeue and no second wait in the queue; "
-        "the failed node is left out of the rest of the job, and once no spare is left a retry is a "
-        "requeue (launcher submit; the standalone sbatch script has no retries)",
+        "the failed node (or one the health gate named) is left out of the rest of the job, and once no "
+        "spare is left a retry is a requeue (launcher submit; the standalone sbatch script has no retries)",
     )
     node_local_run_dir: bool | None = Field(
         None,
@@ -148,14 +148,6 @@ class SlurmOptions(ContainerOptions, GateOptions):
         "each node copies its saves into the job record (JOB/run-copy) and restores that copy before its "
         "ranks start, so a checkpoint survives a lost node (default: when the nodes do not see the mark "
         "the launcher writes in the run dir at submit; the standalone sbatch script needs it said)",
-    )
-    controller: bool = Field(
-        False,
-        description="run the job's controller inside the allocation, on its first node (launcher "
-        "supervise, as on every other scheduler): each node's agent a job step, retries onto the spare "
-        "nodes and requeues decided there, the job's end, goodput and TensorBoard points recorded by it; "
-        "off: the node tasks and the batch script's retry step (being replaced by the controller)",
-        json_schema_extra=flag("--slurm-controller"),
     )
     sbatch: dict[str, str] = Field(
         default_factory=dict,
@@ -217,10 +209,6 @@ class SlurmOptions(ContainerOptions, GateOptions):
             raise ValueError(
                 f"signal_delay_s ({self.signal_delay_s}) must exceed grace_period_s "
                 f"({job.grace_period_s:g}): the ranks need that long to checkpoint before SLURM stops it"
-            )
-        if self.controller and (self.image is not None or self.node_local_run_dir):
-            raise ValueError(
-                "--slurm-controller does not run jobs with --image or a node-local run dir yet: drop it"
             )
         if self.spare_nodes and not job.retries:
             raise ValueError("--spare-nodes needs --retries N (N ≥ 1): a spare node is used by a retry")

@@ -34,19 +34,28 @@ submit, and a launcher on one of the job's nodes sees its own mark: there only t
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 
-from gptlaunch.contract import STOP_MARKER
-from launcher.agent.copies import MARK, CheckpointWatch, Snapshot, absent, shares_files, snapshot
+from gptlaunch.contract import EXIT_REFUSED, STOP_MARKER
+from launcher.agent.copies import MARK, CheckpointWatch, Snapshot, absent, shares_files, snapshot, write_mark
 from launcher.job import reports
+from launcher.job.console import say
 from launcher.job.failures import RUN_COPY
+from launcher.job.hang import parse_with_command
+from launcher.job.plan import Plan
 from launcher.job.reports import NodeReport, Saved
+from launcher.supervisor import procs
 
 NOT_IN_COPY = ".not-in-copy"  # below the run dir (hidden: never copied): files a restore set aside
 
@@ -57,6 +66,23 @@ def node_local(run_dir: Path, job_id: str, declared: bool | None) -> bool:
     if declared is not None:
         return declared
     return bool(job_id) and not shares_files(run_dir / MARK, job_id)
+
+
+def mark_run_dir(plan: Plan, declared: bool | None) -> bool | None:
+    """At submit, for a run dir not ``declared`` shared or node-local: the launcher's mark in it (a
+    node that does not see it has a node-local run dir). One that cannot be written is taken as
+    shared (False), with a warning. Returns what the nodes are told."""
+    if declared is not None:
+        return declared
+    try:
+        write_mark(Path(plan.run_dir), plan.job_id)
+    except OSError as e:  # no mark: every node would take a shared run dir for its own disk
+        say(
+            f"launcher: warning: cannot write the launcher's mark in the run dir ({e}): taken as "
+            "shared by the nodes; if it is on each node's own disk, say --node-local-run-dir"
+        )
+        return False
+    return None
 
 
 def copy_file(source: Path, target: Path) -> bool:
@@ -193,3 +219,74 @@ class RunCopy:
             f"task: run dir copy: {saved}: {size / 1e6:.1f} MB in {took:.1f} s "
             f"({size / 1e6 / max(took, 1e-3):.0f} MB/s) into {self.copy}"
         )
+
+
+def wrapper_argv(
+    python: str, job_dir: Path, run_dir: str, node: int, job_id: str, declared: bool | None,
+    exclude: Sequence[str], allow_start_over: bool,
+) -> list[str]:  # fmt: skip
+    """``python -m launcher.schedulers.slurm.run_copy``'s flags for node ``node`` (``main``), the
+    command after a ``--`` that follows them."""
+    return [
+        *(python, "-m", "launcher.schedulers.slurm.run_copy", "--job-dir", str(job_dir)),
+        *("--run-dir", run_dir, "--node", str(node), "--job-id", job_id),
+        *({True: ["--node-local-run-dir"], False: ["--shared-run-dir"], None: []}[declared]),
+        *(f"--copy-exclude={sub}" for sub in exclude),
+        *(["--allow-start-over"] if allow_start_over else []),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A node's command under the controller (``--slurm-controller``), its run dir kept in the job
+    record when it is node-local: the copy restored first (or the start refused: exit 3), each save
+    copied while COMMAND runs, the last and the stop marker once it ended; its exit code. With a
+    shared run dir, COMMAND in this process's place."""
+    p = argparse.ArgumentParser(prog="python -m launcher.schedulers.slurm.run_copy")
+    p.add_argument("--job-dir", type=Path, required=True)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--node-local-run-dir", dest="declared", action="store_true", default=None)
+    p.add_argument("--shared-run-dir", dest="declared", action="store_false")
+    p.add_argument("--copy-exclude", action="append", default=[])
+    p.add_argument("--allow-start-over", action="store_true")
+    args, command = parse_with_command(p, argv)
+    if not node_local(args.run_dir, args.job_id, args.declared):
+        os.execvp(command[0], command)
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    copy = RunCopy(args.job_dir, args.run_dir, args.node, host, _say, tuple(args.copy_exclude))
+    why = copy.refusal()
+    if why is not None and not args.allow_start_over:
+        refused = reports.Refused(node=args.node, check="checkpoint", exit_code=EXIT_REFUSED, message=why)
+        reports.append(args.job_dir, refused)
+        _say(f"task: not started: {why}")
+        return EXIT_REFUSED
+    if why is not None:
+        _say(f"task: warning: going on from an older checkpoint (--allow-start-over): {why}")
+    copy.restore()
+    copy.start()
+    agent, child = os.getppid(), subprocess.Popen(command)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        if os.getppid() == agent:  # the agent's stop: for the ranks, through torchrun
+            child.send_signal(signum)
+            return
+        # The agent died (the kernel's SIGTERM): a failed node, whose ranks must not checkpoint
+        # and exit as if asked to stop, nor its copy change under the next attempt's restore.
+        procs.kill_tree(child.pid)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    signal.signal(signal.SIGUSR2, lambda signum, frame: None)  # SLURM's: sent to the ranks too
+    code = child.wait()
+    copy.finish()
+    return code if code >= 0 else 128 - code
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

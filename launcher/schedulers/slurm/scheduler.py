@@ -1,12 +1,15 @@
-"""The SLURM scheduler: one allocation of ``nnodes`` nodes, one task per node, each a torchrun agent.
+"""The SLURM scheduler: one allocation of ``nnodes`` nodes (and ``--spare-nodes``), run by the job's
+controller on its first node.
 
 ``submit`` hands the job to SLURM through submitit (``SlurmExecutor``; its folder is ``submitit/`` in the
-job record) and returns once SLURM accepted it. The same Plan renders a standalone sbatch script
-(``launcher.schedulers.slurm.script``) for users who submit with plain ``sbatch``. The nodes meet at a
-c10d rendezvous on the allocation's first node, at a port derived from the SLURM job id, with the job
-id as rendezvous id: all three filled in on the node (``launcher.job.placeholders``). States come from
-accounting (``sacct``, through submitit's watcher), mapped to the common ``JobState``; the job's end is
-recorded by whichever launcher command first sees it (see ``launcher.schedulers.slurm.state``).
+job record) and returns once SLURM accepted it. In the allocation, after the checks before training
+(version parity, the health gate: batch steps), submitit runs ``launcher supervise`` (the controller
+of every scheduler: ``launcher.schedulers.slurm.controller``), which starts each node's agent as a
+job step, retries, requeues, and records the job's end. The nodes meet at a static rendezvous on node
+0's host, at a port derived from the SLURM job id (``launcher.job.placeholders``). The same Plan
+renders a standalone sbatch script (``launcher.schedulers.slurm.script``) for users who submit with
+plain ``sbatch``. ``state`` reads the job record, and ``sacct`` (through submitit's watcher) only for
+a job whose controller is not running: queued, or ended by SLURM before it recorded the end.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -30,22 +33,20 @@ from launcher.image.reference import resolve as resolve_image
 from launcher.job.console import say
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.hang import watch_args
-from launcher.job.mounts import container_mounts
-from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
+from launcher.job.plan import Plan, build_plan, workdir_of
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker_argv
 from launcher.schedulers.slurm import steps
-from launcher.schedulers.slurm.controller import ALLOCATED, Controller, node_commands
+from launcher.schedulers.slurm.controller import Controller, node_commands
 from launcher.schedulers.slurm.controller import transport as controller_transport
-from launcher.schedulers.slurm.image import SlurmImage, pick_runtime
+from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.partition import gpus_asked
-from launcher.schedulers.slurm.script import FIRST_HOST_LINE, SRUN_ARGS, sbatch_options, sbatch_script
-from launcher.schedulers.slurm.spares import node_step, step_size
-from launcher.schedulers.slurm.state import Accounting, final_outcome, job_state, lost_controller
-from launcher.schedulers.slurm.task import NodeTask
+from launcher.schedulers.slurm.run_copy import mark_run_dir
+from launcher.schedulers.slurm.script import FIRST_HOST_LINE, sbatch_options, sbatch_script
+from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state, lost_controller
 from launcher.supervisor.transport import Transport
 
 SCRIPT = "job.sbatch"
@@ -56,12 +57,15 @@ SUBMITIT_REQUEST = "submitit.json"
 # (``launcher render --file submitit.sbatch``).
 SUBMITIT_SCRIPT = "submitit.sbatch"
 POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
+# Beyond the grace period, for a stop through the controller: its read of the record (every second),
+# the agents' signal steps, and the end recorded.
+STOP_MARGIN_S = 15.0
 SCANCEL_WAIT_S = 120.0  # SLURM's KillWait (30 s by default) plus the time to clean up a node
 NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/slurm/dev-cluster.sh up)"
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
 BATCH_SETUP = [
     "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
-    steps.SET_RUN_STARTED,  # the retry step's --since
+    steps.SET_RUN_STARTED,
     FIRST_HOST_LINE,
 ]
 
@@ -79,12 +83,6 @@ class SlurmHandle(BaseModel):
     submitit_folder: str
 
 
-class SlurmFacts(Facts):
-    gpus_per_node: int  # GPUs requested per node; 0 for CPU processes
-    image: str | None = None  # pinned by digest (or an Apptainer .sif file): what every node runs
-    runtime: str | None = None  # with an image: pyxis, apptainer or podman
-
-
 class SubmititRequest(BaseModel):
     """What ``submit`` hands to submitit's ``update_parameters``: its own parameters, the other sbatch
     options and the batch script's setup lines."""
@@ -93,18 +91,7 @@ class SubmititRequest(BaseModel):
     parameters: dict[str, str | int | bool | list[str]]
     additional_parameters: dict[str, str | bool]
     setup: list[str]
-    teardown: list[str] = []
-    python: str | None = None  # the command that runs submitit's Python on the nodes (default: the spec's)
-
-
-def _image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str) -> SlurmImage | None:
-    """How the job's nodes run its image (None: on the nodes' own Python)."""
-    if facts.image is None or facts.runtime is None:
-        return None
-    extra = spec.options(SlurmOptions).container_mounts
-    args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
-    mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
-    return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)
+    python: str  # the controller's interpreter
 
 
 def _parity_lines(
@@ -134,16 +121,10 @@ def _end_lines(
 
 
 def _submitit_request(
-    spec: JobSpec,
-    options: dict[str, str],
-    checks: list[str],
-    job_dir: Path,
-    workdir: str,
-    image: SlurmImage | None,
-    node_step: str | None = None,
+    spec: JobSpec, options: dict[str, str], checks: list[str], image: SlurmImage | None
 ) -> SubmititRequest:
-    """What submitit is given. ``node_step``: the nodes' srun line of submitit's batch script
-    (``spares.node_step``), for the retry step to run again on spare nodes."""
+    """What submitit is given: the allocation, the checks before training as setup lines, and the
+    controller's interpreter (the host's, which has srun: not in the image)."""
     opts = spec.options(SlurmOptions)
     named = ("job-name", "nodes", "ntasks-per-node", "time", "signal")  # submitit's own parameters
     parameters: dict[str, str | int | bool | list[str]] = {
@@ -152,25 +133,62 @@ def _submitit_request(
         "ntasks_per_node": 1,
         "time": int(options["time"]),
         "signal_delay_s": opts.signal_delay_s,
+        "use_srun": False,  # the controller in the batch step, one task: it starts the nodes' steps
     }
-    if opts.controller:  # the controller in the batch step, one task: it starts the nodes' steps
-        parameters["use_srun"] = False
-    else:  # With spare nodes, the nodes' step runs on the allocation's first --nodes (SLURM's choice).
-        parameters["srun_args"] = [*SRUN_ARGS, *step_size(spec), *(image.srun_args() if image else [])]
-        parameters["stderr_to_stdout"] = True
-    # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
-    # environment exported: the secrets reach the job from there.
-    extra = {k: v or True for k, v in options.items() if k not in named} | {"requeue": True, "export": "ALL"}
-    if opts.spare_nodes or opts.controller:  # a failed node must not end the allocation: the job goes on
-        extra["no-kill"] = True
-    retry = steps.retry_lines(python=spec.python, workdir=workdir, job_dir=str(job_dir), node_step=node_step)
-    python = shlex.join(image.wrap([image.python])) if image else shlex.quote(spec.python)
+    # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), the submitting
+    # environment exported (the secrets reach the job from there), and a failed node does not end
+    # the allocation: the controller goes on without it.
+    extra = {k: v or True for k, v in options.items() if k not in named}
+    extra |= {"requeue": True, "export": "ALL", "no-kill": True}
     return SubmititRequest(
         parameters=parameters,
         additional_parameters=extra,
         setup=[*BATCH_SETUP, *checks],  # parity and the health gate
-        teardown=retry if spec.retries and not opts.controller else [],
-        python=python,
+        python=shlex.quote(spec.python),
+    )
+
+
+def _standalone(
+    spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path, plan: Plan, env: dict[str, str],
+    image: SlurmImage | None, worker: list[str], options: dict[str, str],
+    checks: Callable[[int], list[str]],
+) -> str:  # fmt: skip
+    """The standalone sbatch script: every node's command under the node task
+    (``launcher.schedulers.slurm.task``), watched for hangs, its torchrun at a c10d rendezvous whose
+    node ranks are filled in on the node (``{{node_rank}}``)."""
+    opts, rdzv = spec.options(SlurmOptions), spec.rendezvous
+    python = IMAGE_PYTHON if image else spec.python  # of the node command, in the image with one
+    torchrun = torchrun_argv(
+        spec, node_rank="{{node_rank}}", endpoint=plan.rdzv_endpoint, rdzv_id=rdzv.id or "{{slurm_job_id}}",
+        log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")), worker=worker, python=python,
+    )  # fmt: skip
+    # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
+    argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *torchrun]
+    task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
+    task += [
+        "--job-dir",
+        str(job_dir),
+        "--run-dir",
+        plan.run_dir,
+        *watch_args(spec.hang, spec.nproc_per_node),
+    ]
+    task += steps.copy_args(spec, opts.node_local_run_dir, facts.workdir, plan.run_dir)
+    if image is not None:
+        podman = image.image_run([*env, *spec.secret_env])
+        task = image.wrap([*task, *(podman.flags() if podman else [])])
+    return sbatch_script(
+        job_id=job_id,
+        options=options,
+        node=plan.nodes[0].model_copy(update={"argv": [*task, "--", *argv]}),
+        job_dir=str(job_dir),
+        world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
+        secrets=spec.secret_env,
+        checks=checks(spec.nnodes),  # the standalone script does not retry
+        end=_end_lines(spec, facts, job_dir, plan.run_dir, image),
+        retries=spec.retries,
+        spares=opts.spare_nodes,
+        srun_args=image.srun_args() if image else [],
+        image=image.header() if image else None,
     )
 
 
@@ -184,7 +202,6 @@ def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> sub
         **request.parameters,
         additional_parameters=request.additional_parameters,
         setup=request.setup,
-        teardown=request.teardown,
     )
     return executor
 
@@ -225,71 +242,27 @@ class SlurmScheduler:
         rdzv = spec.rendezvous
         endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
-        image = _image(spec, facts, job_dir, run_dir)
-        python = IMAGE_PYTHON if image else spec.python  # of the node command, in the image with one
-        agent = torchrun_argv(
-            spec,
-            node_rank="{{node_rank}}",
-            endpoint=endpoint,
-            rdzv_id=rdzv.id or "{{slurm_job_id}}",
-            log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")),
-            worker=worker,
-            python=python,
-        )
+        image = job_image(spec, facts, job_dir, run_dir)
         threads = spec.omp_num_threads or (
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
         env = agent_env(spec, job_id, threads, run_dir)
-        # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
-        argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *agent]
-        nodes = [NodeCommand(host=ALLOCATED, argv=argv, env=env)] * spec.nnodes
-        if opts.controller:
-            nodes = node_commands(spec, facts.workdir, job_id, job_dir, worker, env)
+        nodes = node_commands(spec, job_id, job_dir, facts.workdir, (worker, run_dir), env, image)
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
 
-        def checks(retry: list[str] | None, nnodes: int) -> list[str]:
+        def checks(nnodes: int, carry_on: bool = False) -> list[str]:
             """The steps before training: parity of the ``nnodes`` allocated, then the health gate
-            (which may run ``retry``)."""
-            gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, retry)
+            (whose named nodes are left to the controller: ``carry_on``)."""
+            gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, carry_on)
             return [*_parity_lines(spec, facts, job_dir, image, nnodes), *([""] if gate else []), *gate]
 
-        # The script runs each node's command under the node task, as submitit does: watched for hangs.
-        task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
-        task += [
-            "--job-dir",
-            str(job_dir),
-            "--run-dir",
-            plan.run_dir,
-            *watch_args(spec.hang, spec.nproc_per_node),
-            *steps.copy_args(spec, opts.node_local_run_dir, facts.workdir, plan.run_dir),
-        ]
-        if image is not None:
-            podman = image.image_run([*env, *spec.secret_env])
-            task = image.wrap([*task, *(podman.flags() if podman else [])])
-        task.append("--")
-        script = sbatch_script(
-            job_id=job_id,
-            options=options,
-            node=plan.nodes[0].model_copy(update={"argv": [*task, *plan.nodes[0].argv]}),
-            job_dir=str(job_dir),
-            world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
-            secrets=spec.secret_env,
-            checks=checks(retry=None, nnodes=spec.nnodes),  # the standalone script does not retry
-            end=_end_lines(spec, facts, job_dir, plan.run_dir, image),
-            retries=spec.retries,
-            spares=opts.spare_nodes,
-            srun_args=image.srun_args() if image else [],
-            image=image.header() if image else None,
+        script = _standalone(spec, facts, job_id, job_dir, plan, env, image, worker, options, checks)
+        # A node the gate names is the controller's first failed attempt.
+        request = _submitit_request(
+            spec, options, checks(plan.nnodes + opts.spare_nodes, spec.retries > 0), image
         )
-        retry = steps.retry_argv(spec.python, str(job_dir))
-        checked = checks(retry if spec.retries else None, spec.nnodes + opts.spare_nodes)
-        request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image)
         submission = _executor(request, job_dir, opts.max_requeues)
-        if spec.retries and opts.spare_nodes and not opts.controller:  # the retry step: again on spares
-            step = node_step(submission)
-            request = _submitit_request(spec, options, checked, job_dir, facts.workdir, image, step)
-            submission = _executor(request, job_dir, opts.max_requeues)
         files = {
             SCRIPT: script,
             SUBMITIT_REQUEST: request.model_dump_json(indent=2) + "\n",
@@ -309,17 +282,10 @@ class SlurmScheduler:
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor = _executor(request, record.dir, opts.max_requeues)
         folder = executor.folder
-        node = plan.nodes[0]
-        image = _image(spec, plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
-        image_run = image.image_run([*node.env, *spec.secret_env]) if image else None
-        task = (
-            Controller(str(record.dir))
-            if opts.controller
-            else NodeTask.of(plan, spec, plan.facts_as(SlurmFacts).workdir, record.dir, image_run)
-        )
+        mark_run_dir(plan, opts.node_local_run_dir)  # the nodes that do not see it copy the run dir
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it
-                job = executor.submit(task)
+                job = executor.submit(Controller(str(record.dir)))
         except submitit.core.utils.FailedJobError as e:
             raise SubmitRejected(f"SLURM refused the job: {str(e).strip() or 'sbatch failed'}") from None
         except (RuntimeError, OSError) as e:  # no srun here, sbatch output not understood, ...
@@ -342,16 +308,17 @@ class SlurmScheduler:
         state = job_state(info.state)
         if state is None:
             return status
-        controlled = record.spec().options(SlurmOptions).controller
         if state.is_terminal:
             status = record.status()  # the controller records the end itself, maybe just now
             if status.state.is_terminal:
                 return status
-            lost = controlled and status.state == JobState.RUNNING
-            return record.finish(lost_controller(info, record) if lost else final_outcome(info, record))
-        if controlled and state == status.state == JobState.RUNNING:  # the controller says the rest
+            lost = status.state == JobState.RUNNING  # the controller ran, and never recorded the end
+            return record.finish(lost_controller(info, record) if lost else end_outcome(info, record))
+        if status.state == JobState.RUNNING:  # the controller's: it says the rest
             return status
         message = f"SLURM job {handle.slurm_job_id}: {info.state}"
+        if state == JobState.RUNNING:  # pending until the controller starts the nodes
+            state, message = JobState.PENDING, f"{message} (the checks before training)"
         if state == JobState.PENDING and info.reason:
             message += f" ({info.reason})"
         if state == JobState.PENDING and status.started_at is not None:
@@ -366,7 +333,7 @@ class SlurmScheduler:
         return record.update_status(**changes)
 
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
-        """The controller's (``--slurm-controller``), in the job's allocation."""
+        """The controller's, in the job's allocation."""
         return controller_transport(plan, record)
 
     def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
@@ -377,9 +344,10 @@ class SlurmScheduler:
         return node_logs(self, record, node, follow)
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
-        """SIGTERM to every task of the job (``scancel --signal=TERM``): the ranks checkpoint and exit,
-        and the job ends. A job still queued, or still running after the grace period (or asked a
-        second time), is cancelled by SLURM (``scancel``: SIGTERM, then SIGKILL after KillWait)."""
+        """A running job's controller is asked to stop, through the job record (it runs in the
+        allocation): its ranks checkpoint and exit, and it records the end. A job still queued or
+        checking its nodes, or still running after the grace period (or asked a second time), is
+        cancelled by SLURM (``scancel``: SIGTERM, then SIGKILL after KillWait)."""
         status = self.state(record)
         handle = record.handle(SlurmHandle)
         if status.state.is_terminal or handle is None:
@@ -387,12 +355,10 @@ class SlurmScheduler:
         if shutil.which("scancel") is None:
             raise JobError(f"scancel {NO_SLURM}")
         if status.state == JobState.RUNNING and status.stop_requested_at is None:
-            record.update_status(stop_requested_at=time.time())  # a controller reads it there
-            if not record.spec().options(SlurmOptions).controller:
-                _scancel(handle.slurm_job_id, "--signal=TERM")
+            record.update_status(stop_requested_at=time.time())  # the controller reads it there
             if not wait:
                 return self.state(record)
-            final = wait_terminal(self, record, record.spec().grace_period_s, POLL_S)
+            final = wait_terminal(self, record, record.spec().grace_period_s + STOP_MARGIN_S, POLL_S)
             if final is not None:
                 return final
         # Queued, asked a second time, or still running after the grace period: SLURM cancels it.

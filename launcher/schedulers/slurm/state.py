@@ -15,7 +15,6 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 from launcher.job import reports
 from launcher.job.facts import gather
 from launcher.job.record import JobRecord, JobState, Outcome
-from launcher.job.retry import decide, furthest_step, not_retried
 from launcher.job.verdict import Facts, verdict
 
 REFRESH_S = 2
@@ -124,19 +123,6 @@ def _facts(info: AccountingInfo, record: JobRecord, since: float) -> Facts:
         scheduler_cancelled=info.state == "CANCELLED",
         unexplained=unexplained,
     )
-
-
-def final_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
-    """``end_outcome`` of a job SLURM reports ended; for a job that retries (its batch script
-    requeues it while it may, ``launcher.schedulers.slurm.retry``), with why the last attempt was not
-    retried."""
-    outcome = end_outcome(info, record)
-    spec, status = record.spec(), record.status()
-    if not spec.retries or outcome.state != JobState.FAILED:
-        return outcome
-    decision = decide(outcome, furthest_step(record), status.attempts, spec.retries)
-    why = decision.why or "the requeue failed: see the batch log in submitit/"  # it was to be retried
-    return not_retried(outcome, why, status.attempts, spec.retries)
 
 
 def lost_controller(info: AccountingInfo, record: JobRecord) -> Outcome:

@@ -1,12 +1,11 @@
 """The steps of a SLURM job's batch script, as bash lines for the slots of its template (the standalone
-script's, ``launcher.schedulers.slurm.script``; submitit's setup and teardown lines): version parity and
-the health gate before training, the retry step and the standalone script's end after it. Every value
-is shell-quoted. A step reads no shell variable another step sets: what it needs from the template
-(``RUN_STARTED``, when this run of the job started) it is given as an argument.
+script's, ``launcher.schedulers.slurm.script``; submitit's setup lines): version parity and the health
+gate before training, and the standalone script's end after it. Every value is shell-quoted. A step
+reads no shell variable another step sets: what it needs from the template (``RUN_STARTED``, when
+this run of the job started) it is given as an argument.
 
 The node-side halves of the steps are ``launcher.preflight.parity_step`` (compare the probes),
-``launcher.preflight.health_step`` (judge the gate), ``launcher.schedulers.slurm.retry`` and
-``launcher.schedulers.slurm.end``.
+``launcher.preflight.health_step`` (judge the gate) and ``launcher.schedulers.slurm.end``.
 """
 
 from __future__ import annotations
@@ -75,15 +74,15 @@ def gate_lines(
     job_dir: Path,
     env: dict[str, str],
     image: SlurmImage | None,
-    retry: list[str] | None = None,
+    carry_on: bool = False,
 ) -> list[str]:
     """The health gate (none without ``--health-check``/``--health-check-warn``): each node runs the
     collective preflight with the gate's stages under torchrun, with the job's environment, ranks per
     node and precision, meeting at the job's rendezvous host and port (free until the job's own
     rendezvous), in the job's image when it has one; judged on the batch node, a node it names ends the
-    job (exit 3). ``env`` is the nodes' environment (the Plan's); ``retry``, the retry step's argv
-    (``retry_argv``) run when the gate ends the job (``--retries``), which then still exits with the
-    gate's code."""
+    job (exit 3). ``env`` is the nodes' environment (the Plan's); ``carry_on``: the script goes on to
+    the controller, which reads the gate's refusal as its first attempt's (``Transport.refused``) and
+    retries without the named nodes (``--retries``)."""
     opts = spec.options(SlurmOptions)
     if not opts.gate:
         return []
@@ -100,8 +99,9 @@ def gate_lines(
         *(image.srun_args() if image else []), *_gate_node(spec, gate, workdir, job_dir, env, image),
     ]  # fmt: skip
     judged = f"(cd -- {q(workdir)} && {shlex.join(image.batch(judge) if image else judge)})"
-    # The retry step exits with the gate's exit code, which it is handed: the script's exit status.
-    on_failure = f"{{ {after_failure(workdir, retry)}; exit $?; }}" if retry else "exit $?"
+    on_failure = "exit $?"
+    if carry_on:  # the controller retries without the named nodes (its first attempt's refusal)
+        on_failure = "echo 'batch: the controller retries without the node(s) the gate named'"
     return [
         "# Health gate: links, compute and GPUs of every node (one srun step), judged here; a node it",
         "# names ends the job before training (exit 3).",
@@ -140,19 +140,6 @@ def _gate_node(
         return [*assignments, image.host_python, *entry, *workers]
     # pyxis (srun's options) and apptainer (a prefix): the whole task in the image
     return image.wrap([*assignments, IMAGE_PYTHON, *entry, IMAGE_PYTHON, *torchrun])
-
-
-def retry_argv(python: str, job_dir: str) -> list[str]:
-    """The retry step (``launcher.schedulers.slurm.retry``) but its ``--since`` and ``--exit-code``."""
-    return [python, "-m", "launcher.schedulers.slurm.retry", "--job-dir", job_dir]
-
-
-def retry_lines(*, python: str, workdir: str, job_dir: str, node_step: str | None = None) -> list[str]:
-    """After the nodes' step, for retries (submitit's teardown): decide on the step's exit status, then
-    exit with it, as the script would without retries. ``node_step``, the nodes' srun line, is run
-    again on spare nodes (``--spare-nodes``)."""
-    step = ["--node-step", node_step] if node_step else []
-    return [after_failure(workdir, [*retry_argv(python, job_dir), *step])]
 
 
 def copy_args(spec: JobSpec, node_local_run_dir: bool | None, workdir: str, run_dir: str) -> list[str]:

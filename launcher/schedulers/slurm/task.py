@@ -40,11 +40,9 @@ from types import FrameType
 from typing import Any, BinaryIO
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED
-from launcher.agent.copies import write_mark
 from launcher.agent.node import NodeAgent, Output, log_writer
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
-from launcher.job.console import say
 from launcher.job.failures import stop_marker
 from launcher.job.hang import (
     EXIT_HANG,
@@ -56,12 +54,7 @@ from launcher.job.hang import (
     watch_of,
     write_stacks,
 )
-from launcher.job.plan import Plan
-from launcher.job.spec import JobSpec
-from launcher.job.torchrun import copy_excludes
 from launcher.job.verdict import hung
-from launcher.schedulers.slurm.options import SlurmOptions
-from launcher.schedulers.slurm.points import AttemptPoints
 from launcher.schedulers.slurm.run_copy import RunCopy, node_local
 from launcher.supervisor.watchdog import NodeWatch
 
@@ -93,37 +86,6 @@ class NodeTask:
     node_local_run_dir: bool | None = None  # declared; None: a run dir without the mark is node-local
     copy_exclude: tuple[str, ...] = ()  # dirs below the run dir its copy leaves out (prepared data)
     allow_start_over: bool = False  # start without the newest checkpoint when it is out of reach
-
-    @classmethod
-    def of(cls, plan: Plan, spec: JobSpec, workdir: str, job_dir: Path, image: ImageRun | None) -> NodeTask:
-        """The submitit path's task for every node of ``plan`` (every node runs the same command;
-        what differs is filled in on the node). For a run dir not declared shared or node-local,
-        the launcher's mark goes into it here: a node that does not see it has a node-local run dir.
-        One that cannot be written is taken as shared, with a warning."""
-        opts = spec.options(SlurmOptions)
-        declared = opts.node_local_run_dir
-        if declared is None:
-            try:
-                write_mark(Path(plan.run_dir), plan.job_id)
-            except OSError as e:  # no mark: every node would take a shared run dir for its own disk
-                declared = False
-                say(
-                    f"launcher: warning: cannot write the launcher's mark in the run dir ({e}): taken as "
-                    "shared by the nodes; if it is on each node's own disk, say --node-local-run-dir"
-                )
-        return cls(
-            argv=plan.nodes[0].argv,
-            env=plan.nodes[0].env,
-            job_dir=str(job_dir),
-            run_dir=plan.run_dir,
-            grace_s=spec.grace_period_s,
-            watch=NodeWatch(spec.hang, spec.nproc_per_node) if spec.hang.enabled else None,
-            image=image,
-            job_id=plan.job_id,
-            node_local_run_dir=declared,
-            copy_exclude=copy_excludes(spec, workdir, plan.run_dir),
-            allow_start_over=spec.allow_start_over,
-        )
 
     def __call__(self) -> int:
         node = int(os.environ.get("SLURM_NODEID", "0"))
@@ -163,9 +125,6 @@ class NodeTask:
         log.flush()
         _note_signals()
         _copy = self._restored(node, host, log)
-        points = AttemptPoints(job_dir)  # the job's numbers in TensorBoard: node 0 writes them
-        if node == 0:
-            points.start()
         # SLURM signals every process of the step (SIGUSR2 before the time limit, SIGTERM on scancel):
         # the ranks act on them, the agent relays none. The container's monitor (conmon) re-parents to
         # this task, not to init: under proctrack/linuxproc SLURM's signals and its final SIGKILL reach
@@ -196,7 +155,6 @@ class NodeTask:
             ended = time.time()
             if _copy is not None:
                 _copy.finish()
-            points.stop()
         return self._end(node, code, started, log, ended)
 
     def _restored(self, node: int, host: str, log: BinaryIO) -> RunCopy | None:
@@ -252,20 +210,6 @@ class NodeTask:
         reports.append(job_dir, reports.Failed(node=node, exit_code=code))
         raise SystemExit(EXIT_FAILED)
 
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """submitit's hook on SIGUSR2 (node 0): the ranks got the signal too and are saving a checkpoint;
-        wait for them to exit (the requeue would kill them), then requeue this same task."""
-        from submitit.helpers import DelayedSubmission
-
-        child = _agent.child if _agent is not None else None
-        if child is not None:
-            # Past the timeout, requeue anyway: the last periodic checkpoint is what resumes.
-            _wait_exited(child.pid, timeout_s=self.grace_s + 30)
-        if _copy is not None:  # the requeue ends this task: the save must be in the copy first
-            _copy.finish()
-            self._stop_marker(_started)
-        return DelayedSubmission(self)
-
     def _stop_marker(self, since: float) -> bool:
         """Whether the ranks wrote a stop marker at or after ``since``: in the run dir or, for a
         node-local one, in its copy, where rank 0's node puts it once its ranks ended; so, after
@@ -297,19 +241,6 @@ def _noting(previous: Callable[[int, FrameType | None], Any]) -> Callable[[int, 
         return previous(signum, frame)
 
     return handler
-
-
-def _wait_exited(pid: int, timeout_s: float) -> None:
-    """Wait until child ``pid`` has exited, without reaping it. Not Popen.wait: this runs in a signal
-    handler that interrupted ``__call__``'s Popen.wait, which holds the Popen's lock until it returns."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return
-        except ChildProcessError:  # already reaped
-            return
-        time.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,17 +23,19 @@ import math
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from types import FrameType
 
 import psutil
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, FIRST_HOST_ENV
+from launcher.job import reports
 from launcher.job.failures import stop_marker
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, Outcome, agent_dir
 from launcher.job.retry import spares
+from launcher.schedulers.slurm.image import SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.supervisor import procs
 from launcher.supervisor.transport import ChildAgents, NewAllocation, start_client
@@ -81,16 +83,36 @@ def requeue(slurm_job_id: str, excluded: Sequence[str], wait_s: float) -> str | 
     return why
 
 
+def on_spares(allocation: Sequence[str], current: Sequence[str], failed: Collection[str]) -> list[str]:
+    """The next attempt's hosts in the ``allocation`` (its order): ``current`` (node k's host at k)
+    with each host in ``failed`` replaced by a spare, the first ones of the allocation that run no
+    node and never ``failed``. Raises NewAllocation, naming the failed hosts, when too few are left."""
+    blamed = [h for h in current if h in failed]
+    free = spares(allocation, current, failed)
+    if len(free) < len(blamed):
+        raise NewAllocation(f"no spare node left in the allocation for {', '.join(blamed)}")
+    swap = dict(zip(blamed, free, strict=False))
+    return [swap.get(h, h) for h in current]
+
+
 class SrunAgents(ChildAgents):
     """The controller's transport in a SLURM allocation: one srun step a node (see the module)."""
 
-    def __init__(self, plan: Plan, record: JobRecord, hosts: list[str], since: float) -> None:
-        """``hosts``: the allocation's, in its order; ``since``: when this controller started."""
+    def __init__(
+        self, plan: Plan, record: JobRecord, hosts: list[str], since: float, image: SlurmImage | None
+    ) -> None:
+        """``hosts``: the allocation's, in its order; ``since``: when this controller started;
+        ``image``: where the agents run in the job's image (the Plan says how, but for pyxis's srun
+        options)."""
         spec = record.spec()
         self.plan, self.job_dir, self.hosts, self.since = plan, record.dir, hosts, since
-        self.python, self.max_requeues = spec.python, spec.options(SlurmOptions).max_requeues
+        self.max_requeues = spec.options(SlurmOptions).max_requeues
+        self.python = image.python if image else spec.python  # the agents'
+        self.srun_args = image.srun_args() if image else []
+        self.image = image
         self.failed: set[str] = set()  # hosts a failure named: never used again in this allocation
         self.clients: dict[int, subprocess.Popen[bytes]] = {}  # node rank -> its srun, this attempt
+        self.checked = False  # whether the gate's refusal was asked for (``refused``)
         signal.signal(signal.SIGUSR2, self._relay)
 
     def _relay(self, signum: int, frame: FrameType | None) -> None:
@@ -104,7 +126,7 @@ class SrunAgents(ChildAgents):
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         # Every node meets node 0's rendezvous, wherever a retry put it (``{{first_host}}``).
         env = os.environ | node.env | {FIRST_HOST_ENV: self.plan.nodes[0].host}
-        argv = [*step_argv(node.host), *node.argv]
+        argv = [*step_argv(node.host, *self.srun_args), *node.argv]
         client = start_client(
             argv, record.dir / node.log, {}, keep_stdin=False, env=env, cwd=node.cwd, channel_of=record.dir
         )
@@ -126,16 +148,9 @@ class SrunAgents(ChildAgents):
     def _signal(self, sig: str, grace_s: float) -> None:
         """``launcher.agent signal`` on the node of every agent still running, at once; each step
         overlaps the agent's, which holds the node."""
-        state = f"--state-dir={agent_dir(self.job_dir)}"
         signals = [
             subprocess.Popen(
-                [
-                    *step_argv(node.host, "--overlap"),
-                    *(self.python, "-m", "launcher.agent", "signal", "--job", self.plan.job_id),
-                    *("--node", str(node.node_rank), "--signal", sig, f"--grace-s={grace_s:g}", state),
-                ],
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
+                self._signal_argv(node, sig, grace_s), stdout=subprocess.DEVNULL, start_new_session=True
             )
             for node in self.plan.nodes
             if (client := self.clients.get(node.node_rank)) is not None and client.poll() is None
@@ -146,20 +161,37 @@ class SrunAgents(ChildAgents):
             except subprocess.TimeoutExpired:
                 step.kill()
 
-    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
-        """Each of the job's hosts in ``failed_hosts`` replaced by a spare node of the allocation (in its
-        order), and never used again in it; None when none is one of the job's. Raises NewAllocation
-        when too few spares are left: the job is then requeued without them."""
-        current = [n.host for n in self.plan.nodes]
-        blamed = [h for h in dict.fromkeys(current) if h in failed_hosts]
-        if not blamed:
+    def _signal_argv(self, node: NodePlan, sig: str, grace_s: float) -> list[str]:
+        agent = [self.python, "-m", "launcher.agent", "signal", "--job", self.plan.job_id]
+        agent += ["--node", str(node.node_rank), "--signal", sig, f"--grace-s={grace_s:g}"]
+        agent.append(f"--state-dir={agent_dir(self.job_dir)}")
+        return [
+            *step_argv(node.host, "--overlap", *self.srun_args),
+            *(self.image.wrap(agent) if self.image else agent),
+        ]
+
+    def refused(self, record: JobRecord) -> reports.Refused | None:
+        """The health gate's refusal of this allocation's first nodes, which the batch script judged
+        before this controller started (since the job's last attempt ended); once."""
+        if self.checked:
             return None
-        self.failed.update(blamed)
-        free = spares(self.hosts, current, self.failed)
-        if len(free) < len(blamed):
-            raise NewAllocation(f"no spare node left in the allocation for {', '.join(blamed)}")
-        swap = dict(zip(blamed, free, strict=False))
-        self.plan = placed(self.plan, [swap.get(h, h) for h in current])
+        self.checked = True
+        status = record.status()
+        found = reports.read(
+            record.dir, reports.Refused, max([status.created_at, *(a.ended_at for a in status.attempts)])
+        )
+        return found[-1] if found else None
+
+    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
+        """Each of the job's hosts in ``failed_hosts`` replaced by a spare node of the allocation
+        (``on_spares``), and never used again in it; None when none is one of the job's. Raises
+        NewAllocation when too few spares are left: the job is then requeued without them."""
+        current = [n.host for n in self.plan.nodes]
+        self.failed.update(h for h in current if h in failed_hosts)
+        hosts = on_spares(self.hosts, current, self.failed)
+        if hosts == current:
+            return None
+        self.plan = placed(self.plan, hosts)
         return self.plan
 
     def requeue(
