@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.cli.exits import EXIT_MEANINGS, HANG_NOTE
+from launcher.cli.exits import EXIT_MEANINGS, SACCT_NOTE
 from launcher.cli.fields import describe_fields
 from launcher.cli.main import _parser
 from launcher.job.record import STATE_MEANINGS, JobState
@@ -105,7 +105,7 @@ def exit_codes_page() -> str:
         "status` shows its state. Once a job reaches a terminal state, its state never changes again."
     )
     parts = [f"# Exit codes and job states\n\n{GENERATED}\n\n{intro}", "## Exit codes", "\n".join(codes)]
-    parts += [HANG_NOTE, "## Job states", "\n".join(states)]
+    parts += [SACCT_NOTE, "## Job states", "\n".join(states)]
     return "\n\n".join(parts) + "\n"
 
 

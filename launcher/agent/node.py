@@ -5,11 +5,11 @@ scheduler, and does for it what every scheduler needs done.
 there is one), then, until it ends:
 
 - forwards SIGTERM/SIGINT to it as SIGTERM (the ranks checkpoint and exit 75), one that came before it
-  started included, unless the scheduler signals the ranks itself (SLURM signals a whole step); once
-  its ranks have ended after a stop, the command gets ``KILL_GRACE_S`` to end too (``_end_lingering``);
+  started included; once its ranks have ended after a stop, the command gets ``KILL_GRACE_S`` to end
+  too (``_end_lingering``);
 - watches the ranks' heartbeats (the hang watchdog); on a hang it takes their stacks, sends a ``hang``
-  report, keeps the ranks until ``released()`` (every node reported, or the launcher ended the job)
-  or a bound, then ends them and exits 124 (``launcher.job.hang.EXIT_HANG``);
+  report, keeps the ranks until the launcher ends the job (or a bound), then ends them and exits 124
+  (``launcher.job.hang.EXIT_HANG``);
 - holds the lease (``lease_s``: see ``_lease``);
 - once the command has ended: ends what is left of its process tree, removes the container (however
   the agent ends), and returns the exit code (128 + N for signal N, as shells do).
@@ -18,9 +18,9 @@ Its invariants: nothing of the node outlives the agent (a child subreaper where 
 already end the whole tree); the container of a node is gone before the agent returns; every report
 leaves through ``report`` (the job record where the node sees it, the channel where it may not).
 
-How each scheduler starts it: a child process of the supervisor (local), ``python -m launcher.agent
-run`` over ssh (``launcher.agent.cli``), an srun task (``launcher.schedulers.slurm.task``, on both SLURM
-paths) and the container entry (``launcher.schedulers.compose.node``).
+How each scheduler starts it: ``python -m launcher.agent run`` (``launcher.agent.cli``) as a child
+process of the supervisor (local), over ssh, as a SLURM job step; and the container entry
+(``launcher.schedulers.compose.node``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import BinaryIO
 
 import psutil
 
@@ -58,11 +57,9 @@ POLL_S = 0.25  # how often a stopping node's tree is looked at
 
 @dataclass
 class Output:
-    """Where the command's output goes: ``fd`` (a node log: the child writes it directly), else
-    through this agent to ``sink`` (chunks, e.g. a host log and the channel), else this agent's own
-    stdout."""
+    """Where the command's output goes: through this agent to ``sink`` (chunks, e.g. a host log and
+    the channel), else this agent's own stdout."""
 
-    fd: int | None = None
     sink: Callable[[bytes], None] | None = None
 
 
@@ -80,11 +77,9 @@ class NodeAgent:
     container_mounts: list[str] = field(default_factory=list)
     env_names: list[str] = field(default_factory=list)  # the variables a container gets
     output: Output = field(default_factory=Output)
-    forward_signals: bool = True
     subreaper: bool = True
     lease_s: float = 0.0  # 0: no lease
     lease_fd: int = 0
-    released: Callable[[], bool] = lambda: False  # a hang's ranks may be ended
     # Where the node's processes put their reports (``reports.REPORT_DIR_ENV``), forwarded through
     # ``report`` once the command ended: on a host whose files the launcher cannot see.
     forward_dir: str | None = None
@@ -98,8 +93,6 @@ class NodeAgent:
         """SIGTERM/SIGINT ask the command to stop; SIGHUP (a dropped connection) and SIGUSR2 are not for
         this process. Before anything can find this process to signal it: a stop sent at once is not
         lost."""
-        if not self.forward_signals:
-            return
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -141,13 +134,13 @@ class NodeAgent:
     def _supervise(self, argv: list[str]) -> int:
         env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
         env |= {reports.REPORT_DIR_ENV: self.forward_dir} if self.forward_dir else {}
-        piped = self.output.fd is None and self.output.sink is not None
+        piped = self.output.sink is not None
         child = subprocess.Popen(
             argv,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if piped else self.output.fd,
-            stderr=subprocess.STDOUT if piped or self.output.fd is not None else None,
+            stdout=subprocess.PIPE if piped else None,
+            stderr=subprocess.STDOUT if piped else None,
             preexec_fn=procs.die_with_parent,
         )
         self.child = child
@@ -165,12 +158,11 @@ class NodeAgent:
             watchdog = self.watch.watchdog(self.node, socket.gethostname(), Path(self.heartbeat_dir))
         code, hang = wait_watching(child, watchdog)
         if hang is not None:  # the stacks are taken: report, keep the ranks until released
-            code = end_hung(child, hang, self._report_hang, lambda: self.stop_requested or self.released())
+            code = end_hung(child, hang, self._report_hang, lambda: self.stop_requested)
             procs.terminate(psutil.Process().children(recursive=True), 0.0)  # orphans adopted meanwhile
         else:
-            if self.forward_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)  # the cleanup below must not be cut short
             # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans
             # must not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
             procs.terminate(psutil.Process().children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
@@ -250,16 +242,6 @@ class NodeAgent:
         if job_id:
             shutil.rmtree(job_snapshots(job_id), ignore_errors=True)
             self.say("agent: dropped this host's snapshots of the job from memory")
-
-
-def log_writer(out: BinaryIO) -> Callable[[str], None]:
-    """``say`` for a node log opened as ``out``: one write a line."""
-
-    def say(line: str) -> None:
-        with contextlib.suppress(OSError):
-            os.write(out.fileno(), f"{line}\n".encode())
-
-    return say
 
 
 def stdout_say(line: str) -> None:

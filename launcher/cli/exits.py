@@ -40,9 +40,9 @@ EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
     (EXIT_INTERRUPTED, "cancelled", "stopped on request, no checkpoint"),
 )
 
-HANG_NOTE = (
-    f"A SLURM job that hung ends with {EXIT_HANG} in `sacct` (the standalone script's exit code, as "
-    f"`timeout` does); `launcher` reports it as failed ({EXIT_FAILED})."
+SACCT_NOTE = (
+    "A SLURM job ends in `sacct` with the same code: its batch step runs the job's controller, whose "
+    f"exit code is the job's (a hang too: {EXIT_FAILED}, its node agents' {EXIT_HANG} being theirs)."
 )
 
 

@@ -18,7 +18,6 @@ import psutil
 import pytest
 
 from gptlaunch.contract import read_beats
-from launcher.job.hang import EXIT_HANG
 from tests.integration.conftest import (
     FAST,
     PLAIN_ARGS,
@@ -71,9 +70,12 @@ def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, t
     assert sorted((b.rank, b.step) for b in beats) == [(0, 30), (1, 30)]
 
 
-def test_the_sbatch_scripts_node_tasks_report_a_stopped_rank_as_a_hang(prepared_data, tmp_path: Path) -> None:
-    """Without the launcher to gather the nodes' reports, the node tasks of the plain sbatch script
-    write the stacks and the cause themselves, and the job ends with the hang's exit code."""
+def test_the_sbatch_scripts_controller_reports_a_stopped_rank_as_a_hang(
+    prepared_data, tmp_path: Path
+) -> None:
+    """The plain sbatch script, submitted with sbatch alone, runs the job's controller: it gathers the
+    nodes' reports, writes every rank's stacks and the cause into the job record it wrote, and the job
+    ends with the hang's exit code."""
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     args = trainer_args(prepared_data, run_dir, 100000)
     slurm_id = sbatch_rendered(jobs, tmp_path, args, "--hang-timeout-s", "10")
@@ -88,9 +90,15 @@ def test_the_sbatch_scripts_node_tasks_report_a_stopped_rank_as_a_hang(prepared_
     finally:
         with contextlib.suppress(psutil.Error):
             rank1.resume()
-    assert sacct(slurm_id, "State,ExitCode") == [["FAILED", f"{EXIT_HANG}:0"]]
+    assert sacct(slurm_id, "State,ExitCode") == [["FAILED", "1:0"]]  # the job's exit code
     logs = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))
-    assert "task: hang: no progress for " in logs and ") is stopped (SIGSTOP?)" in logs, logs[-3000:]
+    assert "watchdog: no progress for " in logs, logs[-3000:]
+    status = json.loads((job_dir / "status.json").read_text())
+    assert (status["state"], status["exit_code"]) == ("failed", 1), status
+    assert (
+        status["message"].startswith("hang: no progress for ")
+        and ") is stopped (SIGSTOP?)" in status["message"]
+    )
     stacks = sorted(p.name.split("-")[1] for p in (job_dir / "hang").iterdir())
     assert stacks == ["rank0.txt", "rank1.txt"]
     until("no process of the job", lambda: not processes_of(job_dir.name), timeout=60)

@@ -171,7 +171,7 @@ def test_slurm_image_scripts_match_golden_files(runtime: str, gpus: int) -> None
     _check_golden(plan.to_text(), f"slurm_{runtime}.sbatch")
     text = plan.to_text().replace(" \\\n  ", " ")  # the script's long srun line, joined
     assert text.count(IMAGE if runtime != "pyxis" else pyxis_image(IMAGE)) >= 2  # the probe and the nodes
-    assert "--rdzv-endpoint" in text and " python -m torch.distributed.run" in text
+    assert '"--rdzv-endpoint=' in text and '"python", "-m", "torch.distributed.run"' in text
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
@@ -188,9 +188,10 @@ def test_an_apptainer_image_file_is_run_as_is() -> None:
     plan = _slurm_render(
         _slurm_spec("apptainer", image="/images/gpt.sif"), "apptainer", image="/images/gpt.sif"
     )
-    assert " /images/gpt.sif python -m launcher.schedulers.slurm.task" in plan.to_text().replace(
-        " \\\n  ", " "
-    )
+    argv = plan.nodes[0].argv  # each node's agent, in the image file
+    assert argv[:2] == ["apptainer", "exec"] and argv[argv.index("/images/gpt.sif") + 1 :][:4] == [
+        "python", "-m", "launcher.agent", "run",
+    ]  # fmt: skip
 
 
 def test_a_mount_with_a_separator_of_the_runtimes_is_refused() -> None:

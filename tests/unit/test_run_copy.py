@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import threading
-import time
+import sys
 from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_REFUSED, STOP_MARKER, write_stop_marker
+from gptlaunch.contract import EXIT_REFUSED
 from launcher.agent.copies import MARK, write_mark
 from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.reports import Refused, Saved
 from launcher.schedulers.slurm import run_copy
-from launcher.schedulers.slurm import task as task_module
 from launcher.schedulers.slurm.run_copy import NOT_IN_COPY, RunCopy, copy_file, node_local
-from launcher.schedulers.slurm.task import NodeTask
 
 
 def _saved_once(job: Path, run: Path, write: dict[str, bytes], remove: tuple[str, ...] = ()) -> RunCopy:
@@ -101,29 +97,26 @@ def test_every_node_restores_what_it_lacks_and_sets_aside_saves_the_copy_lacks(t
 
 
 def test_a_node_refuses_to_start_without_the_newest_save_unless_starting_over_is_allowed(
-    tmp_path: Path,
+    tmp_path: Path, capsys
 ) -> None:
+    """The wrapper in front of a node's command (``run_copy.main``): with a save the copy lacks, the
+    node refuses (exit 3, a ``Refused`` report naming it) unless starting over is allowed."""
     job, run = tmp_path / "job", tmp_path / "run"
     run.mkdir()
     newest = {"ckpt-20.pt": 10**18}  # saved at an mtime no copy here has
     saved = Saved(node=0, host="n1", directory=str(run), files={"ckpt-20.pt": 5}, changed=newest)
     reports.append(job, saved)
-    task = NodeTask(["true"], {}, str(job), str(run), grace_s=0.0, node_local_run_dir=True)
-    with pytest.raises(SystemExit) as ended, open(tmp_path / "node-1.log", "ab") as log:
-        task._restored(node=1, host="n2", log=log)
-    assert ended.value.code == EXIT_REFUSED
+    flags = ["--job-dir", str(job), "--run-dir", str(run), "--node", "1", "--job-id", "j"]
+    flags.append("--node-local-run-dir")
+    ran = tmp_path / "ran"
+    command = ["--", sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
+    assert run_copy.main([*flags, *command]) == EXIT_REFUSED and not ran.exists()
     (refused,) = reports.read(job, Refused)
     assert refused.check == "checkpoint" and refused.node == 1
     for words in ("ckpt-20.pt", "n1 (node 0)", str(run), str(job / RUN_COPY), "--allow-start-over"):
         assert words in refused.message, (words, refused.message)
-    allowed = NodeTask(
-        ["true"], {}, str(job), str(run), grace_s=0.0, node_local_run_dir=True, allow_start_over=True
-    )
-    with open(tmp_path / "node-1.log", "ab") as log:
-        copy = allowed._restored(node=1, host="n2", log=log)
-    assert copy is not None
-    copy.finish()
-    said = (tmp_path / "node-1.log").read_text()
+    assert run_copy.main([*flags, "--allow-start-over", *command]) == 0 and ran.exists()
+    said = capsys.readouterr().out
     assert "task: not started: the newest checkpoint" in said and "going on from an older checkpoint" in said
 
 
@@ -137,69 +130,6 @@ def test_a_run_dir_is_node_local_when_declared_or_when_the_node_misses_the_launc
     assert (tmp_path / MARK).read_text() == "job-1"
     assert not node_local(tmp_path, "job-1", declared=None)
     assert node_local(tmp_path, "job-2", declared=None)  # an earlier job's mark
-
-
-def test_after_slurms_warning_signal_a_node_waits_for_rank_0s_stop_marker_in_the_copy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rank 0 ran on another node: its stop marker reaches this node only through the copy, once that
-    node's task copied it. Without the warning (a SIGTERM may be srun ending the step after another
-    node failed), no marker means a failure at once."""
-    job, run = tmp_path / "job", tmp_path / "run"
-    run.mkdir()
-    task = NodeTask(["true"], {}, str(job), str(run), grace_s=1.0, node_local_run_dir=True)
-    monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
-    since = time.time()
-    monkeypatch.setattr(task_module, "_signalled", {signal.SIGTERM: since})
-    assert not task._stop_marker(since)
-    monkeypatch.setattr(task_module, "_signalled", {signal.SIGUSR2: since})
-    (job / RUN_COPY).mkdir(parents=True)
-    looked, found = threading.Event(), []
-    real = task_module.stop_marker
-
-    def seen(*args: object) -> object:  # the task's look: the first one finds nothing yet
-        found.append(real(*args))  # type: ignore[arg-type]
-        looked.set()
-        return found[-1]
-
-    def rank_0s_node() -> None:  # its task copies the marker once its ranks ended
-        looked.wait()
-        write_stop_marker(job / RUN_COPY, step=20, checkpoint_file=run / "ckpt-20.pt", signal="SIGUSR2")
-
-    monkeypatch.setattr(task_module, "stop_marker", seen)
-    writer = threading.Thread(target=rank_0s_node)
-    writer.start()
-    assert task._stop_marker(since)
-    writer.join()
-    assert found[0] is None and found[-1] is not None and (job / RUN_COPY / STOP_MARKER).is_file()
-
-
-def test_a_node_whose_ranks_slurm_stopped_does_not_report_a_failure_of_its_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """srun ends the step with SIGTERM when another node failed: with rank 0's stop marker on another
-    node's disk, this node's agent ended non-zero but the failure is not this node's (so that the one
-    that died is found); with a shared run dir nothing changes: no marker, a failure."""
-    job, run = tmp_path / "job", tmp_path / "run"
-    run.mkdir()
-    task = NodeTask(["true"], {}, str(job), str(run), grace_s=0.0)
-    monkeypatch.setattr(task_module, "_signalled", {signal.SIGTERM: time.time()})
-    with open(tmp_path / "node-1.log", "ab") as log:
-        monkeypatch.setattr(task_module, "_copy", RunCopy(job, run, 1, "n2", lambda line: None))
-        later = time.time() + 1
-        assert task._end(1, 1, time.time(), log, ended=later) == 0
-        assert reports.read(job, reports.Failed) == []
-        with pytest.raises(SystemExit) as node_0:  # a job whose tasks all exit 0 would be COMPLETED
-            task._end(0, 1, time.time(), log, ended=later)
-        assert node_0.value.code == EXIT_INTERRUPTED and reports.read(job, reports.Failed) == []
-        with pytest.raises(SystemExit) as failed_first:  # its agent ended before the SIGTERM came
-            task._end(1, 1, time.time(), log, ended=time.time() - 60)
-        assert failed_first.value.code == 1
-        monkeypatch.setattr(task_module, "_copy", None)
-        with pytest.raises(SystemExit) as ended:
-            task._end(1, 1, time.time(), log, ended=later)
-    assert ended.value.code == 1 and [r.node for r in reports.read(job, reports.Failed)] == [1, 1]
-    assert "task: the ranks stopped on SLURM's SIGTERM" in (tmp_path / "node-1.log").read_text()
 
 
 def test_a_file_that_changes_while_copied_is_not_put_in_place(

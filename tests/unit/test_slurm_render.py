@@ -108,14 +108,17 @@ def test_the_script_hands_hostile_values_to_srun_verbatim(tmp_path: Path) -> Non
     bin_dir.mkdir()
     record = tmp_path / "srun.json"
     _fake(bin_dir, "srun", _RECORDING_SRUN.format(record=str(record)))
+    _fake(bin_dir, "scontrol", 'print("n1\\nn2")  # show hostnames')
     script = tmp_path / SCRIPT
     script.write_text(plan.to_text())
-    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    slurm = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    env = os.environ | slurm | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    argv, hostile_env, cwd = json.loads(record.read_text())
-    assert argv[-len(values) :] == values and f"--output={job_dir}/node-%n.log" in argv
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the controller ran both nodes' steps
+    argv, hostile_env, cwd = json.loads(record.read_text())  # a node agent's step, as srun got it
+    assert argv[-len(values) :] == values and {"--nodes=1", "--ntasks=1"} <= set(argv)
     assert hostile_env == values[1] and cwd == str(tmp_path)
+    assert json.loads((job_dir / "status.json").read_text())["state"] == "succeeded"  # its record
     assert job_dir.is_dir() and not marker.exists() and not (tmp_path / "x").exists()
     assert "version parity: the 2 nodes match" in proc.stdout  # the step before training ran, and passed
 

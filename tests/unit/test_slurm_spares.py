@@ -10,7 +10,6 @@ import pytest
 
 from launcher.cli.main import main
 from launcher.schedulers.slurm.scheduler import SCRIPT, SUBMITIT_SCRIPT, SlurmFacts, SlurmScheduler
-from launcher.schedulers.slurm.script import NO_SPARES
 from launcher.schedulers.slurm.transport import on_spares
 from launcher.supervisor.transport import NewAllocation
 from tests.unit.test_slurm_render import _spec
@@ -45,10 +44,9 @@ def test_the_health_gate_runs_on_the_jobs_nodes_not_the_spares() -> None:
     assert 'hostnames "$SLURM_JOB_NODELIST" | head -n 2 > /jobs/gold-job/health/hosts' in text
 
 
-def test_the_standalone_script_says_it_allocates_no_spare() -> None:
-    script = _files(spares=1)[SCRIPT]
-    assert NO_SPARES in script and "#SBATCH --nodes=2" in script.splitlines()
-    assert "--nodes=3" not in script
+def test_the_standalone_script_allocates_the_spares_too() -> None:
+    lines = _files(spares=1)[SCRIPT].splitlines()
+    assert "#SBATCH --nodes=3" in lines and "#SBATCH --no-kill" in lines
 
 
 def test_spares_without_retries_are_a_clear_error(tmp_path: Path, capsys) -> None:

@@ -18,22 +18,25 @@ that and requeues the job (``SrunAgents.requeue``).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptlaunch.contract import FIRST_HOST_ENV
+from gptlaunch.contract import EXIT_FAILED, FIRST_HOST_ENV
 from launcher.agent.transport import agent_argv
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodeCommand, Plan
-from launcher.job.record import JobRecord, agent_dir
+from launcher.job.record import JobRecord, JobState, JobStatus, agent_dir
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON, copy_excludes, node_agents
 from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.run_copy import wrapper_argv
+from launcher.schedulers.slurm.state import SlurmHandle
 from launcher.schedulers.slurm.transport import SrunAgents, allocation_hosts, placed
 from launcher.supervisor.supervisor import SUPERVISE
 
@@ -105,3 +108,41 @@ def transport(plan: Plan, record: JobRecord) -> SrunAgents:
     record.write_plan(here)
     image = job_image(record.spec(), plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
     return SrunAgents(here, record, hosts, since=time.time(), image=image)
+
+
+def write_record(job_dir: Path, text: str) -> None:
+    """The standalone script's job record in ``job_dir``, from ``text`` (``record_json``), written by
+    the job's first run; a requeued run finds it and writes nothing. Raises OSError."""
+    if (job_dir / "plan.json").is_file():
+        return
+    record = json.loads(text)
+    spec, plan = JobSpec.model_validate(record["spec"]), Plan.model_validate(record["plan"])
+    slurm_job_id = os.environ.get("SLURM_JOB_ID", "")
+    status = JobStatus(state=JobState.PENDING, created_at=time.time(), message=f"SLURM job {slurm_job_id}")
+    JobRecord.create(job_dir, spec, plan, status).write_handle(
+        SlurmHandle(slurm_job_id=slurm_job_id, submitit_folder="")
+    )
+
+
+def record_json(spec: JobSpec, plan: Plan) -> str:
+    """The job record of the standalone script (its spec and Plan, without the Plan's files: the
+    script is one of them), one JSON line for ``write_record``."""
+    bare = plan.model_copy(update={"files": {}, "primary": None})
+    return json.dumps({"spec": spec.model_dump(mode="json"), "plan": bare.model_dump(mode="json")})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launcher.schedulers.slurm.controller --job-dir DIR < RECORD``: ``write_record``."""
+    p = argparse.ArgumentParser(prog="python -m launcher.schedulers.slurm.controller")
+    p.add_argument("--job-dir", type=Path, required=True)
+    args = p.parse_args(argv)
+    try:
+        write_record(args.job_dir, sys.stdin.read())
+    except (OSError, ValueError) as e:
+        print(f"batch: cannot write the job record in {args.job_dir}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

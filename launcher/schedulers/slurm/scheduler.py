@@ -21,9 +21,8 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
 
 import submitit
 from pydantic import BaseModel, ConfigDict
@@ -32,21 +31,21 @@ from gptlaunch.contract import Beat
 from launcher.image.reference import resolve as resolve_image
 from launcher.job.console import say
 from launcher.job.follow import node_logs, wait_terminal
-from launcher.job.hang import watch_args
 from launcher.job.plan import Plan, build_plan, workdir_of
 from launcher.job.progress import recorded_beats
-from launcher.job.record import JobError, JobRecord, JobState, JobStatus, torchelastic_dir
+from launcher.job.record import JobError, JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON, agent_env, torchrun_argv, worker_argv
+from launcher.job.torchrun import agent_env, worker_argv
 from launcher.schedulers.slurm import steps
-from launcher.schedulers.slurm.controller import Controller, node_commands
+from launcher.schedulers.slurm.controller import Controller, node_commands, record_json
 from launcher.schedulers.slurm.controller import transport as controller_transport
 from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.partition import gpus_asked
 from launcher.schedulers.slurm.run_copy import mark_run_dir
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, sbatch_options, sbatch_script
-from launcher.schedulers.slurm.state import Accounting, end_outcome, job_state, lost_controller
+from launcher.schedulers.slurm.state import Accounting, SlurmHandle, end_outcome, job_state, lost_controller
+from launcher.supervisor.supervisor import SUPERVISE
 from launcher.supervisor.transport import Transport
 
 SCRIPT = "job.sbatch"
@@ -65,22 +64,12 @@ NO_SLURM = "is not on PATH: run on a SLURM login node (to try it here: deploy/sl
 # The batch shell gets SIGUSR2 too from `scancel --signal=USR2 --full`: it must outlive it.
 BATCH_SETUP = [
     "trap 'echo \"batch: SIGUSR2: the ranks checkpoint; the job is requeued\"' USR2",
-    steps.SET_RUN_STARTED,
     FIRST_HOST_LINE,
 ]
 
 
 class SubmitRejected(SpecError):
     """SLURM refused the job (bad partition, too many nodes, ...); the message is SLURM's own."""
-
-
-class SlurmHandle(BaseModel):
-    """How a SLURM job is found again (saved as handle.json)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: Literal["slurm"] = "slurm"
-    slurm_job_id: str
-    submitit_folder: str
 
 
 class SubmititRequest(BaseModel):
@@ -110,16 +99,6 @@ def _parity_lines(
     )
 
 
-def _end_lines(
-    spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str, image: SlurmImage | None
-) -> list[str]:
-    """The standalone script's end step, on the batch node (in the image when the job has one)."""
-    return steps.end_lines(
-        python=image.python if image else spec.python, workdir=facts.workdir, job_dir=str(job_dir),
-        run_dir=run_dir, max_requeues=spec.options(SlurmOptions).max_requeues, image=image,
-    )  # fmt: skip
-
-
 def _submitit_request(
     spec: JobSpec, options: dict[str, str], checks: list[str], image: SlurmImage | None
 ) -> SubmititRequest:
@@ -135,11 +114,10 @@ def _submitit_request(
         "signal_delay_s": opts.signal_delay_s,
         "use_srun": False,  # the controller in the batch step, one task: it starts the nodes' steps
     }
-    # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), the submitting
-    # environment exported (the secrets reach the job from there), and a failed node does not end
-    # the allocation: the controller goes on without it.
+    # Requeueable (a cluster's JobRequeue=0 would make a preemption the end), and the submitting
+    # environment exported: the secrets reach the job from there.
     extra = {k: v or True for k, v in options.items() if k not in named}
-    extra |= {"requeue": True, "export": "ALL", "no-kill": True}
+    extra |= {"requeue": True, "export": "ALL"}
     return SubmititRequest(
         parameters=parameters,
         additional_parameters=extra,
@@ -149,45 +127,21 @@ def _submitit_request(
 
 
 def _standalone(
-    spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path, plan: Plan, env: dict[str, str],
-    image: SlurmImage | None, worker: list[str], options: dict[str, str],
-    checks: Callable[[int], list[str]],
+    spec: JobSpec, facts: SlurmFacts, job_dir: Path, plan: Plan, image: SlurmImage | None,
+    options: dict[str, str], checks: list[str],
 ) -> str:  # fmt: skip
-    """The standalone sbatch script: every node's command under the node task
-    (``launcher.schedulers.slurm.task``), watched for hangs, its torchrun at a c10d rendezvous whose
-    node ranks are filled in on the node (``{{node_rank}}``)."""
-    opts, rdzv = spec.options(SlurmOptions), spec.rendezvous
-    python = IMAGE_PYTHON if image else spec.python  # of the node command, in the image with one
-    torchrun = torchrun_argv(
-        spec, node_rank="{{node_rank}}", endpoint=plan.rdzv_endpoint, rdzv_id=rdzv.id or "{{slurm_job_id}}",
-        log_dir=str(torchelastic_dir(job_dir, "{{node_rank}}")), worker=worker, python=python,
-    )  # fmt: skip
-    # srun would start a task whose node lacks the workdir in /tmp: launcher.job.node checks it.
-    argv = [python, "-m", "launcher.job.node", "--workdir", facts.workdir, "--", *torchrun]
-    task = [image.python if image else spec.python, "-m", "launcher.schedulers.slurm.task"]
-    task += [
-        "--job-dir",
-        str(job_dir),
-        "--run-dir",
-        plan.run_dir,
-        *watch_args(spec.hang, spec.nproc_per_node),
-    ]
-    task += steps.copy_args(spec, opts.node_local_run_dir, facts.workdir, plan.run_dir)
-    if image is not None:
-        podman = image.image_run([*env, *spec.secret_env])
-        task = image.wrap([*task, *(podman.flags() if podman else [])])
+    """The standalone sbatch script: the job record it writes on its first run, the checks before
+    training, then the job's controller, as submitit runs it."""
     return sbatch_script(
-        job_id=job_id,
+        job_id=plan.job_id,
         options=options,
-        node=plan.nodes[0].model_copy(update={"argv": [*task, "--", *argv]}),
         job_dir=str(job_dir),
+        workdir=facts.workdir,
         world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
         secrets=spec.secret_env,
-        checks=checks(spec.nnodes),  # the standalone script does not retry
-        end=_end_lines(spec, facts, job_dir, plan.run_dir, image),
-        retries=spec.retries,
-        spares=opts.spare_nodes,
-        srun_args=image.srun_args() if image else [],
+        checks=checks,
+        record=record_json(spec, plan),
+        controller=[spec.python, *SUPERVISE, "--job-dir", str(job_dir)],
         image=image.header() if image else None,
     )
 
@@ -251,17 +205,16 @@ class SlurmScheduler:
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
 
-        def checks(nnodes: int, carry_on: bool = False) -> list[str]:
+        def checks(nnodes: int, carry_on: bool) -> list[str]:
             """The steps before training: parity of the ``nnodes`` allocated, then the health gate
             (whose named nodes are left to the controller: ``carry_on``)."""
             gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, carry_on)
             return [*_parity_lines(spec, facts, job_dir, image, nnodes), *([""] if gate else []), *gate]
 
-        script = _standalone(spec, facts, job_id, job_dir, plan, env, image, worker, options, checks)
         # A node the gate names is the controller's first failed attempt.
-        request = _submitit_request(
-            spec, options, checks(plan.nnodes + opts.spare_nodes, spec.retries > 0), image
-        )
+        checked = checks(plan.nnodes + opts.spare_nodes, spec.retries > 0)
+        script = _standalone(spec, facts, job_dir, plan, image, options, checked)
+        request = _submitit_request(spec, options, checked, image)
         submission = _executor(request, job_dir, opts.max_requeues)
         files = {
             SCRIPT: script,

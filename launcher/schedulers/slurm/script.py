@@ -1,13 +1,13 @@
 """The sbatch side of a SLURM job, rendered without side effects: the sbatch options, and the standalone
 sbatch script that `launcher render --scheduler slurm` prints.
 
-The script behaves as a job submitted through submitit does: one task per node, each running the node's
-command (the node task with its hang watchdog, ``launcher.schedulers.slurm.task``, starting a torchrun
-agent behind ``python -m launcher.job.node``, which fills in the first host, the rendezvous port and id
-from SLURM's variables), node logs in the job directory, fail-fast
-(``srun --kill-on-bad-exit=1``), and on SLURM's warning signal (SIGUSR2, ``--signal=USR2@T``) the ranks
-checkpoint and the script requeues the job, which resumes from that checkpoint. Every value comes out
-shell-quoted; secrets are never in it (SLURM exports the submitting shell's environment to the job).
+The script runs the job as ``launcher submit`` does, with no launcher at submit: its first run writes
+the job record into the job directory (the spec and the Plan, carried in the script), then, after
+the checks before training, runs the job's controller (``launcher supervise``) in the batch step:
+each node's agent a job step, fail-fast, retries on spare nodes (``--spare-nodes``) or a requeue, and
+on SLURM's warning signal (SIGUSR2, ``--signal=USR2@T``) the ranks checkpoint and the controller
+requeues the job, which resumes from that checkpoint. Every value comes out shell-quoted; secrets are
+never in it (SLURM exports the submitting shell's environment to the job).
 """
 
 from __future__ import annotations
@@ -17,20 +17,13 @@ import shlex
 
 from gptlaunch import package_version
 from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV
-from launcher.job.plan import NodePlan
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
-from launcher.schedulers.slurm.steps import SET_RUN_STARTED
 
-# srun's file name patterns: %n is the node's index within the job (one log per node).
-NODE_LOG_PATTERN = "node-%n.log"
-SRUN_ARGS = ["--kill-on-bad-exit=1"]  # one node's failure ends the job (fail fast)
 # The allocation's first host (the rendezvous), for every task: where the node command runs (in an
 # image), scontrol may be missing.
 FIRST_HOST_LINE = f'export {FIRST_HOST_ENV}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 NEEDED = "this project (trainer, launcher.job.node) and torch"
-NO_RETRIES = "# --retries needs `launcher submit` (it keeps the job record): this script does not retry."
-NO_SPARES = "# --spare-nodes needs `launcher submit` (its retry step): this script allocates no spare node."
 
 
 def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node: int) -> dict[str, str]:
@@ -38,7 +31,7 @@ def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node
     ``gpus_per_node`` 0 requests no GPUs."""
     out = {
         "job-name": job_id,
-        "nodes": str(spec.nnodes),
+        "nodes": str(spec.nnodes + opts.spare_nodes),
         "ntasks-per-node": "1",  # one torchrun agent per node; it starts nproc_per_node ranks
         "time": str(opts.time_min),
     }
@@ -55,6 +48,7 @@ def sbatch_options(spec: JobSpec, opts: SlurmOptions, job_id: str, gpus_per_node
     if gpus_per_node:
         out["gpus-per-node"] = str(gpus_per_node)
     out["signal"] = f"USR2@{opts.signal_delay_s}"
+    out["no-kill"] = ""  # a failed node does not end the allocation: the controller goes on without it
     return out | opts.sbatch
 
 
@@ -67,8 +61,7 @@ _NO_WORKDIR = (
     "or pass another --workdir\\n"
 )
 
-# The standalone script. Each @slot@ is filled with lines of ``steps`` or of this module; the script's
-# only shell variable, $run_started, is set here and handed to the steps that need it.
+# The standalone script. Each @slot@ is filled with lines of ``steps`` or of this module.
 TEMPLATE = """\
 #!/bin/bash
 @header@
@@ -79,22 +72,22 @@ TEMPLATE = """\
 set -uo pipefail
 mkdir -p -- @job_dir@
 
+# The job record (what `launcher status`, `logs` and `wait` read), written by the job's first run; a
+# requeued run finds it and goes on with its attempts.
+@record@
+
 # SLURM's warning before a time limit or preemption (SIGUSR2) reaches the ranks, which checkpoint
 # and exit; `scancel --signal=USR2 --full` also sends it to this shell, which must outlive it.
 trap 'echo "batch: SIGUSR2: the ranks checkpoint and stop"' USR2
-@set_run_started@
-
-# Environment of every node's processes (the submitting shell's is exported too).
 @environment@
 @workdir@
 
 @checks@
 
-# One task per node; each runs a torchrun agent, meeting at a c10d rendezvous on the first node.
-# When a node fails, the last step names the cause, exits with its code, and requeues the job after
-# a checkpoint on SLURM's warning signal.
-@node_step@ || \\
-  @end@
+# The job's controller, as `launcher submit` runs it: each node's agent a job step (a torchrun agent,
+# meeting at node 0's host), fail-fast, retries, a requeue after a checkpoint on SLURM's warning,
+# and the job's end in its record; its exit code is the job's.
+@controller@
 """
 SLOT = re.compile(r"@([a-z_]+)@")
 
@@ -112,37 +105,25 @@ def sbatch_script(
     *,
     job_id: str,
     options: dict[str, str],
-    node: NodePlan,
     job_dir: str,
+    workdir: str,
     world: str,
     secrets: list[str],
     checks: list[str],
-    end: list[str],
-    retries: int = 0,
-    spares: int = 0,
-    srun_args: list[str] | None = None,
+    record: str,
+    controller: list[str],
     image: list[str] | None = None,
 ) -> str:
-    """The standalone sbatch script (``TEMPLATE``). ``node`` is the command every node runs (the same on
-    every node: what differs is filled in on the node); ``world`` describes the job's size for the
-    header; ``checks``, the steps before training (``steps.parity_lines``, ``steps.gate_lines``);
-    ``end``, the step after a failed node step (``steps.end_lines``); ``srun_args``, the node step's
-    extra srun options (pyxis's container options); ``image``, the header's lines on how the nodes run
-    the job's image. Raises SpecError for a job directory that srun's file name patterns would
+    """The standalone sbatch script (``TEMPLATE``). ``world`` describes the job's size for the header;
+    ``checks``, the steps before training (``steps.parity_lines``, ``steps.gate_lines``); ``record``,
+    the job record as one JSON line and ``controller``, the command that runs the job
+    (``launcher.schedulers.slurm.controller``); ``image``, the header's lines on how the nodes run the
+    job's image. Raises SpecError for a job directory that srun's file name patterns would
     rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
     q = shlex.quote
-    srun = [
-        "srun",
-        f"--nodes={options['nodes']}",
-        "--ntasks-per-node=1",
-        *SRUN_ARGS,
-        *(srun_args or []),
-        f"--output={job_dir}/{NODE_LOG_PATTERN}",
-        "--open-mode=append",  # a requeued run adds to the same node logs
-        *node.argv,
-    ]
+    python = controller[0]
     secret_names = ", ".join(secrets) or "none"
     header = [
         f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
@@ -151,19 +132,17 @@ def sbatch_script(
         *(image or [f"# The nodes need the interpreter below with {NEEDED}."]),
         f"# Secrets ({secret_names}) are not written here: export them in the shell that runs sbatch,",
         "# which SLURM passes on to the job (--export=ALL).",
-        *([NO_RETRIES] if retries else []),
-        *([NO_SPARES] if spares else []),
     ]
-    no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(node.cwd)} "$(hostname)"; exit {EXIT_USAGE}; }}'
+    no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(workdir)} "$(hostname)"; exit {EXIT_USAGE}; }}'
+    write = [python, "-m", "launcher.schedulers.slurm.controller", "--job-dir", job_dir]
     slots = {
         "header": header,
         "sbatch": [_sbatch_line(k, v) for k, v in options.items()],
         "job_dir": [q(job_dir)],
-        "set_run_started": [SET_RUN_STARTED],
-        "environment": [*(f"export {k}={q(v)}" for k, v in sorted(node.env.items())), FIRST_HOST_LINE],
-        "workdir": [f"cd -- {q(node.cwd)} || {no_workdir}"],
+        "record": [f"{shlex.join(write)} <<'RECORD' || exit $?", record, "RECORD"],
+        "environment": [FIRST_HOST_LINE],
+        "workdir": [f"cd -- {q(workdir)} || {no_workdir}"],
         "checks": checks,
-        "node_step": [" \\\n  ".join(shlex.join(srun[i : i + 6]) for i in range(0, len(srun), 6))],
-        "end": end,
+        "controller": [shlex.join(controller)],
     }
     return fill(TEMPLATE, {name: "\n".join(lines) for name, lines in slots.items()})

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from launcher.job import reports
@@ -29,6 +31,16 @@ _STATES = {
     JobState.CANCELLED: {"CANCELLED"},
     JobState.FAILED: {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"},
 }
+
+
+class SlurmHandle(BaseModel):
+    """How a SLURM job is found again (saved as handle.json); ``submitit_folder`` is "" for a job
+    submitted with plain sbatch (the standalone script)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: Literal["slurm"] = "slurm"
+    slurm_job_id: str
+    submitit_folder: str
 
 
 @dataclass(frozen=True)

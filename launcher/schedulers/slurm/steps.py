@@ -1,11 +1,9 @@
-"""The steps of a SLURM job's batch script, as bash lines for the slots of its template (the standalone
-script's, ``launcher.schedulers.slurm.script``; submitit's setup lines): version parity and the health
-gate before training, and the standalone script's end after it. Every value is shell-quoted. A step
-reads no shell variable another step sets: what it needs from the template (``RUN_STARTED``, when
-this run of the job started) it is given as an argument.
+"""The checks before training of a SLURM job's batch script, as bash lines for a slot of its template
+(the standalone script's, ``launcher.schedulers.slurm.script``) and submitit's setup lines: version
+parity and the health gate. Every value is shell-quoted; no step reads a shell variable another sets.
 
-The node-side halves of the steps are ``launcher.preflight.parity_step`` (compare the probes),
-``launcher.preflight.health_step`` (judge the gate) and ``launcher.schedulers.slurm.end``.
+The batch-node halves of the steps are ``launcher.preflight.parity_step`` (compare the probes) and
+``launcher.preflight.health_step`` (judge the gate).
 """
 
 from __future__ import annotations
@@ -13,10 +11,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_CHECKPOINTED
 from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
-from launcher.job.torchrun import IMAGE_PYTHON, copy_excludes
+from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, judge_argv
 from launcher.preflight.parity_step import PROBE_DIR
@@ -26,11 +23,6 @@ from launcher.schedulers.slurm.options import SlurmOptions
 
 STEP_TIME_MIN = 5  # srun's limit for a check's step: a cold `import torch` takes seconds, not minutes
 PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
-# The one shell variable of a batch script: when this run of the job started (epoch seconds), set by
-# the template before any step and handed to the steps that need it as "$run_started".
-RUN_STARTED = "run_started"
-SINCE = f'"${RUN_STARTED}"'
-SET_RUN_STARTED = f'{RUN_STARTED}=$(date +%s) && echo "batch: run started at ${RUN_STARTED}"'
 
 
 def parity_lines(
@@ -140,34 +132,3 @@ def _gate_node(
         return [*assignments, image.host_python, *entry, *workers]
     # pyxis (srun's options) and apptainer (a prefix): the whole task in the image
     return image.wrap([*assignments, IMAGE_PYTHON, *entry, IMAGE_PYTHON, *torchrun])
-
-
-def copy_args(spec: JobSpec, node_local_run_dir: bool | None, workdir: str, run_dir: str) -> list[str]:
-    """The standalone script's node task flags for a declared node-local run dir
-    (``launcher.schedulers.slurm.run_copy``): without a launcher at submit, nothing else tells it."""
-    if not node_local_run_dir:
-        return []
-    excluded = [f"--copy-exclude={d}" for d in copy_excludes(spec, workdir, run_dir)]
-    return ["--node-local-run-dir", *excluded, *(["--allow-start-over"] if spec.allow_start_over else [])]
-
-
-def end_lines(
-    *, python: str, workdir: str, job_dir: str, run_dir: str, max_requeues: int, image: SlurmImage | None
-) -> list[str]:
-    """The standalone script's end (``launcher.schedulers.slurm.end``, in the job's image when it has
-    one), run when the nodes' step failed: it exits with the job's exit code, or 0 to have the job
-    requeued here (after a checkpoint on SLURM's warning signal); a requeue SLURM refuses ends the job
-    as checkpointed."""
-    argv = [python, "-m", "launcher.schedulers.slurm.end", "--job-dir", job_dir, "--run-dir", run_dir]
-    argv.append(f"--max-requeues={max_requeues}")
-    requeue = f'scontrol requeue "$SLURM_JOB_ID" || exit {EXIT_CHECKPOINTED}'
-    # A group: after `srun ... ||`, the requeue must not run when the step succeeded.
-    return [f"{{ {after_failure(workdir, image.batch(argv) if image else argv)} && {{ {requeue}; }}; }}"]
-
-
-def after_failure(workdir: str, argv: list[str]) -> str:
-    """``argv`` run in ``workdir`` with ``--since "$run_started" --exit-code`` the exit status of the
-    command before it (taken first thing in its subshell, before the ``cd`` changes ``$?``). It is a
-    step that exits with that code (it decides, requeues, says why)."""
-    run = f'cd -- {shlex.quote(workdir)} && {shlex.join(argv)} --since {SINCE} --exit-code "$code"'
-    return f"(code=$? && {run})"
