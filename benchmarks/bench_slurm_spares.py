@@ -103,7 +103,9 @@ def one_job(args: argparse.Namespace, tmp: Path, mode: str, k: int) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--kill-step", type=int, default=15, help="kill rank 1's task once both ranks are past it")
+    p.add_argument(
+        "--kill-step", type=int, default=15, help="kill rank 1's node agent once both ranks are past it"
+    )
     p.add_argument("--text-files", nargs="+", help="input text (default: WikiText-2 valid.txt in ../shared)")
     args = p.parse_args(argv)
     args.text_files = text_files(args.text_files, p)
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows))
     print(
         f"\nrequeue / spare: {totals['requeue'] / totals['spare']:.2f}×; medians of {args.rounds} rounds, "
-        f"rank 1's task SIGKILLed past step {args.kill_step}; {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, "
+        f"rank 1's node agent SIGKILLed past step {args.kill_step}; {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, "
         f"total {time.monotonic() - started:.0f} s · `python benchmarks/bench_slurm_spares.py`"
     )
     return 0
