@@ -36,7 +36,6 @@ def gather(record: JobRecord, since: float, plan: Plan | None = None) -> Facts:
         marker=stop_marker(Path(plan.run_dir), since, record.dir),
         refused=refused[-1] if refused else None,
         hang=hang,
-        died=tuple(reports.died(record.dir, since)),
         errors=tuple(errors),
         deaths=tuple(worker_deaths(record, plan.nnodes)),
         ranks=global_ranks(record, errors),

@@ -3,8 +3,8 @@
 One cause per failure, deduplicated across nodes, by what it says about the job rather than by time
 alone: an agent killed by a signal, then a lost host (the transport's explanation), then a worker
 killed by a signal (torchrun's failure summary in its node log) that wrote no error file, then a
-rank's own error (one that then died by a signal, e.g. SIGABRT at exit, is named by its error), then
-a node that died without a word, and last the first failed agent's exit code. Among rank errors, one
+rank's own error (one that then died by a signal, e.g. SIGABRT at exit, is named by its error), and
+last the first failed agent's exit code. Among rank errors, one
 raised inside torch.distributed or autograd's backward (where a healthy rank finds out that a peer
 died or hung: DDP's gradient all_reduce) comes after any other; within a class, the earliest wins.
 Where an error was raised is read from its traceback's frames, never from its message's words.
@@ -26,7 +26,6 @@ from gptlaunch.contract import StopMarker, read_stop_marker
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan, node_log_name
 from launcher.job.record import Failure, JobRecord
-from launcher.job.reports import Started
 
 # Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
@@ -123,7 +122,6 @@ def first_failure(
     *,
     errors: Sequence[RankError] = (),
     deaths: Sequence[WorkerDeath] = (),
-    died: Sequence[Started] = (),
     failed_node: int | None = None,
     exit_code: int | None = None,
     transport_error: str | None = None,
@@ -131,9 +129,9 @@ def first_failure(
 ) -> Failure | None:
     """The root cause, by the order in this module's docstring, of a failure whose first failed agent
     was ``failed_node``'s (exit ``exit_code``; None: none seen), given the ranks' ``errors`` (earliest
-    first), the ``deaths`` of workers, the nodes that ``died`` and what the transport made of the exit
-    (``transport_error``); ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank. None
-    when nothing names a cause. Pure."""
+    first), the ``deaths`` of workers and what the transport made of the exit (``transport_error``);
+    ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank. None when nothing names a
+    cause. Pure."""
 
     def log(node: int) -> Path:
         return job_dir / node_log_name(node)
@@ -178,9 +176,6 @@ def first_failure(
             exit_code=exit_code,
             error=first.message,
         )
-    if died:
-        error = "its task ended without a word (killed, or its node failed) before any rank reported an error"
-        return Failure(node_rank=died[0].node, host=hosts.get(died[0].node, died[0].host), error=error)
     if failed_node is None:
         return None
     error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"

@@ -3,13 +3,9 @@ this module is the only one that writes or reads them (an import-linter contract
 
 A report is data, never a line to find in a log: logs are for people. Kinds:
 
-- ``started`` / ``ended``: a node's agent began its node, and ended it with an exit code: a node that
-  started and never ended died with its agent (SIGKILL, a crashed machine);
 - ``refused``: a check before training refused the nodes (version parity, the health gate): the job's
   exit code and message, and the node ranks the health gate named (a retry runs without them);
 - ``hang``: a node's watchdog found its ranks stalled and took their stacks (``HangReport``);
-- ``failed``: a node's torchrun agent failed (its exit code), when it knows first which node failed
-  (SLURM's node task: a crash leaves no error file to date it);
 - ``collective`` / ``collective-failed``: what the collective preflight measured (rank 0), or why a
   rank failed (``launcher.job.measurements``);
 - ``status``: an SSH host agent's answer to ``launcher.agent status`` (whether its node runs, its exit
@@ -55,20 +51,6 @@ class _Report(BaseModel):
     time: float = Field(default_factory=time.time)  # epoch seconds
 
 
-class Started(_Report):
-    """The node's agent began the node on ``host`` (the scheduler's name for it)."""
-
-    kind: Literal["started"] = "started"
-    host: str
-
-
-class Ended(_Report):
-    """The node's agent ended the node with ``exit_code`` (its own exit status)."""
-
-    kind: Literal["ended"] = "ended"
-    exit_code: int
-
-
 class Refused(_Report):
     """A check before training ended the job: exit 3 (a parity mismatch, nodes the health gate named,
     a newest checkpoint out of reach), 1 (a node gave no probe) or 2 (the gate could not run)."""
@@ -85,13 +67,6 @@ class Hang(_Report):
 
     kind: Literal["hang"] = "hang"
     hang: HangReport
-
-
-class Failed(_Report):
-    """The node's torchrun agent exited with ``exit_code`` (128 + N for signal N) and no stop."""
-
-    kind: Literal["failed"] = "failed"
-    exit_code: int
 
 
 class CollectiveDone(_Report):
@@ -161,25 +136,13 @@ class FileBack(_Report):
 
 
 NodeReport = Annotated[
-    Started
-    | Ended
-    | Refused
-    | Hang
-    | Failed
-    | CollectiveDone
-    | CollectiveFailed
-    | NodeStatus
-    | Probed
-    | Pulled
-    | Saved
-    | FileBack,
+    Refused | Hang | CollectiveDone | CollectiveFailed | NodeStatus | Probed | Pulled | Saved | FileBack,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
 ReportT = TypeVar(
     "ReportT",
-    Started, Ended, Refused, Hang, Failed, CollectiveDone, CollectiveFailed, NodeStatus, Probed, Pulled,
-    Saved,
+    Refused, Hang, CollectiveDone, CollectiveFailed, NodeStatus, Probed, Pulled, Saved,
 )  # fmt: skip
 
 
@@ -251,13 +214,3 @@ def latest_per_node(reports: list[ReportT]) -> list[ReportT]:
 def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:
     """The newest hang report of each node sent at or after ``since`` (epoch seconds), by node rank."""
     return [r.hang for r in latest_per_node(read(job_dir, Hang, since))]
-
-
-def died(job_dir: Path, since: float = 0.0) -> list[Started]:
-    """The nodes that started at or after ``since`` (epoch seconds) and sent no ``ended`` after: their
-    agent died with them (SIGKILL, a crashed machine). By node rank."""
-    ended = read(job_dir, Ended, since)
-    return [
-        s for s in latest_per_node(read(job_dir, Started, since))
-        if not any(e.node == s.node and e.time >= s.time for e in ended)
-    ]  # fmt: skip

@@ -9,15 +9,15 @@ The precedence, one order everywhere (the first that holds decides):
 3. **a refusal before training** (version parity, the health gate, a checkpoint out of reach): the
    refusal's exit code and message, and the nodes it named;
 4. **a stop from outside the launcher** (a shutdown, SLURM's warning signal): the ranks left a stop
-   marker, or an agent exited 75, and neither was the first failed agent killed by a signal nor did a
-   node die (then the stop followed from that failure): checkpointed;
+   marker, or an agent exited 75, and the first failed agent was not killed by a signal (then the
+   stop followed from that failure): checkpointed;
 5. **cancelled by the scheduler** (SLURM's CANCELLED) before any checkpoint: cancelled;
 6. **the controller was lost** (a reader found the job's controller gone, nothing of it running);
 7. **a hang** the nodes' watchdogs reported: failed, with the suspects named;
 8. **a failure**: the root cause (``launcher.job.failures.first_failure``): an agent killed by a
    signal, a lost host, a worker killed by a signal, a rank's own error (errors raised inside
-   torch.distributed come after the others), a node that died without a word, the first failed
-   agent's exit code; else what the scheduler said.
+   torch.distributed come after the others), the first failed agent's exit code; else what the
+   scheduler said.
 
 Every input is a typed fact: exit codes, signals, the stop marker, the nodes' reports, where an
 exception was raised. No message text decides: error messages only go into the outcome's text.
@@ -34,7 +34,7 @@ from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_
 from launcher.job.hang import HANG_DIR, HangReport, hang_message, suspects
 from launcher.job.plan import Plan
 from launcher.job.record import JobState, Outcome
-from launcher.job.reports import Refused, Started
+from launcher.job.reports import Refused
 
 
 class Ending(enum.Enum):
@@ -67,7 +67,6 @@ class Facts:
     scheduler_cancelled: bool = False
     controller_lost: bool = False
     hang: HangReport | None = None  # the nodes' hang reports, merged; stacks in ``job_dir/hang/``
-    died: tuple[Started, ...] = ()  # nodes that started and never said they ended
     transport_error: str | None = None  # what the first failed agent's exit code means for its transport
     errors: tuple[RankError, ...] = ()  # the ranks' error files of this attempt, earliest first
     deaths: tuple[WorkerDeath, ...] = ()  # workers their torchrun reported killed by a signal
@@ -110,7 +109,7 @@ def _outcome(state: JobState, exit_code: int, message: str) -> Outcome:
 def _stopped_from_outside(facts: Facts) -> bool:
     said = facts.marker is not None or EXIT_CHECKPOINTED in facts.agents
     first = facts.agents[facts.first_failed] if facts.first_failed is not None else None
-    return said and killed_by(first) is None and not facts.died
+    return said and killed_by(first) is None
 
 
 def _stopped(facts: Facts) -> Outcome:
@@ -149,7 +148,6 @@ def _failed(facts: Facts) -> Outcome:
         {n.node_rank: n.named_host for n in nodes if n.named_host},
         errors=facts.errors,
         deaths=facts.deaths,
-        died=facts.died,
         failed_node=facts.first_failed,
         exit_code=code,
         transport_error=facts.transport_error,

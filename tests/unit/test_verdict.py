@@ -13,7 +13,7 @@ from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED,
 from launcher.job.failures import RankError, WorkerDeath
 from launcher.job.hang import HangReport, RankReport
 from launcher.job.record import JobState
-from launcher.job.reports import Refused, Started
+from launcher.job.reports import Refused
 from launcher.job.spec import JobSpec
 from launcher.job.verdict import Ending, Facts, verdict
 from tests.unit.plans import local_plan
@@ -29,7 +29,6 @@ BACKWARD = "/v/site-packages/torch/autograd/graph.py"
 PEER = RankError(0, 0, 100, 1, "RuntimeError: [gloo/pair.cc:553] Connection closed by peer", COLLECTIVE)
 OWN = RankError(1, 0, 110, 2, "ValueError: loss is nan at step 12", "/work/trainer/step.py")
 DEATH = WorkerDeath(node_rank=1, rank=1, local_rank=0, signum=9)
-DIED = Started(node=1, host="n2")
 
 
 def _rank(rank: int, node: int, state: str, waits: str | None) -> RankReport:
@@ -61,8 +60,8 @@ TABLE = [
     (dict(refused=REFUSED, agents=(EXIT_REFUSED, 0), first_failed=0),
      Ending.REFUSED, JobState.FAILED, EXIT_REFUSED, [1]),
     (dict(refused=PARITY, marker=MARKER, hang=HANG), Ending.REFUSED, JobState.FAILED, EXIT_REFUSED, []),
-    # a stop from outside: the marker, or an agent's 75, unless the first failed agent was killed or a
-    # node died (then the stop followed from that failure)
+    # a stop from outside: the marker, or an agent's 75, unless the first failed agent was killed (then
+    # the stop followed from that failure)
     (dict(marker=MARKER, agents=(1, None), first_failed=0),
      Ending.STOPPED, JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
     (dict(agents=(EXIT_CHECKPOINTED, 0), first_failed=0),
@@ -70,8 +69,6 @@ TABLE = [
     (dict(marker=MARKER, hang=HANG, agents=(1, 1), first_failed=1),
      Ending.STOPPED, JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
     (dict(marker=MARKER, agents=(-9, 1), first_failed=0), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
-    (dict(marker=MARKER, died=(DIED,), agents=(EXIT_CHECKPOINTED, None)),
-     Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
     # cancelled by the scheduler (SLURM's CANCELLED), no checkpoint; a lost controller
     (dict(scheduler_cancelled=True, hang=HANG), Ending.CANCELLED, JobState.CANCELLED, EXIT_INTERRUPTED, []),
     (dict(controller_lost=True, errors=(OWN,)), Ending.LOST, JobState.LOST, EXIT_FAILED, []),
@@ -79,7 +76,7 @@ TABLE = [
     (dict(hang=HANG, errors=(PEER,), agents=(1, 124), first_failed=1),
      Ending.HUNG, JobState.FAILED, EXIT_FAILED, [1]),
     # a failure's root cause: an agent killed, a lost host, a worker killed, a rank's own error before
-    # an earlier peer's, a node that died, the first failed agent's code, what the scheduler said
+    # an earlier peer's, the first failed agent's code, what the scheduler said
     (dict(agents=(-9, 1), first_failed=0, errors=(OWN,)), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
     (dict(agents=(255, None), first_failed=0, transport_error="ssh lost", errors=(OWN,)),
      Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
@@ -89,7 +86,6 @@ TABLE = [
      Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
     (dict(agents=(1, 1), first_failed=1, errors=(dataclasses.replace(OWN, raised_in=BACKWARD), PEER)),
      Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
-    (dict(died=(DIED,)), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
     (dict(agents=(None, 1), first_failed=1), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
     (dict(unexplained="SLURM ended the job NODE_FAIL"), Ending.FAILED, JobState.FAILED, EXIT_FAILED, []),
 ]  # fmt: skip

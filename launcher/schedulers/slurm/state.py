@@ -14,10 +14,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from launcher.job import reports
 from launcher.job.facts import gather
 from launcher.job.record import JobRecord, JobState, Outcome
-from launcher.job.verdict import Facts, verdict
+from launcher.job.verdict import verdict
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
@@ -103,38 +102,24 @@ def job_state(slurm_state: str) -> JobState | None:
 
 
 def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
-    """How a job that SLURM reports ended did end (``launcher.job.verdict``): this run's facts in the
-    job record (a retry on spare nodes runs in the same allocation: its facts are those after the
-    last attempt's end), and what SLURM says (COMPLETED, CANCELLED)."""
+    """How a job that SLURM reports ended, and whose controller never ran its nodes, did end
+    (``launcher.job.verdict``): the checks' refusal in the job record since the job's last attempt,
+    and what SLURM says (COMPLETED, CANCELLED, the batch script's exit code)."""
     status = record.status()
     started = info.start or status.started_at or status.created_at
     since = max([started, *(a.ended_at for a in status.attempts)])
-    return verdict(_facts(info, record, since)).outcome
-
-
-def _facts(info: AccountingInfo, record: JobRecord, since: float) -> Facts:
-    """The run's facts: each node's task exit code from its ``Ended`` report, the torchrun agent's
-    exit code of a node that reported it ``Failed`` (the first one is the first failed node)."""
-    facts = gather(record, since)
-    agents: list[int | None] = [None] * (facts.plan.nnodes if facts.plan is not None else 1)
-    for ended in reports.latest_per_node(reports.read(record.dir, reports.Ended, since)):
-        agents[ended.node] = ended.exit_code
-    failed = reports.read(record.dir, reports.Failed, since)
-    for report in reversed(failed):
-        agents[report.node] = report.exit_code
     unexplained = (
-        f"SLURM ended the job {info.state} (exit {info.exit_code}) before any rank reported an error: "
-        f"see {record.dir}/node-*.log and submitit/*.out there"
+        f"SLURM ended the job {info.state} (exit {info.exit_code}) before its controller started the "
+        f"nodes: see the batch log in {record.dir}/submitit/ (or the standalone script's slurm-*.out)"
     )
-    return replace(
-        facts,
-        agents=tuple(agents),
-        first_failed=failed[0].node if failed else None,
+    facts = replace(
+        gather(record, since),
         completed=info.state == "COMPLETED",
-        stop_requested=record.status().stop_requested_at is not None,
+        stop_requested=status.stop_requested_at is not None,
         scheduler_cancelled=info.state == "CANCELLED",
         unexplained=unexplained,
     )
+    return verdict(facts).outcome
 
 
 def lost_controller(info: AccountingInfo, record: JobRecord) -> Outcome:
