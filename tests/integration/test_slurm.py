@@ -268,16 +268,17 @@ def test_the_health_gate_ends_the_job_before_training_naming_a_slowed_node(
 
 
 @pytest.mark.alone  # busy loops on a core, or a 2 s step budget
-def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
+def test_with_retries_a_spare_takes_the_place_of_the_node_the_gate_named_without_a_requeue(
     prepared_data, tmp_path: Path
 ) -> None:
-    """``--health-check --retries 1`` with n1 slowed: SLURM gives the job n1 and n2 (the first idle
-    nodes), the gate names n1, the batch script requeues the job without it, and on n2 and n3 the gate
-    passes and the job trains."""
+    """``--health-check --retries 1 --spare-nodes 1`` with n1 slowed: the allocation is n1, n2 and the
+    spare n3; the gate (on n1 and n2) names n1, the controller takes that for its first attempt's
+    failure and runs the next on n3 and n2, in the same allocation (one run in ``sacct``), and the job
+    trains. (Without a spare the controller requeues the job without the node: the node-local test.)"""
     until("3 idle nodes", lambda: len(_idle_nodes()) >= 3, timeout=120)
     jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
     args = [*prepared_data, *FAST, "--max-steps", "3", "--run-dir", str(run_dir)]
-    flags = ["--health-check", "--retries", "1", "--retry-backoff-s", "1"]
+    flags = ["--health-check", "--retries", "1", "--retry-backoff-s", "1", "--spare-nodes", "1"]
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
     with slowed(_slurmd("n1")):
         proc = launcher(jobs, "submit", *SLURM_2x1, *flags, "--", *args, timeout=120)
@@ -288,11 +289,10 @@ def test_with_retries_the_node_the_gate_named_is_left_out_and_the_job_trains(
         )
     assert status["state"] == "succeeded", status
     (first,) = status["attempts"]
-    assert (first["exit_code"], first["excluded"]) == (3, ["n1"]), first
+    assert (first["exit_code"], first["replaced"]) == (3, {"n1": "n3"}), first
     assert "the health gate named 1 node(s):\n  n1: compute " in first["cause"], first
-    assert (jobs / job_id / "attempts" / "1" / "health" / "node-0.out").is_file()  # the gate's output, kept
-    (nodelist,) = sacct(slurm_id_of(jobs, job_id), "NodeList")[0]  # the last run's
-    assert hostnames(nodelist) == ["n2", "n3"], nodelist
+    runs = sacct(slurm_id_of(jobs, job_id), "State,NodeList", duplicates=True)  # a requeue adds a run
+    assert len(runs) == 1 and hostnames(runs[0][1]) == ["n1", "n2", "n3"], runs
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == [1, 2, 3]
 
 
