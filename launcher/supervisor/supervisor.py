@@ -1,8 +1,11 @@
 """The supervisor, the job's controller: the program ``launcher supervise --job-dir DIR`` (``supervise``),
-which ``launcher submit`` starts (``start_supervisor``), runs the job's attempts in the foreground: it
-starts one agent per node through the scheduler's ``Transport`` (``launcher.supervisor.transport``: a
-torchrun child here, an ``ssh`` client, a ``docker start --attach``), follows them to each attempt's
-end (``launcher.supervisor.watch``), retries or ends the job (``launcher.job.retry``) and records it.
+which ``launcher submit`` starts (``start_supervisor``; on SLURM, the job's allocation runs it), runs
+the job's attempts in the foreground: it starts one agent per node through the scheduler's
+``Transport`` (``launcher.supervisor.transport``: a torchrun child here, an ``ssh`` client, a ``docker
+start --attach``, an ``srun`` step), follows them to each attempt's end (``launcher.supervisor.watch``),
+retries, hands the job back to its scheduler for a new allocation (a SLURM requeue), or ends the job
+(``launcher.job.retry``) and records it. A stop asked in the job record (``launcher cancel`` of a
+controller on another machine) is a stop request too.
 
 Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
 FAIL_FAST_GRACE_S); how the attempt ended is ``launcher.job.verdict``'s. A stop request

@@ -1,4 +1,6 @@
-"""A SLURM job's state from accounting (``sacct``), and how it ended.
+"""A SLURM job's state from accounting (``sacct``), for a job whose controller is not running: one still
+queued (or checking its nodes), and one that SLURM ended before its controller recorded the end
+(``end_outcome``: its controller never started the nodes; ``lost_controller``: it did).
 
 States are read through submitit's ``SlurmInfoWatcher`` (one batched ``sacct`` call, cached; at most one
 call every REFRESH_S seconds per process) and mapped to the common ``JobState``. A requeued job goes

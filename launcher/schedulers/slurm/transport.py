@@ -9,8 +9,9 @@ is not held back) and its own stdin to the task, EOF included. SIGTERM, SIGINT o
 the step at once (``forcing job termination``: SIGKILL to every process of the step, then srun exits),
 as does srun's own death; other signals (SIGUSR1, SIGUSR2) srun forwards to every process of the
 step. So a stop (the ranks checkpoint) is the agent's own ``signal`` action, run on the node as a step
-that overlaps the agent's (as the SSH transport runs it over ssh), and a kill is SIGTERM to the srun
-clients, which return once SLURM has ended their steps.
+that overlaps the agent's (as the SSH transport runs it over ssh), and so is a kill (``signal --signal
+KILL``: a grace period, then SIGKILL), followed by SIGTERM to the srun clients, which return once SLURM
+has ended their steps.
 
 A retry runs in the same allocation when it holds a spare node (``--spare-nodes``) for each node the
 failure blamed: those nodes are left out of the rest of the job. Once none is left, the job is
