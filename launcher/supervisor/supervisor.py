@@ -261,15 +261,14 @@ def _handed_over(
 ) -> Outcome | None:
     """The job handed back to its scheduler for a new allocation (``Transport.requeue``) after the
     attempt that ended with ``outcome``: a pending outcome, recorded with the attempt's last goodput
-    point (within SLURM's KillWait: the requeue ends this allocation with SIGTERM, ignored here, then
-    SIGKILL); None when the scheduler does not."""
+    point first (the requeue ends this process's allocation); None when the scheduler does not."""
+    job.goodput_point()
+    job.scalars.close()
     stop.ignore()  # the requeue signals this process too
     said = job.transport.requeue(job.record, outcome, excluded, wait_s)
     if said is None:
         stop.listen()
         return None
-    job.goodput_point()
-    job.scalars.close()
     print(f"supervisor: {said}", flush=True)
     job.record.update_status(state=JobState.PENDING, message=said, failing=None)
     return Outcome(state=JobState.PENDING, exit_code=0, message=said)
