@@ -86,8 +86,9 @@ def _lose_rank_0s_node(job_id: str) -> str:
     (rank0,) = [p for p in processes_of(job_id) if is_rank(p.cmdline()) and p.environ().get("RANK") == "0"]
     # the node agent (its srun step; the old node task: submitit's process)
     (task,) = [p for p in rank0.parents() if {"launcher.agent", "submitit.core._submit"} & {*p.cmdline()}]
+    host = str(rank0.environ()["SLURMD_NODENAME"])  # before the kill: the node's tree ends with its agent
     task.kill()
-    return str(rank0.environ()["SLURMD_NODENAME"])
+    return host
 
 
 @pytest.mark.usefixtures("node_disks")
