@@ -17,6 +17,7 @@ from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.schedulers import get_scheduler
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import supervise
+from launcher.supervisor.transport import Controlled
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     record = JobRecord(args.job_dir.absolute())
     plan = record.plan()
     scheduler = get_scheduler(plan.scheduler)
-    if not callable(getattr(scheduler, "transport", None)):
+    if not isinstance(scheduler, Controlled):
         print(
             f"launcher supervise: error: {plan.scheduler} jobs are not run by this command", file=sys.stderr
         )
         return EXIT_USAGE
     try:
-        transport = scheduler.transport(plan, record)  # type: ignore[attr-defined]
+        transport = scheduler.transport(plan, record)
     except Exception as e:  # the job must still end in its record, saying why
         record.finish(Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=f"launcher error: {e!r}"))
         raise

@@ -261,9 +261,10 @@ def _handed_over(
 ) -> Outcome | None:
     """The job handed back to its scheduler for a new allocation (``Transport.requeue``) after the
     attempt that ended with ``outcome``: a pending outcome, recorded with the attempt's last goodput
-    point first (the requeue ends this process's allocation); None when the scheduler does not."""
+    point first (the requeue ends this process's allocation; each point is flushed as written, so the
+    writer stays open for the end's point where the scheduler does not requeue); None when the
+    scheduler does not."""
     job.goodput_point()
-    job.scalars.close()
     stop.ignore()  # the requeue signals this process too
     said = job.transport.requeue(job.record, outcome, excluded, wait_s)
     if said is None:

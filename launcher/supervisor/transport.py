@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import psutil
 
@@ -75,6 +75,15 @@ class Transport(Protocol):
         (SLURM's warning before a time limit or a preemption). The next controller resumes the job,
         so this one ends without recording an end. What to say; None where the scheduler does not
         (the job ends here)."""
+        ...
+
+
+@runtime_checkable
+class Controlled(Protocol):
+    """A scheduler whose jobs ``launcher supervise`` runs: it gives the controller its Transport."""
+
+    def transport(self, plan: Plan, record: JobRecord) -> Transport:
+        """How the job's controller starts, stops and explains the node agents."""
         ...
 
 

@@ -157,8 +157,10 @@ class Watch:
         if time.monotonic() < self.next_stop_read:
             return False
         self.next_stop_read = time.monotonic() + REPORT_READ_S
-        self.stop.requested = self.job.record.status().stop_requested_at is not None
-        return self.stop.requested
+        if self.job.record.status().stop_requested_at is None:
+            return False
+        self.stop.requested = True  # never back to False: a signal may have asked meanwhile
+        return True
 
     def _begin_stop(self) -> None:
         self.stop_at = time.monotonic()

@@ -265,20 +265,28 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"task: warning: going on from an older checkpoint (--allow-start-over): {why}")
     copy.restore()
     copy.start()
-    agent, child = os.getppid(), subprocess.Popen(command)
+    agent = os.getppid()
+    children: list[subprocess.Popen[bytes]] = []
+    asked: list[int] = []  # a stop that came before the child started
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if os.getppid() == agent:  # the agent's stop: for the ranks, through torchrun
+        if os.getppid() != agent:
+            # The agent died (the kernel's SIGTERM): a failed node, whose ranks must not checkpoint
+            # and exit as if asked to stop, nor its copy change under the next attempt's restore.
+            for child in children:
+                procs.kill_tree(child.pid)
+            os._exit(128 + signum)
+        asked.append(signum)
+        for child in children:  # the agent's stop: for the ranks, through torchrun
             child.send_signal(signum)
-            return
-        # The agent died (the kernel's SIGTERM): a failed node, whose ranks must not checkpoint
-        # and exit as if asked to stop, nor its copy change under the next attempt's restore.
-        procs.kill_tree(child.pid)
-        os._exit(128 + signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     signal.signal(signal.SIGUSR2, lambda signum, frame: None)  # SLURM's: sent to the ranks too
+    child = subprocess.Popen(command)
+    children.append(child)
+    if asked:
+        child.send_signal(asked[0])
     code = child.wait()
     copy.finish()
     return code if code >= 0 else 128 - code

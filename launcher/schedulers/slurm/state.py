@@ -125,8 +125,8 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
 
 
 def lost_controller(info: AccountingInfo, record: JobRecord) -> Outcome:
-    """The end of a job whose controller (``--slurm-controller``) SLURM ended before it recorded the
-    end: SLURM's state says why (TIMEOUT, NODE_FAIL: its node lost, CANCELLED outside the launcher)."""
+    """The end of a job whose controller SLURM ended before it recorded the end: SLURM's state says
+    why (TIMEOUT, NODE_FAIL: its node lost, CANCELLED outside the launcher)."""
     status = record.status()
     facts = replace(gather(record, status.started_at or status.created_at), controller_lost=True)
     outcome = verdict(facts).outcome
