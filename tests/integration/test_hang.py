@@ -13,8 +13,8 @@ import pytest
 
 from gptlaunch.contract import read_beats
 from launcher.job.record import JobRecord
-from launcher.supervisor.watchdog import POLL_S
 from launcher.schedulers.local.scheduler import LocalScheduler
+from launcher.supervisor.watchdog import POLL_S
 from tests.integration.conftest import (
     FAST,
     TINY,

@@ -185,22 +185,37 @@ def test_a_failing_rank_fails_the_job_naming_node_and_rank(prepared_data, tmp_pa
     until("no process of the job", lambda: not processes_of(job_id), timeout=30)
 
 
-def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
+def test_without_a_spare_a_killed_rank_requeues_the_job_without_its_node_and_resumes_at_its_step(
     prepared_data, tmp_path: Path
 ) -> None:
-    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    proc = launcher(jobs, "submit", *SLURM_2x1, "--", *trainer_args(prepared_data, run_dir, 100000))
+    """``--retries 1``, no spare, no checkpoint interval before the end: rank 1 is SIGKILLed past step
+    12. The cause is that rank, not the peer that saw it go; the survivor keeps the step the job
+    reached in its host's memory; the controller requeues the job (one SLURM job id, two runs in
+    ``sacct``) excluding the node it ran on; the second run resumes at that step and trains exactly
+    ``--max-steps`` steps, each logged once."""
+    jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
+    argv = [*SLURM_2x1, "--retries", "1", "--", *trainer_args(prepared_data, run_dir, steps)]
+    proc = launcher(jobs, "submit", *argv)
     assert proc.returncode == 0, proc.stderr[-4000:]
     job_id = proc.stdout.splitlines()[0]
-    until("step 3", lambda: reached(run_dir, 3), timeout=300)
+    until("step 12", lambda: reached(run_dir, 12), timeout=300)  # past the first gather of RNG states
     (rank1,) = [p for p in processes_of(job_id) if is_rank(p.cmdline()) and p.environ().get("RANK") == "1"]
-    node = node_of(rank1)
+    node, host = node_of(rank1), rank1.environ()["SLURMD_NODENAME"]
     rank1.kill()
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
-    status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 150)
-    failure = status["failure"]
-    assert status["state"] == "failed" and (failure["node_rank"], failure["rank"]) == (node, 1), status
-    assert "killed by SIGKILL" in failure["error"], status
+    status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 400)
+    assert status["state"] == "succeeded", status
+    (first,) = status["attempts"]
+    failure = first["failure"]
+    assert (failure["node_rank"], failure["rank"]) == (node, 1), first
+    assert "killed by SIGKILL" in failure["error"] and first["excluded"] == [host], first
+    runs = sacct(slurm_id_of(jobs, job_id), "State,NodeList", duplicates=True)
+    assert [r[0] for r in runs] == ["REQUEUED", "COMPLETED"], runs
+    assert host not in hostnames(runs[1][1]), runs
+    assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, steps + 1))
+    logs = "".join(p.read_text() for p in (jobs / job_id).glob("node-*.log"))
+    resumed = re.search(r"resumed from the snapshot in \S+ memory at step (\d+)", logs)
+    assert resumed is not None and int(resumed[1]) == first["step"], (first, logs[-3000:])
     until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 

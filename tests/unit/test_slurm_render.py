@@ -22,6 +22,7 @@ from launcher.schedulers.slurm import partition
 from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes, time_note
 from launcher.schedulers.slurm.scheduler import (
     SCRIPT,
+    SUBMITIT_SCRIPT,
     SlurmFacts,
     SlurmScheduler,
 )
@@ -67,7 +68,10 @@ def test_sbatch_script_with_the_health_gate_matches_golden_file() -> None:
 def test_sbatch_script_with_shell_hostile_values_matches_golden_file() -> None:
     values = [h.format(m="/tmp/pwned") for h in HOSTILE]
     spec = _spec(network={"env": {"HOSTILE": values[1]}}, trainer_args=["--run-dir", values[0], *values[1:]])
-    _check_golden(_render(spec, job_dir="/jobs/a 'b' $(c)").to_text(), "slurm_hostile.sbatch")
+    plan = _render(spec, job_dir="/jobs/a 'b' $(c)")
+    _check_golden(plan.to_text(), "slurm_hostile.sbatch")
+    # submitit's, as its submit writes it: the job folder quoted in its #SBATCH paths and its command
+    _check_golden(plan.files[SUBMITIT_SCRIPT], "slurm_submitit_hostile.sbatch")
 
 
 # The parity step's srun writes the real probe report as both nodes' output; the training srun records
@@ -215,6 +219,7 @@ def test_render_prints_the_submission_file_submitit_hands_to_sbatch(tmp_path: Pa
     text = capsys.readouterr().out
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in text
     assert "-m submitit.core._submit " in text and "launcher.preflight.parity_step" in text
+    assert "launcher-render-" not in text and "sbatch" not in os.environ["PATH"]  # the stand-in is gone
     assert main(args) == 0 and "# Version parity" in capsys.readouterr().out
     assert main([*args, "--file", "nosuch"]) == 2
     assert "--file nosuch: the Plan has job.sbatch, submitit.json, submitit.sbatch" in capsys.readouterr().err

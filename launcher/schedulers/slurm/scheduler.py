@@ -8,7 +8,7 @@ of every scheduler: ``launcher.schedulers.slurm.controller``), which starts each
 job step, retries, requeues, and records the job's end. The nodes meet at a static rendezvous on node
 0's host, at a port derived from the SLURM job id (``launcher.job.placeholders``). The same Plan
 renders a standalone sbatch script (``launcher.schedulers.slurm.script``) for users who submit with
-plain ``sbatch``. ``state`` reads the job record, and ``sacct`` (through submitit's watcher) only for
+plain ``sbatch``. ``state`` reads the job record, and ``sacct`` only for
 a job whose controller is not running: queued, or ended by SLURM before it recorded the end.
 """
 
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,18 +148,38 @@ def _standalone(
     )
 
 
-def _executor(request: SubmititRequest, job_dir: Path, max_requeues: int) -> submitit.SlurmExecutor:
-    """submitit's executor of the job (its files in ``job_dir/submitit``): the one that renders the
-    submission file and the one that submits it."""
-    executor = submitit.SlurmExecutor(
-        folder=job_dir / "submitit", max_num_timeout=max_requeues, python=request.python
-    )
+def _executor(request: SubmititRequest, folder: Path, max_requeues: int) -> submitit.SlurmExecutor:
+    """submitit's executor of the job, its files in ``folder`` (``job_dir/submitit``)."""
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues, python=request.python)
     executor.update_parameters(
         **request.parameters,
         additional_parameters=request.additional_parameters,
         setup=request.setup,
     )
     return executor
+
+
+def _submitit_script(request: SubmititRequest, job_dir: Path, max_requeues: int) -> str:
+    """The submission file that submitit's ``submit`` hands to sbatch for this job, written by submitit
+    itself. Its public API has no renderer (``PicklingExecutor._submit_command`` writes the file and
+    runs sbatch in one method), so its ``submit`` runs here against a stand-in sbatch, in a scratch
+    folder; each value that starts with the scratch folder (an ``#SBATCH`` path, the command's
+    argument) is then the job's ``job_dir/submitit``, quoted as submitit quotes them (``shlex``)."""
+    with tempfile.TemporaryDirectory(prefix="launcher-render-") as scratch:
+        stand_ins = Path(scratch, "bin")
+        stand_ins.mkdir()
+        for name in ("sbatch", "srun"):  # the executor looks for srun; sbatch only acknowledges
+            (stand_ins / name).write_text("#!/bin/sh\necho 'Submitted batch job 1'\n")
+            (stand_ins / name).chmod(0o755)
+        folder, path = str(Path(scratch, "submitit")), os.environ.get("PATH", os.defpath)
+        os.environ["PATH"] = f"{stand_ins}{os.pathsep}{path}"
+        try:
+            job = _executor(request, Path(folder), max_requeues).submit(Controller(str(job_dir)))
+            text = job.paths.submission_file.read_text()
+        finally:
+            os.environ["PATH"] = path
+    real = str(job_dir / "submitit")
+    return re.sub(re.escape(folder) + r"\S*", lambda m: shlex.quote(real + m[0][len(folder) :]), text)
 
 
 class SlurmScheduler:
@@ -215,12 +237,10 @@ class SlurmScheduler:
         checked = checks(plan.nnodes + opts.spare_nodes, spec.retries > 0)
         script = _standalone(spec, facts, job_dir, plan, image, options, checked)
         request = _submitit_request(spec, options, checked, image)
-        submission = _executor(request, job_dir, opts.max_requeues)
         files = {
             SCRIPT: script,
             SUBMITIT_REQUEST: request.model_dump_json(indent=2) + "\n",
-            # submitit's own rendering (no side effect): what its submit writes and hands to sbatch
-            SUBMITIT_SCRIPT: submission._make_submission_file_text(submission._submitit_command_str, ""),
+            SUBMITIT_SCRIPT: _submitit_script(request, job_dir, opts.max_requeues),
         }
         return plan.model_copy(update={"files": files, "primary": SCRIPT})
 
@@ -233,7 +253,7 @@ class SlurmScheduler:
         spec = record.spec()
         opts = spec.options(SlurmOptions)
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
-        executor = _executor(request, record.dir, opts.max_requeues)
+        executor = _executor(request, record.dir / "submitit", opts.max_requeues)
         folder = executor.folder
         mark_run_dir(plan, opts.node_local_run_dir)  # the nodes that do not see it copy the run dir
         try:

@@ -2,13 +2,15 @@
 queued (or checking its nodes), and one that SLURM ended before its controller recorded the end
 (``end_outcome``: its controller never started the nodes; ``lost_controller``: it did).
 
-States are read through submitit's ``SlurmInfoWatcher`` (one batched ``sacct`` call, cached; at most one
-call every REFRESH_S seconds per process) and mapped to the common ``JobState``. A requeued job goes
+States are read with ``sacct`` (at most one call per job every REFRESH_S seconds per process, parsed by
+submitit's ``SlurmInfoWatcher.read_info``) and mapped to the common ``JobState``. A requeued job goes
 back to ``pending`` and runs again under the same id: only SLURM's end states are ends.
 """
 
 from __future__ import annotations
 
+import math
+import subprocess
 import time
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -53,23 +55,6 @@ class AccountingInfo:
     job_id: str = ""  # SLURM's job id (its batch log: ``submitit/<id>_0_log.out``)
 
 
-class _Watcher(SlurmInfoWatcher):
-    """submitit's sacct watcher, also reading the exit code and the start time."""
-
-    def _make_command(self) -> list[str] | None:
-        command = super()._make_command()
-        if command is not None:
-            command[command.index("-o") + 1] = SACCT_FIELDS
-        return command
-
-    def is_done(self, job_id: str, mode: str = "standard") -> bool:
-        # submitit's list of unfinished words lacks some (SUSPENDED, REQUEUE_HOLD, ...): it would stop
-        # asking sacct about a job that has not ended.
-        words = self.get_state(job_id, mode=mode).split()
-        state = job_state(words[0]) if words else None
-        return state is not None and state.is_terminal
-
-
 def _epoch(text: str) -> float | None:
     try:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
@@ -78,14 +63,29 @@ def _epoch(text: str) -> float | None:
 
 
 class Accounting:
-    """Job states from sacct, for one process (each launcher command has its own)."""
+    """Job states from sacct, for one process (each launcher command has its own): one call per job at
+    most every REFRESH_S seconds, read by submitit's parser; a failed call keeps the last answer, as
+    submitit's watcher does (sacct's database can be briefly unreachable)."""
 
     def __init__(self) -> None:
-        self._watcher = _Watcher(delay_s=REFRESH_S)
+        self._read: dict[str, tuple[float, dict[str, str]]] = {}
+
+    def _sacct(self, slurm_job_id: str) -> dict[str, str]:
+        at, raw = self._read.get(slurm_job_id, (-math.inf, {}))
+        if time.monotonic() - at < REFRESH_S:
+            return raw
+        argv = ["sacct", "-o", SACCT_FIELDS, "--parsable2", "-j", slurm_job_id]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+            raw = SlurmInfoWatcher().read_info(out).get(slurm_job_id, raw)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        self._read[slurm_job_id] = (time.monotonic(), raw)
+        return raw
 
     def info(self, slurm_job_id: str) -> AccountingInfo | None:
         """The job's accounting record, None while sacct does not know it (just submitted)."""
-        raw = self._watcher.get_info(slurm_job_id, mode="standard")
+        raw = self._sacct(slurm_job_id)
         if not raw.get("State"):
             return None
         status, _, _ = raw.get("ExitCode", "").partition(":")
