@@ -18,11 +18,11 @@ from launcher.cli.flags import (
     scheduler_flags,
     set_scheduler_flag,
 )
+from launcher.job.measurements import CollectiveResult
 from launcher.job.options import SchedulerOptions
 from launcher.job.registry import options_models
 from launcher.job.spec import NetworkSpec
-from launcher.preflight.collective_report import CollectiveResult, format_table
-from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
+from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, format_table, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.collective import health_gate

@@ -13,40 +13,121 @@ reports the signal, and no report is written.) The reports go into the directory
 by hand without it, only the table and the errors are printed.
 
 The models are in ``launcher.job.measurements``; the bandwidth formula (nccl-tests' busbw) and the
-table are in ``launcher.preflight.collective_report``, which the launcher imports without torch.
+table are in ``launcher.preflight.health``, which the launcher imports without torch.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
 from launcher.job import reports
+from launcher.job.measurements import CollectiveError, CollectiveResult, DeviceResult, Phase, SizeResult
 from launcher.preflight import gpu_health
-from launcher.preflight.collective_flags import FLOAT32_BYTES, parser
-from launcher.preflight.collective_report import (
-    CollectiveError,
-    CollectiveResult,
-    DeviceResult,
-    Phase,
-    SizeResult,
-    bus_bandwidth,
-    format_table,
-)
-from launcher.preflight.health_measure import measure_compute, measure_pairs, synchronizer
+from launcher.preflight.health import PRECISIONS, bus_bandwidth, format_table
+from launcher.preflight.health_measure import all_gather, measure_compute, measure_pairs, synchronizer
 
 if TYPE_CHECKING:
     import torch
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 EXIT_FAILED = 1
+# Bytes of the float32 tensor: latency-bound, two mid sizes, and 32 MiB where bandwidth dominates.
+# The whole run takes a couple of seconds over loopback or a veth link with CPU gloo.
+DEFAULT_SIZES = (4, 65536, 4194304, 33554432)
+FLOAT32_BYTES = 4
+
+
+def _sizes(text: str) -> list[int]:
+    """``4,65536`` -> [4, 65536]: positive multiples of 4 (whole float32 elements), in bytes."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give byte counts separated by commas") from None
+    bad = [s for s in sizes if s < FLOAT32_BYTES or s % FLOAT32_BYTES]
+    if not sizes or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: every size must be a positive multiple of 4 bytes")
+    return sizes
+
+
+def _size(text: str) -> int:
+    """One size of ``_sizes``."""
+    sizes = _sizes(text)
+    if len(sizes) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one byte count")
+    return sizes[0]
+
+
+def _positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below {minimum:g}")
+        return value
+
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    """The worker's command line (``python -m launcher.preflight.collective --help``), checked as
+    argparse reads it: sizes in bytes (whole float32 elements), counts, seconds, GB/s."""
+    description = __doc__.split("\n\n")[0]
+    p = argparse.ArgumentParser(prog="python -m launcher.preflight.collective", description=description)
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="auto: nccl with CUDA")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=",".join(map(str, DEFAULT_SIZES)),  # argparse runs a string default through type
+        help="float32 tensor sizes in bytes, comma-separated (default: %(default)s)",
+    )
+    p.add_argument("--iters", type=_positive(int, 1), default=5, help="timed calls per size")
+    p.add_argument("--warmup", type=_positive(int, 0), default=2, help="untimed calls per size first")
+    p.add_argument(
+        "--compute-s",
+        type=_positive(float, 0.0),
+        default=0.0,
+        help="seconds of matmuls on each rank's device first, reported in TFLOP/s (default: 0, no check)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="bf16",
+        help="the job's --precision: the compute check's dtype follows the trainer's rule (default: bf16)",
+    )
+    p.add_argument(
+        "--pair-bytes",
+        type=_size,
+        help="also time an all_reduce of this many bytes between pairs of hosts, in rounds (default: off)",
+    )
+    p.add_argument(
+        "--gpu-health",
+        action="store_true",
+        help="with nccl, also report each host's `nvidia-smi --query-gpu` (from its local rank 0)",
+    )
+    p.add_argument(
+        "--min-busbw",
+        type=_positive(float, 0.0),
+        help="GB/s: a pair below it is slow, as is one below half the median (the gate's rule)",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=_positive(float, 0.001),
+        default=30.0,
+        help="seconds to form the group and for each collective (default: %(default)s)",
+    )
+    return p
 
 
 class _Failed(Exception):
@@ -192,15 +273,6 @@ def _measure_size(
     return SizeResult(bytes=size_bytes, time_us=slowest_s * 1e6, algbw_gbs=algbw, busbw_gbs=busbw)
 
 
-def _hosts() -> list[str]:
-    """Distinct host names of all ranks, in rank order of first appearance. Collective."""
-    import torch.distributed as dist
-
-    names: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, socket.gethostname())
-    return list(dict.fromkeys(str(name) for name in names))
-
-
 @dataclass(frozen=True)
 class _Stages:
     """What to measure besides the whole group's all_reduce: the compute check (``compute_s`` > 0)
@@ -235,17 +307,14 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         )
         init_s = time.perf_counter() - start
         phase = "collective"
-        hosts = _hosts()
+        hosts = list(dict.fromkeys(all_gather(socket.gethostname())))  # distinct, in rank order
         compute = _compute(ctx, device, stages)
         gpu_query = _gpu_query(ctx) if stages.gpu_health and device.type == "cuda" else {}
         results = [_measure_size(size, ctx, device, stages.iters, stages.warmup) for size in stages.sizes]
         pairs = []
         if stages.pair_bytes is not None:
-            nodes: list[int | None] = [None] * ctx.world_size
-            dist.all_gather_object(nodes, ctx.node)
-            node_of_rank = [int(n or 0) for n in nodes]
             pairs = measure_pairs(
-                node_of_rank,
+                all_gather(ctx.node),
                 device,
                 stages.pair_bytes,
                 stages.iters,
@@ -282,32 +351,24 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
 def _gpu_query(ctx: _Context) -> dict[int, str]:
     """Each host's ``nvidia-smi --query-gpu`` output (from its local rank 0), by node rank; hosts
     without nvidia-smi are absent. Collective."""
-    import torch.distributed as dist
-
     mine = (ctx.node, gpu_health.query()) if ctx.local_rank == 0 else None
-    gathered: list[tuple[int, str | None] | None] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, mine)
-    return {node: text for node, text in filter(None, gathered) if text is not None}
+    return {node: text for node, text in filter(None, all_gather(mine)) if text is not None}
 
 
 def _compute(ctx: _Context, device: torch.device, stages: _Stages) -> list[DeviceResult]:
     """Every rank's compute check (when asked), gathered on every rank, in rank order. Collective."""
-    import torch.distributed as dist
-
     if stages.compute_s <= 0:
         return []
     try:
         mine = measure_compute(ctx.rank, ctx.node, ctx.local_rank, device, stages.precision, stages.compute_s)
     except RuntimeError as e:  # a CUDA error on this device: name it, the other ranks time out
         raise _Failed("compute", _one_line(e)) from e
-    gathered: list[DeviceResult | None] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, mine)
-    return [d for d in gathered if d is not None]
+    return all_gather(mine)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the preflight on this rank; 0 on success, EXIT_FAILED (after an error line) otherwise."""
-    args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    args = parser().parse_args(argv)
     ctx = _read_context(args.backend, args.timeout_s)
     try:
         stages = _Stages(

@@ -118,13 +118,10 @@ def _number(value: str) -> float | None:
 def _gpu_issues(row: dict[str, str]) -> list[GpuIssue]:
     index = row.get("index", "?")
     issues = []
-    ecc = _number(row.get("ecc.errors.uncorrected.volatile.total", ""))
+    ecc_field = "ecc.errors.uncorrected.volatile.total"
+    ecc = _number(row.get(ecc_field, ""))
     if ecc:
-        issues.append(
-            GpuIssue(
-                index, "ecc.errors.uncorrected.volatile.total", f"{ecc:g}", "uncorrectable memory errors"
-            )
-        )
+        issues.append(GpuIssue(index, ecc_field, f"{ecc:g}", "uncorrectable memory errors"))
     for field, why in (
         ("retired_pages.pending", "a page retirement waits for a GPU reset"),
         ("remapped_rows.pending", "a row remap waits for a GPU reset"),

@@ -1,5 +1,11 @@
-"""The health gate's verdict: which host slows the job down, from the collective preflight's pairwise
-and compute stages (``launcher.preflight.collective --pairs --compute-s S``). Pure; imports no torch.
+"""The collective preflight's results as the launcher reads them, and the health gate's verdict: which
+host slows the job down, from the preflight's pairwise and compute stages (``launcher.preflight.collective
+--pair-bytes B --compute-s S``). Pure; imports no torch.
+
+- **Bandwidth.** As nccl-tests reports it (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw *
+  2(n-1)/n for all_reduce, which is the bandwidth each link needs and so comparable with the hardware's
+  peak, whatever the number of ranks n. Units: GB/s = 1e9 bytes/s, time in microseconds per call, the
+  slowest rank's (as nccl-tests reports).
 
 - **Links.** Hosts are paired in rounds of disjoint pairs (``pair_rounds``): a ring over the hosts, its
   edges split into two rounds (three when the count is odd), so every host meets two others and the
@@ -22,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
 from launcher.job.options import GateOptions
 from launcher.job.torchrun import trainer_flag
 from launcher.preflight import gpu_health
-from launcher.preflight.collective_report import CollectiveResult, DeviceResult, PairResult
 
 LINK_FRACTION = 0.5  # a host whose best pair is below this fraction of the median host's best is slow
 COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
@@ -166,6 +172,32 @@ def compute_findings(devices: Sequence[DeviceResult], hosts: Sequence[str]) -> l
     return found
 
 
+def bus_bandwidth(size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s) of an all_reduce of ``size_bytes`` taking ``time_s``
+    seconds over ``world_size`` ranks, by nccl-tests' definition (doc/PERFORMANCE.md): algbw =
+    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link)."""
+    if size_bytes < 0 or time_s <= 0 or world_size < 1:
+        raise ValueError(
+            f"need size_bytes >= 0, time_s > 0 and world_size >= 1, got {size_bytes}, {time_s}, {world_size}"
+        )
+    algbw = size_bytes / time_s / 1e9
+    return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+def format_table(result: CollectiveResult) -> str:
+    """The result for humans: a title line, then one row per size (bytes, µs per call, GB/s)."""
+    ifnames = ", ".join(f"{k}={v}" for k, v in result.ifname.items() if v) or "no *_SOCKET_IFNAME set"
+    title = (
+        f"all_reduce sum float32, {result.backend}, {result.world_size} rank(s) on "
+        f"{len(result.hosts)} host(s), {ifnames}, init {result.init_s:.2f} s"
+    )
+    header = f"{'size (B)':>12} {'time (µs)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+    rows = [
+        f"{r.bytes:>12} {r.time_us:>12.1f} {r.algbw_gbs:>13.3f} {r.busbw_gbs:>13.3f}" for r in result.results
+    ]
+    return "\n".join([title, header, *rows])
+
+
 def pairs_table(pairs: Sequence[PairResult], hosts: Sequence[str]) -> str:
     """The pairwise stage for humans: one row per pair (round, pair, µs per call, busbw)."""
     header = f"{'round':>5}  {'pair':<24} {'time (µs)':>12} {'busbw (GB/s)':>13}"
@@ -232,15 +264,8 @@ def report_text(result: CollectiveResult, hosts: Sequence[str], found: Sequence[
     if named:
         parts += [f"health gate: {len({f.host for f in named})} host(s) named:", *(f.line for f in named)]
         return "\n".join(parts)
-    ran = [
-        stage
-        for stage, present in (
-            ("links", result.pairs),
-            ("compute", result.compute),
-            ("gpus", result.gpu_query),
-        )
-        if present
-    ]
+    stages = {"links": result.pairs, "compute": result.compute, "gpus": result.gpu_query}
+    ran = [stage for stage, present in stages.items() if present]
     checked = f"{', '.join(ran)} checked" if ran else "no stage ran: one host, no compute check, no GPUs"
     parts.append(f"health gate: no host named ({len(hosts)} host(s); {checked})")
     return "\n".join(parts)

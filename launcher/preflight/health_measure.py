@@ -15,10 +15,10 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from launcher.preflight.collective_report import DeviceResult, PairResult, bus_bandwidth
-from launcher.preflight.health import link_findings, pair_rounds
+from launcher.job.measurements import DeviceResult, PairResult
+from launcher.preflight.health import bus_bandwidth, link_findings, pair_rounds
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 MATMUL_N = {"cuda": 8192, "cpu": 512}
 WARMUP_MATMULS = 2  # cuBLAS/oneDNN set-up and GPU clocks ramping
 PAIR_CALLS = 10  # timed all_reduce calls per pair, at least: their median is the pair's figure
+
+T = TypeVar("T")
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -57,10 +59,13 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _kind(device: torch.device) -> str:
-    import torch
+def all_gather(value: T) -> list[T]:
+    """``value`` of every rank of the default group, in rank order. Collective."""
+    import torch.distributed as dist
 
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return cast("list[T]", gathered)
 
 
 def measure_compute(
@@ -69,6 +74,7 @@ def measure_compute(
     """Matmuls on ``device`` until ``seconds`` have passed (at least one), timed after a barrier.
     Collective (the barrier): every rank of the default group must call it."""
     import torch
+    import torch.distributed as dist
 
     dtype = compute_dtype(precision, device)
     n = MATMUL_N[device.type]
@@ -78,38 +84,31 @@ def measure_compute(
         # compares hosts of any size and does not depend on how many processes share the cores.
         torch.set_num_threads(1)
     try:
-        return _matmuls(rank, node, local_rank, device, dtype, n, seconds)
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        sync = synchronizer(device)
+        for _ in range(WARMUP_MATMULS):
+            torch.mm(a, b)
+        sync()
+        # Every device starts together: hosts sharing a machine (or a switch) share it alike.
+        dist.barrier()
+        count, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            count += 1
+            if device.type == "cuda" and count % 16:
+                continue  # look at the clock (a synchronization) only every 16 queued matmuls
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
     finally:
         torch.set_num_threads(threads)
-
-
-def _matmuls(
-    rank: int, node: int, local_rank: int, device: torch.device, dtype: torch.dtype, n: int, seconds: float
-) -> DeviceResult:
-    import torch
-    import torch.distributed as dist
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = synchronizer(device)
-    for _ in range(WARMUP_MATMULS):
-        torch.mm(a, b)
-    sync()
-    dist.barrier()  # every device starts together: hosts sharing a machine (or a switch) share it alike
-    count, start = 0, time.perf_counter()
-    while True:
-        torch.mm(a, b)
-        count += 1
-        if device.type == "cuda" and count % 16:
-            continue  # look at the clock (a synchronization) only every 16 queued matmuls
-        sync()
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            break
     tflops = 2 * n**3 * count / elapsed / 1e12  # an n×n by n×n matmul is 2n³ floating-point operations
+    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     where = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
     return DeviceResult(
-        rank=rank, node=node, local_rank=local_rank, device=where, kind=_kind(device),
+        rank=rank, node=node, local_rank=local_rank, device=where, kind=kind,
         dtype=str(dtype).removeprefix("torch."), size=n, tflops=tflops,
     )  # fmt: skip
 
@@ -164,9 +163,7 @@ def _pairs_pass(
         _, busbw = bus_bandwidth(size_bytes, time_s, dist.get_world_size(group))
         us = time_s * 1e6
         mine.append(PairResult(round=number, nodes=pair_nodes, bytes=size_bytes, time_us=us, busbw_gbs=busbw))
-    gathered: list[list[PairResult] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    unique = {(p.round, p.nodes): p for results in gathered for p in results or []}
+    unique = {(p.round, p.nodes): p for results in all_gather(mine) for p in results}
     return [unique[key] for key in sorted(unique)]
 
 

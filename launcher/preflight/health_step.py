@@ -23,8 +23,7 @@ from pathlib import Path
 from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 from launcher.job import reports
 from launcher.job.reports import Refused
-from launcher.preflight.collective_report import format_table
-from launcher.preflight.health import GateSettings, findings, report_text
+from launcher.preflight.health import GateSettings, findings, format_table, report_text
 from launcher.preflight.parity_step import end_step
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts

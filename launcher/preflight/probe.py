@@ -39,6 +39,7 @@ IMAGE_DIGEST_ENV = "GPTLAUNCH_IMAGE_DIGEST"  # set by our container images
 COMMAND_TIMEOUT_S = 5.0  # for `ip route get` and `nvidia-smi`: a hung tool must not hang the launch
 _CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods")
 _DRIVER_VERSION = re.compile(r"\s(\d+\.\d+(?:\.\d+)*)\s")
+_NO_CUDA: dict[str, Any] = {"cuda": None, "nccl": None, "cudnn": None, "gpus": []}  # no torch, or a CPU build
 
 
 def collect(route_to: str | None = None, resolve: Sequence[str] = (), free_port: bool = False) -> Probe:
@@ -82,17 +83,13 @@ def _torch_facts() -> dict[str, Any]:
     stay fast). A CUDA build is imported: only the loaded libraries know their versions."""
     built = _torch_version_file()
     if built is not None and built.get("cuda") is None:
-        return {
-            "torch": built.get("__version__"),
-            "torch_git": built.get("git_version"),
-            "cuda": None, "nccl": None, "cudnn": None, "gpus": [],
-        }  # fmt: skip
+        return {"torch": built.get("__version__"), "torch_git": built.get("git_version"), **_NO_CUDA}
     try:
         import torch
     except ModuleNotFoundError as e:
         if e.name != "torch":  # torch is there but broken: say so rather than report it missing
             raise
-        return {"torch": None, "torch_git": None, "cuda": None, "nccl": None, "cudnn": None, "gpus": []}
+        return {"torch": None, "torch_git": None, **_NO_CUDA}
     return {
         "torch": torch.__version__,
         "torch_git": getattr(torch.version, "git_version", None),

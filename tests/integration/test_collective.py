@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from launcher.job import reports
-from launcher.job.measurements import CollectiveError
-from launcher.preflight.collective import _write_line, main
-from launcher.preflight.collective_flags import DEFAULT_SIZES
-from launcher.preflight.collective_report import CollectiveResult, SizeResult, bus_bandwidth, format_table
+from launcher.job.measurements import CollectiveError, CollectiveResult, SizeResult
+from launcher.preflight.collective import DEFAULT_SIZES, _write_line, main
+from launcher.preflight.health import bus_bandwidth, format_table
 from tests.integration.conftest import run
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

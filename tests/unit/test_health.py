@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.job.measurements import DeviceResult, PairResult
 from launcher.job.torchrun import trainer_flag
-from launcher.preflight.collective_report import DeviceResult, PairResult
 from launcher.preflight.health import (
     PAIR_BYTES,
     GateSettings,
@@ -121,7 +121,7 @@ def test_devices_are_compared_within_their_kind_only() -> None:
 
 
 def test_the_report_says_when_nobody_is_named() -> None:
-    from launcher.preflight.collective_report import CollectiveResult
+    from launcher.job.measurements import CollectiveResult
 
     result = CollectiveResult(
         backend="gloo", world_size=4, hosts=HOSTS[:4], ifname={}, master="gl-h1:1", torch="2.13.0", iters=5,

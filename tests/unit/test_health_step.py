@@ -15,10 +15,10 @@ import pytest
 
 from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 from launcher.job import reports
+from launcher.job.measurements import CollectiveError, CollectiveResult, DeviceResult
 from launcher.job.record import JobState, Outcome
 from launcher.job.retry import refusal
 from launcher.job.spec import JobSpec
-from launcher.preflight.collective_report import CollectiveError, CollectiveResult, DeviceResult
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS, main
 from launcher.schedulers.slurm.scheduler import BATCH_SETUP
 from launcher.schedulers.slurm.steps import gate_lines

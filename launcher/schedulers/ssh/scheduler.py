@@ -40,8 +40,7 @@ from launcher.job.torchrun import (
     zygote_name,
 )
 from launcher.preflight import recorded
-from launcher.preflight.collective_report import format_table
-from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, report_text
+from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, format_table, report_text
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh import needs
 from launcher.schedulers.ssh.agents import SshAgents
