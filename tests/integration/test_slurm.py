@@ -70,37 +70,39 @@ def test_the_plain_script_trains_on_two_nodes(path: str, wikitext_valid: Path, t
     assert sorted((b.rank, b.step) for b in beats) == [(0, 30), (1, 30)]
 
 
-def test_the_sbatch_scripts_controller_reports_a_stopped_rank_as_a_hang(
+def test_the_sbatch_scripts_controller_names_a_stopped_rank_and_retries_on_the_spare(
     prepared_data, tmp_path: Path
 ) -> None:
-    """The plain sbatch script, submitted with sbatch alone, runs the job's controller: it gathers the
-    nodes' reports, writes every rank's stacks and the cause into the job record it wrote, and the job
-    ends with the hang's exit code."""
-    jobs, run_dir = tmp_path / "jobs", tmp_path / "run"
-    args = trainer_args(prepared_data, run_dir, 100000)
-    slurm_id = sbatch_rendered(jobs, tmp_path, args, "--hang-timeout-s", "10")
+    """The plain sbatch script (``--spare-nodes 1 --retries 1``), submitted with sbatch alone, runs the
+    job's controller: rank 1 is stopped (SIGSTOP); the controller gathers the nodes' hang reports,
+    writes every rank's stacks and the cause into the job record the script wrote, and retries on
+    the spare within the same allocation (one run in ``sacct``), to the job's end."""
+    jobs, run_dir, steps = tmp_path / "jobs", tmp_path / "run", 30
+    args = trainer_args(prepared_data, run_dir, steps)
+    flags = ["--hang-timeout-s", "10", "--spare-nodes", "1", "--retries", "1"]
+    slurm_id = sbatch_rendered(jobs, tmp_path, args, *flags)
     until("step 3", lambda: reached(run_dir, 3), timeout=300)
     (job_dir,) = jobs.iterdir()
-    (rank1,) = [
-        p for p in processes_of(job_dir.name) if is_rank(p.cmdline()) and p.environ().get("RANK") == "1"
-    ]
+    ranks = [p for p in processes_of(job_dir.name) if is_rank(p.cmdline())]
+    (rank1,) = [p for p in ranks if p.environ().get("RANK") == "1"]
+    stopped, ran = rank1.environ()["SLURMD_NODENAME"], {p.environ()["SLURMD_NODENAME"] for p in ranks}
     rank1.suspend()  # SIGSTOP
     try:
-        until_ended(slurm_id, timeout=150)
+        until_ended(slurm_id, timeout=300)
     finally:
         with contextlib.suppress(psutil.Error):
             rank1.resume()
-    assert sacct(slurm_id, "State,ExitCode") == [["FAILED", "1:0"]]  # the job's exit code
-    logs = "".join((job_dir / f"node-{k}.log").read_text() for k in (0, 1))
-    assert "watchdog: no progress for " in logs, logs[-3000:]
-    status = json.loads((job_dir / "status.json").read_text())
-    assert (status["state"], status["exit_code"]) == ("failed", 1), status
-    assert (
-        status["message"].startswith("hang: no progress for ")
-        and ") is stopped (SIGSTOP?)" in status["message"]
-    )
-    stacks = sorted(p.name.split("-")[1] for p in (job_dir / "hang").iterdir())
-    assert stacks == ["rank0.txt", "rank1.txt"]
+    assert sacct(slurm_id, "State,ExitCode", duplicates=True) == [["COMPLETED", "0:0"]]  # no requeue
+    status = json.loads((job_dir / "status.json").read_text())  # as the controller left it
+    assert status["state"] == "succeeded", status
+    (first,) = status["attempts"]
+    assert first["cause"].startswith("hang: no progress for ") and ") is stopped (SIGSTOP?)" in first["cause"]
+    (spare,) = set(hostnames("ALL")) - ran
+    assert first["replaced"] == {stopped: spare}, first
+    stacks = sorted(p.name.split("-")[1] for p in job_dir.glob("**/hang/*.txt"))
+    assert stacks == ["rank0.txt", "rank1.txt"], stacks
+    assert "watchdog: no progress for " in (job_dir / "attempts" / "1" / "node-0.log").read_text()
+    assert "step 30/30" in "".join(p.read_text() for p in job_dir.glob("node-*.log"))
     until("no process of the job", lambda: not processes_of(job_dir.name), timeout=60)
 
 
