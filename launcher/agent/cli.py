@@ -48,7 +48,7 @@ import psutil
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE, JOB_ID_ENV, read_beats
 from launcher.agent.copies import MARK, CheckpointWatch, send_back, shares_files
-from launcher.agent.node import KILL_GRACE_S, NodeAgent, Output
+from launcher.agent.node import KILL_GRACE_S, NodeAgent
 from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
 from launcher.job.channel import Sender
@@ -180,7 +180,7 @@ def run(
             container_name=container_name(job_id, node),
             container_mounts=[str(pid_file.parent), str(beats)],  # the ranks' heartbeats go there
             env_names=[*secrets, *ours],
-            output=Output(sink=sink),
+            sink=sink,
             lease_s=lease_s,
             lease_fd=sys.stdin.fileno(),
             forward_dir=str(forward),
@@ -208,19 +208,12 @@ def run(
 
 def _agent(where: Path, node: int) -> psutil.Process | None:
     pid_file, _, _ = _files(where, node)
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
         ref = json.loads(pid_file.read_text())
         proc = psutil.Process(int(ref["pid"]))
         if abs(proc.create_time() - float(ref["started"])) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE:
             return proc
-    except (OSError, ValueError, KeyError, psutil.Error):
-        pass
     return None
-
-
-def _strays(job_id: str, node: int) -> list[psutil.Process]:
-    """Processes of this node of the job that left the agent's tree (by their environment)."""
-    return [p for p in procs.job_processes(job_id) if _environ(p).get(NODE_ENV) == str(node)]
 
 
 def _forked(job_id: str) -> list[psutil.Process]:
@@ -233,13 +226,6 @@ def _forked(job_id: str) -> list[psutil.Process]:
     return found
 
 
-def _environ(proc: psutil.Process) -> dict[str, str]:
-    try:
-        return proc.environ()
-    except psutil.Error:
-        return {}
-
-
 def _container(where: Path, node: int) -> Container | None:
     """The node's container, as its agent recorded it in the pid file (None for a bare node)."""
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):  # KeyError: a bare node
@@ -248,22 +234,22 @@ def _container(where: Path, node: int) -> Container | None:
     return None
 
 
-def send(job_id: str, where: Path, node: int, sig: str, grace_s: float) -> int:
+def send(job_id: str, where: Path, node: int, sig: str, grace_s: float) -> None:
     agent = _agent(where, node)
     if sig == "TERM":
         if agent is not None:
             procs.signal_all([agent], signal.SIGTERM)
-        return 0
+        return
     tree = [*agent.children(recursive=True), agent] if agent is not None else []
-    # A container's processes carry the node's environment too: found even outside the agent's tree;
-    # and ranks forked by the job's zygote (--warm-workers) are its children: the node is gone once
-    # they are too.
-    outside = [p for p in [*_strays(job_id, node), *_forked(job_id)] if p not in tree]
+    # Processes of this node that left the agent's tree are found by their environment (a container's
+    # carry the node's too); and ranks forked by the job's zygote (--warm-workers) are its children:
+    # the node is gone once they are too.
+    strays = procs.job_processes(job_id, {NODE_ENV: str(node)})
+    outside = [p for p in [*strays, *_forked(job_id)] if p not in tree]
     procs.terminate([*tree, *outside], grace_s)
     container = _container(where, node)
     if container is not None:
         container.remove()
-    return 0
 
 
 def status(where: Path, node: int) -> NodeStatus:
@@ -360,11 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.action} takes no command")
     where = args.state_dir or state_dir(args.job)
     if args.action == "signal":
-        code = send(args.job, where, args.node, args.signal, args.grace_s)
-        if args.signal == "KILL":  # the node is gone: its last status now, so no one asks again
-            _take_stdout().report(status(where, args.node))
-        return code
-    _take_stdout().report(status(where, args.node))
+        send(args.job, where, args.node, args.signal, args.grace_s)
+    # After a KILL the node is gone: its last status now, so no one asks again.
+    if args.action == "status" or args.signal == "KILL":
+        _take_stdout().report(status(where, args.node))
     return 0
 
 

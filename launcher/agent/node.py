@@ -56,14 +56,6 @@ POLL_S = 0.25  # how often a stopping node's tree is looked at
 
 
 @dataclass
-class Output:
-    """Where the command's output goes: through this agent to ``sink`` (chunks, e.g. a host log and
-    the channel), else this agent's own stdout."""
-
-    sink: Callable[[bytes], None] | None = None
-
-
-@dataclass
 class NodeAgent:
     node: int
     argv: list[str]
@@ -76,7 +68,9 @@ class NodeAgent:
     container_name: str = ""
     container_mounts: list[str] = field(default_factory=list)
     env_names: list[str] = field(default_factory=list)  # the variables a container gets
-    output: Output = field(default_factory=Output)
+    # Where the command's output goes, in chunks, through this agent (e.g. a host log and the channel);
+    # None: straight to this agent's own stdout.
+    sink: Callable[[bytes], None] | None = None
     subreaper: bool = True
     lease_s: float = 0.0  # 0: no lease
     lease_fd: int = 0
@@ -134,7 +128,7 @@ class NodeAgent:
     def _supervise(self, argv: list[str]) -> int:
         env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
         env |= {reports.REPORT_DIR_ENV: self.forward_dir} if self.forward_dir else {}
-        piped = self.output.sink is not None
+        piped = self.sink is not None
         child = subprocess.Popen(
             argv,
             env=env,
@@ -180,9 +174,9 @@ class NodeAgent:
         self.say(hang.summary())
 
     def _pump(self, child: subprocess.Popen[bytes]) -> None:
-        assert child.stdout is not None and self.output.sink is not None
+        assert child.stdout is not None and self.sink is not None
         for chunk in iter(lambda: os.read(child.stdout.fileno(), 1 << 16), b""):  # type: ignore[union-attr]
-            self.output.sink(chunk)
+            self.sink(chunk)
 
     def _end_lingering(self, child: subprocess.Popen[bytes]) -> None:
         """After a stop: once ``child``'s process tree has had no live process for ``KILL_GRACE_S``

@@ -6,7 +6,7 @@ from collections.abc import Collection
 
 from pydantic import BaseModel
 
-from launcher.cli.flags import FIELD_FLAGS, _help, _members, scheduler_flags
+from launcher.cli.flags import FIELD_FLAGS, _help, _members, scheduler_flag_name
 from launcher.job.registry import scheduler_kinds
 from launcher.job.spec import JobSpec
 
@@ -34,10 +34,9 @@ def _flag_of(model: type[BaseModel], dotted: str) -> str:
     or "" for a field that has none."""
     if not dotted.startswith("scheduler."):
         return FIELD_FLAGS.get(dotted, "")
-    kind = model.model_fields["kind"].default
-    field = dotted.removeprefix("scheduler.")
-    found = (f.flag for f in scheduler_flags().values() if f.field == field and kind in f.kinds)
-    return "--scheduler" if field == "kind" else next(found, "")
+    if dotted == "scheduler.kind":
+        return "--scheduler"
+    return scheduler_flag_name(model.model_fields["kind"].default, dotted) or ""
 
 
 def fields_help(shown: Collection[str] | None = None) -> str:

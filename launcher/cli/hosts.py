@@ -19,8 +19,6 @@ from launcher.cli.flags import (
     set_scheduler_flag,
 )
 from launcher.job.measurements import CollectiveResult
-from launcher.job.options import SchedulerOptions
-from launcher.job.registry import options_models
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, format_table, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
@@ -70,12 +68,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 SSH_CHECK_FIELDS = ("hosts", "hostfile", "ssh_opts", "host_key_check", "connect_timeout_s", "max_parallel")
 
 
-def _ssh_options(args: argparse.Namespace) -> SshOptions:
-    opts = scheduler_options(args, "ssh")
-    assert isinstance(opts, SshOptions)
-    return opts
-
-
 def _check_collective(
     args: argparse.Namespace, opts: SshOptions, probed: ProbedHosts
 ) -> tuple[CollectiveResult, list[Finding]]:
@@ -118,19 +110,19 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Coll
             parser.add_argument(flag.flag, **scheduler_argument(flag))
 
 
-def scheduler_options(args: argparse.Namespace, kind: str) -> SchedulerOptions:
-    """Scheduler ``kind``'s options from the flags of ``add_scheduler_flags`` (defaults for the rest),
+def _ssh_options(args: argparse.Namespace) -> SshOptions:
+    """The SSH scheduler's options from the flags of ``add_scheduler_flags`` (defaults for the rest),
     validated as a submit's. Raises UsageError naming the flag and the fix."""
-    tree: dict[str, Any] = {"scheduler": {"kind": kind}}
+    tree: dict[str, Any] = {"scheduler": {"kind": "ssh"}}
     for flag in scheduler_flags().values():
         if hasattr(args, flag.dest):
             set_scheduler_flag(tree, flag, getattr(args, flag.dest))
     try:
-        return options_models()[kind].model_validate(tree["scheduler"])
+        return SshOptions.model_validate(tree["scheduler"])
     except ValidationError as e:
         lines = []
         for err in e.errors():
             field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
-            name = scheduler_flag_name(kind, f"scheduler.{field}") if field else None
+            name = scheduler_flag_name("ssh", f"scheduler.{field}") if field else None
             lines.append(f"{name}: " * bool(name) + err["msg"].removeprefix("Value error, "))
         raise UsageError("; ".join(lines)) from None

@@ -31,18 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)  # closed once started
     args = p.parse_args(argv)
     if not (args.job_dir / "plan.json").is_file():
-        print(
-            f"launcher supervise: error: {args.job_dir} is not a job record (no plan.json)", file=sys.stderr
-        )
-        return EXIT_USAGE
+        return _usage(f"{args.job_dir} is not a job record (no plan.json)")
     record = JobRecord(args.job_dir.absolute())
     plan = record.plan()
     scheduler = get_scheduler(plan.scheduler)
     if not isinstance(scheduler, Controlled):
-        print(
-            f"launcher supervise: error: {plan.scheduler} jobs are not run by this command", file=sys.stderr
-        )
-        return EXIT_USAGE
+        return _usage(f"{plan.scheduler} jobs are not run by this command")
     try:
         transport = scheduler.transport(plan, record)
     except Exception as e:  # the job must still end in its record, saying why

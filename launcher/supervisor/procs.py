@@ -10,6 +10,7 @@ a SIGKILLed supervisor leaves no orphan, its agents ask the kernel for SIGTERM w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -28,11 +29,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl(option: int, value: int) -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the environment sweep is the only net
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(option, value, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the environment sweep is the only net
-        pass
 
 
 def become_subreaper() -> None:
@@ -55,35 +54,30 @@ def process_ref(pid: int | None = None) -> ProcessRef:
     return ProcessRef(pid=proc.pid, started=proc.create_time())
 
 
-def job_processes(job_id: str) -> list[psutil.Process]:
-    """Live processes on this machine whose environment marks them as part of ``job_id``."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(JOB_ID_ENV) == job_id:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
+def job_processes(job_id: str, marks: dict[str, str] | None = None) -> list[psutil.Process]:
+    """Live processes on this machine whose environment marks them as part of ``job_id`` (and holds
+    every variable of ``marks``: e.g. a node's). One whose environment cannot be read is not."""
+    wanted = {JOB_ID_ENV: job_id} | (marks or {})
+    return [
+        proc
+        for proc in psutil.process_iter(["environ"], ad_value={})
+        if proc.pid != os.getpid() and wanted.items() <= proc.info["environ"].items()
+    ]
 
 
 def processes(pids: Iterable[int]) -> list[psutil.Process]:
     """The live processes among ``pids``."""
     found = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             found.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
     return found
 
 
 def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
 
 
 def terminate(procs: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
@@ -99,11 +93,9 @@ def terminate(procs: list[psutil.Process], grace_s: float) -> list[psutil.Proces
 def kill_tree(pid: int) -> None:
     """End ``pid`` and every descendant now: SIGTERM, then SIGKILL at once (a hung node's ranks, once
     their stacks are taken: a stopped process never acts on the SIGTERM)."""
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
         terminate([root, *root.children(recursive=True)], 0.0)
-    except psutil.NoSuchProcess:
-        pass
 
 
 def sweep(job_id: str, grace_s: float = 2.0) -> int:

@@ -6,6 +6,7 @@ They are never on a command line, in a file or in a log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import sys
@@ -15,13 +16,11 @@ from typing import IO
 def send(stdin: IO[bytes], secrets: dict[str, str], *, keep_open: bool) -> None:
     """Write ``secrets`` to a client's ``stdin`` as one JSON line, then close it unless ``keep_open``.
     A client that already exited is not an error here: its exit code and log say why it failed."""
-    try:
+    with contextlib.suppress(OSError):
         stdin.write((json.dumps(secrets) + "\n").encode())
         stdin.flush()
         if not keep_open:
             stdin.close()
-    except OSError:
-        pass
 
 
 def receive(timeout_s: float | None = None) -> dict[str, str] | None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -23,48 +24,51 @@ from launcher.job.record import JobRecord, Outcome
 from launcher.supervisor import procs, secrets
 
 
-class Transport(Protocol):
-    """How the supervisor starts, stops and explains the node agents of one scheduler."""
+class Transport(ABC):
+    """How the supervisor starts, stops and explains the node agents of one scheduler. The hooks that
+    only some schedulers need (``close`` to ``requeue``) do nothing unless overridden."""
 
+    @abstractmethod
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         """Start ``node``'s agent, its output appended to the node log. Raises OSError."""
-        ...
 
+    @abstractmethod
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         """Ask every running agent to stop: its ranks checkpoint and exit."""
-        ...
 
+    @abstractmethod
     def kill(self, job_id: str, grace_s: float) -> None:
         """End every process of the job now: SIGTERM, SIGKILL after ``grace_s`` seconds."""
-        ...
 
-    def close(self) -> None:
-        """Once the job has ended and ``kill`` ran: end what the transport kept across attempts."""
-        ...
+    def close(self) -> None:  # noqa: B027 - a hook: nothing to do by default
+        """Once the job has ended and ``kill`` ran: end what the transport kept across attempts
+        (default: nothing is kept)."""
 
     def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
         """What an agent's exit code means for this transport (e.g. ssh's 255: the connection was lost),
-        or None when it is the agent's own."""
-        ...
+        or None when it is the agent's own (default: always)."""
+        return None
 
-    def keep_beats(self, record: JobRecord) -> None:
+    def keep_beats(self, record: JobRecord) -> None:  # noqa: B027 - a hook: nothing to do by default
         """Copy the ranks' last heartbeats into the job record where they are kept elsewhere (SSH: on
-        the hosts), so that the attempt's step and goodput can be read from the record."""
-        ...
+        the hosts), so that the attempt's step and goodput can be read from the record (default:
+        nothing to do, the ranks beat in the job record)."""
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """Make the nodes startable again after ``kill``, for a retry: containers anew, or a spare in
         place of each of ``failed_hosts`` (every host the failure blamed: the root cause's, each hang
         suspect's, each one a health gate named; may be empty); a new Plan when the hosts change, else
         None. Raises OSError when the next attempt cannot run (too few spares: it says which hosts),
-        NewAllocation when it runs in a new allocation (``requeue``)."""
-        ...
+        NewAllocation when it runs in a new allocation (``requeue``). Default: nothing to do, the
+        agents are processes started anew on the same nodes."""
+        return None
 
     def refused(self, record: JobRecord) -> reports.Refused | None:
         """A check before training that ran before this controller (SLURM's batch steps: the health
         gate) and refused nodes of its first attempt, which then starts no agent: its outcome is that
-        refusal's. None on every later call."""
-        ...
+        refusal's. None on every later call (default: always, the checks ran before this controller
+        started, in ``launcher submit``)."""
+        return None
 
     def requeue(
         self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
@@ -74,8 +78,8 @@ class Transport(Protocol):
         runs without the hosts ``excluded`` after ``wait_s`` seconds, or a stop the scheduler asked for
         (SLURM's warning before a time limit or a preemption). The next controller resumes the job,
         so this one ends without recording an end. What to say; None where the scheduler does not
-        (the job ends here)."""
-        ...
+        (the job ends here; the default: a job has no allocation to come back to)."""
+        return None
 
 
 @runtime_checkable
@@ -92,7 +96,7 @@ class NewAllocation(OSError):
     new one, which ``Transport.requeue`` asks the scheduler for."""
 
 
-class ChildAgents:
+class ChildAgents(Transport):
     """Agents that are child processes of the supervisor, on this machine (a base for transports,
     which add ``start``)."""
 
@@ -102,29 +106,6 @@ class ChildAgents:
     def kill(self, job_id: str, grace_s: float) -> None:
         procs.terminate(psutil.Process().children(recursive=True), grace_s)
         procs.sweep(job_id)
-
-    def close(self) -> None:
-        """Nothing is kept across attempts."""
-
-    def explain(self, node: NodePlan, exit_code: int | None) -> str | None:
-        return None
-
-    def keep_beats(self, record: JobRecord) -> None:
-        """Nothing to do: the ranks beat in the job record."""
-
-    def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
-        """Nothing to do: the agents are processes started anew on the same nodes."""
-        return None
-
-    def refused(self, record: JobRecord) -> reports.Refused | None:
-        """None: the checks ran before this controller started (``launcher submit``)."""
-        return None
-
-    def requeue(
-        self, record: JobRecord, outcome: Outcome, excluded: Sequence[str], wait_s: float
-    ) -> str | None:
-        """Never: a job here has no allocation to come back to."""
-        return None
 
 
 def start_client(

@@ -153,35 +153,32 @@ def inspect(beat: Beat, node: int, host: str) -> RankReport:
     )
 
 
-@dataclass(frozen=True)
-class WatchedNode:
+@dataclass
+class Watchdog:
+    """Watches the heartbeats of one node's ranks in ``heartbeat_dir`` (on this machine) at most every
+    POLL_S seconds; a stall of all of them is a hang, reported once with every rank's state and stack."""
+
     node: int
     host: str
     heartbeat_dir: Path
     nproc: int  # ranks expected to beat there
+    spec: HangSpec
 
-
-class Watchdog:
-    """Watches the heartbeats of ``nodes`` (all on this machine) at most every ``poll_s`` seconds; a
-    stall of all their ranks is a hang, reported once with every rank's state and stack."""
-
-    def __init__(self, nodes: list[WatchedNode], spec: HangSpec, poll_s: float = POLL_S) -> None:
-        self.nodes, self.spec, self.poll_s = nodes, spec, poll_s
+    def __post_init__(self) -> None:
         self._next = 0.0
-        for node in nodes:  # an earlier run's beats (a requeue, a retry) would look like a hang at once
-            clear_beats(node.heartbeat_dir)
+        # An earlier run's beats (a requeue, a retry) would look like a hang at once.
+        clear_beats(self.heartbeat_dir)
 
     def check(self) -> HangReport | None:
         """The hang's report once the ranks are stalled (after dumping their stacks), else None."""
-        if not self.nodes or time.monotonic() < self._next:
+        if time.monotonic() < self._next:
             return None
-        self._next = time.monotonic() + self.poll_s
-        beats = [(n, b) for n in self.nodes for b in read_beats(n.heartbeat_dir)]
-        expected = sum(n.nproc for n in self.nodes)
-        stall = stalled(self.spec, [b for _, b in beats], expected, time.time())
+        self._next = time.monotonic() + POLL_S
+        beats = read_beats(self.heartbeat_dir)
+        stall = stalled(self.spec, beats, self.nproc, time.time())
         if stall is None:
             return None
-        ranks = [inspect(b, n.node, n.host) for n, b in beats]
+        ranks = [inspect(b, self.node, self.host) for b in beats]
         return HangReport(
             silent_s=stall.silent_s, budget_s=stall.budget_s, step=stall.step, ranks=ranks, time=time.time()
         )
@@ -196,7 +193,7 @@ class NodeWatch:
     nproc: int
 
     def watchdog(self, node: int, host: str, heartbeat_dir: Path) -> Watchdog:
-        return Watchdog([WatchedNode(node, host, heartbeat_dir, self.nproc)], self.spec)
+        return Watchdog(node, host, heartbeat_dir, self.nproc, self.spec)
 
 
 def end_hung(
@@ -204,15 +201,14 @@ def end_hung(
     hang: HangReport,
     report: Callable[[HangReport], object],
     released: Callable[[], bool],
-    hold_s: float = HOLD_S,
 ) -> int:
     """After a node's watchdog took its ranks' stacks: ``report`` the hang (a ``reports.Hang`` on the
     node's channel), then keep the ranks as they are until ``released()`` (every node has reported, or
-    the launcher ends the job) or ``hold_s`` seconds: killed now, they would wake their peers on other
+    the launcher ends the job) or HOLD_S seconds: killed now, they would wake their peers on other
     nodes with a connection error before those nodes' watchdogs took their stacks. Then end ``child``'s
     tree (a stopped rank never acts on SIGTERM). Returns EXIT_HANG."""
     report(hang)
-    deadline = time.monotonic() + hold_s
+    deadline = time.monotonic() + HOLD_S
     while child.poll() is None and not released() and time.monotonic() < deadline:
         time.sleep(POLL_S / 4)
     procs.kill_tree(child.pid)
