@@ -49,7 +49,7 @@ class RankError:
         return any(part in self.raised_in for part in _CONSEQUENCE_FILES)
 
 
-def read_errors(record: JobRecord, nnodes: int, since: float = 0.0) -> list[RankError]:
+def read_errors(record: JobRecord, nnodes: int, since: float) -> list[RankError]:
     """Every worker error file of the job written at or after ``since`` (epoch seconds; a requeued
     job's earlier runs left theirs), earliest first."""
     found = []
@@ -228,13 +228,10 @@ def signal_name(signum: int) -> str:
 RUN_COPY = "run-copy"  # in the job record: a node-local run dir's copy (launcher.schedulers.slurm.run_copy)
 
 
-def stop_marker(run_dir: Path, since: float, job_dir: Path | None = None) -> StopMarker | None:
-    """The ranks' stop marker written at or after ``since`` (epoch seconds), in ``run_dir`` or, when
-    ``job_dir`` is given, in its copy there (a SLURM job whose run dir is node-local)."""
-    marker = read_stop_marker(run_dir, since)
-    if marker is None and job_dir is not None:
-        marker = read_stop_marker(job_dir / RUN_COPY, since)
-    return marker
+def stop_marker(run_dir: Path, since: float, job_dir: Path) -> StopMarker | None:
+    """The ranks' stop marker written at or after ``since`` (epoch seconds), in ``run_dir`` or else in
+    its copy in the job record ``job_dir`` (a SLURM job whose run dir is node-local)."""
+    return read_stop_marker(run_dir, since) or read_stop_marker(job_dir / RUN_COPY, since)
 
 
 def stop_message(plan: Plan, marker: StopMarker) -> str:

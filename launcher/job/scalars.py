@@ -209,16 +209,13 @@ def goodput_point(
     plan: Plan,
     *,
     periodic: bool,
-    started_at: float | None = None,
     status: JobStatus | None = None,
 ) -> None:
     """A goodput point, and the ranks' (``JobScalars.ranks``), from what the job record holds now. A
     periodic one (every SAMPLE_S) only where the running attempt's ranks beat in the record (local
     nodes, SLURM, compose; an SSH host's beats reach it when its attempt ends): without them the running
-    attempt would count as not training. ``started_at``: the job's start (epoch seconds) where the
-    record has none yet (inside a SLURM job, whose start only ``launcher status`` records). ``status``:
-    the job's status to tell it from, where the record does not hold it yet (an end about to be
-    recorded)."""
+    attempt would count as not training. ``status``: the job's status to tell it from, where the record
+    does not hold it yet (an end about to be recorded)."""
     if not scalars.active or (periodic and not scalars.due()):
         return
     try:
@@ -227,8 +224,6 @@ def goodput_point(
             return
         now = time.time()
         status = status or record.status()
-        if status.started_at is None and started_at is not None:
-            status = status.model_copy(update={"started_at": started_at})
         goodput = job_goodput(record.dir, status, beats, now)
     except Exception as e:  # e.g. a beat of another version: the next point may do
         logging.getLogger(__name__).warning("job scalars in TensorBoard: goodput not read: %s", e)
