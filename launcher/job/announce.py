@@ -68,15 +68,14 @@ class Announcer:
         """Rank 0's first beat of a step of the attempt after ``ended`` (written after that attempt was
         cleaned up; a step's: the start-up's beats come before the checkpoint is loaded), once asked
         (``wait``: asked now, and waited for)."""
-        if wait:
-            if self._asking is not None:
-                self._asking.join()
-            self._asking = threading.Thread(target=self._ask, name="announce-beats", daemon=True)
-            self._asking.start()
-            self._asking.join()
+        if wait and self._asking is not None:
+            self._asking.join()  # an earlier question's answer: asked again below, and waited for
+            self._asking = None
         if self._asking is None:
             self._asking = threading.Thread(target=self._ask, name="announce-beats", daemon=True)
             self._asking.start()
+            if wait:
+                self._asking.join()
         if self._asking.is_alive():
             return None
         self._asking = None

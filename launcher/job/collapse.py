@@ -10,6 +10,7 @@ every line is shown at most WINDOW_S late, and the node logs keep every line as 
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,20 +41,12 @@ class _Pending:
 
 def rank_ranges(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 3, 5, 7, 8]`` -> ``0-3,5,7-8``."""
-    out: list[str] = []
-    run: list[int] = []
-    for rank in sorted(set(ranks)):
-        if run and rank != run[-1] + 1:
-            out.append(_span(run))
-            run = []
-        run.append(rank)
-    if run:
-        out.append(_span(run))
+    out = []
+    # Consecutive ranks keep the same difference to their index in the sorted list: one run each.
+    for _, run in itertools.groupby(enumerate(sorted(set(ranks))), key=lambda pair: pair[1] - pair[0]):
+        first, *rest = (rank for _, rank in run)
+        out.append(f"{first}-{rest[-1]}" if rest else str(first))
     return ",".join(out)
-
-
-def _span(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 
 
 def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic) -> Iterator[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from gptlaunch.contract import StopMarker, read_stop_marker
 from launcher.job.logs import log_end
 from launcher.job.plan import Plan, node_log_name
-from launcher.job.record import Failure, JobRecord
+from launcher.job.record import Failure, JobRecord, torchelastic_dir
 
 # Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
@@ -54,7 +54,7 @@ def read_errors(record: JobRecord, nnodes: int, since: float) -> list[RankError]
     job's earlier runs left theirs), earliest first."""
     found = []
     for node in range(nnodes):
-        for path in record.torchelastic_dir(node).glob("*/attempt_*/*/error.json"):
+        for path in torchelastic_dir(record.dir, node).glob("*/attempt_*/*/error.json"):
             try:
                 msg = json.loads(path.read_text())["message"]
                 text = msg.get("message", "") if isinstance(msg, dict) else str(msg)
@@ -180,32 +180,6 @@ def first_failure(
         return None
     error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"
     return Failure(node_rank=failed_node, host=hosts.get(failed_node), exit_code=exit_code, error=error)
-
-
-def root_cause(
-    record: JobRecord,
-    nnodes: int,
-    failed_node: int,
-    exit_code: int | None,
-    since: float = 0.0,
-    transport_error: str | None = None,
-) -> Failure:
-    """``first_failure`` of the job's files since ``since`` (epoch seconds), the first failed agent
-    being ``failed_node``'s with ``exit_code``."""
-    errors = read_errors(record, nnodes, since)
-    hosts = {n.node_rank: n.named_host for n in record.plan().nodes if n.named_host}
-    failure = first_failure(
-        record.dir,
-        hosts,
-        errors=errors,
-        deaths=worker_deaths(record, nnodes),
-        failed_node=failed_node,
-        exit_code=exit_code,
-        transport_error=transport_error,
-        ranks=global_ranks(record, errors),
-    )
-    assert failure is not None  # a failed node always names one
-    return failure
 
 
 def killed_by(exit_code: int | None) -> int | None:

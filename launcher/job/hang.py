@@ -253,10 +253,9 @@ def behind(ranks: list[RankReport]) -> dict[int, str]:
     return found
 
 
-def _waiting(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]} waits"
-    return f"ranks {', '.join(map(str, ranks))} wait"
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3``, or ``ranks 0, 2, 3``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def suspects(report: HangReport) -> dict[int, str]:
@@ -273,16 +272,14 @@ def hang_message(report: HangReport, stacks_dir: Path) -> str:
     stopped (SIGSTOP?); ranks 0, 2, 3 wait in all_reduce; stacks in JOB/hang/``."""
     why = suspects(report)
     named = [f"{r.describe()} {why[r.rank]}" for r in report.ranks if r.rank in why]
-    waiting: dict[str, list[int]] = {}
+    waiting: dict[str | None, list[int]] = {}  # None: no frame readable
     for r in report.ranks:
-        if r.rank not in why and r.waits_in is not None:
+        if r.rank not in why:
             waiting.setdefault(r.waits_in, []).append(r.rank)
-    unread = [r.rank for r in report.ranks if r.rank not in why and r.waits_in is None]
-    parts = [*named, *(f"{_waiting(rs)} in {what}" for what, rs in waiting.items())]
+    unread = waiting.pop(None, [])
+    parts = [*named, *(f"{_ranks(rs)} wait{'s' * (len(rs) == 1)} in {what}" for what, rs in waiting.items())]
     if unread:
-        parts.append(
-            f"no frame readable for rank{'s' if len(unread) > 1 else ''} {', '.join(map(str, unread))}"
-        )
+        parts.append(f"no frame readable for {_ranks(unread)}")
     return (
         f"hang: no progress for {report.silent_s:.0f} s (budget {report.budget_s:.0f} s) at step "
         f"{report.step:,}: " + "; ".join(parts or ["no rank stands out"]) + f"; stacks in {stacks_dir}/"

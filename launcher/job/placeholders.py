@@ -91,11 +91,6 @@ def known() -> dict[str, Placeholder]:
     return found
 
 
-def names_in(text: str) -> set[str]:
-    """The placeholder names ``text`` uses."""
-    return set(PATTERN.findall(text))
-
-
 def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
     """``text`` with every ``{{name}}`` replaced by its value on this node (each looked up once).
 
@@ -103,7 +98,7 @@ def substitute(text: str, env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     placeholders = known()
     values: dict[str, str] = {}
-    for name in names_in(text):
+    for name in set(PATTERN.findall(text)):
         if name not in placeholders:
             raise PlaceholderError(f"unknown placeholder {{{{{name}}}}}: known are {', '.join(placeholders)}")
         try:

@@ -246,9 +246,8 @@ def new_job_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def torchelastic_dir(job_dir: Path, node_rank: int | str) -> Path:
-    """Where node ``node_rank``'s torchrun agent writes its workers' error files (``node_rank`` may be
-    the ``{{node_rank}}`` placeholder)."""
+def torchelastic_dir(job_dir: Path, node_rank: int) -> Path:
+    """Where node ``node_rank``'s torchrun agent writes its workers' error files."""
     return job_dir / "torchelastic" / f"node-{node_rank}"
 
 
@@ -372,9 +371,6 @@ class JobRecord:
 
     def node_log(self, node_rank: int) -> Path:
         return self.dir / node_log_name(node_rank)
-
-    def torchelastic_dir(self, node_rank: int) -> Path:
-        return torchelastic_dir(self.dir, node_rank)
 
 
 class _AnyJson(BaseModel):

@@ -146,10 +146,6 @@ ReportT = TypeVar(
 )  # fmt: skip
 
 
-def reports_dir(job_dir: Path) -> Path:
-    return job_dir / REPORTS_DIR
-
-
 def encode(report: NodeReport) -> bytes:
     """One report as one line of JSON."""
     return report.model_dump_json().encode() + b"\n"
@@ -163,7 +159,7 @@ def decode(data: bytes) -> NodeReport:
 
 def append(job_dir: Path, report: NodeReport) -> None:
     """Append ``report`` to its node's file in the job record: one ``write`` of one line."""
-    append_to(reports_dir(job_dir), f"node-{report.node}", report)
+    append_to(job_dir / REPORTS_DIR, f"node-{report.node}", report)
 
 
 def append_to(directory: Path, name: str, report: NodeReport) -> None:
@@ -179,7 +175,7 @@ def append_to(directory: Path, name: str, report: NodeReport) -> None:
 def read(job_dir: Path, kind: type[ReportT], since: float = 0.0) -> list[ReportT]:
     """Every report of ``kind`` in the job record sent at or after ``since`` (epoch seconds), oldest
     first."""
-    return read_dir(reports_dir(job_dir), kind, since)
+    return read_dir(job_dir / REPORTS_DIR, kind, since)
 
 
 def read_dir(directory: Path, kind: type[ReportT], since: float = 0.0) -> list[ReportT]:
@@ -205,12 +201,7 @@ def read_all(directory: Path) -> list[NodeReport]:
     return sorted(found, key=lambda r: r.time)
 
 
-def latest_per_node(reports: list[ReportT]) -> list[ReportT]:
-    """The newest report of each node, by node rank."""
-    newest = {r.node: r for r in sorted(reports, key=lambda r: r.time)}
-    return [newest[node] for node in sorted(newest)]
-
-
 def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:
     """The newest hang report of each node sent at or after ``since`` (epoch seconds), by node rank."""
-    return [r.hang for r in latest_per_node(read(job_dir, Hang, since))]
+    newest = {r.node: r.hang for r in read(job_dir, Hang, since)}  # ``read`` is oldest first
+    return [newest[node] for node in sorted(newest)]

@@ -147,14 +147,13 @@ def retry_next(
     excluded: list[str] | None = None,
     steps: Sequence[str] = (),
     min_wait_s: float = 0.0,
-    where: str = "",
 ) -> Retry:
     """The one bookkeeping after an attempt that is retried, for every controller: the attempt after
     ``history`` (the job's ended attempts, oldest first), which ran from ``started_at`` to ``ended_at``
     (epoch seconds, its end detected) and reached ``step``, archived now that its processes are gone
     and the next nodes chosen (``archive``, with the files ``steps`` of the job directory: those of
     the steps before training); the backoff before the next (``backoff_s``, at least ``min_wait_s``);
-    the status updated to say when (and ``where``, appended) it starts."""
+    the status updated to say when it starts."""
     spec = record.spec()
     attempt = Attempt(
         number=len(history) + 1,
@@ -171,7 +170,7 @@ def retry_next(
     ended = archive(record, attempt, steps)
     attempts = [*history, ended]
     wait = max(backoff_s(spec.retry_backoff_s, attempts), min_wait_s)
-    message = next_in(ended, spec.retries, wait) + where
+    message = next_in(ended, spec.retries, wait)
     record.update_status(attempt=ended.number + 1, attempts=attempts, message=message)
     return Retry(ended, wait, message)
 

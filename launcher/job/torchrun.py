@@ -20,27 +20,27 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 IMAGE_PYTHON = "python"  # the interpreter of the training image (the Dockerfile's venv, on its PATH)
 
 
-def torchrun_argv(
+def node_agents(
     spec: JobSpec,
     *,
-    node_rank: int | str,
     endpoint: str,
-    rdzv_id: str,
-    log_dir: str,
+    job_id: str,
+    job_dir: Path,
     worker: list[str],
     python: str | None = None,
-) -> list[str]:
-    """``python -m torch.distributed.run ... WORKER`` for node ``node_rank``; ``worker`` is what each
-    rank runs, in torchrun's form (``worker_argv``).
+) -> list[list[str]]:
+    """``python -m torch.distributed.run ... WORKER`` of every node k of the job; ``worker`` is what
+    each rank runs, in torchrun's form (``worker_argv``), and node k's error files go to
+    ``torchelastic_dir(job_dir, k)``.
 
-    ``endpoint`` is ``host:port`` of the rendezvous store. The rendezvous backend is ``rdzv_backend``'s.
-    With c10d the agents agree on node ranks themselves, so ``--node-rank`` is passed only for the
-    static backend (torchrun ignores it otherwise, with a warning), whose ``--rdzv-conf`` takes the
-    join timeout as ``timeout``. ``node_rank``, ``endpoint`` and ``rdzv_id`` may hold placeholders.
+    ``endpoint`` is ``host:port`` of the rendezvous store (it may hold placeholders); the rendezvous id
+    is the spec's, else the job id, and the backend ``rdzv_backend``'s. With c10d the agents agree on
+    node ranks themselves, so ``--node-rank`` is passed only for the static backend (torchrun ignores
+    it otherwise, with a warning), whose ``--rdzv-conf`` takes the join timeout as ``timeout``.
     ``python`` is the interpreter (default: the spec's; ``IMAGE_PYTHON`` in the training image).
     """
     rdzv = spec.rendezvous
-    backend = rdzv_backend(rdzv, node_rank)
+    backend = rdzv_backend(rdzv)
     conf = (
         f"timeout={rdzv.join_timeout_s}"
         if backend == "static"
@@ -54,23 +54,28 @@ def torchrun_argv(
         f"--nproc-per-node={spec.nproc_per_node}",
         f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-id={rdzv.id or job_id}",
         f"--rdzv-conf={conf}",
         f"--max-restarts={rdzv.max_restarts}",
         # SIGUSR2 is SLURM's usual pre-timeout warning: the agent must forward it, not die of it.
         f"--signals-to-handle={FORWARDED_SIGNALS}",
-        f"--log-dir={log_dir}",
-        "--tee=3",
     ]
-    if backend == "static":
-        argv.append(f"--node-rank={node_rank}")
-    return [*argv, *worker]
+    return [
+        [
+            *argv,
+            f"--log-dir={torchelastic_dir(job_dir, k)}",
+            "--tee=3",
+            *([f"--node-rank={k}"] if backend == "static" else []),
+            *worker,
+        ]
+        for k in range(spec.nnodes)
+    ]
 
 
-def rdzv_backend(rdzv: RendezvousSpec, node_rank: int | str) -> str:
-    """``rdzv.backend``, with ``auto`` made static where the launcher renders each node's rank (an int:
-    local, ssh, compose) and node 0 holds the store (no ``--rdzv-endpoint``), else c10d (SLURM, whose
-    node ranks are a placeholder its nodes fill in).
+def rdzv_backend(rdzv: RendezvousSpec) -> str:
+    """``rdzv.backend``, with ``auto`` made static where node 0 holds the store (no
+    ``--rdzv-endpoint``), else c10d. The launcher renders every node's rank (each scheduler's node
+    agents are ``node_agents``), so static always can number them.
 
     Why static where it can be: c10d's agents poll the store once a second while they wait for each
     other (torch 2.13, ``dynamic_rendezvous``: ``_delay(seconds=1)`` on each sync, after a random
@@ -80,7 +85,7 @@ def rdzv_backend(rdzv: RendezvousSpec, node_rank: int | str) -> str:
     """
     if rdzv.backend != "auto":
         return rdzv.backend
-    return "static" if isinstance(node_rank, int) and rdzv.endpoint is None else "c10d"
+    return "static" if rdzv.endpoint is None else "c10d"
 
 
 RUN_DIR_ARG = "{{run_dir}}"  # in a program's arguments: the job's run dir, replaced when the Plan is made
@@ -119,31 +124,6 @@ def warm_worker(worker: list[str], socket: str) -> list[str]:
     with ``--warm-workers``: the client that has the zygote on ``socket`` fork the rank
     (``gptlaunch.warm``)."""
     return ["-m", "gptlaunch.warm", "run", socket, "--", *worker]
-
-
-def node_agents(
-    spec: JobSpec,
-    *,
-    endpoint: str,
-    job_id: str,
-    job_dir: Path,
-    worker: list[str],
-    python: str | None = None,
-) -> list[list[str]]:
-    """``torchrun_argv`` of every node of a job that knows its node ranks at render time: node k's
-    error files go to ``torchelastic_dir(job_dir, k)``; the rendezvous id is the spec's, else the job id."""
-    return [
-        torchrun_argv(
-            spec,
-            node_rank=k,
-            endpoint=endpoint,
-            rdzv_id=spec.rendezvous.id or job_id,
-            log_dir=str(torchelastic_dir(job_dir, k)),
-            worker=worker,
-            python=python,
-        )
-        for k in range(spec.nnodes)
-    ]
 
 
 def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ from gptlaunch.contract import Beat
 from launcher.job import reports
 from launcher.job.failures import RUN_COPY
 from launcher.job.goodput import Goodput, job_goodput
+from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
 from launcher.job.scalars import read_rank_compute
@@ -48,16 +49,13 @@ class Mark:
 
 @dataclass(frozen=True)
 class Facts:
-    """Everything a report shows. ``metrics``: the trainer's records (None when not readable here,
-    with ``metrics_note`` saying why); ``rank_compute``: the launcher's per-rank points of any program
-    (``launcher.job.scalars``); ``files``: (label, path relative to the job directory)."""
+    """Everything a report shows. ``plan``: the job's id, scheduler, nodes and run dir (as the nodes see
+    it); ``metrics``: the trainer's records (None when not readable here, with ``metrics_note`` saying
+    why); ``rank_compute``: the launcher's per-rank points of any program (``launcher.job.scalars``);
+    ``files``: (label, path relative to the job directory)."""
 
-    job_id: str
+    plan: Plan
     status: JobStatus
-    scheduler: str
-    nodes: int
-    nproc_per_node: int
-    run_dir: str  # as the nodes see it
     spans: list[Span]
     marks: list[Mark]
     goodput: Goodput | None
@@ -77,12 +75,8 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
     if metrics is None and (record.dir / RUN_COPY / METRICS).is_file():  # a node-local run dir's copy
         metrics, note = read_metrics(record.dir / RUN_COPY)
     return Facts(
-        job_id=plan.job_id,
+        plan=plan,
         status=status,
-        scheduler=plan.scheduler,
-        nodes=plan.nnodes,
-        nproc_per_node=plan.nproc_per_node,
-        run_dir=plan.run_dir,
         spans=spans(status, now),
         marks=checkpoints(metrics or []) + hangs(record.dir),
         goodput=job_goodput(record.dir, status, beats, now),

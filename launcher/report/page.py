@@ -71,7 +71,7 @@ def render(facts: Facts) -> str:
         _section(
             "Health check",
             "Is a host's link or device slower than the others'?",
-            checks.health(facts.checks, facts.nproc_per_node),
+            checks.health(facts.checks, facts.plan.nproc_per_node),
             checks.HEALTH_MISSING,
         ),
         _section(
@@ -83,25 +83,25 @@ def render(facts: Facts) -> str:
     ]
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(facts.job_id)}: report</title><style>{STYLE}</style>"
+        f"<title>{html.escape(facts.plan.job_id)}: report</title><style>{STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body>\n"
         f"{_summary(facts)}\n{''.join(sections)}\n{_files(facts)}\n</body></html>\n"
     )
 
 
 def _summary(facts: Facts) -> str:
-    st = facts.status
+    st, plan = facts.status, facts.plan
     ended = f" (exit code {st.job_exit_code}: {st.message or st.state})" if st.state.is_terminal else ""
     rows = [
         ("state", f"{st.state}{ended}"),
-        ("scheduler", f"{facts.scheduler}, {facts.nodes} node(s) × {facts.nproc_per_node}"),
-        ("run dir", str(facts.run_dir)),
+        ("scheduler", f"{plan.scheduler}, {plan.nnodes} node(s) × {plan.nproc_per_node}"),
+        ("run dir", plan.run_dir),
         ("attempts", str(len(facts.spans))),
         ("goodput", facts.goodput.describe() if facts.goodput is not None else "not known yet"),
         ("report made", _when(facts.made_at)),
     ]
     cells = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f"<h1>Job {html.escape(facts.job_id)}</h1><table id='summary'>{cells}</table>"
+    return f"<h1>Job {html.escape(plan.job_id)}</h1><table id='summary'>{cells}</table>"
 
 
 def _section(title: str, question: str, figure: go.Figure | str | None, missing: str) -> str:

@@ -68,14 +68,13 @@ def test_every_node_gets_the_same_rendezvous_and_its_own_log() -> None:
     assert plan.run_dir == "/jobs/gold-job/run"
 
 
-def test_auto_rendezvous_is_static_where_node_ranks_are_rendered_else_c10d() -> None:
+def test_auto_rendezvous_is_static_where_node_0_holds_the_store_else_c10d() -> None:
     spec = _golden_spec()
     for k, node in enumerate(_render(spec).nodes):
         assert "--rdzv-backend=static" in node.argv and f"--node-rank={k}" in node.argv
         assert "--rdzv-conf=timeout=600" in node.argv  # static's name for the join timeout
-    assert rdzv_backend(spec.rendezvous, "{{node_rank}}") == "c10d"  # SLURM: a placeholder
     elsewhere = spec.rendezvous.model_copy(update={"endpoint": "10.0.0.9"})  # the store off node 0
-    assert rdzv_backend(elsewhere, 0) == "c10d"
+    assert rdzv_backend(elsewhere) == "c10d"
     chosen = spec.model_copy(update={"rendezvous": spec.rendezvous.model_copy(update={"backend": "c10d"})})
     argv = _render(chosen).nodes[0].argv
     assert "--rdzv-backend=c10d" in argv and not any(a.startswith("--node-rank") for a in argv)

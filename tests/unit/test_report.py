@@ -10,6 +10,7 @@ from pathlib import Path
 
 from launcher.job.goodput import Goodput
 from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
+from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobState, JobStatus
 from launcher.preflight import recorded
 from launcher.preflight.recorded import Checks
@@ -20,6 +21,8 @@ from tests.unit.test_parity import make_probe
 T0 = 1_800_000_000.0
 GOODPUT = Goodput(wall_s=100, training_s=90, startup_s=3, lost_s=4, checkpoint_s=1, eval_s=1, other_s=1,
                   failures=1, steps_redone=[0])  # fmt: skip
+PLAN = Plan(job_id="gpt-1", scheduler="local", nnodes=2, nproc_per_node=1, rdzv_endpoint="127.0.0.1:29500",
+            run_dir="/runs/a", nodes=[])  # fmt: skip
 METRICS = [
     {"step": 10, "loss": 7.5, "tokens_per_s": 5000.0, "rank_tokens_per_s": [9000.0, 4000.0]},
     {"step": 20, "loss": 6.5, "tokens_per_s": 5100.0, "val_loss": 6.6, "rank_tokens_per_s": [9100.0, 4100.0]},
@@ -36,9 +39,8 @@ def _status() -> JobStatus:
 def _facts(**changes: object) -> Facts:
     status = _status()
     facts = {
-        "job_id": "gpt-1", "status": status, "scheduler": "local", "nodes": 2, "nproc_per_node": 1,
-        "run_dir": "/runs/a", "spans": spans(status, T0 + 100), "goodput": GOODPUT, "metrics": METRICS,
-        "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
+        "plan": PLAN, "status": status, "spans": spans(status, T0 + 100), "goodput": GOODPUT,
+        "metrics": METRICS, "metrics_note": "", "files": [("attempt 1: node 0 log", "attempts/1/node-0.log")],
         "made_at": T0 + 100, "checks": Checks({}, None, []), "marks": [], "rank_compute": {},
     }  # fmt: skip
     return Facts(**{**facts, **changes})  # type: ignore[arg-type]

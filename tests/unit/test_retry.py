@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.job.logs import TICK, tail
-from launcher.job.record import Attempt, Failure, JobRecord, JobState, JobStatus, Outcome
+from launcher.job.record import Attempt, Failure, JobRecord, JobState, JobStatus, Outcome, torchelastic_dir
 from launcher.job.retry import MAX_BACKOFF_S, Decision, archive, backoff_s, decide, refusal, spares
 from launcher.job.spec import JobSpec
 from tests.unit.plans import local_plan
@@ -90,7 +90,7 @@ def test_an_attempt_is_archived_and_a_follower_moves_on_to_the_next(tmp_path: Pa
     record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
     for k in (0, 1):
         record.node_log(k).write_text(f"attempt 1 node {k}\n")
-    (record.torchelastic_dir(1) / "x").mkdir(parents=True)
+    (torchelastic_dir(record.dir, 1) / "x").mkdir(parents=True)
     lines = tail([("node0", record.node_log(0))], keep_going=lambda: True)
     follow = (line for line in lines if line != TICK)  # ticks: nothing new within a poll
     assert next(follow) == "node0 | attempt 1 node 0\n"

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from launcher.job.failures import is_peer_error, root_cause, worker_deaths
+from launcher.job.facts import gather
+from launcher.job.failures import is_peer_error, worker_deaths
 from launcher.job.logs import log_end
-from launcher.job.record import JobRecord, JobStatus
+from launcher.job.record import Failure, JobRecord, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec
+from launcher.job.verdict import verdict
 from tests.unit.plans import local_plan
 from tests.unit.torchrun_output import CHILD_FAILED, FAILED
 
@@ -34,8 +37,18 @@ IN_COLLECTIVE = '  File "/v/site-packages/torch/distributed/distributed_c10d.py"
 IN_TRAINER = '  File "/work/trainer/step.py", line 40, in train_step'
 
 
+def root_cause(record: JobRecord, failed_node: int) -> Failure:
+    """The root cause the controller finds (``launcher.job.facts.gather``, then ``verdict``) when the
+    first failed agent of the job's two nodes is ``failed_node``'s, exit code 1."""
+    agents = tuple(1 if node == failed_node else None for node in range(2))
+    facts = replace(gather(record, since=0.0), agents=agents, first_failed=failed_node)
+    failure = verdict(facts).outcome.failure
+    assert failure is not None, verdict(facts)
+    return failure
+
+
 def _error_file(record: JobRecord, node: int, message: str, when: float) -> None:
-    path = record.torchelastic_dir(node) / "run" / "attempt_0" / "0" / "error.json"
+    path = torchelastic_dir(record.dir, node) / "run" / "attempt_0" / "0" / "error.json"
     path.parent.mkdir(parents=True)
     frame = IN_COLLECTIVE if "RuntimeError: injected" not in message else IN_TRAINER
     stack = f"Traceback (most recent call last):\n{frame}\n    work.wait()\n{message}\n"
@@ -47,7 +60,7 @@ def test_a_killed_worker_is_the_cause_not_the_peer_that_saw_it_go(record: JobRec
     _error_file(record, 0, PEER, time.time() - 10)  # the peer's error is the only error file
     record.node_log(1).write_text(SUMMARY)
     assert worker_deaths(record, 2)[0].rank == 1
-    failure = root_cause(record, 2, failed_node=0, exit_code=1)
+    failure = root_cause(record, failed_node=0)
     assert (failure.node_rank, failure.rank, failure.local_rank) == (1, 1, 0)
     assert "rank 1 was killed by SIGKILL" in failure.summary()
 
@@ -62,7 +75,7 @@ def test_a_worker_that_wrote_its_error_then_aborted_is_named_by_its_error(record
         SUMMARY.replace("-9 (pid", "-6 (pid").replace("Signal 9 (SIGKILL)", "Signal 6")
     )
     assert worker_deaths(record, 2)[0].signum == 6
-    failure = root_cause(record, 2, failed_node=1, exit_code=1)
+    failure = root_cause(record, failed_node=1)
     assert (failure.node_rank, failure.rank) == (1, 1) and "injected fault" in failure.error, failure
 
 
@@ -70,7 +83,7 @@ def test_a_ranks_own_error_wins_over_an_earlier_peer_error(record: JobRecord) ->
     now = time.time()
     _error_file(record, 0, PEER, now - 20)
     _error_file(record, 1, "RuntimeError: injected fault on rank 1 at step 3", now - 10)
-    failure = root_cause(record, 2, failed_node=0, exit_code=1)
+    failure = root_cause(record, failed_node=0)
     assert failure.node_rank == 1 and "injected fault" in failure.error
 
 
@@ -78,7 +91,7 @@ def test_with_only_peer_errors_the_earliest_is_named(record: JobRecord) -> None:
     now = time.time()
     _error_file(record, 1, "RuntimeError: Socket Timeout", now - 20)
     _error_file(record, 0, PEER, now - 10)
-    assert root_cause(record, 2, failed_node=0, exit_code=1).node_rank == 1
+    assert root_cause(record, failed_node=0).node_rank == 1
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import write_stop_marker
-from launcher.job.record import JobRecord, JobState, JobStatus
+from launcher.job.record import JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
@@ -25,7 +25,7 @@ def record(tmp_path: Path) -> JobRecord:
 
 
 def _error_file(record: JobRecord, node: int, message: str, when: float) -> None:
-    path = record.torchelastic_dir(node) / "run" / "attempt_0" / "0" / "error.json"
+    path = torchelastic_dir(record.dir, node) / "run" / "attempt_0" / "0" / "error.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": int(when)}}}))
 
@@ -55,7 +55,7 @@ def test_a_cancel_before_any_checkpoint_is_cancelled(record: JobRecord) -> None:
 def test_error_files_of_a_run_before_a_requeue_are_not_the_root_cause(record: JobRecord) -> None:
     now = time.time()
     _error_file(record, 0, "RuntimeError: from the first run", now - 600)
-    for path in record.torchelastic_dir(0).rglob("error.json"):
+    for path in torchelastic_dir(record.dir, 0).rglob("error.json"):
         os.utime(path, (now - 600, now - 600))
     _error_file(record, 1, "RuntimeError: this run", now - 5)
     outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30), record)
