@@ -1,11 +1,12 @@
-"""A SLURM job run by the one controller: ``launcher supervise --job-dir DIR``,
-the program that runs local, SSH and compose jobs, runs inside the allocation, on its first node, in
-the batch step. It starts each node's agent as a job step (``launcher.schedulers.slurm.transport``),
-follows the attempts, retries onto the allocation's spare nodes, requeues the job when none is left
-or when SLURM warns of a time limit or a preemption, and records the job's end itself.
+"""A SLURM job run by the one controller: ``launcher supervise --job-dir DIR``, the program that runs
+local, SSH and compose jobs, runs inside the allocation, on its first node, in the batch step. It
+starts each node's agent as a job step (``launcher.schedulers.slurm.transport``), follows the
+attempts, retries onto the allocation's spare nodes, requeues the job when none is left or when SLURM
+warns of a time limit or a preemption, and records the job's end itself.
 
-submitit stays the way into SLURM: it renders and submits the batch script, parses ``sacct``, and runs ``Controller`` once per allocation, in the batch step (``use_srun=False``: one
-task, where the steps are started from). ``Controller`` execs ``launcher supervise`` in its place. Not
+submitit stays the way into SLURM: it renders and submits the batch script, parses ``sacct``, and
+runs ``Controller`` once per allocation, in the batch step (``use_srun=False``: one task, where the
+steps are started from). ``Controller`` execs ``launcher supervise`` in its place. Not
 submitit's ``checkpoint()`` for requeues: its handler of SLURM's signal requeues the job as soon as
 ``checkpoint()`` returns, from inside the handler (``submitit/core/job_environment.py``,
 ``SignalHandler.checkpoint_and_try_requeue``), while the controller must first follow every rank to
