@@ -15,7 +15,6 @@ from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.ssh.agents import SshAgents
-from launcher.schedulers.ssh.client import SshSettings
 from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
 
 HOSTFILE = ["h1", "h2", "h3", "h4", "h5", "h6"]  # the job runs on the first NODES: the rest are spares
@@ -53,7 +52,7 @@ def _agents(tmp_path: Path, checks: Checks, hostfile: list[str] = HOSTFILE) -> t
     spec = JobSpec.model_validate({"scheduler": scheduler, "nnodes": NODES, "retries": 2})
     plan = _plan(spec, hostfile[:NODES], tmp_path / "job")
     record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
-    agents = SshAgents(plan, SshSettings(), "python3", {}, record, replan=checks, heartbeats=_no_beats)
+    agents = SshAgents(plan, {}, record, replan=checks, heartbeats=_no_beats)
     return agents, record
 
 

@@ -144,9 +144,8 @@ class ComposeScheduler(SupervisedScheduler):
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         """Write the compose file, create the network and containers, and start following them."""
-        transport = self.transport(plan, record)
-        compose = transport.compose
-        compose.write(plan.files[COMPOSE_FILE])
+        compose = Compose(plan, record.dir)
+        atomic_write_text(compose.file, plan.files[COMPOSE_FILE])
         for path in plan.facts_as(ComposeFacts).writable:
             Path(path).mkdir(parents=True, exist_ok=True)  # else the engine makes it, owned by root
         try:
@@ -246,9 +245,6 @@ class Compose:
         # Every docker and compose call goes to the engine the image was found on, whatever the DOCKER_HOST
         # or docker context of the shell that runs `status` or `cancel` later.
         self.env = with_engine(facts.docker_env)
-
-    def write(self, text: str) -> None:
-        atomic_write_text(self.file, text)
 
     def containers(self) -> list[str]:
         return [container_name(self.plan.job_id, n.node_rank) for n in self.plan.nodes]

@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from gptlaunch.contract import JOB_ID_ENV
+from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.agent.transport import ChannelAgents
 from launcher.job.plan import NodePlan
 from launcher.job.record import JobRecord
@@ -37,18 +37,10 @@ LOG = "warm.log"  # the zygote's output, in the job dir
 
 def zygote_socket(job_id: str) -> Path:
     """Where the zygote of ``job_id`` listens: a short path whatever the job's name (a Unix socket's
-    is at most 107 bytes), in a directory only this user may enter (``_private_dir``)."""
+    is at most 107 bytes), in a directory only this user may enter (``private_dir``): another user's
+    could hold a socket of theirs, which would receive the ranks' environment and streams."""
     digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"gptlaunch-warm-{digest}" / "z.sock"
-
-
-def _private_dir(path: Path) -> None:
-    """Make ``path`` (mode 0700), or check one that exists is this user's alone: another user's could
-    hold a socket of theirs, which would receive the ranks' environment and streams. Raises OSError."""
-    path.mkdir(mode=0o700, exist_ok=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise OSError(f"{path} is not a directory private to this user: remove it")
 
 
 class WarmAgents(ChannelAgents):
@@ -63,14 +55,14 @@ class WarmAgents(ChannelAgents):
         if self.zygote is None or self.zygote.poll() is not None:
             try:
                 self.zygote = self._start_zygote(node, record)
-            except OSError as e:  # the job runs cold: slower, never worse
+            except (OSError, UnsafeDirError) as e:  # the job runs cold: slower, never worse
                 with open(record.dir / LOG, "a") as log:
                     print(f"gptlaunch.warm: no zygote, the ranks start cold: {e}", file=log)
         return super().start(node, record)
 
     def _start_zygote(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         sock = zygote_socket(self.job_id)
-        _private_dir(sock.parent)
+        private_dir(sock.parent)
         env = {k: v for k, v in (os.environ | node.env).items() if k != JOB_ID_ENV}
         with open(record.dir / LOG, "ab") as log:
             return subprocess.Popen(

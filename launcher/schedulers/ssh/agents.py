@@ -1,9 +1,9 @@
 """The supervisor's transport for SSH (``SshAgents``): one ``ssh host python -m launcher.agent run``
 client a node, its stdin the node's lease and its stdout the agent's channel; ``launcher.agent
-signal`` over ssh to stop or end a node; a spare host in place of each failed one for a retry; and, for
-hosts that share no file system with the launcher, the checkpoint copies (``copies``). It asks the
-scheduler through the callables it is given (``Replan``, ``Heartbeats``), and imports only ``remote``
-of what the scheduler uses too: the scheduler imports this module, never the other way round.
+signal`` over ssh to stop or end a node; a spare host in place of each failed one for a retry (the
+spares made ready while the job runs); and, for hosts that share no file system with the launcher,
+the checkpoint copies (``copies``). It asks the scheduler through the callables it is given
+(``Replan``, ``Heartbeats``): the scheduler imports this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import copy_excludes
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
-from launcher.schedulers.ssh.hosts import hosts_of
+from launcher.schedulers.ssh.hosts import hosts_of, master_address, probe_hosts, pull_image, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.remote import LEASE_RENEW_S, LEASE_S, SIGNAL_TIMEOUT_S, agent_command
-from launcher.schedulers.ssh.warm import warm_spares
+from launcher.schedulers.ssh.sync import sync
 from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
@@ -57,26 +57,26 @@ class SshAgents(ChildAgents):
     def __init__(
         self,
         plan: Plan,
-        settings: ssh.SshSettings,
-        python: str,
         secrets: dict[str, str],
         record: JobRecord,
         *,
         replan: Replan,
         heartbeats: Heartbeats,
     ) -> None:
-        self.plan, self.settings, self.python, self.secrets = plan, settings, python, secrets
+        spec = record.spec()
+        opts = spec.options(SshOptions)
+        self.plan, self.settings, self.python, self.secrets = plan, ssh_settings(opts), spec.python, secrets
         self.replan, self.heartbeats = replan, heartbeats
-        excluded = copy_excludes(record.spec(), str(plan.facts.get("workdir", "/")), plan.run_dir)
-        self.copies = Copies(settings, record.dir, plan.run_dir, say, excluded)
+        excluded = copy_excludes(spec, str(plan.facts.get("workdir", "/")), plan.run_dir)
+        self.copies = Copies(self.settings, record.dir, plan.run_dir, say, excluded)
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
         self.clients: list[subprocess.Popen[bytes]] = []  # whose stdin carries the nodes' lease
         self.lost: set[str] = set()  # hosts whose connection was lost in this attempt
         self.ended: dict[str, NodeStatus] = {}  # host -> its agent's last report, in this attempt
         self.renewer: threading.Thread | None = None
         self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
-        self.zygotes = Zygotes(settings, python, plan.job_id, record.dir, LEASE_S)
-        self.warm = record.spec().options(SshOptions).warm_workers
+        self.zygotes = Zygotes(self.settings, self.python, plan.job_id, record.dir, LEASE_S)
+        self.warm = opts.warm_workers
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """For a retry: every host of ``failed_hosts`` (all the hosts a failure blamed, any order,
@@ -187,14 +187,37 @@ class SshAgents(ChildAgents):
         self.copies.on_report(report)
 
     def _warm_spares(self, record: JobRecord) -> None:
+        """The hostfile's spares (hosts beyond ``--nodes``) made ready before they are needed: they get
+        the job's code (``--sync``) and image (pulled), and are probed (with the job's first host as the
+        master address they route to), which starts their interpreter and imports torch once (their
+        page cache then holds them). A retry that swaps a spare in then finds the copy, the pull and the
+        cold imports done: what is left of its checks (``SshScheduler.replan``) is incremental, and a
+        spare that cannot take over is named while the job still runs, not at the failure. One line for
+        the lot; errors are said, not raised: the retry checks its hosts again whatever happens here."""
         spec = record.spec()
+        opts = spec.options(SshOptions)
         current = [n.host for n in self.plan.nodes]
-        free = spares(hosts_of(spec.options(SshOptions)), current, self.failed)
+        free = spares(hosts_of(opts), current, self.failed)
         workdir, image = str(self.plan.facts.get("workdir", "/")), self.plan.facts.get("image")
-        ref = str(image) if image else None  # pinned by digest, as every host of the job pulled it
+        if not free:
+            return
+        started = time.monotonic()
         with self.warming:
-            ready = warm_spares(spec.options(SshOptions), free, current, spec.python, workdir, ref, say)
-        for host in free if ready and self.warm else []:  # as node 0 runs, on that host
+            try:
+                sync(opts, free, workdir, say)
+                pulled = None
+                if image:  # pinned by digest, as every host of the job pulled it
+                    runtime = opts.container_runtime
+                    pulled = pull_image(self.settings, free, spec.python, str(image), runtime, say)
+                master = master_address(self.settings, current[0])
+                probes = probe_hosts(self.settings, free, spec.python, master, pulled)
+            except (SpecError, OSError) as e:
+                why = f"not made ready (a retry checks them again): {e}"
+                say(f"launcher: spare host(s) {', '.join(free)} {why}")
+                return
+        found = "; ".join(f"{host}: torch {probe.torch}" for host, probe in probes.items())
+        say(f"launcher: spare host(s) ready for a retry in {time.monotonic() - started:.1f} s ({found})")
+        for host in free if self.warm else []:  # as node 0 runs, on that host
             self.zygotes.ensure(self.plan.nodes[0].model_copy(update={"host": host}))
 
     def keep_beats(self, record: JobRecord) -> None:

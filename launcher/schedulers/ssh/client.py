@@ -198,13 +198,14 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
     return f"ssh failed: {text.splitlines()[-1] if text else 'no message'}"
 
 
-def run(settings: SshSettings, host: str, command: str, timeout_s: float, stdin: str | None = None) -> Result:
-    """Run ``command`` on ``host`` and wait at most ``timeout_s`` seconds (then kill the client)."""
+def run(settings: SshSettings, host: str, command: str, timeout_s: float) -> Result:
+    """Run ``command`` on ``host`` with an empty stdin and wait at most ``timeout_s`` seconds (then
+    kill the client)."""
     start = time.monotonic()
     try:
         proc = subprocess.run(
             settings.argv(host, command),
-            input=(stdin or "").encode(),
+            input=b"",
             capture_output=True,
             timeout=timeout_s,
         )

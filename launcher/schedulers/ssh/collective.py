@@ -9,10 +9,8 @@ their interfaces and the fix.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import tempfile
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.agent.transport import read_channel
@@ -26,23 +24,18 @@ from launcher.preflight.health import Finding, GateSettings, findings, worker_ar
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.hosts import HostPlan, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
+from launcher.schedulers.ssh.remote import agent_command
 
 
-def collective(
-    opts: SshOptions,
-    plan: HostPlan,
-    python: str,
-    env: dict[str, str],
-    timeout_s: float = 60.0,
-    nproc_per_node: int = 1,
-    worker_args: Sequence[str] = (),
-    extra_s: float = 0.0,
-) -> CollectiveResult:
+def health_gate(
+    opts: SshOptions, plan: HostPlan, python: str, env: dict[str, str], gate: GateSettings, timeout_s: float
+) -> tuple[CollectiveResult, list[Finding]]:
     """A short all_reduce across the hosts (``launcher.preflight.collective`` under torchrun,
-    ``nproc_per_node`` processes per host, in the job's image when it has one) with the job's
-    interface choice and ``env``, plus ``worker_args`` (the health gate's stages, which may take
-    ``extra_s`` seconds more); returns rank 0's result. Raises SpecError with every rank's error when
-    it fails, naming the hosts and interfaces when the group could not form within ``timeout_s``."""
+    ``gate.gpus_per_node`` processes per host, in the job's image when it has one) with the job's
+    interface choice and ``env``, plus the health gate's stages (``launcher.preflight.health``);
+    returns rank 0's result and what the gate found: the hosts it names (``fatal``) and warnings.
+    Raises SpecError with every rank's error when it fails, naming the hosts and interfaces when the
+    group could not form within ``timeout_s``."""
     settings = ssh_settings(opts)
     n = len(plan.hosts)
     run_id = f"collective-{uuid.uuid4().hex[:12]}"  # the agents' files on each host, this run's alone
@@ -51,14 +44,15 @@ def collective(
         node = plan.hosts.index(host)
         node_env = plan.env(host, env) | env
         master = (plan.master_addr, plan.port)
-        torchrun = [*worker_argv(n, nproc_per_node, node, master, timeout_s), *worker_args]
+        torchrun = [*worker_argv(n, gate.gpus_per_node, node, master, timeout_s), *gate.worker_args()]
         workers = ["env", *(f"{k}={v}" for k, v in sorted(node_env.items()))]
         workers += [IMAGE_PYTHON if plan.image else python, *torchrun]
         image = ImageRun(plan.image.image, plan.image.runtimes[host], (), ()).flags() if plan.image else []
         # Under the node agent: the workers' reports come back on its channel.
-        agent = [python, "-m", "launcher.agent", "run", "--job", run_id, "--node", str(node), *image]
-        return f"cd / && {shlex.join([*agent, '--', *workers])}"
+        return agent_command(python, "run", run_id, node, *image, "--", *workers)
 
+    # Beyond one all_reduce: the matmuls, the nvidia-smi query and the pair rounds, each call bounded.
+    extra_s = gate.compute_s + 2 * QUERY_TIMEOUT_S + timeout_s
     wait = timeout_s + extra_s + settings.connect_timeout_s + 30
     results = ssh.fan_out(settings, plan.hosts, command, wait, all_at_once=True)  # ranks wait for each other
     with tempfile.TemporaryDirectory() as received:
@@ -66,7 +60,7 @@ def collective(
         done = reports.read(Path(received), reports.CollectiveDone)
         reported = [f.error for f in reports.read(Path(received), reports.CollectiveFailed)]
     if done and all(r.ok for r in results):
-        return done[-1].result
+        return done[-1].result, findings(done[-1].result, plan.hosts, plan.ifnames, gate)
     where = ", ".join(
         f"{h} ({'GLOO_SOCKET_IFNAME=' + (env.get('GLOO_SOCKET_IFNAME') or plan.ifnames[h])})"
         for h in plan.hosts
@@ -82,14 +76,3 @@ def collective(
         else ""
     )
     raise SpecError(f"the all_reduce across {where} failed:\n  " + "\n  ".join(errors) + hint)
-
-
-def health_gate(
-    opts: SshOptions, plan: HostPlan, python: str, env: dict[str, str], gate: GateSettings, timeout_s: float
-) -> tuple[CollectiveResult, list[Finding]]:
-    """The collective preflight with the health gate's stages (``launcher.preflight.health``), and
-    what it found: the hosts it names (``fatal``) and warnings. Raises SpecError as ``collective``."""
-    # Beyond one all_reduce: the matmuls, the nvidia-smi query and the pair rounds, each call bounded.
-    extra_s = gate.compute_s + 2 * QUERY_TIMEOUT_S + timeout_s
-    result = collective(opts, plan, python, env, timeout_s, gate.gpus_per_node, gate.worker_args(), extra_s)
-    return result, findings(result, plan.hosts, plan.ifnames, gate)

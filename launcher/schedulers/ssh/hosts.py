@@ -23,7 +23,7 @@ from launcher.image.runtime import NO_RUNTIME, PULL_TIMEOUT_S, exec_argv
 from launcher.job.measurements import Probe
 from launcher.job.plan import UnresolvedHosts
 from launcher.job.reports import Probed, Pulled
-from launcher.job.spec import SpecError
+from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.schedulers.ssh import client as ssh
@@ -176,15 +176,15 @@ def probe_hosts(
     settings: ssh.SshSettings,
     hosts: list[str],
     python: str,
-    master_addr: str | None = None,
-    image: HostImage | None = None,
+    master_addr: str,
+    image: HostImage | None,
 ) -> dict[str, Probe]:
     """Run the probe on every host at once (inside ``image`` when given: the image's versions, the
-    host's network and GPUs); host 0 also reports a free port. Raises SpecError listing every host
-    that could not be reached or probed."""
+    host's network and GPUs), with its route to and resolution of ``master_addr``; host 0 also reports
+    a free port. Raises SpecError listing every host that could not be reached or probed."""
 
     def command(host: str) -> str:
-        extra = ["--route-to", master_addr, "--resolve", master_addr] if master_addr else []
+        extra = ["--route-to", master_addr, "--resolve", master_addr]
         if host == hosts[0]:
             extra.append("--free-port")
         probe = ["-m", "launcher.agent", "probe", "--node", str(hosts.index(host)), *extra]
@@ -364,21 +364,15 @@ def check_workdir(settings: ssh.SshSettings, hosts: list[str], workdir: str) -> 
 
 
 def plan_hosts(
-    opts: SshOptions,
-    nnodes: int | None,
-    nproc_per_node: int,
-    python: str,
-    port: int | None,
-    workdir: str | None,
-    warn: Callable[[str], None],
-    image: str | None = None,
+    spec: JobSpec, opts: SshOptions, workdir: str | None, warn: Callable[[str], None], image: str | None
 ) -> HostPlan:
-    """Every check before an SSH job, in order: hosts, the pull of ``image`` (pinned by digest) and
-    probes inside it (in parallel), parity, the workdir (None: not checked, ``--sync`` makes it),
-    master address resolution and routes, rendezvous port. Raises SpecError / ParityError."""
-    probed = probe_job_hosts(opts, nnodes, nproc_per_node, python, image, warn)
-    enforce_parity(probed.probes, nproc_per_node, opts.skip_parity, warn)
+    """Every check before ``spec``'s job on ``opts``' hosts, in order: hosts, the pull of ``image``
+    (pinned by digest) and probes inside it (in parallel), parity, the workdir (None: not checked,
+    ``--sync`` makes it), master address resolution and routes, rendezvous port. Raises SpecError /
+    ParityError."""
+    probed = probe_job_hosts(opts, spec.nnodes, spec.nproc_per_node, spec.python, image, warn)
+    enforce_parity(probed.probes, spec.nproc_per_node, opts.skip_parity, warn)
     warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
     if workdir is not None:
         check_workdir(probed.settings, probed.hosts, workdir)
-    return route_hosts(probed, port, python)
+    return route_hosts(probed, spec.rendezvous.port, spec.python)

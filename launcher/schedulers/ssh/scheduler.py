@@ -97,16 +97,10 @@ def _unchecked(spec: JobSpec, workdir: str, image: str | None) -> SshFacts:
     opts = spec.options(SshOptions)
     hosts = hosts_of(opts, spec.nnodes, spec.nproc_per_node)
     runtime = "podman" if opts.container_runtime == "auto" else opts.container_runtime
-    return SshFacts(
-        workdir=workdir,
-        hosts=hosts,
-        master_addr=master_address(ssh_settings(opts), hosts[0]),
-        rdzv_port=spec.rendezvous.port or TORCHRUN_DEFAULT_PORT,
-        ifnames={},
-        omp_num_threads=spec.omp_num_threads,
-        image=image,
-        runtimes=dict.fromkeys(hosts, runtime) if image else {},
-    )
+    pulled = HostImage(image, dict.fromkeys(hosts, runtime)) if image else None
+    master = master_address(ssh_settings(opts), hosts[0])
+    port = spec.rendezvous.port or TORCHRUN_DEFAULT_PORT
+    return SshFacts.of(workdir, HostPlan(hosts, master, port, {}, {}, pulled), spec)
 
 
 class SshScheduler(SupervisedScheduler):
@@ -135,9 +129,7 @@ class SshScheduler(SupervisedScheduler):
         # With --sync the workdir is made on submit (``preflight``): a dry run copies nothing.
         checked = None if opts.sync else workdir
         try:
-            hosts = plan_hosts(
-                opts, spec.nnodes, spec.nproc_per_node, spec.python, spec.rendezvous.port, checked, say, image
-            )
+            hosts = plan_hosts(spec, opts, checked, say, image)
         except UnresolvedHosts as e:  # a dry run still prints the plan, with these hosts marked
             raise UnresolvedHosts(str(e), e.hosts, _unchecked(spec, workdir, image)) from None
         self._probes = tuple(hosts.probes[h] for h in hosts.hosts)
@@ -195,22 +187,14 @@ class SshScheduler(SupervisedScheduler):
         return [f for f in found if f.fatal]
 
     def replan(self, spec: JobSpec, hosts: list[str], plan: Plan, job_dir: Path) -> Plan:
-        """``plan`` on ``hosts``, after every check of a submit. Raises SpecError / ParityError."""
+        """``plan`` on ``hosts`` (one per node), after every check of a submit. Raises SpecError /
+        ParityError."""
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
         facts = plan.facts_as(SshFacts)
         added = [h for h in hosts if h not in {n.host for n in plan.nodes}]
         check_needs(opts, added, spec.python, job_dir)
         sync(opts, added, facts.workdir, say)
-        found = plan_hosts(
-            opts,
-            len(hosts),
-            spec.nproc_per_node,
-            spec.python,
-            spec.rendezvous.port,
-            facts.workdir,
-            say,
-            facts.image,
-        )
+        found = plan_hosts(spec, opts, facts.workdir, say, facts.image)
         self._probes = tuple(found.probes[h] for h in found.hosts)
         return self.render(spec, SshFacts.of(facts.workdir, found, spec), plan.job_id, job_dir)
 
@@ -240,9 +224,8 @@ class SshScheduler(SupervisedScheduler):
             extra = spec.options(SshOptions).container_mounts
             args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
             mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
-        run_here = (
-            Path(facts.workdir) / run_dir
-        )  # a relative run dir is the workdir's, as the trainer takes it
+        # A relative run dir is the workdir's, as the trainer takes it.
+        run_here = Path(facts.workdir) / run_dir
         excluded = copy_excludes(spec, facts.workdir, str(run_here))
         nodes = []
         for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):
@@ -264,11 +247,7 @@ class SshScheduler(SupervisedScheduler):
 
     def _agents(self, plan: Plan, record: JobRecord, secrets: dict[str, str]) -> SshAgents:
         """The supervisor's transport for ``plan``, with this scheduler's checks and questions."""
-        spec = record.spec()
-        settings = ssh_settings(spec.options(SshOptions))
-        return SshAgents(
-            plan, settings, spec.python, secrets, record, replan=self.replan, heartbeats=self.heartbeats
-        )
+        return SshAgents(plan, secrets, record, replan=self.replan, heartbeats=self.heartbeats)
 
     def heartbeats(
         self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
@@ -276,13 +255,12 @@ class SshScheduler(SupervisedScheduler):
         """From each host's agent but those in ``skip`` (one connection per host, all at once, each
         for at most ``timeout_s`` seconds)."""
         nodes = {n.host: n.node_rank for n in record.plan().nodes}
-        found = {}
-        for host, status in _host_status(record, timeout_s, skip).items():
-            found[nodes[host]] = status.beats if status is not None else []
-        return found
+        found = _host_status(record, timeout_s, skip)
+        return {nodes[host]: status.beats if status is not None else [] for host, status in found.items()}
 
     def remaining(self, record: JobRecord) -> str:
-        running = _hosts_running(record)
+        # A host that cannot be reached counts as running: nothing says its node is gone.
+        running = [host for host, status in _host_status(record).items() if status is None or status.running]
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
@@ -317,9 +295,3 @@ def _host_status(
         silent = NodeStatus(node=nodes[result.host], running=False, exit_code=None)
         found[result.host] = answers[-1] if answers else None if unreachable else silent
     return found
-
-
-def _hosts_running(record: JobRecord) -> list[str]:
-    """The hosts where a node of the job still runs. A host that cannot be reached counts as running:
-    nothing says its node is gone."""
-    return [host for host, status in _host_status(record).items() if status is None or status.running]
