@@ -201,8 +201,8 @@ class SshAgents(ChildAgents):
         workdir, image = str(self.plan.facts.get("workdir", "/")), self.plan.facts.get("image")
         if not free:
             return
-        started = time.monotonic()
         with self.warming:
+            started = time.monotonic()
             try:
                 sync(opts, free, workdir, say)
                 pulled = None
