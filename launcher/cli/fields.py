@@ -6,7 +6,7 @@ from collections.abc import Collection
 
 from pydantic import BaseModel
 
-from launcher.cli.flags import FIELD_FLAGS, _help, _members, scheduler_flag_name
+from launcher.cli.flags import _help, _members, flag_name
 from launcher.job.registry import scheduler_kinds
 from launcher.job.spec import JobSpec
 
@@ -32,11 +32,8 @@ def describe_fields(
 def _flag_of(model: type[BaseModel], dotted: str) -> str:
     """The flag of config field ``dotted`` of ``model`` (a scheduler's options for ``scheduler.*``),
     or "" for a field that has none."""
-    if not dotted.startswith("scheduler."):
-        return FIELD_FLAGS.get(dotted, "")
-    if dotted == "scheduler.kind":
-        return "--scheduler"
-    return scheduler_flag_name(model.model_fields["kind"].default, dotted) or ""
+    kind = model.model_fields["kind"].default if dotted.startswith("scheduler.") else None
+    return flag_name(kind, dotted) or ""
 
 
 def fields_help(shown: Collection[str] | None = None) -> str:

@@ -8,10 +8,11 @@ line override the config file; flags not given leave it alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import sys
 import types
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -24,8 +25,8 @@ from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec, SpecError
 
 NETWORK_GROUP = "network (environment of every node)"
-# The JobSpec's own fields: (flags, dotted field, argument group). Each scheduler's flags are generated
-# from its options model (``scheduler_flags``).
+# The JobSpec's own fields: (flags, dotted field, argument group; "job": the command's own). Each
+# scheduler's flags are generated from its options model (``scheduler_flags``).
 FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--scheduler",), "scheduler.kind", "job"),
     (("--nodes",), "nnodes", "job"),
@@ -55,7 +56,6 @@ FLAGS: list[tuple[tuple[str, ...], str, str]] = [
     (("--nccl-debug",), "network.nccl_debug", NETWORK_GROUP),
     (("--debug",), "network.debug", NETWORK_GROUP),
 ]
-FIELD_FLAGS = {field: flags[0] for flags, field, _ in FLAGS}
 # torchrun's spellings of a flag, accepted as they are and left out of --help.
 ALIASES = {"--nodes": ("--nnodes",), "--nproc-per-node": ("--nproc_per_node",)}
 
@@ -92,33 +92,48 @@ def _help(info: FieldInfo) -> str:
     return text
 
 
-@dataclass
-class SchedulerFlag:
-    """A flag generated from a field of one or more schedulers' options models (same name, same field)."""
+@dataclasses.dataclass
+class Flag:
+    """A flag generated from a JobSpec field: one of ``FLAGS``, or a field of one or more schedulers'
+    options models (the same name for the same field)."""
 
-    flag: str
-    field: str  # of the options model
-    kinds: list[str]
+    flags: tuple[str, ...]  # its spellings in --help, the first its name
+    dest: str  # the dotted JobSpec field: "rendezvous.port", "scheduler.time"
     info: FieldInfo
-    split: str | None
-    metavar: str | None
-    group: str | None
+    group: str | None  # the --help section: of ``FLAGS``, or of a flag that several schedulers share
+    kinds: list[str] = dataclasses.field(default_factory=list)  # the schedulers that have it; []: every job
+    split: str | None = None
+    metavar: str | None = None
     former: str | None = None  # the flag of the field's former name, a hidden deprecated alias
 
     @property
-    def dest(self) -> str:
-        return f"scheduler.{self.field}"
+    def flag(self) -> str:
+        return self.flags[0]
+
+    @property
+    def field(self) -> str:
+        """The field of its own model: "port" of "rendezvous.port"."""
+        return self.dest.rsplit(".", 1)[-1]
 
     @property
     def group_title(self) -> str:
+        if not self.kinds:
+            return self.group or "job"
         kinds = ", ".join(self.kinds[:-1]) + " or " + self.kinds[-1] if len(self.kinds) > 1 else self.kinds[0]
         return f"{self.group or kinds} (with --scheduler {kinds})"
 
 
-def scheduler_flags() -> dict[str, SchedulerFlag]:
+@functools.cache
+def job_flags() -> tuple[Flag, ...]:
+    """Every flag of a job: the JobSpec's own (``FLAGS``), then every scheduler's."""
+    own = [Flag(flags, dotted, field_info(dotted), title) for flags, dotted, title in FLAGS]
+    return (*own, *scheduler_flags().values())
+
+
+def scheduler_flags() -> dict[str, Flag]:
     """Every registered scheduler's flags by name: ``--<field-name>`` unless the field's ``flag(...)``
     says otherwise (``launcher.job.options.flag``). A flag shared by several schedulers is one flag."""
-    flags: dict[str, SchedulerFlag] = {}
+    flags: dict[str, Flag] = {}
     for kind, model in options_models().items():
         for name, info in model.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
@@ -132,8 +147,8 @@ def scheduler_flags() -> dict[str, SchedulerFlag]:
                 continue
             split, metavar, group = (extra.get(k) for k in ("flag_split", "flag_metavar", "flag_group"))
             former = extra.get("renamed_from")
-            flags[flag] = SchedulerFlag(
-                flag, name, [kind], info, _str(split), _str(metavar), _str(group),
+            flags[flag] = Flag(
+                (flag,), f"scheduler.{name}", info, _str(group), [kind], _str(split), _str(metavar),
                 "--" + str(former).replace("_", "-") if former else None,
             )  # fmt: skip
     return flags
@@ -182,41 +197,49 @@ def _str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def _argument(dotted: str, info: FieldInfo, metavar: str | None) -> dict[str, Any]:
-    """argparse keywords for a field: typed, with choices and help from the field."""
-    (kind,) = _members(info.annotation)
-    kw: dict[str, Any] = {"dest": dotted, "default": argparse.SUPPRESS, "help": _help(info)}
+def argument(flag: Flag) -> dict[str, Any]:
+    """argparse keywords for a flag: typed, with choices and help from its field; a list or mapping
+    flag without ``split`` repeats (one item each)."""
+    (kind,) = _members(flag.info.annotation)
+    kw: dict[str, Any] = {"dest": flag.dest, "default": argparse.SUPPRESS, "help": _help(flag.info)}
     if kind is bool:
         kw["action"] = argparse.BooleanOptionalAction
     elif get_origin(kind) is Literal:
         kw["choices"] = list(get_args(kind))
     elif get_origin(kind) in (list, dict):
-        kw["metavar"] = metavar
+        kw["metavar"] = flag.metavar
+        if not flag.split:
+            kw["action"] = "append"
     else:
         kw["type"] = kind
-        kw["metavar"] = metavar or dotted.rsplit(".", 1)[-1].upper()
+        kw["metavar"] = flag.metavar or flag.field.upper()
     return kw
 
 
 def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None = None) -> None:
-    """Add a flag for every field in FLAGS and every scheduler's flag, typed and documented from the
-    field. ``shown``: the schedulers whose own flags --help lists (None: every one); the others' are
-    accepted all the same (a config file may name the scheduler)."""
+    """Add every flag of ``job_flags``, typed and documented from its field. ``shown``: the schedulers
+    whose own flags --help lists (None: every one); the others' are accepted all the same (a config
+    file may name the scheduler)."""
     parser.add_argument("--config", type=Path, help="job config file (YAML; fields below); flags override it")
-    groups: dict[str, Any] = {}
-
-    def group(title: str) -> Any:
-        return parser if title == "job" else groups.setdefault(title, parser.add_argument_group(title))
-
-    for flags, dotted, title in FLAGS:
-        kw = _argument(dotted, field_info(dotted), None)
-        if dotted == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
+    groups: dict[str, Any] = {"job": parser}
+    for flag in job_flags():
+        kw = argument(flag)
+        if flag.dest == "scheduler.kind":  # the union's tag; the spec names the choices on a bad one
             kw = {k: v for k, v in kw.items() if k != "choices"} | {"metavar": "NAME", "type": str}
             kw["help"] = f"where the job runs: {', '.join(scheduler_kinds())} (default: {DEFAULT_KIND})"
-        action = group(title).add_argument(*flags, **kw)
-        if flags[0] in ALIASES:
+        if shown is not None and flag.kinds and not set(flag.kinds) & set(shown):
+            kw["help"] = argparse.SUPPRESS
+        if flag.group_title not in groups:
+            groups[flag.group_title] = parser.add_argument_group(flag.group_title)
+        action = groups[flag.group_title].add_argument(*flag.flags, **kw)
+        if flag.flag in ALIASES:
             hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS, "metavar": action.metavar}
-            parser.add_argument(*ALIASES[flags[0]], dest=action.dest, type=action.type, **hidden)
+            parser.add_argument(*ALIASES[flag.flag], dest=action.dest, type=action.type, **hidden)
+        if flag.former:
+            former = [flag.former]
+            if isinstance(action, argparse.BooleanOptionalAction):
+                former.append("--no-" + flag.former.removeprefix("--"))
+            parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
     parser.add_argument(
         "--secret-env",
         action="append",
@@ -226,7 +249,7 @@ def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None
         "passed from this shell to the job at run time, never written down",
     )
     add_resume_flag(parser)
-    group(NETWORK_GROUP).add_argument(
+    groups[NETWORK_GROUP].add_argument(
         "--env",
         action="append",
         default=[],
@@ -234,23 +257,6 @@ def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None
         help="extra environment variable for every process (repeatable); OMP_NUM_THREADS and "
         "CUDA_VISIBLE_DEVICES here are honoured as the job's thread count and GPU list",
     )
-    for flag in scheduler_flags().values():
-        kw = scheduler_argument(flag)
-        if shown is not None and not set(flag.kinds) & set(shown):
-            kw["help"] = argparse.SUPPRESS
-        action = group(flag.group_title).add_argument(flag.flag, **kw)
-        if flag.former:
-            former = [flag.former]
-            if isinstance(action, argparse.BooleanOptionalAction):
-                former.append("--no-" + flag.former.removeprefix("--"))
-            parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
-
-
-def scheduler_argument(flag: SchedulerFlag) -> dict[str, Any]:
-    kw = _argument(flag.dest, flag.info, flag.metavar)
-    if get_origin(_members(flag.info.annotation)[0]) in (list, dict) and not flag.split:
-        kw["action"] = "append"  # a repeatable flag: one item each
-    return kw
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -288,12 +294,9 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
     tree = load_config(args.config) if args.config else {}
     if args.config:
         _rename_former_keys(tree, args.config)
-    for _, dotted, _ in FLAGS:
-        if hasattr(args, dotted):
-            _set(tree, dotted, getattr(args, dotted))
-    for flag in scheduler_flags().values():
+    for flag in job_flags():
         if hasattr(args, flag.dest):
-            set_scheduler_flag(tree, flag, getattr(args, flag.dest))
+            set_flag(tree, flag, getattr(args, flag.dest))
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep:
@@ -333,8 +336,8 @@ def _rename_former_keys(tree: dict[str, Any], config: Path) -> None:
             options[new] = options.pop(old)
 
 
-def set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) -> None:
-    """A scheduler flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
+def set_flag(tree: dict[str, Any], flag: Flag, value: Any) -> None:
+    """A flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
     mapping flag merged into the mapping of the config file, anything else as given."""
     if flag.split:
         value = [v.strip() for v in value.split(flag.split) if v.strip()]
@@ -349,18 +352,21 @@ def set_scheduler_flag(tree: dict[str, Any], flag: SchedulerFlag, value: Any) ->
 def _extra_hint(parts: list[str]) -> str:
     """What to do about an unknown field: an option of another scheduler says which."""
     if parts[:1] == ["scheduler"] and len(parts) > 1:
-        models = _members(field_info("scheduler").annotation)
-        owners = [m for m in models if parts[1] in m.model_fields or parts[1] in renamed_fields(m)]
+        owners = [
+            k
+            for k, m in options_models().items()
+            if parts[1] in m.model_fields or parts[1] in renamed_fields(m)
+        ]
         if owners:
-            kinds = ", ".join(get_args(m.model_fields["kind"].annotation)[0] for m in owners)
-            return f"; it is an option of --scheduler {kinds}"
+            return f"; it is an option of --scheduler {', '.join(owners)}"
     return "; remove it or check the spelling"
 
 
-def scheduler_flag_name(kind: str | None, dotted: str) -> str | None:
-    """The flag of scheduler ``kind``'s field ``dotted`` ("scheduler.time"), if it has one."""
-    for flag in scheduler_flags().values():
-        if kind in flag.kinds and flag.dest == dotted:
+def flag_name(kind: str | None, dotted: str) -> str | None:
+    """The flag of field ``dotted`` ("rendezvous.port", "scheduler.time") in a job of scheduler
+    ``kind``, if it has one."""
+    for flag in job_flags():
+        if flag.dest == dotted and (not flag.kinds or kind in flag.kinds):
             return flag.flag
     return None
 
@@ -372,7 +378,7 @@ def _describe(e: ValidationError, config: Path | None) -> str:
         parts = [str(x) for x in err["loc"] if not isinstance(x, int)]
         kind = parts.pop(1) if parts[:1] == ["scheduler"] and len(parts) > 1 else None
         field = ".".join(parts)
-        flag = FIELD_FLAGS.get(field) or FIELD_FLAGS.get(f"{field}.kind") or scheduler_flag_name(kind, field)
+        flag = flag_name(kind, field) or flag_name(kind, f"{field}.kind")
         where = f"{field} ({flag})" if flag else field or "job spec"
         got = (
             f" (got {err['input']!r})"

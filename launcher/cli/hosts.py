@@ -11,13 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gptlaunch.contract import EXIT_OK, EXIT_REFUSED
-from launcher.cli.flags import (
-    UsageError,
-    scheduler_argument,
-    scheduler_flag_name,
-    scheduler_flags,
-    set_scheduler_flag,
-)
+from launcher.cli.flags import UsageError, argument, flag_name, scheduler_flags, set_flag
 from launcher.job.measurements import CollectiveResult
 from launcher.job.spec import NetworkSpec
 from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, format_table, report_text
@@ -107,7 +101,7 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Coll
     (``launcher check`` takes the SSH scheduler's host and connection flags)."""
     for flag in scheduler_flags().values():
         if kind in flag.kinds and flag.field in fields:
-            parser.add_argument(flag.flag, **scheduler_argument(flag))
+            parser.add_argument(flag.flag, **argument(flag))
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
@@ -116,13 +110,13 @@ def _ssh_options(args: argparse.Namespace) -> SshOptions:
     tree: dict[str, Any] = {"scheduler": {"kind": "ssh"}}
     for flag in scheduler_flags().values():
         if hasattr(args, flag.dest):
-            set_scheduler_flag(tree, flag, getattr(args, flag.dest))
+            set_flag(tree, flag, getattr(args, flag.dest))
     try:
         return SshOptions.model_validate(tree["scheduler"])
     except ValidationError as e:
         lines = []
         for err in e.errors():
             field = ".".join(str(x) for x in err["loc"] if not isinstance(x, int))
-            name = scheduler_flag_name("ssh", f"scheduler.{field}") if field else None
+            name = flag_name("ssh", f"scheduler.{field}") if field else None
             lines.append(f"{name}: " * bool(name) + err["msg"].removeprefix("Value error, "))
         raise UsageError("; ".join(lines)) from None
