@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from launcher.cli.program import add_resume_flag, set_program
-from launcher.job.options import renamed_fields
+from launcher.job.options import Flag, renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec, SpecError
 
@@ -93,22 +93,27 @@ def _help(info: FieldInfo) -> str:
 
 
 @dataclasses.dataclass
-class Flag:
+class JobFlag:
     """A flag generated from a JobSpec field: one of ``FLAGS``, or a field of one or more schedulers'
-    options models (the same name for the same field)."""
+    options models (the same name for the same field). ``declared``: what the field's ``Flag``
+    (``launcher.job.options``) says of its group, metavar, split and former name; one of ``FLAGS``
+    has only its group, the --help section."""
 
     flags: tuple[str, ...]  # its spellings in --help, the first its name
     dest: str  # the dotted JobSpec field: "rendezvous.port", "scheduler.time"
     info: FieldInfo
-    group: str | None  # the --help section: of ``FLAGS``, or of a flag that several schedulers share
+    declared: Flag
     kinds: list[str] = dataclasses.field(default_factory=list)  # the schedulers that have it; []: every job
-    split: str | None = None
-    metavar: str | None = None
-    former: str | None = None  # the flag of the field's former name, a hidden deprecated alias
 
     @property
     def flag(self) -> str:
         return self.flags[0]
+
+    @property
+    def former(self) -> str | None:
+        """The flag of the field's former name, a hidden deprecated alias."""
+        former = self.declared.renamed_from
+        return "--" + former.replace("_", "-") if former else None
 
     @property
     def field(self) -> str:
@@ -118,39 +123,33 @@ class Flag:
     @property
     def group_title(self) -> str:
         if not self.kinds:
-            return self.group or "job"
+            return self.declared.group or "job"
         kinds = ", ".join(self.kinds[:-1]) + " or " + self.kinds[-1] if len(self.kinds) > 1 else self.kinds[0]
-        return f"{self.group or kinds} (with --scheduler {kinds})"
+        return f"{self.declared.group or kinds} (with --scheduler {kinds})"
 
 
 @functools.cache
-def job_flags() -> tuple[Flag, ...]:
+def job_flags() -> tuple[JobFlag, ...]:
     """Every flag of a job: the JobSpec's own (``FLAGS``), then every scheduler's."""
-    own = [Flag(flags, dotted, field_info(dotted), title) for flags, dotted, title in FLAGS]
+    own = [JobFlag(flags, dotted, field_info(dotted), Flag(group=title)) for flags, dotted, title in FLAGS]
     return (*own, *scheduler_flags().values())
 
 
-def scheduler_flags() -> dict[str, Flag]:
-    """Every registered scheduler's flags by name: ``--<field-name>`` unless the field's ``flag(...)``
-    says otherwise (``launcher.job.options.flag``). A flag shared by several schedulers is one flag."""
-    flags: dict[str, Flag] = {}
+def scheduler_flags() -> dict[str, JobFlag]:
+    """Every registered scheduler's flags by name: ``--<field-name>`` unless the field's ``Flag(...)``
+    says otherwise (``launcher.job.options.Flag``). A flag shared by several schedulers is one flag."""
+    flags: dict[str, JobFlag] = {}
     for kind, model in options_models().items():
         for name, info in model.model_fields.items():
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            flag = extra.get("flag", "")
-            if name == "kind" or flag is None:
+            declared = Flag.of(info)
+            if name == "kind" or declared.name is None:
                 continue
-            flag = str(flag or "--" + name.replace("_", "-"))
+            flag = declared.name or "--" + name.replace("_", "-")
             if flag in flags:
                 assert flags[flag].field == name, f"{flag} names two fields: {flags[flag].field}, {name}"
                 flags[flag].kinds.append(kind)
                 continue
-            split, metavar, group = (extra.get(k) for k in ("flag_split", "flag_metavar", "flag_group"))
-            former = extra.get("renamed_from")
-            flags[flag] = Flag(
-                (flag,), f"scheduler.{name}", info, _str(group), [kind], _str(split), _str(metavar),
-                "--" + str(former).replace("_", "-") if former else None,
-            )  # fmt: skip
+            flags[flag] = JobFlag((flag,), f"scheduler.{name}", info, declared, [kind])
     return flags
 
 
@@ -160,7 +159,7 @@ def warn(text: str) -> None:
 
 
 class _FormerFlag(argparse.Action):
-    """A flag's former spelling (``flag(renamed_from=...)``), hidden from --help: says on stderr, once,
+    """A flag's former spelling (``Flag(renamed_from=...)``), hidden from --help: says on stderr, once,
     that it is deprecated, then does what the flag does (``--no-`` form included)."""
 
     def __init__(self, option_strings: list[str], dest: str, current: argparse.Action) -> None:
@@ -193,11 +192,7 @@ class _FormerFlag(argparse.Action):
         self.current(parser, namespace, values, new)
 
 
-def _str(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def argument(flag: Flag) -> dict[str, Any]:
+def argument(flag: JobFlag) -> dict[str, Any]:
     """argparse keywords for a flag: typed, with choices and help from its field; a list or mapping
     flag without ``split`` repeats (one item each)."""
     (kind,) = _members(flag.info.annotation)
@@ -207,12 +202,12 @@ def argument(flag: Flag) -> dict[str, Any]:
     elif get_origin(kind) is Literal:
         kw["choices"] = list(get_args(kind))
     elif get_origin(kind) in (list, dict):
-        kw["metavar"] = flag.metavar
-        if not flag.split:
+        kw["metavar"] = flag.declared.metavar
+        if not flag.declared.split:
             kw["action"] = "append"
     else:
         kw["type"] = kind
-        kw["metavar"] = flag.metavar or flag.field.upper()
+        kw["metavar"] = flag.declared.metavar or flag.field.upper()
     return kw
 
 
@@ -336,11 +331,11 @@ def _rename_former_keys(tree: dict[str, Any], config: Path) -> None:
             options[new] = options.pop(old)
 
 
-def set_flag(tree: dict[str, Any], flag: Flag, value: Any) -> None:
+def set_flag(tree: dict[str, Any], flag: JobFlag, value: Any) -> None:
     """A flag's value into the config tree: a separated list split, each ``KEY[=VALUE]`` of a
     mapping flag merged into the mapping of the config file, anything else as given."""
-    if flag.split:
-        value = [v.strip() for v in value.split(flag.split) if v.strip()]
+    if flag.declared.split:
+        value = [v.strip() for v in value.split(flag.declared.split) if v.strip()]
     elif get_origin(_members(flag.info.annotation)[0]) is dict:
         for item in value:
             key, _, item_value = item.partition("=")

@@ -6,8 +6,8 @@ lives in its own folder (``launcher/schedulers/<kind>/options.py``) and is found
 (``launcher.job.registry``), never imported here. An options module imports nothing of the launcher
 but this module: the JobSpec loads it while it is itself being imported.
 
-Flags are generated from the fields: ``--<field-name>`` by default; ``flag(...)`` in a field's
-``json_schema_extra`` renames it, groups it, leaves it without a flag or keeps its former name as a
+Flags are generated from the fields: ``--<field-name>`` by default; a ``Flag(...)`` in a field's
+``Annotated`` type renames it, groups it, leaves it without a flag or keeps its former name as a
 deprecated alias.
 """
 
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from dataclasses import KW_ONLY, dataclass
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 
 class JobView(Protocol):
@@ -83,48 +84,45 @@ def check_gpus_once(gpus: object, job: JobView) -> None:
         )
 
 
-def flag(
-    name: str | None = "",
-    *,
-    group: str | None = None,
-    metavar: str | None = None,
-    split: str | None = None,
-    renamed_from: str | None = None,
-) -> dict[str, Any]:
-    """The ``json_schema_extra`` of a field whose flag is not plain ``--<field-name>``: ``name`` another
+@dataclass(frozen=True)
+class Flag:
+    """In a field's ``Annotated`` type, when its flag is not plain ``--<field-name>``: ``name`` another
     flag (None: no flag), ``group`` the --help section when several schedulers share the flag, ``split``
     a separator that splits one value into a list (``--hosts a,b``; else a list flag repeats),
     ``renamed_from`` the field's former name, still accepted as a deprecated alias (``renamed_fields``)."""
-    return {
-        "flag": name,
-        "flag_group": group,
-        "flag_metavar": metavar,
-        "flag_split": split,
-        "renamed_from": renamed_from,
-    }
+
+    name: str | None = ""
+    _: KW_ONLY
+    group: str | None = None
+    metavar: str | None = None
+    split: str | None = None
+    renamed_from: str | None = None
+
+    @classmethod
+    def of(cls, info: FieldInfo) -> Flag:
+        """The Flag in the annotation of the field ``info`` describes, or the plain one."""
+        return next((m for m in info.metadata if isinstance(m, Flag)), cls())
 
 
-NO_FLAG = flag(None)
+NO_FLAG = Flag(None)
 
 
 def renamed_fields(model: type[BaseModel]) -> dict[str, str]:
-    """Former name -> field of ``model``'s renamed fields (``flag(renamed_from=...)``)."""
+    """Former name -> field of ``model``'s renamed fields (``Flag(renamed_from=...)``)."""
     renamed: dict[str, str] = {}
     for name, info in model.model_fields.items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        if extra.get("renamed_from"):
-            renamed[str(extra["renamed_from"])] = name
+        if former := Flag.of(info).renamed_from:
+            renamed[former] = name
     return renamed
 
 
 class ParityOptions(SchedulerOptions):
     """Options of a scheduler whose nodes run the version parity probe before training."""
 
-    skip_parity: bool = Field(
+    skip_parity: Annotated[bool, Flag(group="version parity")] = Field(
         False,
         description="train even when the nodes' versions differ (the diff is still printed); by default "
         "the job is refused (ssh) or ends before training (slurm, compose) with exit code 3",
-        json_schema_extra=flag(group="version parity"),
     )
 
 
@@ -146,34 +144,30 @@ class GateOptions(SchedulerOptions):
     """Options of a scheduler that can run the health gate (``launcher.preflight.health``) before
     training: ssh before anything starts, slurm in the allocation before the ranks start."""
 
-    health_check: bool = Field(
+    health_check: Annotated[bool, Flag(group=GATE_GROUP, renamed_from="preflight")] = Field(
         False,
         description="before training, run the health gate: an all_reduce across the nodes, then between "
         "pairs of nodes, a matmul on every device and (with GPUs) nvidia-smi's health fields; a node it "
         "names (a slow link or device, an unhealthy GPU) refuses the launch with exit code 3 (ssh: nothing "
         "started; slurm: the job ends before training). With --retries, a named node is replaced: by a "
         "spare of the hostfile (ssh) or by a requeue without it (slurm)",
-        json_schema_extra=flag(group=GATE_GROUP, renamed_from="preflight"),
     )
-    health_check_warn: bool = Field(
+    health_check_warn: Annotated[bool, Flag(group=GATE_GROUP, renamed_from="preflight_warn")] = Field(
         False,
         description="run the health gate as --health-check does, report the nodes it names, and train anyway",
-        json_schema_extra=flag(group=GATE_GROUP, renamed_from="preflight_warn"),
     )
-    min_busbw: float | None = Field(
+    min_busbw: Annotated[float | None, Flag(metavar="GB/s", group=GATE_GROUP)] = Field(
         None,
         gt=0,
         description="the health gate also names a node whose pairs are all below this bus bandwidth "
         "(default: only below half the median node's best pair)",
-        json_schema_extra=flag(metavar="GB/s", group=GATE_GROUP),
     )
 
-    health_compute_s: float | None = Field(
+    health_compute_s: Annotated[float | None, Flag(metavar="S", group=GATE_GROUP)] = Field(
         None,
         ge=0,
         description="seconds of matmuls per device in the health gate's compute check (default 1; 0: no "
         "compute check, as where the nodes' processes share cores and their rates cannot be compared)",
-        json_schema_extra=flag(metavar="S", group=GATE_GROUP),
     )
 
     @property
@@ -216,19 +210,21 @@ class ContainerOptions(ParityOptions):
     (``runtimes``: the ones it can render)."""
 
     runtimes: ClassVar[tuple[str, ...]]
-    image: str | None = Field(None, description=IMAGE_DESCRIPTION, json_schema_extra=flag(group=IMAGE_GROUP))
-    container_runtime: Literal["auto", "docker", "podman", "pyxis", "apptainer"] = Field(
+    image: Annotated[str | None, Flag(group=IMAGE_GROUP)] = Field(None, description=IMAGE_DESCRIPTION)
+    container_runtime: Annotated[
+        Literal["auto", "docker", "podman", "pyxis", "apptainer"], Flag(group=IMAGE_GROUP)
+    ] = Field(
         "auto",
         description="what runs the image: ssh: docker or podman (auto: podman, else docker, as each host "
         "has); slurm: pyxis (srun --container-image), apptainer or podman (auto: pyxis when srun has it, "
         "else apptainer, else podman)",
-        json_schema_extra=flag(group=IMAGE_GROUP),
     )
-    container_mounts: list[str] = Field(
-        default_factory=list,
-        description="one more host directory, mounted at the same path in every container (repeatable; "
-        "the job record, run dir, workdir and the trainer's data paths are mounted already)",
-        json_schema_extra=flag("--container-mount", metavar="DIR", group=IMAGE_GROUP),
+    container_mounts: Annotated[list[str], Flag("--container-mount", metavar="DIR", group=IMAGE_GROUP)] = (
+        Field(
+            default_factory=list,
+            description="one more host directory, mounted at the same path in every container (repeatable; "
+            "the job record, run dir, workdir and the trainer's data paths are mounted already)",
+        )
     )
 
     @field_validator("image")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -11,11 +11,11 @@ from launcher.job.options import (
     IMAGE_DESCRIPTION,
     IMAGE_GROUP,
     NO_FLAG,
+    Flag,
     JobView,
     ParityOptions,
     check_gpus_once,
     check_image_ref,
-    flag,
 )
 
 
@@ -27,22 +27,19 @@ class ComposeOptions(ParityOptions):
     kind: Literal["compose"] = Field(
         "compose", description="where the job runs (compose: one container per node, docker compose)"
     )
-    image: str = Field(
+    image: Annotated[str, Flag(group=IMAGE_GROUP)] = Field(
         "",
         validate_default=True,
         description=IMAGE_DESCRIPTION,
-        json_schema_extra=flag(group=IMAGE_GROUP),
     )
-    shm_size: str = Field(
+    shm_size: Annotated[str, Flag(group=IMAGE_GROUP)] = Field(
         "8g",
         description="shared memory of each container (Docker's 64m default breaks NCCL)",
-        json_schema_extra=flag(group=IMAGE_GROUP),
     )
-    gpus: bool | None = Field(
+    gpus: Annotated[bool | None, NO_FLAG] = Field(
         None,
         description="reserve --gpus-per-node GPUs for each container (default: when the engine has the "
         "nvidia runtime)",
-        json_schema_extra=NO_FLAG,
     )
     compose_command: Literal["auto", "docker compose", "docker-compose"] = Field(
         "auto", description="the compose client (auto: `docker compose` (v2), else `docker-compose` (v1))"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -18,11 +18,10 @@ class LocalOptions(WarmOptions):
     kind: Literal["local"] = Field(
         "local", description="where the job runs (local: emulated nodes on this machine)"
     )
-    gpus: list[str] | None = Field(
+    gpus: Annotated[list[str] | None, NO_FLAG] = Field(
         None,
         description="ids of the GPUs shared out between emulated nodes, [] for none (default: those "
         "in CUDA_VISIBLE_DEVICES (--env or this shell), else all detected)",
-        json_schema_extra=NO_FLAG,
     )
 
     @field_validator("gpus")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import ContainerOptions, GateOptions, JobView, Placeholder, check_gpus_once, flag
+from launcher.job.options import ContainerOptions, Flag, GateOptions, JobView, Placeholder, check_gpus_once
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -116,11 +116,10 @@ class SlurmOptions(ContainerOptions, GateOptions):
         None, ge=1, description="CPUs for each node's task (its torchrun agent and all its ranks)"
     )
     mem: str | None = Field(None, description="memory per node, e.g. 64G (SLURM's --mem; default unit MB)")
-    gpus: bool | None = Field(
+    gpus: Annotated[bool | None, Flag("--slurm-gpus")] = Field(
         None,
         description="request --gpus-per-node from SLURM (true, false: CPU processes; default: when the "
         "partition's nodes have GPUs, from sinfo)",
-        json_schema_extra=flag("--slurm-gpus"),
     )
     signal_delay_s: int = Field(
         90,
@@ -149,11 +148,10 @@ class SlurmOptions(ContainerOptions, GateOptions):
         "ranks start, so a checkpoint survives a lost node (default: when the nodes do not see the mark "
         "the launcher writes in the run dir at submit; the standalone sbatch script needs it said)",
     )
-    sbatch: dict[str, str] = Field(
+    sbatch: Annotated[dict[str, str], Flag("--slurm-opt", metavar="KEY[=VALUE]")] = Field(
         default_factory=dict,
         description="any other sbatch option, e.g. mail-type=END or exclusive (repeatable; in a config "
         "file: {exclusive: '', mail-type: END}, '' for a bare flag)",
-        json_schema_extra=flag("--slurm-opt", metavar="KEY[=VALUE]"),
     )
 
     @field_validator("partition", "account", "qos", "constraint")

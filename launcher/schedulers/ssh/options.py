@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from launcher.job.options import ContainerOptions, GateOptions, WarmOptions, flag
+from launcher.job.options import ContainerOptions, Flag, GateOptions, WarmOptions
 from launcher.schedulers.ssh.client import MAX_PARALLEL, SSH_OPT_RE, check_host
 
 # ssh -o options the launcher sets itself (lower-case) and the setting that replaces them.
@@ -31,40 +31,35 @@ class SshOptions(ContainerOptions, GateOptions, WarmOptions):
     runtimes: ClassVar[tuple[str, ...]] = ("docker", "podman")
     scheduler: ClassVar[str] = "launcher.schedulers.ssh.scheduler:SshScheduler"
     kind: Literal["ssh"] = Field("ssh", description="where the job runs (ssh: hosts reached by ssh)")
-    hosts: list[str] = Field(
+    hosts: Annotated[list[str], Flag("--hosts", metavar="H1,H2,...", split=",")] = Field(
         default_factory=list,
         description="the hosts, comma-separated ([user@]host or ~/.ssh/config aliases); the first --nodes "
         "of them run the job, the first hosts the rendezvous; or --hostfile",
-        json_schema_extra=flag("--hosts", metavar="H1,H2,...", split=","),
     )
     hostfile: Path | None = Field(
         None, description="file of hosts, one `host [slots=N]` per line, # comments (or hosts)"
     )
-    ssh_opts: list[str] = Field(
+    ssh_opts: Annotated[list[str], Flag("--ssh-opt", metavar="KEY=VALUE")] = Field(
         default_factory=list,
         description="an ssh option for every connection (ssh -o), e.g. ProxyJump=bastion (repeatable)",
-        json_schema_extra=flag("--ssh-opt", metavar="KEY=VALUE"),
     )
-    host_key_check: Literal["yes", "accept-new"] = Field(
+    host_key_check: Annotated[Literal["yes", "accept-new"], Flag("--ssh-host-key-check")] = Field(
         "yes",
         description="StrictHostKeyChecking: yes (a host must be in known_hosts) or accept-new (record "
         "the key of a host seen for the first time; a changed key is still refused)",
-        json_schema_extra=flag("--ssh-host-key-check"),
     )
-    connect_timeout_s: int = Field(
+    connect_timeout_s: Annotated[int, Flag("--ssh-connect-timeout-s")] = Field(
         10,
         ge=1,
         le=300,
         description="seconds to wait for each ssh connection",
-        json_schema_extra=flag("--ssh-connect-timeout-s"),
     )
-    sync: Path | None = Field(
+    sync: Annotated[Path | None, Flag("--sync", metavar="DIR")] = Field(
         None,
         description="a directory here (your code) copied into the workdir on every host before launch, "
         "with rsync over these ssh settings: for hosts that share no file system with this machine",
-        json_schema_extra=flag("--sync", metavar="DIR"),
     )
-    max_parallel: int = Field(
+    max_parallel: Annotated[int, Flag("--ssh-max-parallel")] = Field(
         MAX_PARALLEL,
         ge=1,
         le=1024,
@@ -72,7 +67,6 @@ class SshOptions(ContainerOptions, GateOptions, WarmOptions):
         f"{MAX_PARALLEL}: 1,000 hosts in 16 waves without 1,000 processes here; through one ProxyJump "
         "bastion use 10, where sshd's MaxStartups starts dropping connections). The job itself and the "
         "collective preflight hold one connection per host",
-        json_schema_extra=flag("--ssh-max-parallel"),
     )
 
     @field_validator("hosts")
