@@ -29,9 +29,6 @@ class JobView(Protocol):
     def grace_period_s(self) -> float: ...
 
     @property
-    def env(self) -> dict[str, str]: ...
-
-    @property
     def retries(self) -> int: ...
 
 
@@ -73,15 +70,6 @@ class SchedulerOptions(BaseModel):
                     raise ValueError(f"{old} is the former name of {new}: keep {new}")
                 data = {k: v for k, v in data.items() if k != old} | {new: data[old]}
         return data
-
-
-def check_gpus_once(gpus: object, job: JobView) -> None:
-    """Raises ValueError when a scheduler's ``gpus`` option and CUDA_VISIBLE_DEVICES in --env are both
-    given: one setting, one source."""
-    if gpus is not None and "CUDA_VISIBLE_DEVICES" in job.env:
-        raise ValueError(
-            "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
-        )
 
 
 @dataclass(frozen=True)

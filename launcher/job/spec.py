@@ -314,6 +314,12 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _scheduler_fits_job(self) -> JobSpec:
         self.scheduler.check_job(self)
+        # The GPUs of a scheduler's ``gpus`` option (local, compose, slurm) and CUDA_VISIBLE_DEVICES:
+        # one setting, one source.
+        if getattr(self.scheduler, "gpus", None) is not None and "CUDA_VISIBLE_DEVICES" in self.network.env:
+            raise ValueError(
+                "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
+            )
         return self
 
     @model_validator(mode="after")
@@ -359,11 +365,6 @@ class JobSpec(_Strict):
                 "OMP_NUM_THREADS is set twice (omp_num_threads / --omp-num-threads and env / --env): keep one"
             )
         return self
-
-    @property
-    def env(self) -> dict[str, str]:
-        """The environment variables given for every process (``network.env``, --env)."""
-        return self.network.env
 
     def options(self, model: type[_OptionsT]) -> _OptionsT:
         """The scheduler's options as ``model``, for that scheduler's own code. Raises TypeError (a

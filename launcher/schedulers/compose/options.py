@@ -12,9 +12,7 @@ from launcher.job.options import (
     IMAGE_GROUP,
     NO_FLAG,
     Flag,
-    JobView,
     ParityOptions,
-    check_gpus_once,
     check_image_ref,
 )
 
@@ -58,6 +56,3 @@ class ComposeOptions(ParityOptions):
         if not re.fullmatch(r"\d+[bkmg]?", v.lower()):
             raise ValueError(f"{v!r} is not a size: use e.g. 8g or 512m")
         return v
-
-    def check_job(self, job: JobView) -> None:
-        check_gpus_once(self.gpus, job)

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import NO_FLAG, JobView, WarmOptions, check_gpus_once
+from launcher.job.options import NO_FLAG, WarmOptions
 
 
 class LocalOptions(WarmOptions):
@@ -31,6 +31,3 @@ class LocalOptions(WarmOptions):
             if not re.fullmatch(r"[A-Za-z0-9-]+", gpu):
                 raise ValueError(f"{gpu!r} is not a GPU id (an index like 0 or a UUID like GPU-8f3c...)")
         return v
-
-    def check_job(self, job: JobView) -> None:
-        check_gpus_once(self.gpus, job)

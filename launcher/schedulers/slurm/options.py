@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import ContainerOptions, Flag, GateOptions, JobView, Placeholder, check_gpus_once
+from launcher.job.options import ContainerOptions, Flag, GateOptions, JobView, Placeholder
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -210,4 +210,3 @@ class SlurmOptions(ContainerOptions, GateOptions):
             )
         if self.spare_nodes and not job.retries:
             raise ValueError("--spare-nodes needs --retries N (N ≥ 1): a spare node is used by a retry")
-        check_gpus_once(self.gpus, job)
