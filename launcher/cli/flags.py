@@ -347,11 +347,8 @@ def set_flag(tree: dict[str, Any], flag: JobFlag, value: Any) -> None:
 def _extra_hint(parts: list[str]) -> str:
     """What to do about an unknown field: an option of another scheduler says which."""
     if parts[:1] == ["scheduler"] and len(parts) > 1:
-        owners = [
-            k
-            for k, m in options_models().items()
-            if parts[1] in m.model_fields or parts[1] in renamed_fields(m)
-        ]
+        models = options_models()
+        owners = [kind for kind, m in models.items() if parts[1] in {*m.model_fields, *renamed_fields(m)}]
         if owners:
             return f"; it is an option of --scheduler {', '.join(owners)}"
     return "; remove it or check the spelling"
