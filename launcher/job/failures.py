@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gptlaunch.contract import StopMarker, read_stop_marker
 from launcher.job.logs import log_end
-from launcher.job.plan import Plan, node_log_name
+from launcher.job.plan import node_log_name
 from launcher.job.record import Failure, JobRecord, torchelastic_dir
 
 # Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
@@ -95,25 +95,14 @@ class WorkerDeath:
     signum: int
 
 
-def worker_deaths(record: JobRecord, nnodes: int) -> list[WorkerDeath]:
-    """The workers torchrun reported killed by a signal (a negative exit code in its failure summary),
-    by node."""
+def torchrun_summary(record: JobRecord, nnodes: int) -> list[tuple[int, int, int, int]]:
+    """(node, rank, local rank, exit code) of each worker in torchrun's failure summary in the node logs
+    (``rank      : 3 (local_rank: 1)``, then ``exitcode  : -9``: killed by a signal), by node."""
     found = []
     for node in range(nnodes):
         for rank, local_rank, code in _SUMMARY.findall(log_end(record.node_log(node))):
-            if int(code) < 0:
-                found.append(WorkerDeath(node, int(rank), int(local_rank), -int(code)))
+            found.append((node, int(rank), int(local_rank), int(code)))
     return list(dict.fromkeys(found))  # the summary repeats the root cause: once each
-
-
-def global_ranks(record: JobRecord, errors: Sequence[RankError]) -> dict[tuple[int, int], int]:
-    """(node, local rank) -> global rank of the ranks in ``errors``, from torchrun's failure summary
-    in their node logs (``rank      : 3 (local_rank: 1)``)."""
-    found = {}
-    for node in {e.node_rank for e in errors}:
-        for rank, local_rank, _ in _SUMMARY.findall(log_end(record.node_log(node))):
-            found[(node, int(local_rank))] = int(rank)
-    return found
 
 
 def first_failure(
@@ -206,12 +195,3 @@ def stop_marker(run_dir: Path, since: float, job_dir: Path) -> StopMarker | None
     """The ranks' stop marker written at or after ``since`` (epoch seconds), in ``run_dir`` or else in
     its copy in the job record ``job_dir`` (a SLURM job whose run dir is node-local)."""
     return read_stop_marker(run_dir, since) or read_stop_marker(job_dir / RUN_COPY, since)
-
-
-def stop_message(plan: Plan, marker: StopMarker) -> str:
-    """What a stop with a checkpoint says: the checkpoint, the step, and how to resume."""
-    trainer = any("trainer.cli" in node.argv for node in plan.nodes)  # not the user's own program
-    resume = (
-        f"resume by submitting again with -- --run-dir {plan.run_dir}" if trainer else f"in {plan.run_dir}"
-    )
-    return f"checkpoint {marker.checkpoint} saved at step {marker.step}; {resume}"

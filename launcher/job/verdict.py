@@ -1,5 +1,8 @@
 """How an attempt ended: one pure function (``verdict``) of the attempt's typed facts, for every
-controller (the supervisor of local, SSH and compose jobs, and every SLURM piece).
+controller (the supervisor of local, SSH and compose jobs, and every SLURM piece). ``gather`` is the
+one reader of those facts in the job record (the ranks' stop marker, the nodes' refusals, hang reports
+and ends, the ranks' error files); what only the controller knows (the agents' exit codes, a stop
+request, what the scheduler says) it adds itself.
 
 The precedence, one order everywhere (the first that holds decides):
 
@@ -25,16 +28,17 @@ exception was raised. No message text decides: error messages only go into the o
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, StopMarker
-from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_by, stop_message
-from launcher.job.hang import HANG_DIR, HangReport, hang_message, suspects
+from launcher.job import failures, reports
+from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_by
+from launcher.job.hang import HANG_DIR, HangReport, hang_message, merge, suspects, write_stacks
 from launcher.job.plan import Plan
-from launcher.job.record import JobState, Outcome
-from launcher.job.reports import Refused
+from launcher.job.record import JobRecord, JobState, Outcome
 
 
 class Ending(enum.Enum):
@@ -63,7 +67,7 @@ class Facts:
     completed: bool = False  # the scheduler says every node succeeded (SLURM: COMPLETED)
     stop_requested: bool = False
     marker: StopMarker | None = None  # the ranks' stop marker written in this attempt
-    refused: Refused | None = None  # the last refusal of a check before training, in this attempt
+    refused: reports.Refused | None = None  # the last refusal of a check before training, in this attempt
     scheduler_cancelled: bool = False
     controller_lost: bool = False
     hang: HangReport | None = None  # the nodes' hang reports, merged; stacks in ``job_dir/hang/``
@@ -72,6 +76,33 @@ class Facts:
     deaths: tuple[WorkerDeath, ...] = ()  # workers their torchrun reported killed by a signal
     ranks: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> rank
     unexplained: str = ""  # what the scheduler says of an end that nothing else explains
+
+
+def gather(record: JobRecord, since: float, plan: Plan | None = None) -> Facts:
+    """What the job record holds of the attempt that started at ``since`` (epoch seconds) on ``plan``
+    (default: the record's); the controller adds what it knows with ``dataclasses.replace``. The
+    nodes' hang reports are merged and every rank's stack written to ``JOB/hang/``
+    (``launcher.job.hang.write_stacks``)."""
+    plan = plan or record.plan()
+    hang = None
+    if hangs := reports.hangs(record.dir, since=since):
+        hang = merge(hangs, {n.node_rank: n.named_host for n in plan.nodes if n.named_host})
+        with contextlib.suppress(OSError):  # a reader's read-only copy: the stacks stay in the reports
+            write_stacks(record.dir, hang)
+    refused = reports.read(record.dir, reports.Refused, since)
+    workers = failures.torchrun_summary(record, plan.nnodes)
+    return Facts(
+        plan=plan,
+        job_dir=record.dir,
+        marker=failures.stop_marker(Path(plan.run_dir), since, record.dir),
+        refused=refused[-1] if refused else None,
+        hang=hang,
+        errors=tuple(failures.read_errors(record, plan.nnodes, since)),
+        deaths=tuple(
+            WorkerDeath(node, rank, local, -code) for node, rank, local, code in workers if code < 0
+        ),
+        ranks={(node, local): rank for node, rank, local, _ in workers},
+    )
 
 
 @dataclass(frozen=True)
@@ -113,16 +144,21 @@ def _stopped_from_outside(facts: Facts) -> bool:
 
 
 def _stopped(facts: Facts) -> Outcome:
-    """Checkpointed (exit 75) with the ranks' stop marker, else cancelled (exit 130)."""
-    if facts.marker is None:
+    """Checkpointed (exit 75) with the ranks' stop marker, else cancelled (exit 130). A checkpoint's
+    message names it, its step, and (where the plan is known) how to resume."""
+    marker, plan = facts.marker, facts.plan
+    if marker is None:
         return _outcome(JobState.CANCELLED, EXIT_INTERRUPTED, "stopped on request, no checkpoint saved")
-    message = f"checkpoint {facts.marker.checkpoint} saved at step {facts.marker.step}"
-    if facts.plan is not None:
-        message = stop_message(facts.plan, facts.marker)
+    message = f"checkpoint {marker.checkpoint} saved at step {marker.step}"
+    if plan is not None:
+        resume = f"in {plan.run_dir}"
+        if any("trainer.cli" in node.argv for node in plan.nodes):  # not the user's own program
+            resume = f"resume by submitting again with -- --run-dir {plan.run_dir}"
+        message += f"; {resume}"
     return _outcome(JobState.CHECKPOINTED, EXIT_CHECKPOINTED, message)
 
 
-def _refused(refused: Refused) -> Outcome:
+def _refused(refused: reports.Refused) -> Outcome:
     # The nodes a health gate named are the ones a retry leaves out.
     return Outcome(
         state=JobState.FAILED,

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from gptlaunch.contract import Beat
-from launcher.job.facts import gather
 from launcher.job.follow import node_logs, wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, Outcome
-from launcher.job.verdict import verdict
+from launcher.job.verdict import gather, verdict
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport

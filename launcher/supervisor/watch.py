@@ -1,6 +1,6 @@
 """One attempt, followed: the job a supervisor runs (``Job``: its Plan, record, transport and the
 current attempt's agents) and ``Watch``, which follows the agents to the attempt's end and gathers
-its facts at the right time (``launcher.job.facts``) for the one verdict (``launcher.job.verdict``).
+its facts at the right time for the one verdict (``launcher.job.verdict``: ``gather``, then ``verdict``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import psutil
 
 from gptlaunch.contract import EXIT_CHECKPOINTED
 from launcher.job import reports
-from launcher.job.facts import gather
 from launcher.job.failures import killed_by
 from launcher.job.hang import EXIT_HANG, HANG_REPORTS_S
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, Failing, JobRecord, JobState, JobStatus, Outcome
 from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
-from launcher.job.verdict import Ending, Facts, Verdict, verdict
+from launcher.job.verdict import Ending, Facts, Verdict, gather, verdict
 from launcher.preflight import recorded
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
 

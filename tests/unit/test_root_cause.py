@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.job.facts import gather
-from launcher.job.failures import is_peer_error, worker_deaths
+from launcher.job.failures import is_peer_error
 from launcher.job.logs import log_end
 from launcher.job.record import Failure, JobRecord, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec
-from launcher.job.verdict import verdict
+from launcher.job.verdict import gather, verdict
 from tests.unit.plans import local_plan
 from tests.unit.torchrun_output import CHILD_FAILED, FAILED
 
@@ -38,7 +37,7 @@ IN_TRAINER = '  File "/work/trainer/step.py", line 40, in train_step'
 
 
 def root_cause(record: JobRecord, failed_node: int) -> Failure:
-    """The root cause the controller finds (``launcher.job.facts.gather``, then ``verdict``) when the
+    """The root cause the controller finds (``launcher.job.verdict.gather``, then ``verdict``) when the
     first failed agent of the job's two nodes is ``failed_node``'s, exit code 1."""
     agents = tuple(1 if node == failed_node else None for node in range(2))
     facts = replace(gather(record, since=0.0), agents=agents, first_failed=failed_node)
@@ -59,7 +58,7 @@ def _error_file(record: JobRecord, node: int, message: str, when: float) -> None
 def test_a_killed_worker_is_the_cause_not_the_peer_that_saw_it_go(record: JobRecord) -> None:
     _error_file(record, 0, PEER, time.time() - 10)  # the peer's error is the only error file
     record.node_log(1).write_text(SUMMARY)
-    assert worker_deaths(record, 2)[0].rank == 1
+    assert gather(record, since=0.0).deaths[0].rank == 1
     failure = root_cause(record, failed_node=0)
     assert (failure.node_rank, failure.rank, failure.local_rank) == (1, 1, 0)
     assert "rank 1 was killed by SIGKILL" in failure.summary()
@@ -74,7 +73,7 @@ def test_a_worker_that_wrote_its_error_then_aborted_is_named_by_its_error(record
     record.node_log(1).write_text(
         SUMMARY.replace("-9 (pid", "-6 (pid").replace("Signal 9 (SIGKILL)", "Signal 6")
     )
-    assert worker_deaths(record, 2)[0].signum == 6
+    assert gather(record, since=0.0).deaths[0].signum == 6
     failure = root_cause(record, failed_node=1)
     assert (failure.node_rank, failure.rank) == (1, 1) and "injected fault" in failure.error, failure
 

@@ -18,9 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from launcher.job.facts import gather
 from launcher.job.record import JobRecord, JobState, Outcome
-from launcher.job.verdict import verdict
+from launcher.job.verdict import gather, verdict
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
