@@ -61,25 +61,6 @@ def _signature(cause: str) -> str:
     return re.sub(r"\d+", "#", cause)
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What follows an attempt's end: the next attempt runs without the nodes ``without`` (node
-    ranks), or the job stops because ``why``. Each scheduler only carries it out."""
-
-    retry: bool
-    why: str = ""  # why the job stops (``retry`` False)
-    without: tuple[int, ...] = ()  # the node ranks the next attempt runs without (``retry`` True)
-
-
-def decide(outcome: Outcome, step: int | None, history: list[Attempt], retries: int) -> Decision:
-    """The one retry decision, for every scheduler: the attempt that ended with ``outcome`` at
-    ``step``, after the attempts in ``history`` (oldest first), with ``retries`` allowed in all."""
-    why = refusal(outcome, step, history, retries)
-    if why is not None:
-        return Decision(retry=False, why=why)
-    return Decision(retry=True, without=tuple(outcome.blamed_nodes()))
-
-
 def spares(pool: Sequence[str], current: Collection[str], avoid: Collection[str]) -> list[str]:
     """The one choice of spares: the hosts of ``pool`` (a hostfile's order) that run none of the job's
     nodes (``current``) and were never named by a failure or the health gate (``avoid``)."""
@@ -87,8 +68,9 @@ def spares(pool: Sequence[str], current: Collection[str], avoid: Collection[str]
 
 
 def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries: int) -> str | None:
-    """Why the attempt that ended with ``outcome`` at ``step`` is not retried (None: it is), after
-    the attempts in ``history`` (oldest first) and with ``retries`` allowed in all."""
+    """The one retry decision, for every scheduler: why the attempt that ended with ``outcome`` at
+    ``step`` is not retried, after the attempts in ``history`` (oldest first) and with ``retries``
+    allowed in all; None: it is, without the nodes it blames (``Outcome.blamed_nodes``)."""
     if outcome.state != JobState.FAILED:
         return "it did not fail"
     named = outcome.exit_code == EXIT_REFUSED and bool(outcome.suspect_nodes)  # by the health gate: left out

@@ -39,7 +39,7 @@ from gptlaunch.contract import (
 )
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import decide, furthest_step, not_retried, retry_next
+from launcher.job.retry import furthest_step, not_retried, refusal, retry_next
 from launcher.job.verdict import Facts, verdict
 from launcher.preflight import health_step, parity_step
 from launcher.supervisor import procs
@@ -212,17 +212,17 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
         detected = time.time()
         job.transport.keep_beats(job.record)
         step = furthest_step(job.record)
-        decision = decide(outcome, step, job.attempts, job.spec.retries)
+        why = refusal(outcome, step, job.attempts, job.spec.retries)
         if stop.requested:
             return outcome
         if outcome.exit_code == EXIT_CHECKPOINTED:  # stopped from outside: the scheduler may requeue it
             return _handed_over(job, stop, outcome, (), 0.0) or outcome
-        if not decision.retry:
-            return not_retried(outcome, decision.why, job.attempts, job.spec.retries)
+        if why is not None:
+            return not_retried(outcome, why, job.attempts, job.spec.retries)
         job.transport.kill(job.plan.job_id, FAIL_FAST_GRACE_S)
         elsewhere = False
         try:
-            blamed = [job.plan.nodes[n].host for n in decision.without if n < len(job.plan.nodes)]
+            blamed = [job.plan.nodes[n].host for n in outcome.blamed_nodes() if n < len(job.plan.nodes)]
             plan = job.transport.renew(job.record, blamed)
         except NewAllocation:  # retried in a new allocation, once this attempt is recorded
             plan, elsewhere = None, True

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.job.logs import TICK, tail
 from launcher.job.record import Attempt, Failure, JobRecord, JobState, JobStatus, Outcome, torchelastic_dir
-from launcher.job.retry import MAX_BACKOFF_S, Decision, archive, backoff_s, decide, refusal, spares
+from launcher.job.retry import MAX_BACKOFF_S, archive, backoff_s, refusal, spares
 from launcher.job.spec import JobSpec
 from tests.unit.plans import local_plan
 
@@ -49,13 +49,13 @@ def test_the_same_error_at_the_same_step_twice_is_a_bug_not_a_node() -> None:
 def test_the_decision_names_the_nodes_the_next_attempt_runs_without_or_why_it_stops() -> None:
     """The one decision every scheduler carries out: a killed rank's node is left out; a hang's suspects
     or the nodes a health gate named are; a stop says why."""
-    assert decide(_failed(KILLED), 7, [], retries=1) == Decision(retry=True, without=(1,))
+    killed = _failed(KILLED)
+    assert refusal(killed, 7, [], retries=1) is None and killed.blamed_nodes() == [1]
     hang = Outcome(state=JobState.FAILED, exit_code=1, message="hang: ...", suspect_nodes=[0, 2])
-    assert decide(hang, 7, [], retries=1) == Decision(retry=True, without=(0, 2))
+    assert refusal(hang, 7, [], retries=1) is None and hang.blamed_nodes() == [0, 2]
     gate = Outcome(state=JobState.FAILED, exit_code=3, message="the health gate named", suspect_nodes=[1])
-    assert decide(gate, None, [], retries=1) == Decision(retry=True, without=(1,))
-    stop = decide(_failed(KILLED), 9, [_attempt(KILLED, 7)], retries=1)
-    assert stop == Decision(retry=False, why="no retries left (--retries 1)")
+    assert refusal(gate, None, [], retries=1) is None and gate.blamed_nodes() == [1]
+    assert refusal(killed, 9, [_attempt(KILLED, 7)], retries=1) == "no retries left (--retries 1)"
 
 
 def test_spares_keep_the_hostfile_order_and_skip_the_jobs_hosts_and_the_named_ones() -> None:
