@@ -308,7 +308,10 @@ class JobRecord:
             shutil.rmtree(self.dir)
             return
         for path in self.dir.iterdir():
-            _remove(path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
     def check(self) -> None:
         """Read every file of the record, so that a command refuses a record of another version
@@ -377,13 +380,6 @@ class _AnyJson(BaseModel):
     """Any JSON object: what ``check`` asks of a handle."""
 
     model_config = ConfigDict(extra="allow")
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
 
 
 def list_jobs(jobs_root: Path) -> list[JobRecord]:

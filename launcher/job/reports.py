@@ -140,10 +140,7 @@ NodeReport = Annotated[
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)
-ReportT = TypeVar(
-    "ReportT",
-    Refused, Hang, CollectiveDone, CollectiveFailed, NodeStatus, Probed, Pulled, Saved,
-)  # fmt: skip
+ReportT = TypeVar("ReportT", bound=_Report)
 
 
 def encode(report: NodeReport) -> bytes:
