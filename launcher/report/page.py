@@ -1,10 +1,13 @@
 """The report page: one HTML file with plotly's script inline, so that it opens from disk with no
 server and no network. Written into the job record as ``report.html`` (atomically: a reader sees a
-whole page or the previous one)."""
+whole page or the previous one). The checks before training (``launcher.preflight.recorded``) show as
+HTML: version parity's classes of hosts, and the health gate's link and device tables with the hosts
+it names."""
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +16,10 @@ from plotly.offline import get_plotlyjs
 
 from gptlaunch.files import atomic_write_text
 from launcher.job.record import JobRecord
-from launcher.report import charts, checks
+from launcher.preflight.health import GateSettings, findings
+from launcher.preflight.parity import classes
+from launcher.preflight.recorded import Checks
+from launcher.report import charts
 from launcher.report.facts import Facts, report_path
 
 STYLE = """
@@ -29,6 +35,11 @@ RANKS_UNRECORDED = (
     "the launcher recorded no rank's compute time yet (every 15 s while the ranks beat into the job "
     "record; on SSH hosts, at each attempt's end)"
 )
+PARITY_MISSING = (
+    "no probe of the hosts in the job record: the scheduler runs none (local nodes share this machine), "
+    "or the job has not reached its checks yet"
+)
+HEALTH_MISSING = "the job ran no health gate (--health-check), or it has not run yet"
 
 
 def write(record: JobRecord, facts: Facts) -> Path:
@@ -71,14 +82,14 @@ def render(facts: Facts) -> str:
         _section(
             "Health check",
             "Is a host's link or device slower than the others'?",
-            checks.health(facts.checks, facts.plan.nproc_per_node),
-            checks.HEALTH_MISSING,
+            _health(facts.checks, facts.plan.nproc_per_node),
+            HEALTH_MISSING,
         ),
         _section(
             "Version parity",
             "Do the hosts run the same torch, CUDA, NCCL and packages?",
-            checks.parity(facts.checks),
-            checks.PARITY_MISSING,
+            _parity(facts.checks),
+            PARITY_MISSING,
         ),
     ]
     return (
@@ -134,3 +145,56 @@ def _files(facts: Facts) -> str:
 
 def _when(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _parity(checks: Checks) -> str | None:
+    """The hosts' classes: what all share, then each field that differs with its values and hosts."""
+    if not checks.probes:
+        return None
+    return f"<pre id='parity'>{html.escape(classes(checks.probes))}</pre>"
+
+
+def _health(checks: Checks, gpus_per_node: int) -> str | None:
+    """The gate's verdict (with its default thresholds: a job's ``--min-busbw`` is not applied here),
+    its pairwise links and each rank's matmul throughput; the rows of a host named for them marked."""
+    result = checks.health
+    if result is None:
+        return None
+    named = findings(result, checks.hosts, {}, GateSettings(gpus_per_node=gpus_per_node))
+    slow = {check: {f.host for f in named if f.fatal and f.check == check} for check in ("link", "compute")}
+    links = []
+    for p in result.pairs:
+        pair = [_host(checks.hosts, node) for node in p.nodes]
+        cells = [str(p.round + 1), " – ".join(pair), f"{p.busbw_gbs:.3f}", f"{p.time_us:.0f}"]
+        links.append((bool(slow["link"] & set(pair)), cells))
+    devices = [
+        (_host(checks.hosts, d.node) in slow["compute"],
+         [_host(checks.hosts, d.node), str(d.rank), d.device, d.kind, d.dtype, f"{d.tflops:.3f}"])
+        for d in result.compute
+    ]  # fmt: skip
+    lines = [f.line if f.fatal else f"warning: {f.line}" for f in named] or ["no host named"]
+    verdict = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    device_columns = ["host", "rank", "device", "kind", "dtype", "TFLOP/s"]
+    return (
+        f"<ul id='health-findings'>{verdict}</ul>"
+        + _table("health-links", ["round", "pair", "busbw (GB/s)", "time (µs)"], links, "no pairwise stage")
+        + _table("health-devices", device_columns, devices, "no compute stage")
+    )
+
+
+def _host(hosts: Sequence[str], node: int) -> str:
+    return hosts[node] if node < len(hosts) else f"node {node}"
+
+
+def _table(table_id: str, header: list[str], rows: list[tuple[bool, list[str]]], missing: str) -> str:
+    """An HTML table; a row whose flag is set is marked ``named`` (the gate named its host for it)."""
+    if not rows:
+        return f"<p class='missing'>{html.escape(missing)}</p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        f"<tr{' class=named' if flag else ''}>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+        + "</tr>"
+        for flag, cells in rows
+    )
+    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"

@@ -21,7 +21,7 @@ import pytest
 
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord
-from launcher.report.checks import PARITY_MISSING
+from launcher.report.page import PARITY_MISSING
 from tests.integration.browser import dump_dom, traces
 from tests.integration.conftest import (
     FAST,
