@@ -45,7 +45,6 @@ from launcher.job.progress import recorded_beats, stragglers
 from launcher.job.record import JobRecord, JobStatus
 
 if TYPE_CHECKING:  # imported where written: `launcher status` only names the dir, and answers at once
-    from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 SCALARS_DIR = Path("tensorboard") / "job"  # in the job directory
@@ -140,15 +139,22 @@ class JobScalars:
                 self._writer.close()
 
     def _add(self, at: float, points: list[Point]) -> None:
-        """Write ``points`` as of ``at``, then flush once: a user's TensorBoard sees them now."""
+        """Write ``points`` as of ``at``, then flush once: a user's TensorBoard sees them now. A number
+        is a plain scalar (``simple_value``, what ``read_rank_compute`` reads back), a string one line of
+        TensorBoard's text dashboard (a string tensor of shape (1,), as its own text summaries are)."""
         with self._guard():
             if self._writer is None:
                 return
             from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.plugins.text.summary_v2 import text_pb
 
             step = max(0, int(at - self.origin))
             for tag, value in points:
-                summary = _text(tag, value) if isinstance(value, str) else _scalar(tag, value)
+                if isinstance(value, str):
+                    summary = text_pb(tag, [value])
+                else:
+                    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
                 self._writer.add_event(Event(wall_time=at, step=step, summary=summary))
             self._writer.flush()
 
@@ -160,27 +166,6 @@ class JobScalars:
         except Exception as e:
             logging.getLogger(__name__).warning("job scalars in TensorBoard: none from now on: %s", e)
             self._writer = None
-
-
-def _scalar(tag: str, value: float) -> Summary:
-    from tensorboard.compat.proto.summary_pb2 import Summary
-
-    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
-
-
-def _text(tag: str, line: str) -> Summary:
-    """One line for TensorBoard's text dashboard: a string tensor of shape (1,) with its plugin's
-    metadata, as its own text summaries are."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.compat.proto.tensor_pb2 import TensorProto
-    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
-    from tensorboard.compat.proto.types_pb2 import DT_STRING
-    from tensorboard.plugins.text import metadata as text_metadata
-
-    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)])
-    tensor = TensorProto(dtype=DT_STRING, string_val=[line.encode()], tensor_shape=shape)
-    metadata = text_metadata.create_summary_metadata(display_name=tag, description="")
-    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
 def read_rank_compute(job_dir: Path) -> dict[int, list[tuple[float, float]]]:
