@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import Beat
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec, SpecError
@@ -34,10 +33,6 @@ class Checks:
         return _plan(spec, hosts, job_dir)
 
 
-def _no_beats(record: JobRecord, timeout_s: float, skip: Collection[str]) -> dict[int, list[Beat]]:
-    return {}
-
-
 def _plan(spec: JobSpec, hosts: list[str], job_dir: Path) -> Plan:
     facts = SshFacts(
         workdir="/w", hosts=hosts, master_addr=hosts[0], rdzv_port=29500, ifnames={}, omp_num_threads=None
@@ -52,7 +47,7 @@ def _agents(tmp_path: Path, checks: Checks, hostfile: list[str] = HOSTFILE) -> t
     spec = JobSpec.model_validate({"scheduler": scheduler, "nnodes": NODES, "retries": 2})
     plan = _plan(spec, hostfile[:NODES], tmp_path / "job")
     record = JobRecord.create(tmp_path / "job", spec, plan, JobStatus(created_at=time.time()))
-    agents = SshAgents(plan, {}, record, replan=checks, heartbeats=_no_beats)
+    agents = SshAgents(plan, {}, record, replan=checks)
     return agents, record
 
 

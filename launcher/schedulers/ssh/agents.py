@@ -1,15 +1,17 @@
 """The supervisor's transport for SSH (``SshAgents``): one ``ssh host python -m launcher.agent run``
 client a node, its stdin the node's lease and its stdout the agent's channel; ``launcher.agent
-signal`` over ssh to stop or end a node; a spare host in place of each failed one for a retry (the
-spares made ready while the job runs); and, for hosts that share no file system with the launcher,
-the checkpoint copies (``copies``). It asks the scheduler through the callables it is given
-(``Replan``, ``Heartbeats``): the scheduler imports this module, never the other way round.
+signal`` over ssh to stop or end a node, and ``status`` to ask after it (``host_status``, which the
+scheduler asks too); a spare host in place of each failed one for a retry (the spares made ready
+while the job runs); and, for hosts that share no file system with the launcher, the checkpoint
+copies (``copies``). It asks the scheduler for a Plan on other hosts through the callable it is
+given (``Replan``): the scheduler imports this module, never the other way round.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import shlex
 import subprocess
 import threading
 import time
@@ -32,7 +34,6 @@ from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of, master_address, probe_hosts, pull_image, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.remote import LEASE_RENEW_S, LEASE_S, SIGNAL_TIMEOUT_S, agent_command
 from launcher.schedulers.ssh.sync import sync
 from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
@@ -42,31 +43,34 @@ REJOIN_WAIT_S = 600.0  # with no spare in the hostfile, how long a retry waits f
 REJOIN_POLL_S = 10.0
 BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
 MAX_SPARE_SETS = 8  # sets of spares a retry checks before it gives up
+SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
+# The hosts' lease (``launcher.agent run --lease-s``): the supervisor writes a byte to every node's ssh stdin
+# each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
+# detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
+# a node before that node gives up on the launcher.
+LEASE_S = 30.0
+LEASE_RENEW_S = 5.0
 
-# The scheduler's checks and questions, as the transport calls them (``SshScheduler.replan`` and
-# ``SshScheduler.heartbeats``, passed as bound methods: this module never imports the scheduler).
+# The scheduler's checks, as the transport calls them (``SshScheduler.replan``, passed as a bound
+# method: this module never imports the scheduler).
 # Replan: (spec, hosts, the current plan, job dir) -> the plan on those hosts; raises SpecError.
 Replan = Callable[[JobSpec, list[str], Plan, Path], Plan]
-# Heartbeats: (record, timeout in seconds, hosts not to ask) -> node rank -> its ranks' last beats.
-Heartbeats = Callable[[JobRecord, float, Collection[str]], dict[int, list[Beat]]]
+
+
+def agent_command(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
+    """``launcher.agent ACTION`` of node ``node`` of ``job_id``, as a remote shell command."""
+    argv = [python, "-m", "launcher.agent", action, "--job", job_id, "--node", str(node), *extra]
+    return f"cd / && {shlex.join(argv)}"
 
 
 class SshAgents(ChildAgents):
     """The supervisor's transport for SSH: one ``ssh host python -m launcher.agent run`` client a node."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        secrets: dict[str, str],
-        record: JobRecord,
-        *,
-        replan: Replan,
-        heartbeats: Heartbeats,
-    ) -> None:
+    def __init__(self, plan: Plan, secrets: dict[str, str], record: JobRecord, *, replan: Replan) -> None:
         spec = record.spec()
         opts = spec.options(SshOptions)
         self.plan, self.settings, self.python, self.secrets = plan, ssh_settings(opts), spec.python, secrets
-        self.replan, self.heartbeats = replan, heartbeats
+        self.replan = replan
         excluded = copy_excludes(spec, str(plan.facts.get("workdir", "/")), plan.run_dir)
         self.copies = Copies(self.settings, record.dir, plan.run_dir, say, excluded)
         self.failed: set[str] = set()  # hosts a failure was named on: never a spare again
@@ -230,7 +234,7 @@ class SshAgents(ChildAgents):
         found = {status.node: status.beats for status in ended.values()}
         if unreported := {n.host for n in self.plan.nodes} - self.lost - set(ended):
             skip = {n.host for n in self.plan.nodes} - unreported
-            found |= self.heartbeats(record, BEATS_TIMEOUT_S, skip)
+            found |= host_beats(record, BEATS_TIMEOUT_S, skip)
         for node, beats in found.items():
             directory = heartbeat_dir(record.dir, node)
             directory.mkdir(parents=True, exist_ok=True)
@@ -304,3 +308,35 @@ def _too_few_spares(blamed: list[str], free: list[str]) -> str:
     else:  # each set of them failed the checks of a submit: said as they ran
         why = f"fewer than {len(blamed)} of the {left} passed the checks of a submit"
     return f"no spare host could replace {', '.join(blamed)} ({len(blamed)} needed): {why}"
+
+
+def host_status(
+    record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
+) -> dict[str, NodeStatus | None]:
+    """Each host's ``launcher.agent status`` of its node of the job but those in ``skip``, all asked at
+    once (each for at most ``timeout_s`` seconds), as the agent's report on its channel: None where the
+    host could not be reached. An answer without that report (an agent of another release) counts as
+    a node that does not run."""
+    spec = record.spec()
+    nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
+
+    def command(host: str) -> str:
+        return agent_command(spec.python, "status", record.job_id, nodes[host])
+
+    found: dict[str, NodeStatus | None] = {}
+    for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
+        answers = [r for r in channel_reports(result.raw)[1] if isinstance(r, NodeStatus)]
+        unreachable = result.returncode is None or result.returncode == ssh.SSH_FAILED
+        silent = NodeStatus(node=nodes[result.host], running=False, exit_code=None)
+        found[result.host] = answers[-1] if answers else None if unreachable else silent
+    return found
+
+
+def host_beats(
+    record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
+) -> dict[int, list[Beat]]:
+    """The ranks' latest beats from each host's agent but those in ``skip``, by node rank (one
+    connection per host, all at once, each for at most ``timeout_s`` seconds)."""
+    nodes = {n.host: n.node_rank for n in record.plan().nodes}
+    found = host_status(record, timeout_s, skip)
+    return {nodes[host]: status.beats if status is not None else [] for host, status in found.items()}

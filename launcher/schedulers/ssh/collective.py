@@ -22,9 +22,9 @@ from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.gpu_health import QUERY_TIMEOUT_S
 from launcher.preflight.health import Finding, GateSettings, findings, worker_argv
 from launcher.schedulers.ssh import client as ssh
+from launcher.schedulers.ssh.agents import agent_command
 from launcher.schedulers.ssh.hosts import HostPlan, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.remote import agent_command
 
 
 def health_gate(

@@ -12,13 +12,12 @@ the node, and ``launcher.agent signal`` stops it (the ranks checkpoint) or ends 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import Field
 
 from gptlaunch.contract import Beat
-from launcher.agent.transport import agent_argv, back_flags, channel_reports
+from launcher.agent.transport import agent_argv, back_flags
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
@@ -26,7 +25,6 @@ from launcher.job.measurements import CollectiveResult, Probe
 from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, Plan, UnresolvedHosts, build_plan, workdir_of
 from launcher.job.record import JobRecord
-from launcher.job.reports import NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import (
@@ -41,9 +39,8 @@ from launcher.job.torchrun import (
 )
 from launcher.preflight import recorded
 from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, format_table, report_text
-from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh import needs
-from launcher.schedulers.ssh.agents import SshAgents
+from launcher.schedulers.ssh.agents import LEASE_S, SshAgents, host_beats, host_status
 from launcher.schedulers.ssh.collective import health_gate
 from launcher.schedulers.ssh.hosts import (
     HealthError,
@@ -55,7 +52,6 @@ from launcher.schedulers.ssh.hosts import (
     ssh_settings,
 )
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.remote import LEASE_S, SIGNAL_TIMEOUT_S, agent_command
 from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle
@@ -246,21 +242,16 @@ class SshScheduler(SupervisedScheduler):
         return agents
 
     def _agents(self, plan: Plan, record: JobRecord, secrets: dict[str, str]) -> SshAgents:
-        """The supervisor's transport for ``plan``, with this scheduler's checks and questions."""
-        return SshAgents(plan, secrets, record, replan=self.replan, heartbeats=self.heartbeats)
+        """The supervisor's transport for ``plan``, with this scheduler's checks."""
+        return SshAgents(plan, secrets, record, replan=self.replan)
 
-    def heartbeats(
-        self, record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
-    ) -> dict[int, list[Beat]]:
-        """From each host's agent but those in ``skip`` (one connection per host, all at once, each
-        for at most ``timeout_s`` seconds)."""
-        nodes = {n.host: n.node_rank for n in record.plan().nodes}
-        found = _host_status(record, timeout_s, skip)
-        return {nodes[host]: status.beats if status is not None else [] for host, status in found.items()}
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        """From each host's agent (one connection per host, all at once)."""
+        return host_beats(record)
 
     def remaining(self, record: JobRecord) -> str:
         # A host that cannot be reached counts as running: nothing says its node is gone.
-        running = [host for host, status in _host_status(record).items() if status is None or status.running]
+        running = [host for host, status in host_status(record).items() if status is None or status.running]
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
@@ -273,25 +264,3 @@ def check_needs(opts: SshOptions, hosts: list[str], python: str, job_dir: Path) 
     if hosts:
         answers = needs.ask(ssh_settings(opts), hosts, python, needs.near_record(job_dir))
         needs.check(answers, opts.sync is not None, say)
-
-
-def _host_status(
-    record: JobRecord, timeout_s: float = SIGNAL_TIMEOUT_S, skip: Collection[str] = ()
-) -> dict[str, NodeStatus | None]:
-    """Each host's ``launcher.agent status`` of its node of the job but those in ``skip``, all asked at
-    once (each for at most ``timeout_s`` seconds), as the agent's report on its channel: None where the
-    host could not be reached. An answer without that report (an agent of another release) counts as
-    a node that does not run."""
-    spec = record.spec()
-    nodes = {n.host: n.node_rank for n in record.plan().nodes if n.host not in skip}
-
-    def command(host: str) -> str:
-        return agent_command(spec.python, "status", record.job_id, nodes[host])
-
-    found: dict[str, NodeStatus | None] = {}
-    for result in ssh.fan_out(ssh_settings(spec.options(SshOptions)), list(nodes), command, timeout_s):
-        answers = [r for r in channel_reports(result.raw)[1] if isinstance(r, NodeStatus)]
-        unreachable = result.returncode is None or result.returncode == ssh.SSH_FAILED
-        silent = NodeStatus(node=nodes[result.host], running=False, exit_code=None)
-        found[result.host] = answers[-1] if answers else None if unreachable else silent
-    return found
