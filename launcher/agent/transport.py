@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+import psutil
 
 from gptlaunch.contract import STOP_MARKER
 from launcher.agent.copies import MARK
@@ -24,7 +27,8 @@ from launcher.job.plan import NodePlan
 from launcher.job.record import JobRecord, torchelastic_dir
 from launcher.job.reports import NodeReport
 from launcher.job.spec import JobSpec
-from launcher.supervisor.transport import ChildAgents, start_client
+from launcher.supervisor import procs
+from launcher.supervisor.transport import Transport, start_client
 
 
 def agent_argv(
@@ -72,12 +76,19 @@ def back_flags(job_dir: Path, node: int, run_dir: Path, exclude: Sequence[str] =
     ]
 
 
-class ChannelAgents(ChildAgents):
+class ChannelAgents(Transport):
     """Nodes whose Plan starts the node agent (``agent_argv``), as child processes of the supervisor;
     ``secrets`` reach each agent on its stdin (one JSON line), never on a command line."""
 
     def __init__(self, secrets: dict[str, str]) -> None:
         self.secrets = secrets
+
+    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
+        procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)
+        procs.sweep(job_id)
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         env = os.environ | node.env

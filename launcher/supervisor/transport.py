@@ -1,13 +1,11 @@
 """How the supervisor reaches its node agents: the ``Transport`` each scheduler gives it (start, stop,
-kill, explain an exit, renew the nodes for a retry), the base for agents that are child processes
-here (``ChildAgents``), and how one starts: ``start_client`` (a client process such as ``ssh`` or
-``docker start --attach``, the secrets on its stdin and, for a node agent's channel, its reports into
-the job record: ``launcher.job.channel``).
+kill, explain an exit, renew the nodes for a retry), and how one starts: ``start_client`` (a client
+process such as ``ssh`` or ``docker start --attach``, the secrets on its stdin and, for a node
+agent's channel, its reports into the job record: ``launcher.job.channel``).
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import threading
 import time
@@ -15,8 +13,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
-
-import psutil
 
 from launcher.job import channel, reports
 from launcher.job.plan import NodePlan, Plan
@@ -94,18 +90,6 @@ class Controlled(Protocol):
 class NewAllocation(OSError):
     """``Transport.renew``: the next attempt cannot run in this allocation (no spare left), but in a
     new one, which ``Transport.requeue`` asks the scheduler for."""
-
-
-class ChildAgents(Transport):
-    """Agents that are child processes of the supervisor, on this machine (a base for transports,
-    which add ``start``)."""
-
-    def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
-        procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
-
-    def kill(self, job_id: str, grace_s: float) -> None:
-        procs.terminate(psutil.Process().children(recursive=True), grace_s)
-        procs.sweep(job_id)
 
 
 def start_client(

@@ -40,7 +40,7 @@ from launcher.schedulers.compose.options import ComposeOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle, start_supervisor
-from launcher.supervisor.transport import ChildAgents, start_client
+from launcher.supervisor.transport import Transport, start_client
 from trainer.precheck import expand_text_files, parse_train_args
 
 CONTAINER_IFNAME = "eth0"  # a container's interface on the job network
@@ -290,7 +290,7 @@ def _last_lines(text: str) -> str:
     return " / ".join(text.strip().splitlines()[-3:]) or "no output"
 
 
-class ComposeAgents(ChildAgents):
+class ComposeAgents(Transport):
     """The supervisor's transport for compose: one ``docker start --attach --interactive`` per node."""
 
     def __init__(self, compose: Compose, secrets: dict[str, str]) -> None:

@@ -39,7 +39,7 @@ from launcher.job.retry import spares
 from launcher.schedulers.slurm.image import SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.supervisor import procs
-from launcher.supervisor.transport import ChildAgents, NewAllocation, start_client
+from launcher.supervisor.transport import NewAllocation, Transport, start_client
 
 SIGNAL_TIMEOUT_S = 30.0  # for an agent's ``signal`` step: srun's start and a Python's
 STEP_END_S = 40.0  # SLURM's KillWait (30 s by default) and the time srun takes to see its step gone
@@ -96,7 +96,7 @@ def on_spares(allocation: Sequence[str], current: Sequence[str], failed: Collect
     return [swap.get(h, h) for h in current]
 
 
-class SrunAgents(ChildAgents):
+class SrunAgents(Transport):
     """The controller's transport in a SLURM allocation: one srun step a node (see the module)."""
 
     def __init__(

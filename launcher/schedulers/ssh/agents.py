@@ -37,7 +37,7 @@ from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
 from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
-from launcher.supervisor.transport import DRAIN_S, ChildAgents, drain_channels, start_client
+from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels, start_client
 
 REJOIN_WAIT_S = 600.0  # with no spare in the hostfile, how long a retry waits for the job's hosts
 REJOIN_POLL_S = 10.0
@@ -63,7 +63,7 @@ def agent_command(python: str, action: str, job_id: str, node: int, *extra: str)
     return f"cd / && {shlex.join(argv)}"
 
 
-class SshAgents(ChildAgents):
+class SshAgents(Transport):
     """The supervisor's transport for SSH: one ``ssh host python -m launcher.agent run`` client a node."""
 
     def __init__(self, plan: Plan, secrets: dict[str, str], record: JobRecord, *, replan: Replan) -> None:
