@@ -32,7 +32,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -236,7 +235,3 @@ class NodeAgent:
         if job_id:
             shutil.rmtree(job_snapshots(job_id), ignore_errors=True)
             self.say("agent: dropped this host's snapshots of the job from memory")
-
-
-def stdout_say(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)

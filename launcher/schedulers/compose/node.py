@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gptlaunch.contract import EXIT_FAILED
 from gptlaunch.files import atomic_write_text
-from launcher.agent.node import NodeAgent, stdout_say
+from launcher.agent.node import NodeAgent
 from launcher.job import reports
 from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, check
@@ -66,7 +66,7 @@ def _run(command: list[str], env: dict[str, str], watch: NodeWatch | None, job_d
         argv=command,
         env=env,
         report=lambda report: reports.append(job_dir, report),  # the job record is mounted
-        say=stdout_say,
+        say=lambda line: print(line, flush=True),
         watch=watch,
         # The pids the ranks beat there are this container's, whose namespace is the host's.
         heartbeat_dir=str(heartbeat_dir(job_dir, node)) if watch is not None else None,
