@@ -2,9 +2,9 @@
 ``--dry-run`` shows it), and the supervisor's transport for nodes that run as child processes of the
 supervisor on this machine (``ChannelAgents``): each agent's output and reports come back over its
 channel, as they do from an SSH host. A scheduler defined outside this package (``tests/plugin/``)
-gets the hang watch, fail-fast, root cause and retries with these two alone. ``read_channel`` and
-``channel_reports`` read a channel that ended (a short command run through the agent over ssh: the
-collective preflight, ``launcher.agent status``).
+gets the hang watch, fail-fast, root cause and retries with these two alone. ``channel_reports``
+reads a channel that ended (a short command run through the agent over ssh: the collective
+preflight, ``launcher.agent status``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import psutil
 
 from gptlaunch.contract import STOP_MARKER
 from launcher.agent.copies import MARK
-from launcher.job import reports
 from launcher.job.channel import Demux
 from launcher.job.hang import watch_args
 from launcher.job.plan import NodePlan
@@ -96,15 +95,6 @@ class ChannelAgents(Transport):
             node.argv, record.dir / node.log, self.secrets, keep_stdin=False, env=env, cwd=node.cwd,
             channel_of=record.dir,
         )  # fmt: skip
-
-
-def read_channel(raw: bytes, job_dir: Path) -> str:
-    """A node agent's whole channel (the stdout of ``agent_argv`` run to its end, e.g. over ssh): its
-    reports appended to ``job_dir``'s record, its output returned as text."""
-    output, found = channel_reports(raw)
-    for report in found:
-        reports.append(job_dir, report)
-    return output
 
 
 def channel_reports(raw: bytes) -> tuple[str, list[NodeReport]]:

@@ -151,7 +151,7 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
-    raw: bytes = b""  # stdout as it came: a node agent's channel (``launcher.agent.transport.read_channel``)
+    raw: bytes = b""  # stdout as it came: a node agent's channel (``launcher.agent.transport``)
 
     @property
     def ok(self) -> bool:

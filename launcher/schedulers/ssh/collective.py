@@ -9,11 +9,9 @@ their interfaces and the fix.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import uuid
-from pathlib import Path
 
-from launcher.agent.transport import read_channel
+from launcher.agent.transport import channel_reports
 from launcher.image.runtime import ImageRun
 from launcher.job import reports
 from launcher.job.measurements import CollectiveResult
@@ -55,10 +53,14 @@ def health_gate(
     extra_s = gate.compute_s + 2 * QUERY_TIMEOUT_S + timeout_s
     wait = timeout_s + extra_s + settings.connect_timeout_s + 30
     results = ssh.fan_out(settings, plan.hosts, command, wait, all_at_once=True)  # ranks wait for each other
-    with tempfile.TemporaryDirectory() as received:
-        results = [dataclasses.replace(r, stdout=read_channel(r.raw, Path(received))) for r in results]
-        done = reports.read(Path(received), reports.CollectiveDone)
-        reported = [f.error for f in reports.read(Path(received), reports.CollectiveFailed)]
+    sent: list[reports.NodeReport] = []  # the workers' reports on the agents' channels
+    for k, result in enumerate(results):
+        output, found = channel_reports(result.raw)
+        results[k] = dataclasses.replace(result, stdout=output)
+        sent += found
+    sent.sort(key=lambda r: r.time)  # oldest first, as a job record's are read
+    done = [r for r in sent if isinstance(r, reports.CollectiveDone)]
+    reported = [r.error for r in sent if isinstance(r, reports.CollectiveFailed)]
     if done and all(r.ok for r in results):
         return done[-1].result, findings(done[-1].result, plan.hosts, plan.ifnames, gate)
     where = ", ".join(
