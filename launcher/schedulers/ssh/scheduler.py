@@ -237,13 +237,9 @@ class SshScheduler(SupervisedScheduler):
         return build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
 
     def transport(self, plan: Plan, record: JobRecord) -> SshAgents:
-        agents = self._agents(plan, record, record.spec().secrets_here())
+        agents = SshAgents(plan, record.spec().secrets_here(), record, replan=self.replan)
         agents.copies.mark(record.job_id)
         return agents
-
-    def _agents(self, plan: Plan, record: JobRecord, secrets: dict[str, str]) -> SshAgents:
-        """The supervisor's transport for ``plan``, with this scheduler's checks."""
-        return SshAgents(plan, secrets, record, replan=self.replan)
 
     def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
         """From each host's agent (one connection per host, all at once)."""
@@ -255,7 +251,7 @@ class SshScheduler(SupervisedScheduler):
         return f"still running on {', '.join(running)} (`launcher cancel` stops it)" if running else ""
 
     def sweep(self, record: JobRecord, grace_s: float) -> None:
-        self._agents(record.plan(), record, {}).kill(record.job_id, grace_s)
+        SshAgents(record.plan(), {}, record, replan=self.replan).kill(record.job_id, grace_s)
 
 
 def check_needs(opts: SshOptions, hosts: list[str], python: str, job_dir: Path) -> None:
