@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.job.hang import parse_with_command
 from launcher.job.programs import DOCKER, PODMAN
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 
@@ -190,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runtime", default="auto", choices=["auto", *RUNTIMES])
     p.add_argument("--image", required=True)
     p.add_argument("--env-name", action="append", default=[], help="exec: pass this variable in (repeatable)")
-    argv = sys.argv[1:] if argv is None else argv
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args, command = p.parse_args(argv[:cut]), argv[cut + 1 :]  # exec: the command after --
+    args, command = parse_with_command(p, argv)  # exec: the command after --
     try:
         runtime = pick(args.runtime)
     except ContainerError as e:

@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
+from gptlaunch.contract import EXIT_FAILED
 from launcher.job import reports
 from launcher.job.measurements import CollectiveError, CollectiveResult, DeviceResult, Phase, SizeResult
 from launcher.preflight import gpu_health
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     import torch
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-EXIT_FAILED = 1
 # Bytes of the float32 tensor: latency-bound, two mid sizes, and 32 MiB where bandwidth dominates.
 # The whole run takes a couple of seconds over loopback or a veth link with CPU gloo.
 DEFAULT_SIZES = (4, 65536, 4194304, 33554432)

@@ -50,7 +50,6 @@ class GateSettings:
     """What the health gate measures and what it names."""
 
     compute_s: float = COMPUTE_S  # 0: no compute check
-    pair_bytes: int = PAIR_BYTES
     min_busbw: float | None = None  # GB/s: a pair below it is slow whatever the median
     precision: str = "bf16"  # the job's --precision: the compute check's dtype
     gpus_per_node: int = 1  # the job's processes per node: GPUs each host with GPUs needs
@@ -68,7 +67,7 @@ class GateSettings:
         args = [
             f"--compute-s={self.compute_s:g}",
             f"--precision={self.precision}",
-            f"--pair-bytes={self.pair_bytes}",
+            f"--pair-bytes={PAIR_BYTES}",
             "--gpu-health",  # the worker queries nvidia-smi only where its device is a GPU
         ]
         return args + ([f"--min-busbw={self.min_busbw:g}"] if self.min_busbw is not None else [])

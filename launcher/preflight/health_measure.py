@@ -1,5 +1,5 @@
 """The measuring half of the health gate, run by every rank of the collective preflight
-(``launcher.preflight.collective --compute-s S --pairs``) inside its process group:
+(``launcher.preflight.collective --compute-s S --pair-bytes B``) inside its process group:
 
 - ``measure_compute``: dense n×n matmuls in the job's dtype on this rank's device for ``seconds``,
   started together on every rank (a barrier), so ranks that share a machine share it alike;

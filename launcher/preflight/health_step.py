@@ -30,15 +30,6 @@ HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output),
 HOSTS = "hosts"  # the allocation's node names in node-rank (SLURM_NODEID) order, one per line
 
 
-def judge_argv(python: str, job_dir: str, nnodes: int, gate: GateSettings, warn: bool) -> list[str]:
-    """This module's command for the batch script."""
-    argv = [python, "-m", "launcher.preflight.health_step", "--job-dir", job_dir, "--nodes", str(nnodes)]
-    argv += ["--gpus-per-node", str(gate.gpus_per_node)]
-    if gate.min_busbw is not None:
-        argv.append(f"--min-busbw={gate.min_busbw:g}")
-    return argv + (["--warn"] if warn else [])
-
-
 def node_names(health: Path, nnodes: int) -> list[str]:
     """The node names by node rank (``node K`` where the batch shell could not write them)."""
     try:

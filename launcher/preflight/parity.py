@@ -12,7 +12,6 @@ Pure functions over Probe models; imports no torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from launcher.job.measurements import Probe
@@ -145,9 +144,8 @@ def compare(probes: dict[str, Probe], gpus_per_node: int) -> tuple[list[Mismatch
     return mismatches, shortfalls
 
 
-def diff_text(mismatches: Iterable[Mismatch], shortfalls: Iterable[Shortfall]) -> str:
+def diff_text(mismatches: list[Mismatch], shortfalls: list[Shortfall]) -> str:
     """What to print when refusing a launch: a header, one line per difference, and the fix."""
-    mismatches, shortfalls = list(mismatches), list(shortfalls)
     counts, fixes = [], []
     if mismatches:
         counts.append(f"{len(mismatches)} field(s) differ across hosts")

@@ -23,8 +23,7 @@ from launcher.preflight.parity_step import PROBE_DIR, by_name, read_probes
 @dataclass(frozen=True)
 class Checks:
     """What the checks found: ``probes`` keyed by hostname (``parity_step.by_name``; empty: no parity
-    check recorded),
-    ``health`` (None: no health gate), ``hosts``: the node names by node rank."""
+    check recorded), ``health`` (None: no health gate), ``hosts``: the node names by node rank."""
 
     probes: dict[str, Probe]
     health: CollectiveResult | None

@@ -136,10 +136,6 @@ class SlurmImage:
             return exec_argv(self.host_python, "podman", self.image, argv, env_names)
         return self.wrap(argv)
 
-    def probe(self) -> list[str]:
-        """The version probe inside the image on a node."""
-        return self.run([IMAGE_PYTHON, "-m", "launcher.preflight.probe", "--json"])
-
 
 def pyxis_image(ref: str) -> str:
     """An image reference in enroot's form: the registry (a host with a dot or a port, or localhost)

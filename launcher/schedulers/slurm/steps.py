@@ -15,7 +15,7 @@ from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
-from launcher.preflight.health_step import HEALTH_DIR, HOSTS, judge_argv
+from launcher.preflight.health_step import HEALTH_DIR, HOSTS
 from launcher.preflight.parity_step import PROBE_DIR
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
 from launcher.schedulers.slurm.image import SlurmImage
@@ -35,8 +35,9 @@ def parity_lines(
     probes = Path(job_dir) / PROBE_DIR
     probe = [python, "-m", "launcher.preflight.probe", "--json"]
     minutes = STEP_TIME_MIN
-    if image is not None:
-        probe, python, minutes = [*image.srun_args(), *image.probe()], image.python, PULL_TIME_MIN
+    if image is not None:  # the probe on the image's interpreter
+        probe = [*image.srun_args(), *image.run([IMAGE_PYTHON, *probe[1:]])]
+        python, minutes = image.python, PULL_TIME_MIN
     srun = [
         "srun", f"--nodes={nnodes}", "--ntasks-per-node=1", f"--time={minutes}", f"--chdir={workdir}",
         f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log", *probe,
@@ -79,9 +80,12 @@ def gate_lines(
     if not opts.gate:
         return []
     gate = GateSettings.of_job(spec.trainer_args, opts, spec.nproc_per_node)
-    judge = judge_argv(
-        image.python if image else spec.python, str(job_dir), spec.nnodes, gate, opts.health_check_warn
-    )
+    judge = [
+        image.python if image else spec.python, "-m", "launcher.preflight.health_step",
+        "--job-dir", str(job_dir), "--nodes", str(spec.nnodes), "--gpus-per-node", str(gate.gpus_per_node),
+        *([f"--min-busbw={gate.min_busbw:g}"] if gate.min_busbw is not None else []),
+        *(["--warn"] if opts.health_check_warn else []),
+    ]  # fmt: skip
     q = shlex.quote
     health = job_dir / HEALTH_DIR
     srun = [
