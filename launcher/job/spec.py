@@ -94,15 +94,16 @@ def split_program(tail: list[str]) -> tuple[Program | None, list[str]]:
     """What follows ``--`` on the command line: (the user's program, None for the built-in trainer; the
     trainer's arguments). A program is named first, as torchrun takes it: ``SCRIPT.py ...`` (anything
     not starting with ``-``), ``-m MODULE ...`` or ``--no-python PROGRAM ...``; trainer arguments are
-    flags. Raises SpecError for ``-m`` or ``--no-python`` with nothing after it."""
+    flags. Raises SpecError for ``-m`` or ``--no-python`` with nothing after it. The program is
+    validated with the rest of the spec (``JobSpec``), whose errors name the field."""
     if not tail or (tail[0].startswith("-") and tail[0] not in ("-m", "--no-python")):
         return None, tail
     if tail[0] in ("-m", "--no-python"):
         if len(tail) < 2:
             raise SpecError(f"`-- {tail[0]}` needs a name after it, e.g. `-- {tail[0]} NAME ARGS`")
         kind = "module" if tail[0] == "-m" else "no_python"
-        return Program(kind=kind, target=tail[1], args=tail[2:]), []
-    return Program(kind="script", target=tail[0], args=tail[1:]), []
+        return Program.model_construct(kind=kind, target=tail[1], args=tail[2:]), []
+    return Program.model_construct(kind="script", target=tail[0], args=tail[1:]), []
 
 
 class RendezvousSpec(_Strict):

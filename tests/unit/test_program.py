@@ -46,6 +46,13 @@ def test_a_form_without_its_name_is_refused() -> None:
         split_program(["-m"])
 
 
+@pytest.mark.parametrize("tail", [["-m", ""], ["a\x01.py"]])
+def test_a_bad_program_name_is_a_usage_error_naming_the_field(tail: list[str], tmp_path: Path) -> None:
+    proc = _launcher("render", "--", *tail, cwd=tmp_path)
+    assert proc.returncode == 2 and "program.target: " in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_programs_run_through_the_shim_but_a_no_python_one() -> None:
     assert Program(kind="script", target="t.py", args=["-a"]).argv() == ["-m", "gptlaunch.shim", "t.py", "-a"]
     assert Program(kind="module", target="p.m").argv() == ["-m", "gptlaunch.shim", "-m", "p.m"]
