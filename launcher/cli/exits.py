@@ -23,7 +23,13 @@ EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
         "failed, lost, unknown",
         "job failed (the failing node, rank and error are printed; a hang too) or lost",
     ),
-    (EXIT_USAGE, "", "invalid input: the message names the flag or field and the fix; nothing is written"),
+    (
+        EXIT_USAGE,
+        "failed (a rank's)",
+        "invalid input: the message names the flag or field and the fix; nothing is written. Also a job "
+        "whose rank exited 2 itself (its arguments, config or data: the trainer's usage errors, argparse "
+        "in your script), which is never retried",
+    ),
     (
         EXIT_REFUSED,
         "failed",

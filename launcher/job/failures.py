@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptlaunch.contract import StopMarker, read_stop_marker
+from gptlaunch.contract import EXIT_USAGE, StopMarker, read_stop_marker
 from launcher.job.logs import log_end
 from launcher.job.plan import node_log_name
 from launcher.job.record import Failure, JobRecord, torchelastic_dir
@@ -31,6 +31,8 @@ from launcher.job.record import Failure, JobRecord, torchelastic_dir
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
 _CONSEQUENCE_FILES = ("/torch/distributed/", "/torch/autograd/")
 _FRAME_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+', re.MULTILINE)
+# torchelastic's record writes an exception as f"{type(e).__name__}: {e}" (its ErrorHandler).
+_EXCEPTION_TYPE = re.compile(r"^([A-Za-z_]\w*): ")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class RankError:
     written_ns: int  # the file's mtime: breaks ties within a second
     message: str
     raised_in: str = ""  # the file of its traceback's innermost frame ("": no traceback)
+    exception: str = ""  # its exception's type name, as torchelastic's record names it ("": unknown)
 
     @property
     def follows(self) -> bool:
@@ -66,7 +69,9 @@ def read_errors(record: JobRecord, nnodes: int, since: float) -> list[RankError]
             if written_ns >= since * 1e9:
                 frames = _FRAME_FILE.findall(stack)
                 raised_in = frames[-1] if frames else ""
-                found.append(RankError(node, int(path.parent.name), ts, written_ns, text, raised_in))
+                kind = _EXCEPTION_TYPE.match(text)
+                local_rank, exception = int(path.parent.name), kind[1] if kind else ""
+                found.append(RankError(node, local_rank, ts, written_ns, text, raised_in, exception))
     return sorted(found, key=lambda e: (e.timestamp, e.written_ns))
 
 
@@ -115,12 +120,15 @@ def first_failure(
     exit_code: int | None = None,
     transport_error: str | None = None,
     ranks: dict[tuple[int, int], int] | None = None,
+    exits: dict[tuple[int, int], int] | None = None,
 ) -> Failure | None:
     """The root cause, by the order in this module's docstring, of a failure whose first failed agent
     was ``failed_node``'s (exit ``exit_code``; None: none seen), given the ranks' ``errors`` (earliest
     first), the ``deaths`` of workers and what the transport made of the exit (``transport_error``);
-    ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank. None when nothing names a
-    cause. Pure."""
+    ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank, ``exits``: (node, local
+    rank) -> the worker's exit code (torchrun's failure summary). A failure names its worker's exit
+    code where torchrun reported it, else its agent's. None when nothing names a cause. Pure."""
+    ranks, exits = ranks or {}, exits or {}
 
     def log(node: int) -> Path:
         return job_dir / node_log_name(node)
@@ -157,16 +165,31 @@ def first_failure(
         )
     if errors:
         first = min(errors, key=lambda e: e.follows)  # stable: the earliest of its class
+        worker = (first.node_rank, first.local_rank)
         return Failure(
             node_rank=first.node_rank,
             host=hosts.get(first.node_rank),
             local_rank=first.local_rank,
-            rank=(ranks or {}).get((first.node_rank, first.local_rank)),
-            exit_code=exit_code,
+            rank=ranks.get(worker),
+            exit_code=exits.get(worker, exit_code),
             error=first.message,
+            exception=first.exception or None,
         )
     if failed_node is None:
         return None
+    # A worker that exited with a code and wrote no error file (a script's sys.exit, argparse's exit 2).
+    if ended := sorted(w for w, code in exits.items() if w[0] == failed_node and code > 0):
+        node, local_rank = ended[0]
+        code = exits[ended[0]]
+        meaning = " (invalid input: its arguments, config or data)" if code == EXIT_USAGE else ""
+        return Failure(
+            node_rank=node,
+            host=hosts.get(node),
+            local_rank=local_rank,
+            rank=ranks.get(ended[0]),
+            exit_code=code,
+            error=f"exited with code {code}{meaning}; see {log(node)}",
+        )
     error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"
     return Failure(node_rank=failed_node, host=hosts.get(failed_node), exit_code=exit_code, error=error)
 

@@ -138,8 +138,9 @@ class Failure(BaseModel):
     host: str | None = None  # the node's host, where the scheduler names one (SSH)
     rank: int | None = None
     local_rank: int | None = None
-    exit_code: int | None = None
+    exit_code: int | None = None  # the failed worker's, where torchrun reported it, else its agent's
     error: str = ""
+    exception: str | None = None  # the type of the rank's exception (torchelastic's error record)
 
     def summary(self) -> str:
         who = f"node {self.node_rank}" + (f" (host {self.host})" if self.host else "")

@@ -4,9 +4,10 @@ and what of it is kept.
 An attempt that failed for a reason that is not the user's (a rank killed by a signal, a lost node, a
 hang, a peer's NCCL/gloo error, a node the health gate named) is retried from the last checkpoint,
 which the trainer resumes from on its own (``--resume auto``), without the node it blames. Never
-retried: invalid input (exit 2), a parity refusal (exit 3 naming no node), a stop on request (75, 130),
-and an error that repeats with the same cause at the same step in two attempts in a row (a bug, bad
-data, a NaN: a new node would not help).
+retried, since a new node would not help: invalid input (exit 2: a rank that refused its arguments,
+config or data), a parity refusal (exit 3 naming no node), a stop on request (75, 130), a program
+fault (``PROGRAM_FAULTS``: the trainer's non-finite loss, by its exception's type), and an error that
+repeats with the same cause at the same step in two attempts in a row (a bug, bad data).
 
 Each ended attempt is archived in ``JOB/attempts/<k>/``: its node logs, torchrun's error files, the
 hang stacks and heartbeats, its Plan and ``attempt.json`` (``record.Attempt``). The next attempt writes fresh
@@ -35,6 +36,9 @@ _NEVER = {
     EXIT_CHECKPOINTED: "stopped on request",
     EXIT_INTERRUPTED: "stopped on request",
 }
+# Exceptions a rank raises for a state no node would change (torchelastic's record names the type):
+# the same weights and data fail the same way on any node.
+PROGRAM_FAULTS = {"TrainingError": "a non-finite loss", "FloatingPointError": "a floating-point error"}
 
 
 def backoff_s(base_s: float, attempts: Sequence[Attempt]) -> float:
@@ -57,8 +61,9 @@ def backoff_s(base_s: float, attempts: Sequence[Attempt]) -> float:
 
 
 def _signature(cause: str) -> str:
-    """A cause with its numbers (pids, ports, times, addresses) masked: what repeats in a bug."""
-    return re.sub(r"\d+", "#", cause)
+    """A cause with its numbers (pids, ports, times, addresses) masked, and an archived attempt's log
+    paths as the attempt's own (``archive`` moves them): what repeats in a bug."""
+    return re.sub(rf"/{ATTEMPTS_DIR}/#/", "/", re.sub(r"\d+", "#", cause))
 
 
 def spares(pool: Sequence[str], current: Collection[str], avoid: Collection[str]) -> list[str]:
@@ -76,6 +81,9 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     named = outcome.exit_code == EXIT_REFUSED and bool(outcome.suspect_nodes)  # by the health gate: left out
     if outcome.exit_code in _NEVER and not named:
         return _NEVER[outcome.exit_code]
+    fault = outcome.failure.exception if outcome.failure is not None else None
+    if fault in PROGRAM_FAULTS:
+        return f"a program fault ({PROGRAM_FAULTS[fault]}, {fault}) that a retry would repeat on any node"
     if len(history) >= retries:
         return f"no retries left (--retries {retries})"
     last = history[-1] if history else None

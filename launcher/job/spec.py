@@ -101,7 +101,7 @@ def split_program(tail: list[str]) -> tuple[Program | None, list[str]]:
     if tail[0] in ("-m", "--no-python"):
         if len(tail) < 2:
             raise SpecError(f"`-- {tail[0]}` needs a name after it, e.g. `-- {tail[0]} NAME ARGS`")
-        kind = "module" if tail[0] == "-m" else "no_python"
+        kind: Literal["module", "no_python"] = "module" if tail[0] == "-m" else "no_python"
         return Program.model_construct(kind=kind, target=tail[1], args=tail[2:]), []
     return Program.model_construct(kind="script", target=tail[0], args=tail[1:]), []
 
@@ -241,7 +241,8 @@ class JobSpec(_Strict):
         "the health gate named): each starts from the last checkpoint (at once, unless the failure "
         "repeats with no new step: then after a backoff), away from the failed node (SSH: a spare host of "
         "the hostfile; SLURM: the node excluded; local, compose: the same nodes). Not retried: invalid "
-        "input, a parity refusal, a stop on request, the same error at the same step twice. (torchrun's "
+        "input (a rank that exits 2 too), a parity refusal, a stop on request, a non-finite loss, the "
+        "same error at the same step twice. (torchrun's "
         "--max-restarts instead restarts the ranks in place, on the same nodes.)",
     )
     retry_backoff_s: float = Field(

@@ -19,8 +19,9 @@ The precedence, one order everywhere (the first that holds decides):
 7. **a hang** the nodes' watchdogs reported: failed, with the suspects named;
 8. **a failure**: the root cause (``launcher.job.failures.first_failure``): an agent killed by a
    signal, a lost host, a worker killed by a signal, a rank's own error (errors raised inside
-   torch.distributed come after the others), the first failed agent's exit code; else what the
-   scheduler said.
+   torch.distributed come after the others), a worker's exit code, the first failed agent's exit
+   code; else what the scheduler said. Exit 2 when the failed rank exited 2 (invalid input, as the
+   trainer's and argparse's usage errors do), else 1.
 
 Every input is a typed fact: exit codes, signals, the stop marker, the nodes' reports, where an
 exception was raised. No message text decides: error messages only go into the outcome's text.
@@ -33,7 +34,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, StopMarker
+from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, StopMarker
 from launcher.job import failures, reports
 from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_by
 from launcher.job.hang import HANG_DIR, HangReport, hang_message, merge, suspects, write_stacks
@@ -75,6 +76,7 @@ class Facts:
     errors: tuple[RankError, ...] = ()  # the ranks' error files of this attempt, earliest first
     deaths: tuple[WorkerDeath, ...] = ()  # workers their torchrun reported killed by a signal
     ranks: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> rank
+    exits: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> exit code
     unexplained: str = ""  # what the scheduler says of an end that nothing else explains
 
 
@@ -102,6 +104,7 @@ def gather(record: JobRecord, since: float, plan: Plan | None = None) -> Facts:
             WorkerDeath(node, rank, local, -code) for node, rank, local, code in workers if code < 0
         ),
         ranks={(node, local): rank for node, rank, local, _ in workers},
+        exits={(node, local): code for node, _, local, code in workers},
     )
 
 
@@ -188,7 +191,11 @@ def _failed(facts: Facts) -> Outcome:
         exit_code=code,
         transport_error=facts.transport_error,
         ranks=facts.ranks,
+        exits=facts.exits,
     )
     if failure is None:
         return _outcome(JobState.FAILED, EXIT_FAILED, facts.unexplained or "the job failed without a word")
-    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, failure=failure, message=failure.summary())
+    # A rank that refused its input (exit 2) makes the job's exit 2: invalid input, never retried.
+    usage = failure.local_rank is not None and failure.exit_code == EXIT_USAGE
+    code = EXIT_USAGE if usage else EXIT_FAILED
+    return Outcome(state=JobState.FAILED, exit_code=code, failure=failure, message=failure.summary())

@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     losses,
     metrics,
     only_job_id,
+    plain_project,
     processes_of,
     wait_for,
     wait_for_steps,
@@ -170,6 +171,30 @@ def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp
     assert "injected fault on rank 1 at step 3" in final.message, final.message
     assert "attempt 2 of 4; not retried: the same error at step" in final.message, final.message
     assert [a.number for a in final.attempts] == [1] and not (job_dir / "attempts" / "2").exists()
+
+
+def test_a_nan_and_a_scripts_usage_error_are_not_retried_and_say_why(
+    prepared_data, wikitext_valid: Path, tmp_path: Path
+) -> None:
+    """Program faults, which no node would change, end after one attempt with ``--retries 2``: a real
+    divergence (the trainer's non-finite loss, told by its exception's type) and a user's script that
+    refuses its arguments (argparse's exit 2, which becomes the job's)."""
+    jobs, project = tmp_path / "jobs", plain_project(tmp_path, wikitext_valid)
+    diverge = ["--lr", "1e3", "--warmup-steps", "0", "--grad-clip", "0", "--max-steps", "30"]
+    nan = launcher(jobs, "submit", "--nodes", "2", "--retries", "2", "--", *prepared_data, *FAST, *diverge)
+    assert nan.returncode == 1, nan.stderr[-3000:]
+    said = nan.stderr.splitlines()[-1]
+    assert "TrainingError: loss is " in said and "not retried: a program fault (a non-finite loss" in said
+    usage = launcher(
+        jobs, "submit", "--nodes", "2", "--retries", "2", "--workdir", str(project), "--",
+        "ddp_plain.py", "--data", "input.txt", "--no-such-flag",
+    )  # fmt: skip
+    assert usage.returncode == 2, usage.stderr[-3000:]
+    said = usage.stderr.splitlines()[-1]
+    assert "exited with code 2 (invalid input" in said, said
+    assert "(attempt 1 of 3; not retried: invalid input)" in said, said
+    for job_id in (nan.stdout.splitlines()[0], usage.stdout.splitlines()[0]):
+        assert not (jobs / job_id / "attempts").exists()  # no attempt was archived for a retry
 
 
 def _rank1_beat(heartbeats: list[Path]) -> Beat | None:

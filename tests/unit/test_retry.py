@@ -46,6 +46,19 @@ def test_the_same_error_at_the_same_step_twice_is_a_bug_not_a_node() -> None:
     assert refusal(_failed(again), None, [_attempt(FAULT, None)], retries=5) is None  # step unknown
 
 
+def test_a_program_fault_is_not_retried_by_its_exception_type_and_a_repeat_is_seen_across_archives() -> None:
+    """A non-finite loss (the trainer's TrainingError) fails the same on any node: not retried even
+    the first time. A cause that names its log is the same cause once its attempt is archived."""
+    nan = Failure(node_rank=0, error="TrainingError: loss is nan at step 8", exception="TrainingError")
+    why = refusal(_failed(nan), 8, [], retries=2) or ""
+    assert "a program fault (a non-finite loss, TrainingError)" in why, why
+    assert refusal(_failed(FAULT.model_copy(update={"exception": "RuntimeError"})), 3, [], retries=2) is None
+    logged = Failure(node_rank=0, error="exited with code 1; see /j/node-0.log")
+    archived = logged.model_copy(update={"error": "exited with code 1; see /j/attempts/1/node-0.log"})
+    why = refusal(_failed(logged), 0, [_attempt(archived, 0)], retries=5) or ""
+    assert "the same error at step 0" in why, why
+
+
 def test_the_decision_names_the_nodes_the_next_attempt_runs_without_or_why_it_stops() -> None:
     """The one decision every scheduler carries out: a killed rank's node is left out; a hang's suspects
     or the nodes a health gate named are; a stop says why."""

@@ -78,6 +78,28 @@ def test_a_worker_that_wrote_its_error_then_aborted_is_named_by_its_error(record
     assert (failure.node_rank, failure.rank) == (1, 1) and "injected fault" in failure.error, failure
 
 
+def test_a_ranks_error_names_its_exception_type_and_its_workers_exit_code(record: JobRecord) -> None:
+    """The type comes from torchelastic's record (``Type: message``), the exit code from torchrun's
+    summary: typed facts a retry decision reads (``launcher.job.retry.PROGRAM_FAULTS``)."""
+    _error_file(record, 1, "RuntimeError: injected fault on rank 1 at step 3", time.time() - 10)
+    record.node_log(1).write_text(SUMMARY.replace("-9 (pid", "3 (pid"))
+    failure = root_cause(record, failed_node=1)
+    assert (failure.exception, failure.exit_code) == ("RuntimeError", 3), failure
+
+
+def test_a_worker_that_exited_2_with_no_error_file_is_invalid_input_and_the_jobs_exit_2(
+    record: JobRecord,
+) -> None:
+    """A script's argparse error (or the trainer's usage error) on rank 1: named by its rank and exit
+    code, and the job's exit code is 2, as the script's own would be."""
+    record.node_log(1).write_text(SUMMARY.replace("-9 (pid", "2 (pid"))
+    agents = (None, 1)
+    outcome = verdict(replace(gather(record, since=0.0), agents=agents, first_failed=1)).outcome
+    assert outcome.exit_code == 2 and outcome.failure is not None, outcome
+    assert (outcome.failure.rank, outcome.failure.local_rank) == (1, 0)
+    assert "exited with code 2 (invalid input" in outcome.cause, outcome.cause
+
+
 def test_a_ranks_own_error_wins_over_an_earlier_peer_error(record: JobRecord) -> None:
     now = time.time()
     _error_file(record, 0, PEER, now - 20)
