@@ -42,11 +42,12 @@ from types import FrameType
 import psutil
 
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, job_snapshots
+from launcher.agent.memory import MemoryWatch
 from launcher.agent.torchrun import fast_exit
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
 from launcher.job.hang import HangReport
-from launcher.job.reports import Hang, NodeReport
+from launcher.job.reports import Hang, NodeReport, OomKilled
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 
@@ -128,6 +129,7 @@ class NodeAgent:
         env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
         env |= {reports.REPORT_DIR_ENV: self.forward_dir} if self.forward_dir else {}
         piped = self.sink is not None
+        memory = MemoryWatch()  # the OOM kill counts before any rank runs
         child = subprocess.Popen(
             argv,
             env=env,
@@ -137,6 +139,7 @@ class NodeAgent:
             preexec_fn=procs.die_with_parent,
         )
         self.child = child
+        memory.start(child.pid)
         if self.stop_requested:
             child.send_signal(signal.SIGTERM)
             threading.Thread(target=self._end_lingering, args=(child,), daemon=True).start()
@@ -159,6 +162,9 @@ class NodeAgent:
             # Workers the agent left behind. An agent killed by a signal is a failed node: its orphans
             # must not checkpoint and exit as if asked to stop (the job would look stopped, not failed).
             procs.terminate(psutil.Process().children(recursive=True), KILL_GRACE_S if code >= 0 else 0.0)
+        memory.stop()
+        if code != 0:
+            self._report_oom(memory)
         if self.cut_off:  # the job goes on without this host, and without what is in its memory
             self._drop_snapshots()  # every process of the node is gone: no writer races the removal
         if pump is not None:
@@ -167,6 +173,18 @@ class NodeAgent:
             for report in reports.read_all(Path(self.forward_dir)):
                 self.report(report)
         return code if code >= 0 else 128 - code
+
+    def _report_oom(self, memory: MemoryWatch) -> None:
+        """An ``oom`` report when the kernel's OOM killer ended processes while the node ran."""
+        killed = memory.killed()
+        if killed is not None:
+            scope, kills, limit = killed
+            host = socket.gethostname()
+            self.report(
+                OomKilled(
+                    node=self.node, host=host, scope=scope, kills=kills, limit_bytes=limit, rss=memory.rss
+                )
+            )
 
     def _report_hang(self, hang: HangReport) -> None:
         self.report(Hang(node=self.node, hang=hang, time=hang.time))

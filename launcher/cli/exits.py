@@ -21,7 +21,8 @@ EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
     (
         EXIT_FAILED,
         "failed, lost, unknown",
-        "job failed (the failing node, rank and error are printed; a hang too) or lost",
+        "job failed (the failing node, rank and error are printed: a hang, a rank the kernel's OOM killer "
+        "ended, a non-finite loss too) or lost",
     ),
     (
         EXIT_USAGE,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from gptlaunch.contract import EXIT_USAGE, StopMarker, read_stop_marker
 from launcher.job.logs import log_end
 from launcher.job.plan import node_log_name
 from launcher.job.record import Failure, JobRecord, torchelastic_dir
+from launcher.job.reports import OomKilled
 
 # Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
@@ -121,14 +122,16 @@ def first_failure(
     transport_error: str | None = None,
     ranks: dict[tuple[int, int], int] | None = None,
     exits: dict[tuple[int, int], int] | None = None,
+    oom: Mapping[int, OomKilled] | None = None,
 ) -> Failure | None:
     """The root cause, by the order in this module's docstring, of a failure whose first failed agent
     was ``failed_node``'s (exit ``exit_code``; None: none seen), given the ranks' ``errors`` (earliest
     first), the ``deaths`` of workers and what the transport made of the exit (``transport_error``);
     ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank, ``exits``: (node, local
-    rank) -> the worker's exit code (torchrun's failure summary). A failure names its worker's exit
-    code where torchrun reported it, else its agent's. None when nothing names a cause. Pure."""
-    ranks, exits = ranks or {}, exits or {}
+    rank) -> the worker's exit code (torchrun's failure summary), ``oom``: node -> the kernel's OOM
+    kills there (a worker it killed with SIGKILL is named out of memory). A failure names its worker's
+    exit code where torchrun reported it, else its agent's. None when nothing names a cause. Pure."""
+    ranks, exits, oom = ranks or {}, exits or {}, oom or {}
 
     def log(node: int) -> Path:
         return job_dir / node_log_name(node)
@@ -155,6 +158,8 @@ def first_failure(
     if deaths := [d for d in deaths if (d.node_rank, d.local_rank) not in wrote]:
         d = deaths[0]
         error = f"rank {d.rank} was killed by {signal_name(d.signum)}; its peers' errors follow from it"
+        if d.signum == signal.SIGKILL and (report := oom.get(d.node_rank)) is not None:
+            error = out_of_memory(d.rank, d.local_rank, report)
         return Failure(
             node_rank=d.node_rank,
             host=hosts.get(d.node_rank),
@@ -192,6 +197,19 @@ def first_failure(
         )
     error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"
     return Failure(node_rank=failed_node, host=hosts.get(failed_node), exit_code=exit_code, error=error)
+
+
+def out_of_memory(rank: int, local_rank: int, report: OomKilled) -> str:
+    """What a rank the kernel's OOM killer ended is named (``report``: its node's ``oom`` report)."""
+    gib = 1 << 30
+    rss = report.rss.get(local_rank)
+    had = f"its RSS {rss / gib:.1f} GiB when last seen, " if rss is not None else ""
+    limit = "the limit" if report.scope == "cgroup" else "the host's memory"
+    return (
+        f"out of host memory: the kernel's OOM killer ended rank {rank} on {report.host} ({had}{limit} "
+        f"{report.limit_bytes / gib:.1f} GiB); fix: a smaller --micro-batch-size, fewer ranks per node, "
+        "or a larger memory limit"
+    )
 
 
 def killed_by(exit_code: int | None) -> int | None:

@@ -12,6 +12,7 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
   code, its ranks' latest heartbeats), ``probe``: its host's probe (``launcher.agent probe``), and
   ``pulled``: the job's image pulled there (``launcher.agent pull``), each sent on the channel of that
   short command, never stored;
+- ``oom``: the kernel's OOM killer ended processes of the node (``launcher.agent.memory``);
 - ``saved`` / ``file``: from a host that shares no file system with the launcher, a checkpoint that
   the launcher then copies here (``launcher.schedulers.ssh.copies``), and a small file written for the
   launcher (an error file, the stop marker), written into the record at its own path.
@@ -125,6 +126,20 @@ class Saved(_Report):
     changed: dict[str, int] = {}
 
 
+class OomKilled(_Report):
+    """The kernel's OOM killer ended processes of the node while it ran (``launcher.agent.memory``):
+    ``kills`` of them, in the node's memory cgroup ("cgroup") or elsewhere on its host ("host");
+    ``limit_bytes``: that cgroup's limit, or the host's memory; ``rss``: each local rank's last
+    resident memory seen (bytes)."""
+
+    kind: Literal["oom"] = "oom"
+    host: str
+    scope: Literal["cgroup", "host"]
+    kills: int
+    limit_bytes: int
+    rss: dict[int, int] = {}
+
+
 class FileBack(_Report):
     """A small file a node wrote for the launcher (a torchelastic error file, the stop marker), sent
     back from a host that shares no file system with it: written here at ``path`` (absolute, inside
@@ -136,7 +151,16 @@ class FileBack(_Report):
 
 
 NodeReport = Annotated[
-    Refused | Hang | CollectiveDone | CollectiveFailed | NodeStatus | Probed | Pulled | Saved | FileBack,
+    Refused
+    | Hang
+    | CollectiveDone
+    | CollectiveFailed
+    | NodeStatus
+    | Probed
+    | Pulled
+    | Saved
+    | OomKilled
+    | FileBack,
     Field(discriminator="kind"),
 ]
 _ADAPTER: TypeAdapter[NodeReport] = TypeAdapter(NodeReport)

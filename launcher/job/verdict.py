@@ -77,6 +77,7 @@ class Facts:
     deaths: tuple[WorkerDeath, ...] = ()  # workers their torchrun reported killed by a signal
     ranks: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> rank
     exits: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, local rank) -> exit code
+    oom: dict[int, reports.OomKilled] = field(default_factory=dict)  # node -> the OOM kills there
     unexplained: str = ""  # what the scheduler says of an end that nothing else explains
 
 
@@ -105,6 +106,7 @@ def gather(record: JobRecord, since: float, plan: Plan | None = None) -> Facts:
         ),
         ranks={(node, local): rank for node, rank, local, _ in workers},
         exits={(node, local): code for node, _, local, code in workers},
+        oom={report.node: report for report in reports.read(record.dir, reports.OomKilled, since)},
     )
 
 
@@ -192,6 +194,7 @@ def _failed(facts: Facts) -> Outcome:
         transport_error=facts.transport_error,
         ranks=facts.ranks,
         exits=facts.exits,
+        oom=facts.oom,
     )
     if failure is None:
         return _outcome(JobState.FAILED, EXIT_FAILED, facts.unexplained or "the job failed without a word")
