@@ -32,6 +32,10 @@ from launcher.job.reports import OomKilled
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
 _CONSEQUENCE_FILES = ("/torch/distributed/", "/torch/autograd/")
 _FRAME_FILE = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+', re.MULTILINE)
+GPU_OOM_FIX = (
+    "a smaller --micro-batch-size (the global batch kept with --global-batch-tokens), activation "
+    "checkpointing, or fewer ranks per GPU"
+)
 # torchelastic's record writes an exception as f"{type(e).__name__}: {e}" (its ErrorHandler).
 _EXCEPTION_TYPE = re.compile(r"^([A-Za-z_]\w*): ")
 
@@ -171,13 +175,16 @@ def first_failure(
     if errors:
         first = min(errors, key=lambda e: e.follows)  # stable: the earliest of its class
         worker = (first.node_rank, first.local_rank)
+        error = first.message
+        if first.exception == "OutOfMemoryError":  # torch's, for an accelerator's memory
+            error = f"out of GPU memory: {error}; fix: {GPU_OOM_FIX}"
         return Failure(
             node_rank=first.node_rank,
             host=hosts.get(first.node_rank),
             local_rank=first.local_rank,
             rank=ranks.get(worker),
             exit_code=exits.get(worker, exit_code),
-            error=first.message,
+            error=error,
             exception=first.exception or None,
         )
     if failed_node is None:

@@ -136,3 +136,26 @@ def test_a_killed_rank_on_a_gpu_resumes_from_the_snapshot_in_host_memory(
     steps = [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m]
     assert steps == list(range(1, STEPS + 1))
     assert len(losses(run_dir)) == STEPS
+
+
+# A script that takes GPU memory 1 GiB at a time until torch raises OutOfMemoryError.
+CUDA_HOG = """import torch
+held = []
+while True:
+    held.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+"""
+
+
+def test_a_cuda_oom_is_named_out_of_gpu_memory_with_the_fix(tmp_path: Path) -> None:
+    """The real torch.OutOfMemoryError on one GPU, in a user's script: named by its type (torchelastic's
+    error record), with the fix, on the console and in ``status``."""
+    (tmp_path / "hog.py").write_text(CUDA_HOG)
+    jobs = tmp_path / "jobs"
+    proc = launcher(jobs, "submit", "--nodes", "1", "--gpus-per-node", "1", "--workdir", str(tmp_path), "--",
+                    "hog.py", timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = proc.stderr.splitlines()[-1]
+    assert "failed: out of GPU memory: OutOfMemoryError: CUDA out of memory." in said, said
+    assert "--micro-batch-size" in said, said
+    status = launcher(jobs, "status", only_job_id(jobs), check=True).stdout
+    assert "out of GPU memory" in status, status

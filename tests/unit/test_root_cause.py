@@ -87,6 +87,15 @@ def test_a_ranks_error_names_its_exception_type_and_its_workers_exit_code(record
     assert (failure.exception, failure.exit_code) == ("RuntimeError", 3), failure
 
 
+def test_a_ranks_cuda_oom_is_named_out_of_gpu_memory_with_the_fix(record: JobRecord) -> None:
+    """torch.OutOfMemoryError, as torchelastic's record writes it (a GPU test raises the real one)."""
+    oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+    _error_file(record, 1, oom, time.time() - 10)
+    failure = root_cause(record, failed_node=1)
+    assert failure.error.startswith("out of GPU memory: OutOfMemoryError: CUDA out of memory."), failure
+    assert "--micro-batch-size" in failure.error and failure.exception == "OutOfMemoryError"
+
+
 def test_a_worker_that_exited_2_with_no_error_file_is_invalid_input_and_the_jobs_exit_2(
     record: JobRecord,
 ) -> None:
