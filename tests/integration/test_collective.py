@@ -14,7 +14,8 @@ import pytest
 
 from launcher.job import reports
 from launcher.job.measurements import CollectiveError, CollectiveResult, SizeResult
-from launcher.preflight.collective import DEFAULT_SIZES, _write_line, main
+from launcher.preflight.collective import _write_line, main
+from launcher.preflight.collective_flags import DEFAULT_SIZES
 from launcher.preflight.health import bus_bandwidth, format_table
 from tests.integration.conftest import run
 
