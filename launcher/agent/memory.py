@@ -60,7 +60,7 @@ class MemoryCgroup:
             return None
         for line in groups:
             _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):  # v1
+            if "memory" in controllers.split(",") and path != "/":  # v1, below its root
                 root = _mount_point(mounts, "cgroup", "memory")
                 if root is not None:
                     where = root / path.lstrip("/")
@@ -105,7 +105,6 @@ class MemoryWatch:
     """The OOM kill counts at the node's start, and its ranks' RSS while it runs (``start``, ``stop``).
     ``rss``: local rank -> the last RSS seen (bytes)."""
 
-    root_pid: int = 0
     cgroup: MemoryCgroup | None = field(default_factory=MemoryCgroup.of_self)
     rss: dict[int, int] = field(default_factory=dict)
 
@@ -114,19 +113,23 @@ class MemoryWatch:
         self._host_kills = _read_int(_PROC / "vmstat", "oom_kill")
         self._ranks: dict[int, int | None] = {}  # pid -> its LOCAL_RANK (None: not a rank)
         self._done = threading.Event()
+        self._sampler: threading.Thread | None = None
 
     def start(self, root_pid: int) -> None:
         """Sample the RSS of the ranks below ``root_pid`` (the node's command) until ``stop``."""
-        self.root_pid = root_pid
-        threading.Thread(target=self._sample, daemon=True).start()
+        self._sampler = threading.Thread(target=self._sample, args=(root_pid,), daemon=True)
+        self._sampler.start()
 
     def stop(self) -> None:
+        """Stop sampling; ``rss`` holds still from here on."""
         self._done.set()
+        if self._sampler is not None:
+            self._sampler.join()
 
-    def _sample(self) -> None:
+    def _sample(self, root_pid: int) -> None:
         while not self._done.wait(POLL_S):
             try:
-                tree = psutil.Process(self.root_pid).children(recursive=True)
+                tree = psutil.Process(root_pid).children(recursive=True)
             except psutil.Error:
                 return
             for process in tree:
@@ -141,13 +144,16 @@ class MemoryWatch:
 
     def killed(self) -> tuple[Literal["cgroup", "host"], int, int] | None:
         """Since the start: (scope, kills, limit in bytes) when the OOM killer ended a process in the
-        node's memory cgroup ("cgroup": its limit) or else on the host ("host": its memory); None
-        when it did not, or no count can be read."""
+        node's memory cgroup ("cgroup": its limit), or, where the node has no cgroup count to read, on
+        the host ("host": its memory); None when it did not, or no count can be read. A host's count
+        that rose while the node's cgroup's did not is another process's kill: the kernel counts a
+        host-wide OOM kill in its victim's cgroup too."""
         if self.cgroup is not None and self._cgroup_kills is not None:
             now = self.cgroup.kills()
-            if now is not None and now > self._cgroup_kills:
-                limit = self.cgroup.limit()
-                return ("cgroup", now - self._cgroup_kills, limit or psutil.virtual_memory().total)
+            if now is None or now == self._cgroup_kills:
+                return None
+            limit = self.cgroup.limit()
+            return ("cgroup", now - self._cgroup_kills, limit or psutil.virtual_memory().total)
         host = _read_int(_PROC / "vmstat", "oom_kill")
         if host is not None and self._host_kills is not None and host > self._host_kills:
             return ("host", host - self._host_kills, psutil.virtual_memory().total)
@@ -155,7 +161,14 @@ class MemoryWatch:
 
 
 def _local_rank(process: psutil.Process) -> int | None:
-    """A training process's LOCAL_RANK (torchrun sets it in each worker's environment), else None."""
+    """A rank's LOCAL_RANK (torchrun sets it in each worker's environment), else None: also for the
+    processes a rank starts (DataLoader and compile workers inherit its environment)."""
+    value = _rank_env(process)
+    parent = process.parent()
+    return int(value) if value is not None and (parent is None or _rank_env(parent) is None) else None
+
+
+def _rank_env(process: psutil.Process) -> str | None:
     env = process.environ()
     value = env.get("LOCAL_RANK", "")
-    return int(value) if value.isdigit() and "TORCHELASTIC_RUN_ID" in env else None
+    return value if value.isdigit() and "TORCHELASTIC_RUN_ID" in env else None

@@ -169,7 +169,7 @@ def first_failure(
             host=hosts.get(d.node_rank),
             local_rank=d.local_rank,
             rank=d.rank,
-            exit_code=exit_code,
+            exit_code=exits.get((d.node_rank, d.local_rank), exit_code),
             error=f"{error}; see {log(d.node_rank)}",
         )
     if errors:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.agent.memory import MemoryCgroup
+from launcher.agent import memory
+from launcher.agent.memory import MemoryCgroup, MemoryWatch
 
 # /proc/self/mountinfo lines: "ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS ... - FSTYPE SOURCE SUPER"
 V1 = "35 30 0:31 / {root}/memory rw,nosuid shared:14 - cgroup cgroup rw,memory\n"
@@ -44,3 +45,23 @@ def test_a_v2_cgroup_is_read_from_memory_events_and_max(tmp_path: Path) -> None:
 
 def test_no_memory_controller_is_no_cgroup(tmp_path: Path) -> None:
     assert MemoryCgroup.of_self(_proc(tmp_path, "5:cpu:/\n0::/\n", V1)) is None
+
+
+def test_a_kill_is_the_nodes_when_its_cgroups_count_rose_and_only_then(tmp_path: Path, monkeypatch) -> None:
+    """The host's count rising alone is another process's kill (the kernel counts a host-wide kill in
+    its victim's cgroup too); with no cgroup count to read, the host's is all there is."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    monkeypatch.setattr(memory, "_PROC", proc)
+    (proc / "vmstat").write_text("pgfault 10\noom_kill 5\n")
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    (tmp_path / "memory.max").write_text(f"{1 << 30}\n")
+    node = MemoryWatch(cgroup=MemoryCgroup(events, tmp_path / "memory.max"))
+    bare = MemoryWatch(cgroup=None)
+    (proc / "vmstat").write_text("pgfault 10\noom_kill 6\n")  # someone's kill on the host
+    assert node.killed() is None
+    scope, kills, _ = bare.killed() or ("", 0, 0)
+    assert (scope, kills) == ("host", 1)
+    events.write_text("oom_kill 2\n")
+    assert node.killed() == ("cgroup", 2, 1 << 30)
