@@ -2,8 +2,11 @@
 
 A checkpoint is one ``ckpt-<step>.pt`` file written by global rank 0: it is written to a temporary
 name, fsynced, renamed into place and the directory fsynced, so a crash mid-save leaves the previous
-checkpoint whole and never a truncated one under a real name. Contents are tensors and plain
-containers only, loaded with ``torch.load(weights_only=True)``: loading never unpickles arbitrary
+checkpoint whole and never a truncated one under a real name. The sha256 of its bytes, hashed as they
+are written, goes into ``ckpt-<step>.pt.sha256`` before the checkpoint reaches its name; ``examine``
+checks it before a checkpoint is loaded (bytes changed on disk since: a truncated copy, a flipped bit),
+and a checkpoint from before checksums by the CRC-32s of torch's zip records. Contents are tensors and
+plain containers only, loaded with ``torch.load(weights_only=True)``: loading never unpickles arbitrary
 objects. Only this module knows the keys: ``make_state`` builds a checkpoint, ``check_resumable``
 checks one against this run, and ``restore``, ``saved_step`` and ``saved_rng`` read one back.
 """
@@ -12,14 +15,16 @@ from __future__ import annotations
 
 import re
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from gptlaunch.files import atomic_write
+from gptlaunch.files import DIGEST_SUFFIX, DigestError, atomic_write_checked, check_digest, digest_path
 from trainer.config import TrainConfig
 from trainer.errors import CheckpointError
 
@@ -69,41 +74,84 @@ def save(state: dict[str, Any], run_dir: Path, step: int, keep: int, hold_s: flo
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(run_dir, step)
-    with atomic_write(final) as f:
+    with atomic_write_checked(final) as f:  # the sha256 is hashed on the way to the disk
         torch.save(state, f)
         time.sleep(hold_s)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    for old in list_checkpoints(run_dir)[:-keep]:  # the damaged ones set aside are not listed
         old.unlink(missing_ok=True)
+        digest_path(old).unlink(missing_ok=True)  # after: a checkpoint never loses its digest alone
     return final
 
 
 def remove_partial_saves(run_dir: Path) -> None:
-    """Delete temporary files of saves that were killed midway (they are never read)."""
+    """Delete temporary files of saves that were killed midway, and the digests of checkpoints that
+    never reached their name (neither is ever read)."""
     for partial in run_dir.glob(".ckpt-*.tmp"):
         partial.unlink(missing_ok=True)
+    for digest in run_dir.glob(f"ckpt-*.pt{DIGEST_SUFFIX}"):
+        if not digest.with_suffix("").exists():
+            digest.unlink(missing_ok=True)
 
 
-def find_resume(run_dir: Path, resume: str) -> Path | None:
-    """Which checkpoint to resume from: ``never`` -> None, ``auto`` -> the newest in ``run_dir`` (None
-    if there is none), anything else is a path that must exist (CheckpointError otherwise)."""
+def resume_candidates(run_dir: Path, resume: str) -> list[Path]:
+    """The checkpoints a run may resume from, the one to try first first: ``never`` -> none, ``auto``
+    -> those in ``run_dir``, newest first, anything else -> that path, which must exist
+    (CheckpointError otherwise)."""
     if resume == "never":
-        return None
+        return []
     if resume == "auto":
-        found = list_checkpoints(run_dir)
-        return found[-1] if found else None
+        return list_checkpoints(run_dir)[::-1]
     path = Path(resume)
     if not path.is_file():
         raise CheckpointError(
             f"--resume {resume}: no such checkpoint file; use auto, never or a ckpt-*.pt path"
         )
-    return path
+    return [path]
 
 
-def load(path: Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU without unpickling code objects.
+@dataclass(frozen=True)
+class Verdict:
+    """What ``examine`` found of one checkpoint file."""
 
-    Raises CheckpointError when the file is not a readable checkpoint of this format.
+    damage: str | None  # why it is not whole (checksum mismatch, truncated, unreadable); None: whole
+    checksummed: bool  # (whole) checked by the sha256 written with it; False: by its zip's CRC-32s
+
+
+def examine(path: Path) -> Verdict:
+    """Whether the checkpoint at ``path`` holds the bytes it was written with, read without loading
+    it: the sha256 in its ``.sha256`` file over all its bytes; for a checkpoint from before checksums,
+    the CRC-32 that torch's zip format keeps of each record (every tensor and the pickle; the zip's
+    own headers are not covered), which finds a truncated file and most flipped bits. Costs one read
+    of the file (sha256 at about 1 GB/s)."""
+    try:
+        checksummed = check_digest(path)
+    except DigestError as e:
+        return Verdict(str(e), checksummed=True)
+    except OSError as e:
+        return Verdict(f"unreadable: {e.strerror or e}", checksummed=True)
+    return Verdict(None if checksummed else _zip_damage(path), checksummed)
+
+
+def _zip_damage(path: Path) -> str | None:
+    """Why ``path`` is not a whole zip archive (truncated: no central directory; a record whose
+    CRC-32 fails; unreadable); None when it is one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            failed = archive.testzip()  # reads every record, checking its CRC-32
+    except Exception as e:  # a damaged zip raises many types (BadZipFile, struct.error, OSError, ...)
+        return f"not a whole zip archive ({e})"
+    return None if failed is None else f"its record {failed} fails its CRC-32"
+
+
+def load(path: Path, *, examined: bool = False) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU without unpickling code objects, after checking its bytes
+    (``examine``) unless the caller did (``examined``: a resume examines it on every node first).
+
+    Raises CheckpointError when the file is damaged, or not a readable checkpoint of this format.
     """
+    damage = None if examined else examine(path).damage
+    if damage is not None:
+        raise CheckpointError(f"{path} is damaged ({damage}): use another checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a corrupt or foreign file

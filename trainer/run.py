@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptlaunch import runtime
 from gptlaunch.snapshots import Snapshots
-from trainer import checkpoint, distributed
+from trainer import checkpoint, distributed, resume
 from trainer.config import TrainConfig
 from trainer.console import warn
 from trainer.data.batches import BatchPlan, TrainBatches
@@ -179,19 +180,26 @@ def _checkpoint_to_resume(
     snapshots: Snapshots,
 ) -> dict[str, Any] | None:
     """The checkpoint this run continues (loaded, checked against this run), or None: on a retry, a
-    host's snapshot in memory when it is newer than the newest on disk. Collective.
+    host's snapshot in memory when it is newer than the newest whole checkpoint on disk. Collective.
 
-    Raises CheckpointError when it cannot continue this run (see ``checkpoint.check_resumable``).
+    Raises CheckpointError when it cannot continue this run (see ``checkpoint.check_resumable``), or
+    --resume names a damaged file (``resume.first_whole``).
     """
-    # Rank 0 decides and tells the others: ranks that saw different files would run different steps.
-    found = checkpoint.find_resume(cfg.run_dir, cfg.resume) if env.is_main else None
-    path = distributed.broadcast_object(found)
-    memory = None
-    if cfg.resume == "auto":
-        memory = snapshots.resume(newer_than=checkpoint.step_of(path) if path is not None else None)
-    if memory is None and path is None:
+    # Rank 0 lists the checkpoints and tells the others: ranks that saw different files would run
+    # different steps. A snapshot newer than the newest checkpoint spares reading that checkpoint.
+    found = resume.candidates(cfg.run_dir, cfg.resume, env)
+    memory = _newer_snapshot(cfg, snapshots, found[0] if found else None)
+    path = None
+    if memory is None and found:
+        path = resume.first_whole(found, explicit=cfg.resume != "auto", env=env)
+        if path != found[0]:  # the newest was damaged: a snapshot older than it may now be the newest
+            memory = _newer_snapshot(cfg, snapshots, path)
+    if memory is not None:
+        state, where = memory
+    elif path is not None:
+        state, where = checkpoint.load(path, examined=True), str(path)
+    else:
         return None
-    state, where = memory if memory is not None else (checkpoint.load(path), str(path))
     notes = checkpoint.check_resumable(
         state,
         where,
@@ -206,6 +214,16 @@ def _checkpoint_to_resume(
             print(f"note: {note}", flush=True)
         print(f"resumed from {where} at step {checkpoint.saved_step(state)}", flush=True)
     return state
+
+
+def _newer_snapshot(
+    cfg: TrainConfig, snapshots: Snapshots, path: Path | None
+) -> tuple[dict[str, Any], str] | None:
+    """On a retry of ``--resume auto``, a host's snapshot in memory when newer than the checkpoint
+    ``path`` (None: than none), with where it is in words; None otherwise. Collective."""
+    if cfg.resume != "auto":
+        return None
+    return snapshots.resume(newer_than=checkpoint.step_of(path) if path is not None else None)
 
 
 def _seed_rank_stream(

@@ -5,8 +5,9 @@ The copy is torch's own ``DefaultStager`` (``gptlaunch.staging``): on CUDA into 
 with a non-blocking copy, on the CPU into buffers of its own; it keeps the buffers from one save to
 the next, so the copy allocates nothing after the first (not where torch's stager cannot be reused:
 see there). The write is
-``checkpoint.save`` as before (a temporary file, fsynced, renamed into place, the directory fsynced):
-a crash mid-write leaves the previous checkpoint whole, and what a retry resumes is always complete.
+``checkpoint.save`` as before (a temporary file, fsynced, renamed into place, the directory fsynced,
+its sha256 hashed on this thread's way to the disk): a crash mid-write leaves the previous checkpoint
+whole, and what a retry resumes is always complete.
 
 One write at a time: a save that comes while the previous one is still writing waits for it (and
 ``SaveTimes.waited_s`` says how long), so no checkpoint is ever skipped. A blocking save (a stop on

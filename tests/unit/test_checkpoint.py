@@ -1,7 +1,9 @@
-"""Checkpoints: atomic, pruned, never unpickling arbitrary objects, and checked before a resume."""
+"""Checkpoints: atomic, checksummed, pruned, never unpickling arbitrary objects, and checked before a
+resume."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gptlaunch import files
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig
@@ -22,8 +25,15 @@ def test_keeps_only_the_newest_k(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         checkpoint.save(_state(step), tmp_path, step, keep=2)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000020.pt", "ckpt-00000030.pt"]
-    assert checkpoint.find_resume(tmp_path, "auto") == checkpoint.checkpoint_path(tmp_path, 30)
-    assert checkpoint.find_resume(tmp_path, "never") is None
+    assert checkpoint.resume_candidates(tmp_path, "auto") == [
+        checkpoint.checkpoint_path(tmp_path, step) for step in (30, 20)
+    ]
+    assert checkpoint.resume_candidates(tmp_path, "never") == []
+    # A checkpoint's checksum file goes with it: none is left for the deleted ckpt-10.
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == [
+        "ckpt-00000020.pt.sha256",
+        "ckpt-00000030.pt.sha256",
+    ]
 
 
 def test_crash_during_save_leaves_previous_checkpoint_whole(tmp_path: Path, monkeypatch) -> None:
@@ -37,8 +47,33 @@ def test_crash_during_save_leaves_previous_checkpoint_whole(tmp_path: Path, monk
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save(_state(20), tmp_path, 20, keep=3)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt-00000010.pt"]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010.pt"]  # no temp file left behind
+    # No temporary file left behind, nor a checksum of the checkpoint that failed.
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010.pt", "ckpt-00000010.pt.sha256"]
     assert checkpoint.load(checkpoint.checkpoint_path(tmp_path, 10))["step"] == 10
+
+
+def test_the_checksum_is_hashed_as_the_checkpoint_is_written_not_read_back(
+    tmp_path: Path, monkeypatch
+) -> None:
+    def no_read_back(*a, **k):
+        raise AssertionError("the save read a file back")
+
+    monkeypatch.setattr(files, "sha256_of", no_read_back)
+    monkeypatch.setattr(files, "open", no_read_back, raising=False)  # the module's own open()
+    path = checkpoint.save(_state(1) | {"optimizer": {"m": torch.randn(256, 256)}}, tmp_path, 1, keep=1)
+    monkeypatch.undo()
+
+    written = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert files.digest_path(path).read_text() == f"{written}  {path.name}\n"  # sha256sum -c reads it
+    assert checkpoint.examine(path) == checkpoint.Verdict(None, checksummed=True)
+
+
+def test_a_checksum_left_by_a_save_killed_before_its_rename_is_removed(tmp_path: Path) -> None:
+    kept = checkpoint.save(_state(10), tmp_path, 10, keep=3)
+    orphan = files.digest_path(checkpoint.checkpoint_path(tmp_path, 20))
+    orphan.write_text(files.digest_path(kept).read_text())
+    checkpoint.remove_partial_saves(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000010.pt", "ckpt-00000010.pt.sha256"]
 
 
 class _Evil:
@@ -56,7 +91,7 @@ def test_loading_refuses_arbitrary_pickled_objects(tmp_path: Path) -> None:
 
 def test_resume_path_that_does_not_exist_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(checkpoint.CheckpointError, match="no such checkpoint"):
-        checkpoint.find_resume(tmp_path, str(tmp_path / "nope.pt"))
+        checkpoint.resume_candidates(tmp_path, str(tmp_path / "nope.pt"))
 
 
 def test_saved_files_are_readable_by_others_as_the_umask_allows(tmp_path: Path) -> None:
