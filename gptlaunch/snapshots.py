@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 from gptlaunch import runtime
 from gptlaunch.collectives import all_gather_object, broadcast_state, distributed
-from gptlaunch.files import atomic_write
+from gptlaunch.files import atomic_write_checked, check_digest, digest_path
 from gptlaunch.staging import HostStager
 
 SHM = Path("/dev/shm")
@@ -168,10 +168,12 @@ class Snapshots:
 
     def _write(self, staged: dict[str, Any], step: int) -> None:
         path = self.directory / f"snapshot-{step:08d}.pt"
-        with atomic_write(path) as f:  # a reader sees the whole snapshot or none; a failed write leaves none
+        # A reader sees the whole snapshot or none; a failed write leaves none. Its sha256, hashed as
+        # it is written, lets the reader find one changed since (``resume``).
+        with atomic_write_checked(path) as f:
             torch.save(staged, f)
-        for older in self.directory.glob("snapshot-*.pt"):
-            if older != path:
+        for older in self.directory.glob("snapshot-*"):  # with their digests
+            if older not in (path, digest_path(path)):
                 older.unlink(missing_ok=True)
 
     def _wait(self) -> None:
@@ -203,8 +205,8 @@ class Snapshots:
         """On a retry, the newest snapshot of any host of the job when its step is newer than
         ``newer_than`` (the step of the checkpoint on disk the caller would resume from; None: none),
         on every rank (loaded to the CPU), with where it came from in words (``the snapshot in
-        HOST's memory``); None otherwise. Collective. A snapshot that cannot be read is a warning
-        (None: the disk's checkpoint is used)."""
+        HOST's memory``); None otherwise. Collective. A snapshot that cannot be read, or whose bytes
+        differ from its digest's, is a warning (None: the disk's checkpoint is used)."""
         # Gathered even when not retried: each rank's view of that may differ (a node that joined a
         # restarted torchrun later counts no restart), and every rank must make the same collectives.
         offers = all_gather_object(Offer(socket.gethostname(), newest(self.directory), runtime.retried()))
@@ -216,6 +218,7 @@ class Snapshots:
         if self.rank == src:
             try:
                 path = self.directory / f"snapshot-{step:08d}.pt"
+                check_digest(path)  # DigestError when its bytes changed since they were written
                 found = torch.load(path, map_location="cpu", weights_only=True)
                 loaded = found if isinstance(found, dict) else f"not a state (a {type(found).__name__})"
             except Exception as e:  # gone, torn, not a state: the disk's checkpoint instead

@@ -112,7 +112,10 @@ def test_the_last_state_is_written_before_keep_last_returns_after_the_write_in_f
         assert snapshots.keep_last(13, {**STATE, "step": 13})
         assert newest(tmp_path / "job" / "run") == 13  # written, and step 10's removed once step 13's is
         raise RuntimeError("a peer is lost: step 13's state stays for the retry")
-    assert [p.name for p in (tmp_path / "job" / "run").iterdir()] == ["snapshot-00000013.pt"]
+    assert sorted(p.name for p in (tmp_path / "job" / "run").iterdir()) == [
+        "snapshot-00000013.pt",
+        "snapshot-00000013.pt.sha256",  # step 10's went with its snapshot
+    ]
     retry_of(2)  # the last attempt keeps none, and says nothing of it
     with Snapshots(tmp_path / "run") as last:
         assert not last.keep_last(20, STATE)
@@ -187,6 +190,24 @@ def test_a_snapshot_that_cannot_be_read_is_skipped(
         assert snapshots.resume(newer_than=10) is None
     err = capsys.readouterr().err
     assert "the snapshot of step 20" in err and "step 30 in" in err and "not a state (a list)" in err
+
+
+def test_a_snapshot_whose_bytes_changed_since_its_write_is_skipped(
+    tmp_path: Path, retry_of: Callable[[int], None], capsys
+) -> None:
+    retry_of(1)
+    with pytest.raises(RuntimeError), Snapshots(tmp_path / "run") as first:
+        first.keep(20, STATE)
+        raise RuntimeError("a rank fails: the snapshot stays for the retry")
+    path = tmp_path / "job" / "run" / "snapshot-00000020.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one bit rots in memory
+    path.write_bytes(bytes(data))
+    retry_of(2)
+    with Snapshots(tmp_path / "run") as second:
+        assert second.resume(newer_than=10) is None  # the disk's checkpoint instead
+    err = capsys.readouterr().err
+    assert "the snapshot of step 20" in err and "checksum mismatch" in err
 
 
 def test_snapshots_are_best_effort_a_full_memory_or_a_failed_write_turns_them_off(
