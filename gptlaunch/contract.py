@@ -121,6 +121,7 @@ class Beat:
     start_step: int = 0  # the step this process started (resumed) at
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
     tokens: int | None = None  # tokens this rank has processed, when its program says (``runtime.beat``)
+    warning: str | None = None  # what its program wants seen in ``launcher status`` (``runtime.warn``)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

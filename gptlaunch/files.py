@@ -7,10 +7,12 @@ a sha256 of their bytes written with them (``atomic_write_checked``) and checked
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -146,3 +148,27 @@ def check_digest(path: Path) -> bool:
             f"{match.group(1)[:12]}… when written"
         )
     return True
+
+
+# The errors of a write that does not fit: the file system is full, or the user's quota is.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(error: BaseException) -> OSError | None:
+    """The OSError for a full file system or quota (``NO_SPACE_ERRNOS``) behind ``error``: itself, or
+    one it was raised from or while handling (torch.save turns a failed write into a RuntimeError,
+    "unexpected pos", raised while the OSError is handled); None when there is none."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in NO_SPACE_ERRNOS:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this user on the file system of ``path`` (its nearest existing ancestor); a quota
+    is not seen here, only when a write fails (EDQUOT)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free

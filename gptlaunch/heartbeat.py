@@ -43,6 +43,7 @@ class Heartbeat:
         self.step, self.phase, self.phase_since = 0, "startup", time.time()
         self.start_step = 0
         self.tokens: int | None = None
+        self.warning: str | None = None  # shown by ``launcher status`` until replaced
         self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
@@ -106,6 +107,7 @@ class Heartbeat:
             debug_socket=self._socket,
             start_step=self.start_step,
             tokens=self.tokens,
+            warning=self.warning,
             phase_s=self._phase_s | {self.phase: self._phase_s.get(self.phase, 0.0) + now - self.phase_since},
         )
         try:

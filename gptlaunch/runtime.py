@@ -76,6 +76,7 @@ __all__ = [
     "retried",
     "snapshot_dir",
     "stop_requested",
+    "warn",
     "watch",
     "whole_lines",
 ]
@@ -207,6 +208,19 @@ def beat(step: int, tokens: int | None = None) -> None:
     global _manual
     _manual = True
     _step_done(step, tokens)
+
+
+def warn(message: str | None) -> None:
+    """Print ``message`` as a warning (stderr) and show it for this rank in ``launcher status`` until
+    the next call; None clears it (e.g. a checkpoint that did not fit, once one has been saved again).
+    Under bare torchrun: only the print."""
+    if message is not None:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+    with _lock:
+        hb = _beats()
+        if hb is not None and hb.warning != message:
+            hb.warning = message
+            hb.flush()
 
 
 def exit_checkpointed(step: int, checkpoint: str | Path) -> NoReturn:

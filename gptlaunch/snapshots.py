@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 from gptlaunch import runtime
 from gptlaunch.collectives import all_gather_object, broadcast_state, distributed
-from gptlaunch.files import atomic_write_checked, check_digest, digest_path
+from gptlaunch.files import atomic_write_checked, check_digest, digest_path, free_bytes
 from gptlaunch.staging import HostStager
 
 SHM = Path("/dev/shm")
@@ -137,7 +137,7 @@ class Snapshots:
             return
         try:
             self._wait()
-            needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
+            needed, free = tensor_bytes(state) + HEADROOM_BYTES, free_bytes(self.directory)
             if needed > free:
                 return self._off(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
             staged = self._stager.stage(state)
@@ -157,7 +157,7 @@ class Snapshots:
         with contextlib.suppress(Exception):  # an older snapshot's failed write: moot now
             self._wait()
         try:
-            needed, free = tensor_bytes(state) + HEADROOM_BYTES, _free_bytes(self.directory)
+            needed, free = tensor_bytes(state) + HEADROOM_BYTES, free_bytes(self.directory)
             if needed > free:  # the older snapshot stays until this one is whole: room for both
                 raise OSError(f"{needed / 1e6:.0f} MB needed, {free / 1e6:.0f} MB free in {SHM}")
             self._write(state, step)
@@ -297,13 +297,6 @@ def tensor_bytes(value: Any) -> int:
     if isinstance(value, list | tuple):
         return sum(tensor_bytes(v) for v in value)
     return 0
-
-
-def _free_bytes(path: Path) -> int:
-    """Free bytes on the file system of ``path`` (its nearest existing ancestor)."""
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
 
 
 def _warn(message: str) -> None:

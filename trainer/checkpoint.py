@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from gptlaunch.files import DIGEST_SUFFIX, DigestError, atomic_write_checked, check_digest, digest_path
+from trainer import disk
 from trainer.config import TrainConfig
 from trainer.errors import CheckpointError
 
@@ -69,14 +70,24 @@ def save(state: dict[str, Any], run_dir: Path, step: int, keep: int, hold_s: flo
     ``hold_s``: seconds the written temporary file stays open before its rename (a failure drill: a
     slow disk).
 
-    Returns the checkpoint's path. Raises OSError if the disk write fails (the previous checkpoints are
-    untouched in that case).
+    Returns the checkpoint's path. Raises NoSpaceError when it does not fit on the run dir's file
+    system (``trainer.disk``: checked before the write, named after a failed one), OSError when the
+    write fails otherwise; the newest previous checkpoint is untouched in both cases.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(run_dir, step)
-    with atomic_write_checked(final) as f:  # the sha256 is hashed on the way to the disk
-        torch.save(state, f)
-        time.sleep(hold_s)
+    found = list_checkpoints(run_dir)
+    needed = disk.needed_bytes(state, found[-1] if found else None)
+    # Short of room: those rotation deletes after this save go first; the newest stays, always.
+    disk.make_room(found[: max(0, len(found) - max(keep - 1, 1))], needed, run_dir, step)
+    try:
+        with atomic_write_checked(final) as f:  # the sha256 is hashed on the way to the disk
+            torch.save(state, f)
+            time.sleep(hold_s)
+    except Exception as e:
+        if (full := disk.named(e, run_dir, step, needed)) is not None:
+            raise full from None  # torch's "unexpected pos" says nothing the user can act on
+        raise
     for old in list_checkpoints(run_dir)[:-keep]:  # the damaged ones set aside are not listed
         old.unlink(missing_ok=True)
         digest_path(old).unlink(missing_ok=True)  # after: a checkpoint never loses its digest alone

@@ -16,7 +16,7 @@ from typing import NoReturn
 from gptlaunch import runtime
 from gptlaunch.exits import exit_code, exit_now
 from gptlaunch.runtime import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from trainer.errors import USER_ERRORS, TrainingError
+from trainer.errors import RUN_ERRORS, USER_ERRORS
 from trainer.flags import build_parser, config_from_args, flag_values
 
 
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"trainer: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    except TrainingError as e:  # already in torchrun's error file (via @record); no traceback needed
+    except RUN_ERRORS as e:  # already in torchrun's error file (via @record); no traceback needed
         print(f"trainer: training failed: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     return EXIT_OK if code is None else code

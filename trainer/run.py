@@ -327,12 +327,15 @@ def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = 
     (``trainer.saver``) unless ``stopping``, at the last step, or with ``--no-async-checkpoints``.
     ``stopping``: also record the stop marker (with ``signal``, the stop signal's name as rank 0 got
     it) once the checkpoint is on disk, before the barrier, so it exists once any rank has exited 75.
-    Returns rank 0's ``SaveTimes`` (None on the other ranks)."""
+    Returns rank 0's ``SaveTimes`` (None on the other ranks). Raises NoSpaceError on rank 0 when the
+    run's last save (a stop's, the last step's) does not fit on the run dir's file system."""
     rng, cuda_rng = _gather_rng(run)
-    blocking = stopping or next_step == run.cfg.max_steps or not run.cfg.async_checkpoints
+    last = stopping or next_step == run.cfg.max_steps
+    blocking = last or not run.cfg.async_checkpoints
     times = None
     if run.env.is_main:
-        times = run.saver.save(_state(run, next_step, rng, cuda_rng), next_step, blocking=blocking)
+        state = _state(run, next_step, rng, cuda_rng)
+        times = run.saver.save(state, next_step, blocking=blocking, last=last)
         if stopping:  # for the launcher (``runtime``): the job checkpointed, not failed
             runtime.checkpointed(next_step, times.path, signal)
     if blocking:

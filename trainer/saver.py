@@ -20,8 +20,12 @@ PATH``, the stop marker, the launcher's copies of node-local run dirs, ``trainer
 file with ``torch.load(weights_only=True)``. Under DDP the state is the same on every rank, so its
 sharding would not spread the write either: rank 0 would write it all, as here.
 
-A failed background write (a full disk) raises its OSError at the next save, or when the run ends;
-a blocking save (a stop's) is tried all the same, with a warning.
+A checkpoint that does not fit on the run dir's file system (``NoSpaceError``, ``trainer.disk``)
+does not end the run: training goes on, and the next save tries again, while a warning on the console
+and in ``launcher status`` names the room it lacks and the newest whole checkpoint (cleared once a save
+succeeds). The run's last save (its last step's, a stop's) must succeed: there it is the run's error.
+Another failed background write raises its OSError at the next save, or when the run ends; a blocking
+save (a stop's) is tried all the same, with a warning.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from typing import Any
 
 import torch
 
+from gptlaunch import runtime
 from gptlaunch.snapshots import tensor_bytes
 from gptlaunch.staging import HostStager
 from trainer import checkpoint
 from trainer.console import warn
+from trainer.errors import NoSpaceError
 
 # Failure drill (as ``GPTLAUNCH_FAULT``): seconds each background write holds its temporary file open
 # before the rename, as a slow disk would. The tests stop a run while a save is in flight with it.
@@ -66,11 +72,15 @@ class Saver:
         self.run_dir, self.keep = run_dir, keep
         self._stager = HostStager(device)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._writing: Future[Path] | None = None
+        self._writing: Future[Path | None] | None = None
+        self.unsaved = 0  # saves in a row that did not fit on the run dir's file system
 
-    def save(self, state: dict[str, Any], step: int, *, blocking: bool) -> SaveTimes:
+    def save(self, state: dict[str, Any], step: int, *, blocking: bool, last: bool = False) -> SaveTimes:
         """Save ``state`` as the checkpoint of ``step``. Returns once it is copied to host memory (or,
-        ``blocking``, written). Raises OSError when the previous background write failed, or this
+        ``blocking``, written). ``last``: the run's last save (it implies ``blocking``).
+
+        Raises NoSpaceError when the ``last`` save does not fit (an earlier one that did not fit is a
+        warning: ``_write``); OSError when the previous background write failed otherwise, or this
         blocking one (a blocking save is tried all the same after the previous write failed, with a
         warning: the checkpoint of a stop must not be lost to an earlier one)."""
         t0 = time.perf_counter()
@@ -83,11 +93,12 @@ class Saver:
         waited = time.perf_counter() - t0
         nbytes = tensor_bytes(state)
         if blocking:
-            path = checkpoint.save(state, self.run_dir, step, self.keep)
+            self._write(state, step, last=last)
         else:
             staged = self._stager.stage(state)
-            path = checkpoint.checkpoint_path(self.run_dir, step)
-            self._writing = self._pool.submit(self._write, staged, step)
+            hold_s = float(os.environ.get(SLOW_WRITE_ENV) or 0)
+            self._writing = self._pool.submit(self._write, staged, step, hold_s=hold_s)
+        path = checkpoint.checkpoint_path(self.run_dir, step)
         stall = time.perf_counter() - t0
         return SaveTimes(step, path, stall, waited, nbytes, background=not blocking)
 
@@ -97,13 +108,32 @@ class Saver:
 
     def wait(self) -> Path | None:
         """Wait for the write in flight, if any. Returns its checkpoint's path (None when there was
-        none); raises its OSError."""
+        none, or it did not fit); raises its OSError."""
         writing, self._writing = self._writing, None
         return writing.result() if writing is not None else None
 
-    def _write(self, staged: dict[str, Any], step: int) -> Path:
-        hold_s = float(os.environ.get(SLOW_WRITE_ENV) or 0)
-        return checkpoint.save(staged, self.run_dir, step, self.keep, hold_s=hold_s)
+    def _write(
+        self, state: dict[str, Any], step: int, *, last: bool = False, hold_s: float = 0.0
+    ) -> Path | None:
+        """Write the checkpoint of ``step``: its path, or None when it did not fit on the run dir's
+        file system and it is not the ``last``: training goes on, said at once on the console and in
+        ``status`` until a save fits. Raises the ``last`` one's NoSpaceError, the write's OSError."""
+        try:
+            path = checkpoint.save(state, self.run_dir, step, self.keep, hold_s=hold_s)
+        except NoSpaceError as e:
+            if last:
+                raise NoSpaceError(f"{e}; {self._newest()}") from None
+            self.unsaved += 1
+            runtime.warn(f"{e}; not saved, training goes on and the next save tries again; {self._newest()}")
+            return None
+        if self.unsaved:  # the warning of a checkpoint that did not fit is moot now
+            self.unsaved = 0
+            runtime.warn(None)
+        return path
+
+    def _newest(self) -> str:
+        found = checkpoint.list_checkpoints(self.run_dir)
+        return f"the newest whole checkpoint is {found[-1]}" if found else "no checkpoint is saved yet"
 
     def close(self) -> None:
         """Wait for the write in flight, then end the writer thread. Raises that write's OSError."""

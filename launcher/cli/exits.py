@@ -22,7 +22,7 @@ EXIT_MEANINGS: tuple[tuple[int, str, str], ...] = (
         EXIT_FAILED,
         "failed, lost, unknown",
         "job failed (the failing node, rank and error are printed: a hang, a rank the kernel's OOM killer "
-        "ended, a non-finite loss too) or lost",
+        "ended, a non-finite loss, a checkpoint that did not fit on the run dir's disk too) or lost",
     ),
     (
         EXIT_USAGE,

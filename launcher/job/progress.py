@@ -38,6 +38,7 @@ class NodeProgress(BaseModel):
     heartbeat_age_s: float  # since the node's most recent beat
     stalled_s: float | None  # seconds without progress past the hang budget, else None
     stragglers: dict[int, float]  # rank -> its compute time over the median of the other ranks
+    warnings: dict[int, str] = {}  # rank -> what its program warns of now (``runtime.warn``)
 
     def describe(self) -> str:
         where = f"node {self.node_rank}" + (f" ({self.host})" if self.host else "")
@@ -46,6 +47,8 @@ class NodeProgress(BaseModel):
             text += f", NO PROGRESS for {self.stalled_s:.0f} s (over the hang budget)"
         for rank, ratio in sorted(self.stragglers.items()):
             text += f", straggler: rank {rank} at {ratio:.1f}× the others' compute time (forward passes)"
+        for rank, warning in sorted(self.warnings.items()):
+            text += f"\n    rank {rank} warns: {warning}"
         return text
 
 
@@ -77,6 +80,7 @@ def node_progress(
                 heartbeat_age_s=max(0.0, now - last.time),
                 stalled_s=stall.silent_s if stall else None,
                 stragglers={b.rank: slow[b.rank] for b in beats if b.rank in slow},
+                warnings={b.rank: b.warning for b in beats if b.warning},
             )
         )
     return found

@@ -6,8 +6,10 @@ hang, a peer's NCCL/gloo error, a node the health gate named) is retried from th
 which the trainer resumes from on its own (``--resume auto``), without the node it blames. Never
 retried, since a new node would not help: invalid input (exit 2: a rank that refused its arguments,
 config or data), a parity refusal (exit 3 naming no node), a stop on request (75, 130), a program
-fault (``PROGRAM_FAULTS``: the trainer's non-finite loss, by its exception's type), and an error that
-repeats with the same cause at the same step in two attempts in a row (a bug, bad data).
+fault (``PROGRAM_FAULTS``: the trainer's non-finite loss, by its exception's type), a run dir whose
+file system is full (the trainer's ``NoSpaceError``: the next attempt would write to the same disk;
+the launcher cannot check its room, which may be a node's own), and an error that repeats with the
+same cause at the same step in two attempts in a row (a bug, bad data).
 
 Each ended attempt is archived in ``JOB/attempts/<k>/``: its node logs, torchrun's error files, the
 hang stacks and heartbeats, its Plan and ``attempt.json`` (``record.Attempt``). The next attempt writes fresh
@@ -84,6 +86,8 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     fault = outcome.failure.exception if outcome.failure is not None else None
     if fault in PROGRAM_FAULTS:
         return f"a program fault ({PROGRAM_FAULTS[fault]}, {fault}) that a retry would repeat on any node"
+    if fault == "NoSpaceError":
+        return "the run dir's file system is full: free room there, then submit again to resume"
     if len(history) >= retries:
         return f"no retries left (--retries {retries})"
     last = history[-1] if history else None

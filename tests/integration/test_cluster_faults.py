@@ -1,10 +1,11 @@
 """The failures real clusters throw, each with the real fault: the kernel's OOM killer in a memory
-cgroup (v1 here; v2 where it is the one mounted). Under CI=true a machine where no memory cgroup can
-be made fails these tests."""
+cgroup (v1 here; v2 where it is the one mounted), and a run dir on a small tmpfs that a checkpoint
+fills. Under CI=true a machine where no memory cgroup or tmpfs can be made fails these tests."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import signal
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gptlaunch.files import check_digest
 from tests.conftest import missing_component
-from tests.integration.conftest import launcher, only_job_id, run
+from tests.integration.conftest import FAST, launcher, only_job_id, run
 
 LIMIT = 2 << 30  # bytes: the ranks and the launcher's processes take about 1 GiB before the hog grows
 # Rank 1 takes memory until the kernel ends it (each block written: resident, not only reserved); the
@@ -87,3 +89,63 @@ def test_a_rank_the_oom_killer_ends_is_named_out_of_memory_with_its_rss_and_the_
     assert 0 < float(sizes[1]) <= float(sizes[2]), said  # the hog's, as sampled: within the limit
     status = launcher(jobs, "status", only_job_id(jobs), check=True).stdout
     assert "exit code 1: " + named in status, status
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 30 MB tmpfs (FAST's checkpoints are 17.6 MB: one fits, two do not): its mount point."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = run(["mount", "-t", "tmpfs", "-o", "size=30M", "tmpfs", str(mount)])
+    if made.returncode != 0:
+        missing_component(f"cannot mount a tmpfs (root): {made.stderr.strip()}")
+    yield mount
+    run(["umount", "--lazy", str(mount)])
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_and_the_last_whole_one_resumed_once_there_is_room(
+    prepared_data: list[str], small_fs: Path, tmp_path: Path
+) -> None:
+    """The run dir on a full file system: the save of step 20 does not fit (a warning, training goes
+    on), nor does the last one at step 30, which ends the job with the cause in one line, not retried
+    with ``--retries 2``; nothing is left half-written, ckpt-10 is whole, and once the file system has
+    room the next submit resumes from it. Then, with the newest checkpoint cut to half its size, the
+    next submit sets it aside (not deleted) and resumes from the one before."""
+    jobs, run_dir = tmp_path / "jobs", small_fs / "run"
+    argv = ["submit", "--nodes", "2", "--retries", "2", "--", *prepared_data, *FAST, "--max-steps", "30"]
+    argv += ["--checkpoint-interval", "10", "--eval-interval", "100000", "--run-dir", str(run_dir)]
+    full = launcher(jobs, *argv)
+    assert full.returncode == 1, full.stderr[-3000:]
+    said = full.stderr.splitlines()[-1]
+    assert f"rank 0 (local_rank 0) failed: NoSpaceError: no space left on {run_dir}'s file system" in said
+    sizes = re.search(r"the checkpoint of step 30 needs ([\d.]+) MB, ([\d.]+) MB free; the newest", said)
+    assert sizes is not None and float(sizes[1]) > float(sizes[2]), said
+    assert f"the newest whole checkpoint is {run_dir / 'ckpt-00000010.pt'}" in said
+    assert "(attempt 1 of 3; not retried: the run dir's file system is full" in said, said
+    warned = [line for line in full.stdout.splitlines() if "warning: no space left" in line]
+    assert len(warned) == 1 and "checkpoint of step 20" in warned[0] and "training goes on" in warned[0]
+    assert "Traceback" not in full.stdout + full.stderr  # the trainer's one line, not a stack
+    status = launcher(jobs, "status", only_job_id(jobs), check=True).stdout
+    assert "exit code 1: node 0, rank 0 (local_rank 0) failed: NoSpaceError: no space left" in status
+    assert sorted(p.name for p in run_dir.glob("ckpt-*")) == ["ckpt-00000010.pt", "ckpt-00000010.pt.sha256"]
+    assert not list(run_dir.glob(".*.tmp"))  # the failed writes' temporary files are gone
+    ckpt = run_dir / "ckpt-00000010.pt"
+    assert check_digest(ckpt)  # whole: the bytes it was written with
+    run(["mount", "-o", "remount,size=80M", str(small_fs)], check=True)  # room for the next two
+    again = launcher(jobs, *argv)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {ckpt} at step 10" in again.stdout
+    # Then the newest checkpoint damaged (cut to half its size): the next run resumes from the one before.
+    newest, whole = run_dir / "ckpt-00000030.pt", run_dir / "ckpt-00000020.pt"
+    cut = newest.read_bytes()[: newest.stat().st_size // 2]
+    newest.write_bytes(cut)
+    assert check_digest(whole)  # the one a resume must use: whole, as written
+    longer = launcher(jobs, *argv, "--max-steps", "40")
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    aside = run_dir / "damaged" / newest.name
+    said = f"checkpoint {newest.name} is damaged (checksum mismatch: sha256 "
+    assert said in longer.stdout and f"moved to {aside}; resuming from {whole}" in longer.stdout
+    assert f"resumed from {whole} at step 20" in longer.stdout
+    assert aside.read_bytes() == cut  # set aside as found, never deleted
+    recorded = (run_dir / "damaged" / f"{newest.name}.sha256").read_text().split()[0]
+    assert hashlib.sha256(cut).hexdigest() != recorded  # what was found damaged: its checksum went along

@@ -184,3 +184,17 @@ def test_each_ranks_ratio_is_to_the_median_of_the_other_ranks() -> None:
         want = [s / m if m > 0 else 0.0 for s, m in zip(seconds, medians, strict=True)]
         assert ratios_to_others(seconds) == pytest.approx(want), seconds
     assert ratios_to_others([1.0, 2.0]) == [0.5, 2.0]  # a rank at half speed: 2×, not 1.33×
+
+
+def test_a_programs_warning_is_in_its_beat_until_it_clears_it(tmp_path: Path) -> None:
+    beats = tmp_path / "beats"
+    source = f"""
+import json, pathlib
+from gptlaunch import runtime
+runtime.warn("the run dir is nearly full")
+beat = json.loads(pathlib.Path({str(beats / "rank-0.json")!r}).read_text())
+assert beat["warning"] == "the run dir is nearly full", beat
+runtime.warn(None)
+"""
+    _watched(tmp_path, source, beats)
+    assert [b.warning for b in read_beats(beats)] == [None]

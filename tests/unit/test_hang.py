@@ -221,7 +221,8 @@ def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) ->
     now = 1000.0
     for k in (0, 1):
         heartbeat_dir(tmp_path / "job", k).mkdir(parents=True)
-    fast = Beat(**{**_beat(0, now - 3, step=41).__dict__, "compute_s": 0.010})
+    warning = "no space left on /run's file system: ...; not saved, training goes on"  # runtime.warn's
+    fast = Beat(**{**_beat(0, now - 3, step=41).__dict__, "compute_s": 0.010, "warning": warning})
     write_beat(heartbeat_dir(tmp_path / "job", 0), fast)
     slow = Beat(**{**_beat(1, now - 200, step=40).__dict__, "compute_s": 0.019})
     write_beat(heartbeat_dir(tmp_path / "job", 1), slow)
@@ -231,3 +232,4 @@ def test_status_reads_each_nodes_progress_from_the_job_record(tmp_path: Path) ->
     assert (node1.step, node1.stalled_s) == (40, 200.0)
     assert node1.stragglers == {1: pytest.approx(1.9)}  # against the other ranks' median: 19 ms / 10 ms
     assert "NO PROGRESS for 200 s" in node1.describe() and "straggler: rank 1 at 1.9×" in node1.describe()
+    assert node0.describe().endswith(f"\n    rank 0 warns: {warning}") and "warns" not in node1.describe()

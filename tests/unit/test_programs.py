@@ -34,8 +34,8 @@ TEST_PROGRAMS = {
 # Part of every Debian/Ubuntu system (Essential or Priority: required packages), or Python itself.
 BASE = {
     "bash": "bash", "sh": "dash", "setsid": "util-linux", "unshare": "util-linux", "taskset": "util-linux",
-    "nsenter": "util-linux", "chattr": "e2fsprogs", "hostname": "hostname",
-    "python": "the interpreter that runs the code",
+    "nsenter": "util-linux", "mount": "mount", "umount": "mount", "chattr": "e2fsprogs",
+    "hostname": "hostname", "python": "the interpreter that runs the code",
 }  # fmt: skip
 # First words of argv-like lists that are no program: our own CLIs' subcommands, a shell builtin in a
 # rendered command line, a config field paired with its flag.

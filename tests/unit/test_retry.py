@@ -53,6 +53,10 @@ def test_a_program_fault_is_not_retried_by_its_exception_type_and_a_repeat_is_se
     why = refusal(_failed(nan), 8, [], retries=2) or ""
     assert "a program fault (a non-finite loss, TrainingError)" in why, why
     assert refusal(_failed(FAULT.model_copy(update={"exception": "RuntimeError"})), 3, [], retries=2) is None
+    full = FAULT.model_copy(update={"exception": "NoSpaceError"})  # the next attempt writes to that disk
+    assert refusal(_failed(full), 30, [], retries=2) == (
+        "the run dir's file system is full: free room there, then submit again to resume"
+    )
     logged = Failure(node_rank=0, error="exited with code 1; see /j/node-0.log")
     archived = logged.model_copy(update={"error": "exited with code 1; see /j/attempts/1/node-0.log"})
     why = refusal(_failed(logged), 0, [_attempt(archived, 0)], retries=5) or ""

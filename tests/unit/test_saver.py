@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trainer import checkpoint
+from trainer.errors import NoSpaceError
 from trainer.saver import SLOW_WRITE_ENV, Saver
 
 
@@ -97,3 +98,34 @@ def test_a_blocking_save_is_written_even_after_the_previous_write_failed(
         saver.save(_state(), 10, blocking=False)
         stop = saver.save(_state(), 11, blocking=True)  # a stop's: not lost to the failed one
     assert stop.path.is_file() and "No space left on device" in capsys.readouterr().err
+
+
+def test_a_save_that_does_not_fit_is_a_warning_until_one_does_and_the_last_must_fit(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The policy of a full run dir: an interval's save that does not fit (in the background or not)
+    warns and training goes on; the next one that fits clears the warning; the run's last save that
+    does not fit is the run's error, naming the newest whole checkpoint."""
+    real_save, full = checkpoint.save, {20, 30, 50}
+
+    def until_freed(state: dict, run_dir: Path, step: int, keep: int, hold_s: float = 0.0) -> Path:
+        if step in full:
+            raise NoSpaceError(f"no space left for step {step}")
+        return real_save(state, run_dir, step, keep, hold_s)
+
+    monkeypatch.setattr(checkpoint, "save", until_freed)
+    with pytest.raises(NoSpaceError) as last, Saver(tmp_path, keep=2, device=torch.device("cpu")) as saver:
+        saver.save(_state(), 10, blocking=False)
+        saver.save(_state(), 20, blocking=False)
+        saver.save(_state(), 30, blocking=True)  # --no-async-checkpoints: the same policy
+        assert saver.unsaved == 2
+        saver.save(_state(), 40, blocking=False)
+        saver.wait()
+        assert saver.unsaved == 0
+        saver.save(_state(), 50, blocking=True, last=True)
+    newest = checkpoint.checkpoint_path(tmp_path, 40)
+    assert str(last.value) == f"no space left for step 50; the newest whole checkpoint is {newest}"
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 2 and "step 20; not saved, training goes on" in warned[0], warned
+    assert f"the newest whole checkpoint is {checkpoint.checkpoint_path(tmp_path, 10)}" in warned[1]
+    assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(tmp_path)] == [10, 40]
