@@ -6,7 +6,8 @@ copy that may differ from rank 0's; the ranks of one node see one file) and ever
 node's verdict, so that all ranks go on from the same checkpoint, or all from none. A damaged one is
 skipped for the next older: rank 0 moves its own damaged copy, with its checksum file, into
 ``RUN_DIR/damaged/`` (bytes intact, never deleted; out of ``list_checkpoints``' sight, so nothing loads,
-counts or rotates it again) and prints one line naming it, why, and the checkpoint used instead. A
+counts or rotates it again) and warns in one line naming it, why, and the checkpoint used instead (on
+the console, and in ``launcher status`` while the run goes on). A
 damaged ``--resume PATH`` is an error naming it, and the file stays where the user put it.
 """
 
@@ -16,10 +17,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from gptlaunch import runtime
 from gptlaunch.files import digest_path, fsync_dir
 from trainer import checkpoint, distributed
 from trainer.checkpoint import Verdict
-from trainer.console import warn
 from trainer.distributed import DistEnv
 from trainer.errors import CheckpointError
 
@@ -110,7 +111,7 @@ def _say(env: DistEnv, set_aside: list[str], used: Path | None, verdict: Verdict
         return
     if set_aside:
         then = f"resuming from {used}" if used is not None else "no whole checkpoint left: starting at step 0"
-        warn(f"checkpoint {'; '.join(set_aside)}; {then}")
+        runtime.warn(f"checkpoint {'; '.join(set_aside)}; {then}")  # in ``status`` for the run too
     if used is not None and verdict is not None and not verdict.checksummed:
         print(
             f"note: {used} has no checksum (written before checkpoints carried one): checked by the "
