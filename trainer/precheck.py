@@ -9,6 +9,7 @@ calls this from the trainer's working directory. ``__all__`` is what a launcher 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from trainer.config import TrainConfig
 from trainer.data.corpus import DataSource, empty_file_error, expand_text_files
 from trainer.data.manifest import select_token_dtype
 from trainer.errors import ConfigError, DataError, UsageError
-from trainer.flags import parse_train_args
+from trainer.flags import build_parser, parse_train_args
 
 # What a launcher may use. parse_train_args, expand_text_files and DataError are re-exported: a
 # launcher imports only gptlaunch.contract and this module, never the trainer's internals.
@@ -31,9 +32,16 @@ __all__ = [
     "expand_text_files",
     "parse_train_args",
     "paths_of",
+    "train_flags",
 ]
 
 _READ_CHUNK = 1 << 16
+
+
+def train_flags() -> set[str]:
+    """Every flag ``trainer train`` takes (``--lr``, ``--max-steps``, ...), from its parser."""
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag for action in commands.choices["train"]._actions for flag in action.option_strings}
 
 
 class InvalidTrainerArgs(ValueError):

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from gptlaunch.contract import EXIT_OK, Beat
 from launcher.cli.flags import UsageError
+from launcher.cli.sweeps import list_rows
 from launcher.job.aftermath import quieted
 from launcher.job.announce import Announcer
 from launcher.job.collapse import collapsed
@@ -133,6 +134,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(
             f"{plan.job_id:40} {st.state:13} {plan.nnodes:>5} {plan.nproc_per_node:>5} {created:20} {secs:>8}"
         )
+    for row in list_rows(args.jobs_root):  # a sweep: one line, its runs by state
+        print(row)
     return EXIT_OK
 
 

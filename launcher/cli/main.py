@@ -15,18 +15,20 @@ from typing import Any
 from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
-from launcher.cli import hosts, jobs, submit, supervise
+from launcher.cli import hosts, jobs, submit, supervise, sweeps
 from launcher.cli.exits import exit_codes_help
 from launcher.cli.fields import fields_help
 from launcher.cli.flags import UsageError, add_job_flags
 from launcher.cli.hints import unknown_arguments
 from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
+from launcher.cli.sweeps import add_sweep_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import help_text as placeholder_help
 from launcher.job.record import JobError, JobNotFound, state_help
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
 from launcher.schedulers.ssh.client import SshError
+from launcher.sweep.record import SweepRecord
 
 EXIT_CODES = exit_codes_help()
 STATE_HELP = state_help()
@@ -101,6 +103,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
                 help="follow the job to its end and exit with its exit code (the default, except "
                 "for SLURM; Ctrl-C on a SLURM job stops following, not the job)",
             )
+            add_sweep_flags(s)
     sub.add_parser("list", help="list jobs and their states")
     for cmd, text in (
         ("status", "show a job's state"),
@@ -258,9 +261,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"launcher: error: `{args.command}` takes no arguments after --", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command == "submit" and (args.sweep or args.sweep_file):
+            return sweeps.cmd_submit_sweep(args, trainer_args, own[own.index("submit") + 1 :])
         if args.command in ("submit", "render"):
             run = submit.cmd_submit if args.command == "submit" else submit.cmd_render
             return run(args, trainer_args)
+        if args.command in ("status", "wait", "cancel") and (
+            sweep := SweepRecord.find(args.job, args.jobs_root)
+        ):
+            if args.command == "status":
+                return sweeps.cmd_status(sweep, args.json)
+            return sweeps.cmd_wait(sweep) if args.command == "wait" else sweeps.cmd_cancel(sweep)
         return {
             "list": jobs.cmd_list,
             "status": jobs.cmd_status,

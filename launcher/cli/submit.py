@@ -85,7 +85,7 @@ def _plan(
         facts, unresolved = e.facts, e.hosts
     if scheduler.files_here:
         check_trainer_args(spec, Path(facts.workdir), files_here=True)
-    job_id = new_job_id(spec.name)
+    job_id = getattr(args, "job_id", None) or new_job_id(spec.name)  # a sweep names its runs
     job_dir = (spec.job_dir or args.jobs_root / job_id).absolute()
     return spec, scheduler, scheduler.render(spec, facts, job_id, job_dir), job_dir, unresolved
 
@@ -99,6 +99,11 @@ def _check_new(job_dir: Path) -> None:
 
 
 def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    return plan_and_print(args, trainer_args)
+
+
+def plan_and_print(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    """Print the Plan of a job of ``trainer_args`` as ``render`` does (a sweep's dry run: each run's)."""
     _, _, plan, _, unresolved = _plan(args, trainer_args, dry_run=True)
     return _print(args, plan, unresolved)
 

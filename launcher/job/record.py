@@ -19,6 +19,7 @@ a half-written record.
 from __future__ import annotations
 
 import fcntl
+import glob
 import secrets
 import shlex
 import shutil
@@ -292,11 +293,13 @@ class JobRecord:
 
     @classmethod
     def open(cls, ref: str, jobs_root: Path) -> JobRecord:
-        """A job by id (under ``jobs_root``) or by directory path. Raises JobNotFound, or RecordError
-        for a record whose submit stopped before it wrote the Plan."""
-        for path in (jobs_root / ref, Path(ref)):
-            if (path / "plan.json").is_file():
-                return cls(path)
+        """A job by id (under ``jobs_root``, or a sweep's run: under its sweep's directory there) or by
+        directory path. Raises JobNotFound, or RecordError for a record whose submit stopped before it
+        wrote the Plan."""
+        in_sweeps = jobs_root.glob(f"*/{glob.escape(ref)}/plan.json") if "/" not in ref else iter(())
+        for plan in (jobs_root / ref / "plan.json", Path(ref) / "plan.json", *in_sweeps):
+            if plan.is_file():  # the sweeps are looked in only when neither is (a glob is lazy)
+                return cls(plan.parent)
         for path in (jobs_root / ref, Path(ref)):
             if (path / "spec.json").is_file():
                 raise RecordError(path / "plan.json", "is missing")

@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV
+from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec, RendezvousSpec, SpecError
 
@@ -129,10 +129,16 @@ def warm_worker(worker: list[str], socket: str) -> list[str]:
 def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: str) -> dict[str, str]:
     """The environment every node's torchrun agent (and so every rank) gets from the Plan: the
     network settings, the thread count (None: torchrun's default), the job id that marks the job's
-    processes, the run dir (``gptlaunch.runtime.checkpoint_dir``), the retries (``runtime.may_retry``)
-    and the rank prefix of every worker line."""
+    processes, the run dir (``gptlaunch.runtime.checkpoint_dir``), the retries (``runtime.may_retry``),
+    the run id for trackers (``RUN_ID_ENV``, W&B's ``WANDB_RUN_ID``) and the rank prefix of every
+    worker line."""
     return {
         "PYTHONUNBUFFERED": "1",
+        # A tracker's run that stays one run across attempts, retries and requeues (the job id does);
+        # the user's own values (--env) win.
+        RUN_ID_ENV: job_id,
+        "WANDB_RUN_ID": job_id,
+        "WANDB_RESUME": "allow",
         **spec.network.as_env(),
         **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
         JOB_ID_ENV: job_id,

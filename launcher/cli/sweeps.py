@@ -1,0 +1,298 @@
+"""``launcher submit --sweep`` and the commands on a sweep (``list``, ``status``, ``wait``,
+``cancel``): every run checked before any starts, one record per sweep, one line or one table for
+it. The runs themselves are jobs like any other (``launcher.sweep.drive`` submits them)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptlaunch.contract import EXIT_OK
+from launcher.cli.flags import UsageError, build_spec
+from launcher.job.console import say
+from launcher.job.goodput import job_goodput
+from launcher.job.progress import recorded_beats
+from launcher.job.record import new_job_id
+from launcher.job.spec import split_program
+from launcher.schedulers import get_scheduler
+from launcher.sweep import points as sweep_points
+from launcher.sweep.drive import cancel_active, drive
+from launcher.sweep.record import (
+    Sweep,
+    SweepRecord,
+    SweepRun,
+    counts,
+    is_done,
+    run_status,
+    worst_exit_code,
+)
+
+# ``launcher submit`` flags that are the sweep's, not each run's: (flag, whether it takes a value)
+_SWEEP_FLAGS = {
+    **{flag: True for flag in ("--sweep", "--sweep-file", "--max-parallel", "--tee", "--job-dir")},
+    **{flag: False for flag in ("--yes", "--detach", "--wait", "--dry-run")},
+}
+RUN_GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's group of runs: the sweep's id
+
+
+def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
+    """``submit``'s sweep flags, and the hidden ``--job-id`` a sweep's driver names each run with."""
+    group = parser.add_argument_group("sweep (many runs from one command)")
+    group.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="run once per value (repeatable: every combination). The built-in trainer gets --KEY VALUE; "
+        "your program gets VALUE where its arguments say {KEY}",
+    )
+    group.add_argument(
+        "--sweep-file", type=Path, metavar="FILE", help="a YAML list of runs, one mapping of KEY: VALUE each"
+    )
+    group.add_argument(
+        "--max-parallel",
+        type=_positive,
+        metavar="K",
+        help="at most K runs of the sweep at once; the next starts as one ends (default: all at once)",
+    )
+    group.add_argument(
+        "--yes", action="store_true", help=f"submit a sweep of over {sweep_points.MAX_POINTS:,} runs"
+    )
+    parser.add_argument("--job-id", help=argparse.SUPPRESS)  # a sweep's run: its id, chosen by the sweep
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs, 1 or more")
+    return int(text)
+
+
+def sweep_points_of(args: argparse.Namespace) -> list[sweep_points.Point]:
+    """The sweep's points from ``--sweep`` or ``--sweep-file``. Raises SweepError."""
+    if args.sweep and args.sweep_file:
+        raise sweep_points.SweepError("--sweep and --sweep-file: give the runs one way, not both")
+    found = sweep_points.from_file(args.sweep_file) if args.sweep_file else sweep_points.grid(args.sweep)
+    sweep_points.check_count(found, args.yes)
+    return found
+
+
+def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_argv: list[str]) -> int:
+    """Check every run, then run the sweep: attached (``drive`` here, Ctrl-C cancels it) or detached
+    (a driver process of its own). ``submit_argv``: the arguments given after ``submit``."""
+    from launcher.cli.submit import check_trainer_args, plan_and_print  # submit imports this module
+
+    try:
+        found = sweep_points_of(args)
+        runs = [_run_args(trainer_args, point, k) for k, point in enumerate(found)]
+    except sweep_points.SweepError as e:
+        raise UsageError(str(e)) from None
+    if args.dry_run:
+        for k, (point, run_args) in enumerate(zip(found, runs, strict=True)):
+            print(f"# run {k}: {sweep_points.describe(point)}")
+            plan_and_print(args, run_args)
+        return EXIT_OK
+    spec = build_spec(args, runs[0])
+    files_here = get_scheduler(spec.scheduler.kind).files_here
+    for k, run_args in enumerate(runs):  # every run's trainer arguments, before any starts
+        try:
+            check_trainer_args(build_spec(args, run_args), Path(spec.workdir or Path.cwd()), files_here)
+        except UsageError as e:
+            raise UsageError(f"run {k} ({sweep_points.describe(found[k])}): {e}") from None
+    sweep_id = new_job_id(spec.name)
+    directory = (spec.job_dir or args.jobs_root / sweep_id).absolute()
+    flags = _run_flags(submit_argv)
+    entries = [
+        _entry(directory, sweep_id, k, p, flags, a) for k, (p, a) in enumerate(zip(found, runs, strict=True))
+    ]
+    sweep = Sweep(
+        sweep_id=sweep_id,
+        created_at=time.time(),
+        scheduler=spec.scheduler.kind,
+        max_parallel=args.max_parallel,
+        runs=entries,
+    )
+    try:
+        record = SweepRecord.create(directory, sweep)
+    except (FileExistsError, OSError) as e:
+        raise UsageError(f"cannot write the sweep's record in {directory}: {e}") from None
+    at_once = f"at most {args.max_parallel} at once" if args.max_parallel else "all at once"
+    say(
+        f"launcher: sweep {sweep_id}: {len(entries)} runs on {sweep.scheduler}, {at_once}; record {directory}"
+    )
+    return _detach(record, sweep_id) if args.detach else _attached(record)
+
+
+def _entry(
+    directory: Path, sweep_id: str, k: int, point: sweep_points.Point, flags: list[str], run_args: list[str]
+) -> SweepRun:
+    """The ``k``-th run: its id, and the ``launcher`` arguments that submit it into ``directory``."""
+    job_id = f"{sweep_id}-{k}"
+    group = f"{RUN_GROUP_ENV}={sweep_id}"
+    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, *flags, "--env", group]
+    return SweepRun(index=k, values=point, job_id=job_id, argv=[*argv, "--", *run_args])
+
+
+def _run_args(trainer_args: list[str], point: sweep_points.Point, k: int) -> list[str]:
+    """The arguments after ``--`` of the ``k``-th run, at ``point``. Raises SweepError."""
+    from trainer.precheck import train_flags  # its parser: no torch
+
+    if split_program(trainer_args)[0] is not None:
+        return sweep_points.program_args(trainer_args, point)
+    return sweep_points.run_dir_args(sweep_points.trainer_args(trainer_args, point, train_flags()), k)
+
+
+def _run_flags(submit_argv: list[str]) -> list[str]:
+    """The ``submit`` flags every run gets: those given, less the sweep's own (``_SWEEP_FLAGS``)."""
+    own = submit_argv[: submit_argv.index("--")] if "--" in submit_argv else list(submit_argv)
+    out, skip = [], False
+    for arg in own:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _SWEEP_FLAGS:
+            skip = _SWEEP_FLAGS[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def _detach(record: SweepRecord, sweep_id: str) -> int:
+    """Start the sweep's driver as a process of its own, which outlives this shell."""
+    with (record.dir / "driver.log").open("w") as log:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "launcher.sweep.drive", str(record.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    record.driver_is(driver.pid)
+    print(sweep_id, flush=True)
+    say(f"launcher: sweep {sweep_id} runs on in the background: `launcher status|wait|cancel {sweep_id}`")
+    return EXIT_OK
+
+
+def _attached(record: SweepRecord) -> int:
+    """Drive the sweep here to its end; Ctrl-C cancels it: no run starts any more, and those running
+    checkpoint and stop. Prints the sweep's table; returns its worst run's exit code."""
+    record.driver_is(os.getpid())
+    try:
+        drive(record)
+    except KeyboardInterrupt:
+        say("launcher: cancelling the sweep: the running runs checkpoint and stop")
+        record.request_cancel()
+        cancel_active(record, [r for r in record.load().runs if r.submitted_at is not None])
+    _table(record)
+    return worst_exit_code([run_status(record, run) for run in record.load().runs])
+
+
+# --------------------------------------------------------------------------- commands on a sweep
+
+
+def cmd_status(record: SweepRecord, as_json: bool) -> int:
+    """The sweep's runs as a table (or JSON): values, state, last step, best val loss, goodput."""
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in _rows(record)], indent=2))
+        return EXIT_OK
+    _table(record)
+    return EXIT_OK
+
+
+def cmd_wait(record: SweepRecord) -> int:
+    """Wait for every run to end; exit with the worst run's code."""
+    while not is_done(statuses := [run_status(record, run) for run in record.load().runs]):
+        time.sleep(1.0)
+    say(f"launcher: sweep {record.load().sweep_id}: {counts([state for state, _ in statuses])}")
+    return worst_exit_code(statuses)
+
+
+def cmd_cancel(record: SweepRecord) -> int:
+    """No run starts any more; those running checkpoint and stop (as `cancel JOB`)."""
+    record.request_cancel()
+    sweep = record.load()
+    cancel_active(record, [r for r in sweep.runs if r.submitted_at is not None])
+    print(f"sweep {sweep.sweep_id}: cancelled ({counts([run_status(record, r)[0] for r in sweep.runs])})")
+    return EXIT_OK
+
+
+def list_rows(jobs_root: Path) -> list[str]:
+    """One line per sweep under ``jobs_root``: its id and its runs by state."""
+    rows = []
+    for path in sorted(jobs_root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime):
+        record = SweepRecord(path.parent)
+        sweep = record.load()
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_at))
+        states = counts([run_status(record, run)[0] for run in sweep.runs])
+        rows.append(f"{sweep.sweep_id:40} {'sweep':13} {len(sweep.runs):>5} runs  {created:20} {states}")
+    return rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run of a sweep as ``status`` shows it."""
+
+    run: int
+    values: dict[str, str]
+    state: str
+    step: int | None  # the furthest step its ranks reached (the last attempt's)
+    best_val_loss: float | None  # the lowest in its run dir's metrics.jsonl, where readable here
+    goodput: float | None
+    job_id: str
+    error: str | None  # why it failed to submit, or its job's message
+
+
+def _rows(record: SweepRecord) -> list[Row]:
+    now = time.time()
+    rows = []
+    for run in record.load().runs:
+        state, status = run_status(record, run)
+        job, step, goodput, best = record.job(run), None, None, None
+        if job is not None and status is not None:
+            beats = recorded_beats(job.plan(), job.dir)
+            step = max((b.step for node in beats.values() for b in node), default=None)
+            found = job_goodput(job.dir, status, beats, now)
+            goodput = found.ratio if found is not None else None
+            best = best_val_loss(Path(job.plan().run_dir))
+        error = run.submit_error or (status.message if status is not None else None) or None
+        rows.append(Row(run.index, run.values, state, step, best, goodput, run.job_id, error))
+    return rows
+
+
+def _table(record: SweepRecord) -> None:
+    rows = _rows(record)
+    width = max([len(sweep_points.describe(r.values)) for r in rows] + [6])
+    print(f"sweep {record.load().sweep_id}: {counts([r.state for r in rows])}")
+    print(
+        f"{'RUN':>3}  {'VALUES':{width}}  {'STATE':13} {'STEP':>6} {'BEST VAL LOSS':>13} {'GOODPUT':>7}  JOB"
+    )
+    for r in rows:
+        step = "-" if r.step is None else f"{r.step:,}"
+        best = "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+        goodput = "-" if r.goodput is None else f"{r.goodput:.0%}"
+        values = sweep_points.describe(r.values)
+        print(f"{r.run:>3}  {values:{width}}  {r.state:13} {step:>6} {best:>13} {goodput:>7}  {r.job_id}")
+
+
+def best_val_loss(run_dir: Path) -> float | None:
+    """The lowest ``val_loss`` in the run dir's ``metrics.jsonl`` (None: none, or not readable here)."""
+    best = None
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            value = json.loads(line).get("val_loss")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, int | float) and (best is None or value < best):
+            best = float(value)
+    return best

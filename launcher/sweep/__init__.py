@@ -1,0 +1,1 @@
+"""Sweeps: many runs from one command (``launcher submit --sweep``)."""

@@ -1,0 +1,138 @@
+"""A sweep's record: ``JOBS_ROOT/<sweep id>/sweep.json`` (its runs, their values and how each is
+submitted) beside one job record per run, ``JOBS_ROOT/<sweep id>/<run's job id>/``: the job record every
+command already reads, unchanged. Only the sweep's driver (``launcher.sweep.drive``) writes
+``sweep.json`` after ``submit`` made it; ``cancel`` leaves a mark (``CANCEL``) that the driver obeys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel, ConfigDict
+
+from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from gptlaunch.files import atomic_write_text
+from launcher.job.record import JobError, JobNotFound, JobRecord, JobState, JobStatus
+from launcher.schedulers import get_scheduler
+
+SWEEP_FILE = "sweep.json"
+CANCEL = "cancel"  # in the sweep's directory: no run starts any more
+DRIVER = "driver.json"  # the driver's process: pid and start time (a reused pid is not it)
+QUEUED, NOT_STARTED, SUBMIT_FAILED = "queued", "not started", "submit failed"
+# Worst first: ``wait SWEEP`` exits with the code of the worst run.
+_SEVERITY = [JobState.FAILED, JobState.LOST, JobState.UNKNOWN, JobState.CANCELLED, JobState.CHECKPOINTED]
+
+
+class SweepRun(BaseModel):
+    """One run of a sweep: its values, its job, and how its ``launcher submit`` went."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: int
+    values: dict[str, str]
+    job_id: str
+    argv: list[str]  # ``launcher`` arguments that submit it (detached, into the sweep's directory)
+    submitted_at: float | None = None  # epoch seconds; None: still queued
+    submit_error: str | None = None  # the last line of a submit that failed before its job existed
+
+
+class Sweep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sweep_id: str
+    created_at: float
+    scheduler: str
+    max_parallel: int | None  # runs at once (None: all)
+    runs: list[SweepRun]
+
+
+class SweepRecord:
+    """The directory of one sweep."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    @classmethod
+    def create(cls, directory: Path, sweep: Sweep) -> SweepRecord:
+        """Write a new sweep's record. Raises FileExistsError when ``directory`` is not empty."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if any(directory.iterdir()):
+            raise FileExistsError(f"{directory} is not empty: pass a new --job-dir or none")
+        record = cls(directory)
+        record.save(sweep)
+        return record
+
+    @classmethod
+    def find(cls, ref: str, jobs_root: Path) -> SweepRecord | None:
+        """The sweep ``ref`` (an id under ``jobs_root``, or a directory); None when it is not one."""
+        for path in (jobs_root / ref, Path(ref)):
+            if (path / SWEEP_FILE).is_file():
+                return cls(path)
+        return None
+
+    def load(self) -> Sweep:
+        return Sweep.model_validate_json((self.dir / SWEEP_FILE).read_text())
+
+    def save(self, sweep: Sweep) -> None:
+        atomic_write_text(self.dir / SWEEP_FILE, sweep.model_dump_json(indent=2) + "\n")
+
+    def job(self, run: SweepRun) -> JobRecord | None:
+        """The run's job record; None before its submit wrote one."""
+        try:
+            return JobRecord.open(run.job_id, self.dir)
+        except (JobNotFound, JobError):
+            return None
+
+    def request_cancel(self) -> None:
+        (self.dir / CANCEL).touch()
+
+    def cancel_requested(self) -> bool:
+        return (self.dir / CANCEL).exists()
+
+    def driver_is(self, pid: int) -> None:
+        """Record process ``pid`` as the sweep's driver."""
+        mark = {"pid": pid, "started": psutil.Process(pid).create_time()}
+        atomic_write_text(self.dir / DRIVER, json.dumps(mark))
+
+    def driver_alive(self) -> bool:
+        try:
+            mark = json.loads((self.dir / DRIVER).read_text())
+            driver = psutil.Process(mark["pid"])
+            return driver.create_time() == mark["started"] and driver.status() != psutil.STATUS_ZOMBIE
+        except (OSError, ValueError, KeyError, psutil.Error):
+            return False
+
+
+def run_status(record: SweepRecord, run: SweepRun) -> tuple[str, JobStatus | None]:
+    """The run's state in words and its job's status (None before it has a job)."""
+    if run.submit_error is not None:
+        return SUBMIT_FAILED, None
+    job = record.job(run)
+    if job is None:  # it starts once a run ends, unless cancelled or nothing drives the sweep
+        return (QUEUED if record.driver_alive() and not record.cancel_requested() else NOT_STARTED), None
+    status = get_scheduler(job.plan().scheduler).state(job)
+    return str(status.state), status
+
+
+def counts(states: list[str]) -> str:
+    """``2 succeeded, 1 running, 1 queued``: the runs by state, most first."""
+    return ", ".join(f"{n} {state}" for state, n in Counter(states).most_common())
+
+
+def worst_exit_code(statuses: list[tuple[str, JobStatus | None]]) -> int:
+    """The exit code of the sweep's worst run: a failure's before a cancel's before a checkpoint's;
+    a run whose submit failed, or that never started, counts as failed or cancelled."""
+    if any(state == SUBMIT_FAILED for state, _ in statuses):
+        return EXIT_FAILED
+    ended = [s for _, s in statuses if s is not None]
+    for state in _SEVERITY:
+        if found := [s for s in ended if s.state == state]:
+            return found[0].job_exit_code
+    return EXIT_INTERRUPTED if any(state == NOT_STARTED for state, _ in statuses) else EXIT_OK
+
+
+def is_done(statuses: list[tuple[str, JobStatus | None]]) -> bool:
+    """Whether nothing of the sweep runs or will: every run ended or never starts."""
+    waiting = any(state == QUEUED for state, _ in statuses)
+    return not waiting and all(s is None or s.state.is_terminal for _, s in statuses)
