@@ -80,12 +80,12 @@ def _copy(lines: Iterator[str], out: TextIO | None, keep_reading: bool = False) 
             out.flush()
         except OSError:
             out = None
-            _silence_stdout()
+            silence_stdout()
             if not keep_reading:
                 return
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """After stdout broke, point it at /dev/null so that Python's exit-time flush stays quiet."""
     with contextlib.suppress(OSError):
         null = os.open(os.devnull, os.O_WRONLY)
@@ -146,12 +146,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     beats = _beats(scheduler, record, st)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = job_goodput(record.dir, st, beats, time.time())
+    last_step = max((b.step for node in beats.values() for b in node), default=None)  # the last attempt's
     page = report_path(record.dir)
     report = page if page.is_file() else None
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
         extra = {
             "nodes": nodes_json,
+            "last_step": last_step,
             "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio},
             "report": report and str(report),
         }
@@ -162,6 +164,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  run dir {plan.run_dir}")
     if st.state.is_terminal:
         print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
+        if last_step is not None:
+            print(f"  last step {last_step:,} (the furthest any rank reached)")
     elif st.message:
         print(f"  {st.message}")
     retries = record.spec().retries

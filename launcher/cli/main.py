@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_USAGE, JOBS_ROOT_ENV
+from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
 from launcher.cli import build as image_cli
 from launcher.cli import hosts, jobs, submit, supervise, sweeps
@@ -286,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, JobNotFound, JobError, SpecError, SshError) as e:
         print(f"launcher: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_USAGE)
+    except BrokenPipeError:  # `launcher status JOB | head`: the reader had enough
+        jobs.silence_stdout()
+        return EXIT_OK
     except KeyboardInterrupt:  # Ctrl-C in a command that has no stop of its own (a build, a check)
         print(f"launcher: {args.command} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -127,6 +127,7 @@ def test_a_checkpoint_that_does_not_fit_is_named_and_the_last_whole_one_resumed_
     assert "Traceback" not in full.stdout + full.stderr  # the trainer's one line, not a stack
     status = launcher(jobs, "status", only_job_id(jobs), check=True).stdout
     assert "exit code 1: node 0, rank 0 (local_rank 0) failed: NoSpaceError: no space left" in status
+    assert "last step 30 (the furthest any rank reached)" in status  # a finished job's step, too
     assert sorted(p.name for p in run_dir.glob("ckpt-*")) == ["ckpt-00000010.pt", "ckpt-00000010.pt.sha256"]
     assert not list(run_dir.glob(".*.tmp"))  # the failed writes' temporary files are gone
     ckpt = run_dir / "ckpt-00000010.pt"
