@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     losses,
     make_other_venv,
     metrics,
+    only_job_id,
     plain_project,
     processes_of,
     run,
@@ -356,3 +357,29 @@ def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_pat
     assert sorted(stacks) == ["rank0.txt", "rank1.txt"] and all("Python v" in t for t in stacks.values())
     until("no process of the job", lambda: not processes_of(job_id), timeout=60)
     print(f"\n{message}\nreported {took:.1f} s after the freeze")
+
+
+def test_a_sweep_runs_each_point_as_a_slurm_job_of_its_own_one_at_a_time(tmp_path: Path) -> None:
+    """``--sweep`` on SLURM, until it is one job array: each run a SLURM job of its own, the next
+    submitted once the one before ended (``--max-parallel 1``), each with its value and the sweep's
+    group for trackers."""
+    (tmp_path / "sweep_me.py").write_text(
+        "import os, sys\nfrom pathlib import Path\nout = Path(os.environ['GPTLAUNCH_RUN_DIR'])\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'got.txt').write_text(sys.argv[2] + ' ' + os.environ['WANDB_RUN_GROUP'])\n"
+    )
+    jobs = tmp_path / "jobs"
+    argv = ["submit", "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "1", "--time", "15"]
+    argv += ["--workdir", str(tmp_path), "--sweep", "lr=1,2", "--max-parallel", "1"]
+    proc = launcher(jobs, *argv, "--", "sweep_me.py", "--lr", "{lr}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_id = only_job_id(jobs)
+    runs = [jobs / sweep_id / f"{sweep_id}-{k}" for k in (0, 1)]
+    got = [(run / "run" / "got.txt").read_text() for run in runs]
+    assert got == [f"1 {sweep_id}", f"2 {sweep_id}"]
+    first, second = (slurm_id_of(jobs / sweep_id, run.name) for run in runs)
+    assert first != second
+    (end,) = sacct(first, "End")
+    (start,) = sacct(second, "Submit")
+    assert start[0] >= end[0]  # ISO times: the second was submitted once the first had ended
+    assert [sacct(job, "State")[0][0] for job in (first, second)] == ["COMPLETED", "COMPLETED"]
