@@ -143,19 +143,8 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         return _print(args, plan, unresolved)
     if args.file is not None:
         raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
-    spec, scheduler, plan, job_dir, _ = _plan(args, trainer_args)
-    _check_new(job_dir)
-    plan = scheduler.preflight(spec, plan, job_dir)
-    status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
-    try:
-        record = JobRecord.create(job_dir, spec, plan, status)
-    except FileExistsError as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(
-            f"cannot write the job record in {job_dir} ({e.strerror}): "
-            "pass a writable --jobs-root or --job-dir"
-        ) from None
+    scheduler, plan, record = prepare(args, trainer_args)
+    job_dir = record.dir
     if args.detach or scheduler.queued:
         return _submit_detached(scheduler, plan, record, args.wait, lambda: _console(args.tee, plan, job_dir))
     say(
@@ -169,6 +158,24 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
         final = follow(scheduler, record, sys.stdout, attached=True, keep=keep, console=True)
     say(summary(plan.job_id, final))
     return final.job_exit_code
+
+
+def prepare(args: argparse.Namespace, trainer_args: list[str]) -> tuple[Scheduler[Any], Plan, JobRecord]:
+    """Everything of a submit before the job is handed to its scheduler: the checks, the Plan, the
+    checks before the nodes start (``preflight``) and the job record. Raises UsageError, SpecError."""
+    spec, scheduler, plan, job_dir, _ = _plan(args, trainer_args)
+    _check_new(job_dir)
+    plan = scheduler.preflight(spec, plan, job_dir)
+    status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
+    try:
+        return scheduler, plan, JobRecord.create(job_dir, spec, plan, status)
+    except FileExistsError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(
+            f"cannot write the job record in {job_dir} ({e.strerror}): "
+            "pass a writable --jobs-root or --job-dir"
+        ) from None
 
 
 def _submit_or_discard(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, *, detach: bool) -> None:

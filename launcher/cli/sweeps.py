@@ -5,12 +5,16 @@ it. The runs themselves are jobs like any other (``launcher.sweep.drive`` submit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +22,9 @@ from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError, build_spec
 from launcher.job.console import say
 from launcher.job.goodput import job_goodput
+from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
-from launcher.job.record import new_job_id
+from launcher.job.record import JobRecord, new_job_id
 from launcher.job.spec import split_program
 from launcher.schedulers import get_scheduler
 from launcher.sweep import points as sweep_points
@@ -99,7 +104,8 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
             plan_and_print(args, run_args)
         return EXIT_OK
     spec = build_spec(args, runs[0])
-    files_here = get_scheduler(spec.scheduler.kind).files_here
+    scheduler = get_scheduler(spec.scheduler.kind)
+    files_here = scheduler.files_here
     for k, run_args in enumerate(runs):  # every run's trainer arguments, before any starts
         try:
             check_trainer_args(build_spec(args, run_args), Path(spec.workdir or Path.cwd()), files_here)
@@ -126,7 +132,40 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     say(
         f"launcher: sweep {sweep_id}: {len(entries)} runs on {sweep.scheduler}, {at_once}; record {directory}"
     )
+    if (submit_array := getattr(scheduler, "submit_array", None)) is not None:  # SLURM: one job array
+        return _as_array(args, record, runs, submit_array)
     return _detach(record, sweep_id) if args.detach else _attached(record)
+
+
+def _as_array(
+    args: argparse.Namespace, record: SweepRecord, runs: list[list[str]], submit_array: Callable[..., object]
+) -> int:
+    """Every run's job record made as a submit makes it, then all submitted as one array (the
+    scheduler's ``submit_array``); nothing is left of the sweep when the scheduler refuses it.
+    Returns once the scheduler accepted the array (``--wait``: once every run ended)."""
+    from launcher.cli.submit import prepare
+
+    sweep = record.load()
+    prepared: list[tuple[Plan, JobRecord]] = []
+    try:
+        for run, run_args in zip(sweep.runs, runs, strict=True):
+            group = f"{RUN_GROUP_ENV}={sweep.sweep_id}"
+            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [*args.env, group]}
+            # The first run's notes on the cluster (its partition, GPUs) are every run's: said once.
+            quiet = contextlib.redirect_stderr(io.StringIO()) if prepared else contextlib.nullcontext()
+            with quiet:
+                _, plan, job = prepare(argparse.Namespace(**(vars(args) | own)), run_args)
+            prepared.append((plan, job))
+        submit_array(prepared, record.dir / "submitit", sweep.max_parallel)
+    except BaseException:
+        shutil.rmtree(record.dir, ignore_errors=True)  # no job of it was accepted
+        raise
+    for run in sweep.runs:
+        run.submitted_at = time.time()
+    record.save(sweep)
+    print(sweep.sweep_id, flush=True)
+    say(f"launcher: sweep {sweep.sweep_id}: one job array: `launcher status|wait|cancel {sweep.sweep_id}`")
+    return cmd_wait(record) if args.wait else EXIT_OK
 
 
 def _entry(

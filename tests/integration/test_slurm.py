@@ -359,10 +359,10 @@ def test_a_stopped_rank_is_a_hang_named_by_the_node_tasks(prepared_data, tmp_pat
     print(f"\n{message}\nreported {took:.1f} s after the freeze")
 
 
-def test_a_sweep_runs_each_point_as_a_slurm_job_of_its_own_one_at_a_time(tmp_path: Path) -> None:
-    """``--sweep`` on SLURM, until it is one job array: each run a SLURM job of its own, the next
-    submitted once the one before ended (``--max-parallel 1``), each with its value and the sweep's
-    group for trackers."""
+def test_a_sweep_is_one_job_array_its_tasks_one_at_a_time_each_a_whole_job(tmp_path: Path) -> None:
+    """``--sweep`` on SLURM: one job array (``--array=0-1%1``, through submitit), each task one run's
+    whole job with its own checks before training, its value and the sweep's group for trackers;
+    ``--max-parallel 1``: the second task starts once the first ended."""
     (tmp_path / "sweep_me.py").write_text(
         "import os, sys\nfrom pathlib import Path\nout = Path(os.environ['GPTLAUNCH_RUN_DIR'])\n"
         "out.mkdir(parents=True, exist_ok=True)\n"
@@ -370,16 +370,16 @@ def test_a_sweep_runs_each_point_as_a_slurm_job_of_its_own_one_at_a_time(tmp_pat
     )
     jobs = tmp_path / "jobs"
     argv = ["submit", "--scheduler", "slurm", "--nodes", "1", "--gpus-per-node", "1", "--time", "15"]
-    argv += ["--workdir", str(tmp_path), "--sweep", "lr=1,2", "--max-parallel", "1"]
+    argv += ["--workdir", str(tmp_path), "--sweep", "lr=1,2", "--max-parallel", "1", "--wait"]
     proc = launcher(jobs, *argv, "--", "sweep_me.py", "--lr", "{lr}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_id = only_job_id(jobs)
     runs = [jobs / sweep_id / f"{sweep_id}-{k}" for k in (0, 1)]
-    got = [(run / "run" / "got.txt").read_text() for run in runs]
-    assert got == [f"1 {sweep_id}", f"2 {sweep_id}"]
-    first, second = (slurm_id_of(jobs / sweep_id, run.name) for run in runs)
-    assert first != second
-    (end,) = sacct(first, "End")
-    (start,) = sacct(second, "Submit")
-    assert start[0] >= end[0]  # ISO times: the second was submitted once the first had ended
-    assert [sacct(job, "State")[0][0] for job in (first, second)] == ["COMPLETED", "COMPLETED"]
+    assert [(run / "run" / "got.txt").read_text() for run in runs] == [f"1 {sweep_id}", f"2 {sweep_id}"]
+    tasks = [slurm_id_of(jobs / sweep_id, run.name) for run in runs]
+    array = tasks[0].split("_")[0]
+    assert tasks == [f"{array}_0", f"{array}_1"]  # one array, a task per run
+    rows = sacct(array, "JobID", "JobName", "State", "Start", "End")
+    assert [(r[0], r[1], r[2]) for r in rows] == [(t, sweep_id, "COMPLETED") for t in tasks], rows
+    assert rows[1][3] >= rows[0][4]  # ISO times: at most one task at once
+    assert all((run / "parity").is_dir() for run in runs)  # each run's own checks before training

@@ -39,6 +39,7 @@ from launcher.job.record import JobError, JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, worker_argv
 from launcher.schedulers.slurm import steps
+from launcher.schedulers.slurm.array import submit_array
 from launcher.schedulers.slurm.controller import Controller, node_commands, record_json
 from launcher.schedulers.slurm.controller import transport as controller_transport
 from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image, pick_runtime
@@ -267,6 +268,27 @@ class SlurmScheduler:
         record.write_handle(handle)
         record.update_status(state=JobState.PENDING, message=f"SLURM job {job.job_id}")
         return handle
+
+    def submit_array(
+        self, runs: list[tuple[Plan, JobRecord]], folder: Path, max_parallel: int | None
+    ) -> list[SlurmHandle]:
+        """A sweep's runs as one job array (``launcher.schedulers.slurm.array``), submitit's files in
+        ``folder``. Raises SubmitRejected with SLURM's error when sbatch refuses it."""
+        for command in ("sbatch", "srun"):
+            if shutil.which(command) is None:
+                raise SubmitRejected(f"{command} {NO_SLURM}")
+        requests = [SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST]) for plan, _ in runs]
+        spec = runs[0][1].spec()
+        executor = _executor(requests[0], folder, spec.options(SlurmOptions).max_requeues)
+        setups = [r.setup for r in requests]
+        try:
+            return submit_array(runs, executor, BATCH_SETUP, setups, max_parallel)
+        except submitit.core.utils.FailedJobError as e:
+            raise SubmitRejected(
+                f"SLURM refused the sweep's array: {str(e).strip() or 'sbatch failed'}"
+            ) from None
+        except (RuntimeError, OSError) as e:
+            raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
 
     def state(self, record: JobRecord) -> JobStatus:
         """The recorded status, brought up to date from SLURM's accounting (at most every few seconds
