@@ -65,7 +65,8 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         "--max-parallel",
         type=_positive,
         metavar="K",
-        help="at most K runs of the sweep at once; the next starts as one ends (default: all at once)",
+        help="at most K runs of the sweep at once; the next starts as one ends (default: 1 on one "
+        "machine and on SSH hosts, whose runs would share the GPUs; on SLURM as many as it allots)",
     )
     group.add_argument(
         "--yes", action="store_true", help=f"submit a sweep of over {sweep_points.MAX_POINTS:,} runs"
@@ -111,6 +112,8 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
             check_trainer_args(build_spec(args, run_args), Path(spec.workdir or Path.cwd()), files_here)
         except UsageError as e:
             raise UsageError(f"run {k} ({sweep_points.describe(found[k])}): {e}") from None
+    submit_array = getattr(scheduler, "submit_array", None)  # SLURM: one job array
+    max_parallel = _max_parallel(args.max_parallel, spec.scheduler.kind, array=submit_array is not None)
     sweep_id = new_job_id(spec.name)
     directory = (spec.job_dir or args.jobs_root / sweep_id).absolute()
     flags = _run_flags(submit_argv)
@@ -121,18 +124,18 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
         sweep_id=sweep_id,
         created_at=time.time(),
         scheduler=spec.scheduler.kind,
-        max_parallel=args.max_parallel,
+        max_parallel=max_parallel,
         runs=entries,
     )
     try:
         record = SweepRecord.create(directory, sweep)
     except (FileExistsError, OSError) as e:
         raise UsageError(f"cannot write the sweep's record in {directory}: {e}") from None
-    at_once = f"at most {args.max_parallel} at once" if args.max_parallel else "all at once"
+    at_once = f"at most {max_parallel} at once" if max_parallel else "as many at once as SLURM allots"
     say(
         f"launcher: sweep {sweep_id}: {len(entries)} runs on {sweep.scheduler}, {at_once}; record {directory}"
     )
-    if (submit_array := getattr(scheduler, "submit_array", None)) is not None:  # SLURM: one job array
+    if submit_array is not None:
         return _as_array(args, record, runs, submit_array)
     return _detach(record, sweep_id) if args.detach else _attached(record)
 
@@ -166,6 +169,18 @@ def _as_array(
     print(sweep.sweep_id, flush=True)
     say(f"launcher: sweep {sweep.sweep_id}: one job array: `launcher status|wait|cancel {sweep.sweep_id}`")
     return cmd_wait(record) if args.wait else EXIT_OK
+
+
+def _max_parallel(given: int | None, kind: str, *, array: bool) -> int | None:
+    """Runs at once: ``given``, else all for a scheduler that allots each run its own nodes (SLURM's
+    array; None), else 1: the runs of one machine share its GPUs. Raises UsageError for more than one
+    on SSH hosts, where every run takes the hostfile's first hosts: runs at once would share them."""
+    if kind == "ssh" and (given or 1) > 1:
+        raise UsageError(
+            f"--max-parallel {given} on SSH hosts: every run takes the hostfile's first hosts, so runs "
+            "at once would share them; give --max-parallel 1 (or one sweep per hostfile)"
+        )
+    return given or (None if array else 1)
 
 
 def _entry(

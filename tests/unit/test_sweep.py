@@ -9,7 +9,8 @@ import pytest
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from launcher.cli.main import main
-from launcher.cli.sweeps import _run_flags
+from launcher.cli.flags import UsageError
+from launcher.cli.sweeps import _max_parallel, _run_flags
 from launcher.job.record import JobState, JobStatus
 from launcher.sweep import points
 from launcher.sweep.points import SweepError
@@ -98,3 +99,11 @@ def test_a_sweep_exits_with_its_worst_runs_code() -> None:
     assert worst_exit_code([ok, _ended(JobState.CHECKPOINTED, 75), failed]) == EXIT_FAILED
     assert worst_exit_code([ok, (NOT_STARTED, None)]) == EXIT_INTERRUPTED
     assert worst_exit_code([ok, (SUBMIT_FAILED, None)]) == EXIT_FAILED
+
+
+def test_runs_at_once_default_to_one_but_on_slurm_and_ssh_hosts_are_never_shared() -> None:
+    assert _max_parallel(None, "local", array=False) == 1  # the machine's GPUs
+    assert _max_parallel(None, "slurm", array=True) is None  # SLURM allots each task its nodes
+    assert _max_parallel(3, "compose", array=False) == 3
+    with pytest.raises(UsageError, match="--max-parallel 2 on SSH hosts"):
+        _max_parallel(2, "ssh", array=False)
