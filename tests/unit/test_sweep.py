@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from launcher.cli.main import main
 from launcher.cli.flags import UsageError
+from launcher.cli.main import main
 from launcher.cli.sweeps import _max_parallel, _run_flags
 from launcher.job.record import JobState, JobStatus
 from launcher.sweep import points
