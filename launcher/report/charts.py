@@ -8,12 +8,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from launcher.job.goodput import Goodput
 from launcher.report.facts import Mark, Span
 
 COLORS = {"failed": "#d62728", "running": "#1f77b4", "succeeded": "#2ca02c"}
 OTHER_COLOR = "#7f7f7f"
+RUN_COLORS = qualitative.Dark24  # one per run of a sweep, in turn
 # Goodput's parts, in the order of the bar: (field, label, color).
 PARTS = (
     ("training_s", "training", "#2ca02c"),
@@ -37,8 +39,7 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 360) -> go
 
 def loss(metrics: list[dict[str, Any]], spans: list[Span]) -> go.Figure | None:
     """Training and validation loss (nats) by step, with a line where each failed attempt stopped."""
-    train = [(m["step"], m["loss"]) for m in metrics if "tokens_per_s" in m and "loss" in m]
-    val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
+    train, val = training_loss(metrics), validation_loss(metrics)
     if not train and not val:
         return None
     fig = go.Figure()
@@ -53,6 +54,34 @@ def loss(metrics: list[dict[str, Any]], spans: list[Span]) -> go.Figure | None:
             fig.add_annotation(x=span.step, y=1, yref="paper", text=f"attempt {span.number} failed",
                                showarrow=False, xanchor="left", font={"color": COLORS["failed"]})  # fmt: skip
     return _layout(fig, "Loss", "step", "loss (nats)")
+
+
+def training_loss(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss in nats) of the trainer's log records: those with ``tokens_per_s`` (an evaluation's
+    record carries the loss of its step too, and would draw it twice)."""
+    return [(m["step"], m["loss"]) for m in metrics if "tokens_per_s" in m and "loss" in m]
+
+
+def validation_loss(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, validation loss in nats) of the trainer's evaluations."""
+    return [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
+
+
+def overlay(
+    title: str, y: str, lines: list[tuple[str, list[tuple[int, float]]]], markers: bool = False
+) -> go.Figure | None:
+    """Runs side by side: one line per (name, (step, value) points) on one step axis. A run keeps its
+    color (its place in ``lines``) on every chart of a page, also where another run has no point;
+    None when no run has one."""
+    if not any(points for _, points in lines):
+        return None
+    fig = go.Figure()
+    for k, (name, points) in enumerate(lines):
+        if points:
+            fig.add_trace(go.Scatter(x=[s for s, _ in points], y=[v for _, v in points], name=name,
+                                     mode="lines+markers" if markers else "lines",
+                                     line={"color": RUN_COLORS[k % len(RUN_COLORS)]}))  # fmt: skip
+    return _layout(fig, title, "step", y, height=360 + 20 * (len(lines) // 4))  # the legend's rows
 
 
 def rank_throughput(metrics: list[dict[str, Any]]) -> go.Figure | None:

@@ -71,9 +71,7 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
     """The facts of ``record``'s job in ``status`` (its scheduler's ``state``), with the last attempt's
     latest beats by node_rank, ``now`` (epoch seconds)."""
     plan = record.plan()
-    metrics, note = read_metrics(Path(plan.run_dir))
-    if metrics is None and (record.dir / RUN_COPY / METRICS).is_file():  # a node-local run dir's copy
-        metrics, note = read_metrics(record.dir / RUN_COPY)
+    metrics, note = job_metrics(record)
     return Facts(
         plan=plan,
         status=status,
@@ -140,6 +138,15 @@ def hangs(job_dir: Path) -> list[Mark]:
         Mark(r.time, "hang", f"node {r.node}: {r.hang.summary()}")
         for r in reports.read(job_dir, reports.Hang)
     ]
+
+
+def job_metrics(record: JobRecord) -> tuple[list[dict[str, Any]] | None, str]:
+    """The trainer's records of ``record``'s job: from its run dir, else from the job record's copy of a
+    node-local run dir (``RUN_COPY``); None with the reason in words when neither is readable here."""
+    metrics, note = read_metrics(Path(record.plan().run_dir))
+    if metrics is None and (record.dir / RUN_COPY / METRICS).is_file():
+        metrics, note = read_metrics(record.dir / RUN_COPY)
+    return metrics, note
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]] | None, str]:

@@ -53,50 +53,56 @@ def render(facts: Facts) -> str:
     """The whole page, as text."""
     metrics = facts.metrics or []
     sections = [
-        _section(
+        section(
             "Loss",
             "Is the model learning, and did a retry go on from where the failed attempt was?",
             charts.loss(metrics, facts.spans),
             facts.metrics_note or "no loss was logged yet",
         ),
-        _section(
+        section(
             "Each rank's throughput",
             "Is one rank slower than the others (a straggler sets the pace of all)?",
             # The trainer's own numbers where it logged them, else the launcher's, of any program.
             charts.rank_throughput(metrics) or charts.rank_compute(facts.rank_compute),
             f"{facts.metrics_note or RANKS_UNLOGGED}, and {RANKS_UNRECORDED}",
         ),
-        _section(
+        section(
             "Attempts",
             "When did each attempt run, how did it end and why; when were checkpoints saved and hangs found?",
             charts.timeline(facts.spans, facts.marks, facts.made_at),
             "the job has not started yet",
         )
         + _attempts(facts),
-        _section(
+        section(
             "Where the wall time went",
             "How much of the wall time trained, and what took the rest?",
             charts.goodput_bar(facts.goodput) if facts.goodput is not None else None,
             "no rank has reported yet: goodput needs the ranks' heartbeats",
         ),
-        _section(
+        section(
             "Health check",
             "Is a host's link or device slower than the others'?",
             _health(facts.checks, facts.plan.nproc_per_node),
             HEALTH_MISSING,
         ),
-        _section(
+        section(
             "Version parity",
             "Do the hosts run the same torch, CUDA, NCCL and packages?",
             _parity(facts.checks),
             PARITY_MISSING,
         ),
     ]
+    body = f"{_summary(facts)}\n{''.join(sections)}\n{_files(facts)}"
+    return document(f"{facts.plan.job_id}: report", body)
+
+
+def document(title: str, body: str) -> str:
+    """A whole page of ``body`` (HTML) under ``title`` (text), with the style and plotly's script
+    inline: it opens from disk with no network."""
     return (
         f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(facts.plan.job_id)}: report</title><style>{STYLE}</style>"
-        f"<script>{get_plotlyjs()}</script></head><body>\n"
-        f"{_summary(facts)}\n{''.join(sections)}\n{_files(facts)}\n</body></html>\n"
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>\n{body}\n</body></html>\n"
     )
 
 
@@ -109,15 +115,20 @@ def _summary(facts: Facts) -> str:
         ("run dir", plan.run_dir),
         ("attempts", str(len(facts.spans))),
         ("goodput", facts.goodput.describe() if facts.goodput is not None else "not known yet"),
-        ("report made", _when(facts.made_at)),
+        ("report made", when(facts.made_at)),
     ]
-    cells = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f"<h1>Job {html.escape(plan.job_id)}</h1><table id='summary'>{cells}</table>"
+    return f"<h1>Job {html.escape(plan.job_id)}</h1>{summary_table(rows)}"
 
 
-def _section(title: str, question: str, figure: go.Figure | str | None, missing: str) -> str:
+def summary_table(rows: list[tuple[str, str]]) -> str:
+    """The page's head: one (name, text) per row."""
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table id='summary'>{cells}</table>"
+
+
+def section(title: str, question: str, figure: go.Figure | str | None, missing: str) -> str:
     """A part of the page: its title, the question it answers, and its chart or HTML (``missing``, in
-    words, when None)."""
+    words, when None). A chart's div is ``chart-SLUG``, SLUG the title in lower case, dashed."""
     slug = title.lower().replace(" ", "-").replace("'", "")
     head = f"<h2 id='{slug}'>{html.escape(title)}</h2><p class='why'>{html.escape(question)}</p>"
     if figure is None:
@@ -143,7 +154,8 @@ def _files(facts: Facts) -> str:
     return f"<h2 id='files'>Logs and hang stacks</h2><ul>{items}</ul>"
 
 
-def _when(epoch_s: float) -> str:
+def when(epoch_s: float) -> str:
+    """``2026-11-28 07:19:00 UTC`` of ``epoch_s`` (seconds)."""
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
