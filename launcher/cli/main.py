@@ -27,6 +27,7 @@ from launcher.job.placeholders import help_text as placeholder_help
 from launcher.job.record import JobError, JobNotFound, state_help
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
+from launcher.report.sweep_facts import DEFAULT_METRIC
 from launcher.schedulers.ssh.client import SshError
 from launcher.sweep.record import SweepRecord
 
@@ -107,7 +108,11 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
     sub.add_parser("list", help="list jobs and their states")
     for cmd, text in (
         ("status", "show a job's state"),
-        ("report", "write a job's report: one HTML page of charts (loss, attempts, goodput) in its record"),
+        (
+            "report",
+            "write a job's report: one HTML page of charts (loss, attempts, goodput) in its record; "
+            "a sweep's: every run's loss, and the runs ranked, in the sweep's directory",
+        ),
         ("logs", "print a job's node logs"),
         ("wait", "wait for a job to end; exit with its exit code"),
         ("cancel", "stop a job: ranks checkpoint, then exit"),
@@ -123,6 +128,13 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
             s.add_argument("--json", action="store_true", help="machine-readable status")
+        if cmd == "report":
+            s.add_argument(
+                "--metric",
+                metavar="NAME",
+                help="for a sweep only: rank its runs by the lowest NAME each logged in its run dir's "
+                f"metrics.jsonl, lower is better (default: {DEFAULT_METRIC})",
+            )
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -266,12 +278,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("submit", "render"):
             run = submit.cmd_submit if args.command == "submit" else submit.cmd_render
             return run(args, trainer_args)
-        if args.command in ("status", "wait", "cancel") and (
+        if args.command in ("status", "report", "wait", "cancel") and (
             sweep := SweepRecord.find(args.job, args.jobs_root)
         ):
             if args.command == "status":
                 return sweeps.cmd_status(sweep, args.json)
+            if args.command == "report":
+                return sweeps.cmd_report(sweep, args.metric)
             return sweeps.cmd_wait(sweep) if args.command == "wait" else sweeps.cmd_cancel(sweep)
+        if args.command == "report" and args.metric is not None:  # a job has no runs to rank
+            raise UsageError(f"--metric ranks a sweep's runs: {args.job} is not a sweep")
         return {
             "list": jobs.cmd_list,
             "status": jobs.cmd_status,

@@ -26,6 +26,9 @@ from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord, new_job_id
 from launcher.job.spec import split_program
+from launcher.report import sweep_facts
+from launcher.report.facts import job_metrics
+from launcher.report.sweep_facts import DEFAULT_METRIC, RunFacts, SweepFacts
 from launcher.schedulers import get_scheduler
 from launcher.sweep import points as sweep_points
 from launcher.sweep.drive import cancel_active, drive
@@ -304,20 +307,43 @@ class Row:
 
 
 def _rows(record: SweepRecord) -> list[Row]:
-    now = time.time()
     rows = []
+    for f in run_facts(record, time.time()):
+        found = sweep_facts.best(f.metrics or [], DEFAULT_METRIC)
+        best_val_loss = found.value if found is not None else None
+        rows.append(Row(f.index, f.values, f.state, f.step, best_val_loss, f.goodput, f.job_id, f.error))
+    return rows
+
+
+def run_facts(record: SweepRecord, now: float) -> list[RunFacts]:
+    """Each run of the sweep: its state, the furthest step, goodput and the trainer's metrics, from
+    its job record and run dir (asking no host), ``now`` in epoch seconds."""
+    found = []
     for run in record.load().runs:
         state, status = run_status(record, run)
-        job, step, goodput, best = record.job(run), None, None, None
+        job, step, goodput = record.job(run), None, None
+        metrics, note = None, ""
         if job is not None and status is not None:
             beats = recorded_beats(job.plan(), job.dir)
             step = max((b.step for node in beats.values() for b in node), default=None)
-            found = job_goodput(job.dir, status, beats, now)
-            goodput = found.ratio if found is not None else None
-            best = best_val_loss(Path(job.plan().run_dir))
+            ratio = job_goodput(job.dir, status, beats, now)
+            goodput = ratio.ratio if ratio is not None else None
+            metrics, note = job_metrics(job)
         error = run.submit_error or (status.message if status is not None else None) or None
-        rows.append(Row(run.index, run.values, state, step, best, goodput, run.job_id, error))
-    return rows
+        found.append(RunFacts(run.index, run.values, state, step, goodput, run.job_id, error, metrics, note))
+    return found
+
+
+def cmd_report(record: SweepRecord, metric: str | None) -> int:
+    """Write the sweep's report page into its directory and print its path: every run's loss, and
+    the runs ranked by ``metric`` (None: val_loss)."""
+    from launcher.report.sweep_page import write  # plotly: only this command pays its import
+
+    now = time.time()
+    sweep, runs = record.load(), run_facts(record, now)
+    facts = SweepFacts(sweep.sweep_id, sweep.scheduler, counts([r.state for r in runs]), runs, now)
+    print(write(record.dir, facts, metric or DEFAULT_METRIC))
+    return EXIT_OK
 
 
 def _table(record: SweepRecord) -> None:
@@ -333,20 +359,3 @@ def _table(record: SweepRecord) -> None:
         goodput = "-" if r.goodput is None else f"{r.goodput:.0%}"
         values = sweep_points.describe(r.values)
         print(f"{r.run:>3}  {values:{width}}  {r.state:13} {step:>6} {best:>13} {goodput:>7}  {r.job_id}")
-
-
-def best_val_loss(run_dir: Path) -> float | None:
-    """The lowest ``val_loss`` in the run dir's ``metrics.jsonl`` (None: none, or not readable here)."""
-    best = None
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        try:
-            value = json.loads(line).get("val_loss")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(value, int | float) and (best is None or value < best):
-            best = float(value)
-    return best
