@@ -33,6 +33,7 @@ from launcher.schedulers import get_scheduler
 from launcher.sweep import points as sweep_points
 from launcher.sweep.drive import cancel_active, drive
 from launcher.sweep.record import (
+    SWEEP_FILE,
     Sweep,
     SweepRecord,
     SweepRun,
@@ -156,7 +157,7 @@ def _as_array(
     try:
         for run, run_args in zip(sweep.runs, runs, strict=True):
             group = f"{RUN_GROUP_ENV}={sweep.sweep_id}"
-            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [*args.env, group]}
+            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [group, *args.env]}
             # The first run's notes on the cluster (its partition, GPUs) are every run's: said once.
             quiet = contextlib.redirect_stderr(io.StringIO()) if prepared else contextlib.nullcontext()
             with quiet:
@@ -192,7 +193,8 @@ def _entry(
     """The ``k``-th run: its id, and the ``launcher`` arguments that submit it into ``directory``."""
     job_id = f"{sweep_id}-{k}"
     group = f"{RUN_GROUP_ENV}={sweep_id}"
-    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, *flags, "--env", group]
+    # The group first: a --env of the user's for the same variable comes later, and wins.
+    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, "--env", group, *flags]
     return SweepRun(index=k, values=point, job_id=job_id, argv=[*argv, "--", *run_args])
 
 
@@ -282,10 +284,14 @@ def cmd_cancel(record: SweepRecord) -> int:
 
 def list_rows(jobs_root: Path) -> list[str]:
     """One line per sweep under ``jobs_root``: its id and its runs by state."""
+    found = []
+    for path in jobs_root.glob(f"*/{SWEEP_FILE}"):
+        try:
+            found.append((SweepRecord(path.parent), SweepRecord(path.parent).load()))
+        except (OSError, ValueError) as e:  # said on stderr, and the other sweeps listed
+            say(f"launcher: unreadable sweep record {path.parent.name}: {e}")
     rows = []
-    for path in sorted(jobs_root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime):
-        record = SweepRecord(path.parent)
-        sweep = record.load()
+    for record, sweep in sorted(found, key=lambda found: found[1].created_at):
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_at))
         states = counts([run_status(record, run)[0] for run in sweep.runs])
         rows.append(f"{sweep.sweep_id:40} {'sweep':13} {len(sweep.runs):>5} runs  {created:20} {states}")
