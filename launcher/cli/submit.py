@@ -160,12 +160,18 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     return final.job_exit_code
 
 
+def checked(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:
+    """The job's spec, scheduler, Plan after the checks before the nodes start (``preflight``: the
+    health gate, which may replace hosts) and record directory. Raises UsageError, SpecError."""
+    spec, scheduler, plan, job_dir, _ = _plan(args, trainer_args)
+    _check_new(job_dir)
+    return spec, scheduler, scheduler.preflight(spec, plan, job_dir), job_dir
+
+
 def prepare(args: argparse.Namespace, trainer_args: list[str]) -> tuple[Scheduler[Any], Plan, JobRecord]:
     """Everything of a submit before the job is handed to its scheduler: the checks, the Plan, the
     checks before the nodes start (``preflight``) and the job record. Raises UsageError, SpecError."""
-    spec, scheduler, plan, job_dir, _ = _plan(args, trainer_args)
-    _check_new(job_dir)
-    plan = scheduler.preflight(spec, plan, job_dir)
+    spec, scheduler, plan, job_dir = checked(args, trainer_args)
     status = JobStatus(created_at=time.time(), submitter=procs.process_ref())
     try:
         return scheduler, plan, JobRecord.create(job_dir, spec, plan, status)

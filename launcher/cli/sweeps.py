@@ -48,6 +48,9 @@ _SWEEP_FLAGS = {
     **{flag: True for flag in ("--sweep", "--sweep-file", "--max-parallel", "--tee", "--job-dir")},
     **{flag: False for flag in ("--yes", "--detach", "--wait", "--dry-run")},
 }
+# An SSH sweep's checks, done once for all its runs (``_checked_once``).
+_SSH_CHECKS = {"--hosts": True, "--hostfile": True, "--skip-parity": False, "--health-check": False,
+               "--health-check-warn": False}  # fmt: skip
 RUN_GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's group of runs: the sweep's id
 
 
@@ -121,6 +124,8 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     sweep_id = new_job_id(spec.name)
     directory = (spec.job_dir or args.jobs_root / sweep_id).absolute()
     flags = _run_flags(submit_argv)
+    if spec.scheduler.kind == "ssh":
+        flags = _checked_once(args, runs[0], flags)
     entries = [
         _entry(directory, sweep_id, k, p, flags, a) for k, (p, a) in enumerate(zip(found, runs, strict=True))
     ]
@@ -209,18 +214,43 @@ def _run_args(trainer_args: list[str], point: sweep_points.Point, k: int) -> lis
 
 def _run_flags(submit_argv: list[str]) -> list[str]:
     """The ``submit`` flags every run gets: those given, less the sweep's own (``_SWEEP_FLAGS``)."""
-    own = submit_argv[: submit_argv.index("--")] if "--" in submit_argv else list(submit_argv)
+    return _without(
+        submit_argv[: submit_argv.index("--")] if "--" in submit_argv else submit_argv, _SWEEP_FLAGS
+    )
+
+
+def _without(flags: list[str], dropped: dict[str, bool]) -> list[str]:
+    """``flags`` less those named in ``dropped`` (flag -> whether it takes a value), in either form."""
     out, skip = [], False
-    for arg in own:
+    for arg in flags:
         if skip:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in _SWEEP_FLAGS:
-            skip = _SWEEP_FLAGS[name] and "=" not in arg
+        if name in dropped:
+            skip = dropped[name] and "=" not in arg
             continue
         out.append(arg)
     return out
+
+
+def _checked_once(args: argparse.Namespace, run_args: list[str], flags: list[str]) -> list[str]:
+    """SSH hosts: version parity and the health gate once for the whole sweep, as the first run's
+    submit would run them; every run then gets the hosts in the order they left them (a host the gate
+    named left out, its spare in its place) and checks neither again. Returns the runs' flags.
+    Raises what a submit's checks raise (ParityError, HealthError: exit 3)."""
+    from launcher.cli.submit import checked
+    from launcher.schedulers.ssh.hosts import hosts_of
+    from launcher.schedulers.ssh.options import SshOptions
+
+    spec, _, plan, _ = checked(args, run_args)
+    opts = spec.options(SshOptions)
+    running = [n.host for n in plan.nodes]
+    named = [h for h in hosts_of(opts, spec.nnodes) if h not in running]
+    order = running + [h for h in hosts_of(opts) if h not in running and h not in named]
+    say(f"launcher: the sweep's hosts passed parity{' and the health gate' if opts.gate else ''}: "
+        f"its runs check them no more")  # fmt: skip
+    return [*_without(flags, _SSH_CHECKS), "--hosts", ",".join(order), "--skip-parity"]
 
 
 def _detach(record: SweepRecord, sweep_id: str) -> int:

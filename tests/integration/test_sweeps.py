@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.job.record import JobRecord, JobState
 from launcher.sweep.record import SweepRecord
-from tests.integration.conftest import FAST, launcher, metrics, only_job_id, wait_for
+from tests.integration.conftest import FAST, first_hosts, launcher, metrics, only_job_id, wait_for
 
 STEPS = "10"
 
@@ -114,3 +114,26 @@ def test_a_cancelled_sweep_stops_its_running_run_and_starts_no_other(tmp_path: P
     assert not (jobs / sweep_id / f"{sweep_id}-1").exists()
     wait_for(lambda: not SweepRecord(jobs / sweep_id).driver_alive(), 30, "the sweep's driver to end")
     os.remove(tmp_path / "hold")
+
+
+def test_an_ssh_sweep_checks_its_hosts_once_and_each_run_trains_on_them(
+    hostfile: Path, tmp_path: Path
+) -> None:
+    """On SSH hosts, version parity and the health gate run once for the sweep; its runs get the hosts
+    in the order the checks left them (spare last) and check them no more."""
+    (tmp_path / "sweep_me.py").write_text(SCRIPT)
+    hosts, jobs = first_hosts(hostfile, 3, tmp_path), tmp_path / "jobs"
+    argv = ["submit", "--scheduler", "ssh", "--hostfile", str(hosts), "--nodes", "2", "--gpus-per-node", "1"]
+    argv += ["--health-check", "--workdir", str(tmp_path), "--sweep", "lr=1,2"]
+    done = launcher(jobs, *argv, "--", "sweep_me.py", "--lr", "{lr}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("health gate: no host named") == 1, done.stderr
+    assert "the sweep's hosts passed parity and the health gate: its runs check them no more" in done.stderr
+    sweep_id = only_job_id(jobs)
+    names = [line.split()[0] for line in hosts.read_text().splitlines()]
+    for k, record in enumerate(_runs(jobs / sweep_id)):
+        assert record.status().state == JobState.SUCCEEDED
+        options = record.spec().scheduler
+        assert (options.hosts, options.skip_parity, options.gate) == (names, True, False)  # type: ignore[union-attr]
+        assert "health gate" not in (jobs / sweep_id / f"{record.dir.name}.submit.log").read_text()
+        assert (Path(record.plan().run_dir) / "lr.txt").read_text() == str(k + 1)
