@@ -49,6 +49,7 @@ from gptlaunch.contract import (
     JOB_ID_ENV,
     RETRIES_ENV,
     RUN_DIR_ENV,
+    RUN_ID_ENV,
     SNAPSHOT_ROOT,
     clear_stop_marker,
     job_snapshots,
@@ -74,6 +75,7 @@ __all__ = [
     "resumed",
     "resumed_from",
     "retried",
+    "run_id",
     "snapshot_dir",
     "stop_requested",
     "warn",
@@ -131,6 +133,13 @@ def checkpoint_dir() -> Path | None:
     """The job's run dir, where checkpoints should be written (None under bare torchrun)."""
     value = os.environ.get(RUN_DIR_ENV) if launched() else None
     return Path(value) if value else None
+
+
+def run_id() -> str | None:
+    """The run's id for an experiment tracker (W&B, MLflow): the job's id, the same on every attempt,
+    retry and requeue of the job, so that a tracker's run found by it goes on where it stopped (a
+    value given with ``--env GPTLAUNCH_RUN_ID=...`` wins). None under bare torchrun."""
+    return os.environ.get(RUN_ID_ENV) or None
 
 
 def whole_lines() -> None:

@@ -157,6 +157,14 @@ class TrainConfig(BaseModel):
         description="at each log interval, share every rank's own compute time (one small all-reduce) and "
         "name a rank slower than 1.25× the median of the other ranks for 3 intervals in a row",
     )
+    mlflow: str | None = Field(
+        None,
+        min_length=1,
+        description="MLflow tracking URI (file:///path/mlruns, http://host:5000): rank 0 logs the config "
+        "and each log interval's metrics to one MLflow run per launcher job, which its retries go on in; "
+        "needs MLflow's client installed",
+    )
+    mlflow_experiment: str = Field("gpt", min_length=1, description="MLflow experiment of --mlflow's run")
     resume: str = Field(
         "auto", description="auto (newest checkpoint in the run dir), never, or a checkpoint path"
     )

@@ -40,6 +40,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "logging and checkpoints": (
         *("log_interval", "eval_interval", "eval_iters", "checkpoint_interval", "keep_checkpoints"),
         *("snapshot_interval", "async_checkpoints", "resume", "stop_signals", "straggler_check"),
+        *("mlflow", "mlflow_experiment"),
     ),
 }
 CODE_ONLY = ("beta1", "beta2")  # AdamW betas: GPT-2's values, no flag

@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from gptlaunch import runtime
 from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_OK
-from trainer import checkpoint, distributed
+from trainer import checkpoint, distributed, tracking
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
@@ -52,6 +52,7 @@ def train(cfg: TrainConfig) -> int:
     env = distributed.read_env()
     device = distributed.pick_device(cfg.device, env)
     check_config(cfg, world_size=env.world_size)  # bad input fails here, before anything is written
+    tracking.check_installed(cfg.mlflow)  # here, not in check_config: the launcher's machine may lack it
     with _run_dir_lock(cfg.run_dir, enabled=env.is_main):
         return _train(cfg, env, device)
 
@@ -148,6 +149,8 @@ def loop(run: Run, stop: StopRequest) -> int:
             done = step + 1
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss))
+            if stopping or cadence.checkpoints(done) or cadence.snapshots(done):
+                report.sync()  # a retry resumes after this step: what it will not redo is logged first
             if stopping or cadence.checkpoints(done):
                 with runtime.phase("checkpoint"):
                     times = save(run, done, stopping, stop.received.name if stop.received else None)
@@ -156,6 +159,7 @@ def loop(run: Run, stop: StopRequest) -> int:
                 with runtime.phase("checkpoint"):
                     snapshot_state(run, done)
             if stopping:
+                report.stopped()
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
             run.held.step = done  # all of step ``done``'s work ended: a retry from here skips none
@@ -267,13 +271,16 @@ class Throughput:
 
 
 class Report:
-    """Rank 0's output: records to metrics.jsonl and TensorBoard, and lines (or a progress bar) on the
-    console. A context manager that closes both; on other ranks it writes nothing."""
+    """Rank 0's output: records to metrics.jsonl and TensorBoard (and MLflow with ``--mlflow``), and
+    lines (or a progress bar) on the console. A context manager that closes them, ending the MLflow run
+    with how the loop ended; on other ranks it writes nothing."""
 
     def __init__(self, run: Run) -> None:
         main = run.env.is_main
         self._total = run.cfg.max_steps
         self._writer = MetricsWriter(run.cfg.run_dir, run.start_step) if main else None
+        self._tracker = tracking.start(run.cfg) if main else None
+        self._stopped = False  # by a stop signal, after its checkpoint
         self._progress = Progress(run.cfg.max_steps, run.start_step, enabled=main)
         self._stragglers: set[int] = set()  # the ranks named on the console, while they stay slow
 
@@ -286,6 +293,17 @@ class Report:
         self._progress.close()
         if self._writer is not None:
             self._writer.close()
+        if self._tracker is not None:
+            self._tracker.close(tracking.status_of(exc, self._stopped))
+
+    def stopped(self) -> None:
+        """The loop stops on a stop signal, its checkpoint saved (MLflow: the run KILLED, not FINISHED)."""
+        self._stopped = True
+
+    def sync(self) -> None:
+        """Before a checkpoint or snapshot: wait (a bounded time) until MLflow has every record logged."""
+        if self._tracker is not None:
+            self._tracker.sync()
 
     def log(self, line: str) -> None:
         self._progress.log(line)
@@ -314,6 +332,8 @@ class Report:
         """After step ``done``: write ``record`` (if any) and its line, and move the progress bar."""
         if record and self._writer is not None:
             self._writer.write(record)
+            if self._tracker is not None:
+                self._tracker.log(record)
             self._progress.log(_format(record, self._total))
             named = {s["rank"]: s for s in record.get("stragglers", [])}
             for rank in named.keys() - self._stragglers:  # on the console once, when first named
