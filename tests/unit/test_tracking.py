@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gptlaunch import runtime
 from tests.conftest import REPO_ROOT, missing_component
 from trainer import cli, tracking
 from trainer.config import TrainConfig
@@ -72,6 +73,27 @@ def test_a_jobs_run_is_made_once_with_its_tags_then_found_again_and_running(clie
     assert len(anonymous) == 2 and not anonymous & {first, other}
     (experiment,) = [e for e in client.search_experiments() if e.name == "gpt"]
     assert len(client.search_runs([experiment.experiment_id])) == 4
+
+
+def test_the_trainers_run_is_the_jobs_in_its_sweep(
+    uri: str, client: Any, monkeypatch: pytest.MonkeyPatch, runs: list[MlflowRun]
+) -> None:
+    """What the launcher sets on every rank names the run: GPTLAUNCH_RUN_ID, WANDB_RUN_GROUP."""
+    assert tracking.start(TrainConfig()) is None  # no --mlflow
+    monkeypatch.setenv("GPTLAUNCH_RUN_ID", "job-9")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-3")
+    run = tracking.start(TrainConfig(mlflow=uri, mlflow_experiment="exp"))
+    assert run is not None
+    runs.append(run)
+    run.close("FINISHED")
+    assert run.mlflow_id is not None
+    tags = client.get_run(run.mlflow_id).data.tags
+    assert (tags[RUN_TAG], tags[SWEEP_TAG]) == ("job-9", "sweep-3")
+    assert (
+        client.get_experiment_by_name("exp").experiment_id == client.get_run(run.mlflow_id).info.experiment_id
+    )
+    monkeypatch.delenv("GPTLAUNCH_RUN_ID")  # bare torchrun
+    assert runtime.run_id() is None
 
 
 def test_a_run_id_with_a_quote_is_still_found(client: Any) -> None:
