@@ -1,16 +1,19 @@
-"""Sweeps on the local scheduler with real jobs: a grid of the built-in trainer's flags run at most
-K at a time, each run a whole job with its own run dir and a run id for trackers; a user's script
-that gets each value through its placeholders, detached, where a failed run does not stop the others;
-and a cancelled sweep, whose queued runs never start."""
+"""Sweeps with real jobs: a grid of the built-in trainer's flags run at most K at a time on the local
+scheduler, each run a whole job with its own run dir and a run id for trackers, and its report page in
+a real browser; a user's script that gets each value through its placeholders, detached, where a
+failed run does not stop the others; a cancelled sweep, whose queued runs never start; and a sweep on
+SSH hosts, checked once."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from launcher.job.record import JobRecord, JobState
 from launcher.sweep.record import SweepRecord
+from tests.integration.browser import chart, dump_dom, screenshot, traces
 from tests.integration.conftest import FAST, first_hosts, launcher, metrics, only_job_id, wait_for
 
 STEPS = "10"
@@ -55,6 +58,38 @@ def test_a_grid_runs_every_combination_at_most_k_at_once_each_with_its_values_an
     assert f"{sweep_id} " in launcher(jobs, "list", check=True).stdout  # one line for the sweep
     one = launcher(jobs, "status", runs[3].dir.name, check=True).stdout  # a run, by its id
     assert f"job {runs[3].dir.name}: succeeded" in one
+    _check_report(jobs, sweep_id, tmp_path)
+
+
+def _check_report(jobs: Path, sweep_id: str, tmp_path: Path) -> None:
+    """``launcher report SWEEP`` in a real browser (headless Chromium, no network): each run's training
+    and validation loss drawn, named by its values, and the runs ranked by their best val_loss, as their
+    own metrics.jsonl says. The screenshot is kept in ``artifacts/``."""
+    sweep_dir = jobs / sweep_id
+    made = launcher(jobs, "report", sweep_id, check=True).stdout.strip()
+    page = sweep_dir / "report.html"
+    assert Path(made) == page and page.is_file()
+    best = {}  # what the page should say, from each run's own metrics: its lowest val_loss, lowest first
+    for record in _runs(sweep_dir):
+        best[record.dir.name] = min(
+            m["val_loss"] for m in metrics(Path(record.plan().run_dir)) if "val_loss" in m
+        )
+    expected = sorted(best, key=lambda job_id: best[job_id])
+    dom = dump_dom(page, tmp_path)
+    drawn = {name: traces(dom, name) for name in ("training-loss", "validation-loss")}
+    assert drawn == {"training-loss": 4, "validation-loss": 4}, (drawn, dom[-3000:])
+    assert "lr=1e-3 seed=2" in chart(dom, "training-loss")  # each line named by its run's values
+    table = dom[dom.index('<table id="ranking">') :]
+    table = table[: table.index("</table>")]
+    assert _column(table, "job") == expected, table
+    assert _column(table, "rank") == ["1", "2", "3", "4"]
+    assert _column(table, "best") == [f"{best[job_id]:.4f}" for job_id in expected]
+    print(f"\nscreenshot: {screenshot(page, 'report-sweep.png', tmp_path)}")
+
+
+def _column(table: str, kind: str) -> list[str]:
+    """The cells of one column of the ranking table, from the top."""
+    return re.findall(rf'<td class="{kind}"[^>]*>([^<]*)</td>', table)
 
 
 SCRIPT = """import os, sys, time
