@@ -31,6 +31,7 @@ EXIT_INTERRUPTED = 130  # stopped on request before any checkpoint could be save
 JOB_ID_ENV = "GPTLAUNCH_JOB_ID"  # set by the launcher on every process of a job: finds orphans
 # The run's id for a tracker (W&B, MLflow): the same across its attempts, retries and requeues.
 RUN_ID_ENV = "GPTLAUNCH_RUN_ID"
+SWEEP_ID_ENV = "GPTLAUNCH_SWEEP_ID"  # a sweep's runs: the sweep's id (W&B's WANDB_RUN_GROUP too)
 JOBS_ROOT_ENV = "GPTLAUNCH_JOBS_ROOT"  # where the launcher keeps job records (default ./jobs)
 NODE_RANK_ENV = "GPTLAUNCH_NODE_RANK"  # a node's index where no scheduler says it (SLURM_NODEID does)
 FIRST_HOST_ENV = "GPTLAUNCH_FIRST_HOST"  # the job's first host where no scheduler says it

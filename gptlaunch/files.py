@@ -104,12 +104,16 @@ def atomic_write_checked(path: Path) -> Iterator[BinaryIO]:
     """``atomic_write``, and the sha256 of the bytes written (hashed as they are written, never read
     back) into ``digest_path(path)``, itself written atomically.
 
-    The digest goes into place before the file does: a file under ``path``'s name always has its
+    The digest goes into place before the file does: a new file under ``path``'s name always has its
     digest next to it (a crash between the two leaves a digest without its file, which
-    ``check_digest`` never reads). A failed write removes the digest it wrote. Raises what the
-    writes raise (OSError for a full disk)."""
+    ``check_digest`` never reads). A failed write removes the digest it wrote. A file already at
+    ``path`` (the same step saved again) loses its digest first: a crash then leaves it without one,
+    checked by other means, never beside the new file's digest, which it would not match. Raises what
+    the writes raise (OSError for a full disk)."""
     digest = digest_path(path)
     digest_written = False
+    if path.exists():
+        digest.unlink(missing_ok=True)
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher, atomic_write(path) as f:
             writer = _HashingWriter(f, hasher)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from gptlaunch import flight_recorder
 from gptlaunch.contract import BEAT_INTERVAL_S, HEARTBEAT_DIR_ENV, Beat, write_beat
+from gptlaunch.files import no_space
 
 RECENT_STEPS = 20  # the window of "the slowest recent step"
 
@@ -47,6 +48,7 @@ class Heartbeat:
         self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
+        self._failing = False  # the last write failed (said once, until one is written again)
         self._socket: str | None = None
         if directory is not None:
             with contextlib.suppress(OSError):
@@ -110,9 +112,14 @@ class Heartbeat:
             warning=self.warning,
             phase_s=self._phase_s | {self.phase: self._phase_s.get(self.phase, 0.0) + now - self.phase_since},
         )
+        self._written = now
         try:
             write_beat(self.directory, beat)
-        except OSError as e:  # a full or gone disk must not stop training: the watchdog goes blind
-            print(f"warning: heartbeat not written to {self.directory}: {e}", file=sys.stderr, flush=True)
-            self.directory = None
-        self._written = now
+        except OSError as e:  # a full or gone disk must not stop training
+            if not self._failing:
+                print(f"warning: heartbeat not written to {self.directory}: {e}", file=sys.stderr, flush=True)
+            if no_space(e) is None:
+                self.directory = None  # gone: the watchdog goes blind
+            self._failing = True  # a full disk frees up (a save that did not fit is removed): beats go on
+            return
+        self._failing = False

@@ -51,6 +51,7 @@ from gptlaunch.contract import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
     SNAPSHOT_ROOT,
+    SWEEP_ID_ENV,
     clear_stop_marker,
     job_snapshots,
     write_stop_marker,
@@ -78,6 +79,7 @@ __all__ = [
     "run_id",
     "snapshot_dir",
     "stop_requested",
+    "sweep_id",
     "warn",
     "watch",
     "whole_lines",
@@ -102,6 +104,7 @@ _lock = threading.Lock()
 _heartbeat: Heartbeat | None = None
 _last_beat = 0.0  # time.monotonic() of the last beat: a step's wall time
 _manual = False  # the script beats itself: the optimizer-step hook stands down
+_warnings: dict[str, str] = {}  # topic -> what ``launcher status`` shows for this rank (``warn``)
 _start_told = False  # the script said where it resumed (``resumed_from``)
 _clock = ForwardClock()  # this rank's own compute per step, for the straggler check
 _watching = False
@@ -140,6 +143,11 @@ def run_id() -> str | None:
     retry and requeue of the job, so that a tracker's run found by it goes on where it stopped (a
     value given with ``--env GPTLAUNCH_RUN_ID=...`` wins). None under bare torchrun."""
     return os.environ.get(RUN_ID_ENV) or None
+
+
+def sweep_id() -> str | None:
+    """The id of the sweep this run is one of (``launcher submit --sweep``); None for a single job."""
+    return os.environ.get(SWEEP_ID_ENV) or None
 
 
 def whole_lines() -> None:
@@ -219,16 +227,21 @@ def beat(step: int, tokens: int | None = None) -> None:
     _step_done(step, tokens)
 
 
-def warn(message: str | None) -> None:
+def warn(message: str | None, topic: str = "program") -> None:
     """Print ``message`` as a warning (stderr) and show it for this rank in ``launcher status`` until
-    the next call; None clears it (e.g. a checkpoint that did not fit, once one has been saved again).
-    Under bare torchrun: only the print."""
+    the next call on the same ``topic``; None clears that topic's (e.g. a checkpoint that did not fit,
+    once one has been saved again), and leaves the others'. Under bare torchrun: only the print."""
     if message is not None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
     with _lock:
+        if message is None:
+            _warnings.pop(topic, None)
+        else:
+            _warnings[topic] = message
         hb = _beats()
-        if hb is not None and hb.warning != message:
-            hb.warning = message
+        shown = "; ".join(_warnings.values()) or None
+        if hb is not None and hb.warning != shown:
+            hb.warning = shown
             hb.flush()
 
 

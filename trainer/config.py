@@ -202,6 +202,20 @@ class TrainConfig(BaseModel):
             return v
         raise ValueError("use auto, cpu, cuda or cuda:N")
 
+    @field_validator("mlflow")
+    @classmethod
+    def _mlflow(cls, v: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if v is not None:
+            try:  # a typo is the user's, said before training: not a failed attempt to retry
+                urlsplit(v)
+            except ValueError as e:
+                raise ValueError(
+                    f"{v!r} is not a URI ({e}): give file:///path/mlruns or http://host:5000"
+                ) from None
+        return v
+
     @field_validator("stop_signals")
     @classmethod
     def _signals(cls, v: tuple[str, ...]) -> tuple[str, ...]:

@@ -54,8 +54,11 @@ def make_room(older: list[Path], needed: int, run_dir: Path, step: int) -> None:
     """Make sure ``needed`` bytes are free in ``run_dir``, deleting the checkpoints of ``older`` (those
     rotation deletes after this save, oldest first) while they are not.
 
-    Raises NoSpaceError when ``needed`` bytes are not free even then."""
+    Raises NoSpaceError, deleting none, when ``needed`` bytes would not be free even then (they stay
+    fallbacks for a resume)."""
     free = free_bytes(run_dir)
+    if free + sum(p.stat().st_size for p in older if p.exists()) < needed:  # they would go for nothing
+        raise NoSpaceError(describe(run_dir, step, needed, free))
     for path in older:
         if free >= needed:
             return

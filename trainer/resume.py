@@ -111,7 +111,7 @@ def _say(env: DistEnv, set_aside: list[str], used: Path | None, verdict: Verdict
         return
     if set_aside:
         then = f"resuming from {used}" if used is not None else "no whole checkpoint left: starting at step 0"
-        runtime.warn(f"checkpoint {'; '.join(set_aside)}; {then}")  # in ``status`` for the run too
+        runtime.warn(f"checkpoint {'; '.join(set_aside)}; {then}", topic="resume")  # in ``status`` too
     if used is not None and verdict is not None and not verdict.checksummed:
         print(
             f"note: {used} has no checksum (written before checkpoints carried one): checked by the "

@@ -336,7 +336,7 @@ def save(run: Run, next_step: int, stopping: bool = False, signal: str | None = 
     if run.env.is_main:
         state = _state(run, next_step, rng, cuda_rng)
         times = run.saver.save(state, next_step, blocking=blocking, last=last)
-        if stopping:  # for the launcher (``runtime``): the job checkpointed, not failed
+        if stopping and times is not None:  # for the launcher (``runtime``): checkpointed, not failed
             runtime.checkpointed(next_step, times.path, signal)
     if blocking:
         distributed.barrier()  # nobody exits or moves on before the files are in place

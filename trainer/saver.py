@@ -75,9 +75,12 @@ class Saver:
         self._writing: Future[Path | None] | None = None
         self.unsaved = 0  # saves in a row that did not fit on the run dir's file system
 
-    def save(self, state: dict[str, Any], step: int, *, blocking: bool, last: bool = False) -> SaveTimes:
+    def save(
+        self, state: dict[str, Any], step: int, *, blocking: bool, last: bool = False
+    ) -> SaveTimes | None:
         """Save ``state`` as the checkpoint of ``step``. Returns once it is copied to host memory (or,
-        ``blocking``, written). ``last``: the run's last save (it implies ``blocking``).
+        ``blocking``, written), with what it cost; None for a blocking save that did not fit.
+        ``last``: the run's last save (it implies ``blocking``).
 
         Raises NoSpaceError when the ``last`` save does not fit (an earlier one that did not fit is a
         warning: ``_write``); OSError when the previous background write failed otherwise, or this
@@ -93,7 +96,8 @@ class Saver:
         waited = time.perf_counter() - t0
         nbytes = tensor_bytes(state)
         if blocking:
-            self._write(state, step, last=last)
+            if self._write(state, step, last=last) is None:
+                return None  # it did not fit (said): no checkpoint to account for
         else:
             staged = self._stager.stage(state)
             hold_s = float(os.environ.get(SLOW_WRITE_ENV) or 0)
@@ -124,11 +128,12 @@ class Saver:
             if last:
                 raise NoSpaceError(f"{e}; {self._newest()}") from None
             self.unsaved += 1
-            runtime.warn(f"{e}; not saved, training goes on and the next save tries again; {self._newest()}")
+            said = f"{e}; not saved, training goes on and the next save tries again; {self._newest()}"
+            runtime.warn(said, topic="checkpoint")
             return None
         if self.unsaved:  # the warning of a checkpoint that did not fit is moot now
             self.unsaved = 0
-            runtime.warn(None)
+            runtime.warn(None, topic="checkpoint")
         return path
 
     def _newest(self) -> str:

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 RUN_TAG = "gptlaunch.run_id"  # the job's id: finds the run again on a retry
 SWEEP_TAG = "gptlaunch.sweep_id"
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's own tag: the name its UI shows
-SWEEP_ENV = "WANDB_RUN_GROUP"  # the launcher sets it to the sweep's id on a sweep's runs (W&B's group)
 # A metrics record's keys that MLflow gets: the loss and learning rate, throughput, and an evaluation's.
 METRICS = ("loss", "val_loss", "val_ppl", "lr", "tokens_per_s", "mfu")
 INSTALL_FIX = "pip install mlflow-skinny (or the project's extra: pip install 'gptlaunch[mlflow]')"
@@ -63,11 +62,10 @@ def check_installed(uri: str | None) -> None:
 
 def start(cfg: TrainConfig) -> MlflowRun | None:
     """Rank 0's MLflow run for ``cfg`` (None without ``--mlflow``): this job's (``runtime.run_id()``),
-    in the sweep of ``WANDB_RUN_GROUP`` when set. Never raises for the tracker's sake (see MlflowRun)."""
+    in the sweep of ``runtime.sweep_id()`` when set. Never raises for the tracker's sake (see MlflowRun)."""
     if cfg.mlflow is None:
         return None
-    sweep_id = os.environ.get(SWEEP_ENV) or None
-    return MlflowRun(cfg.mlflow, cfg.mlflow_experiment, params_of(cfg), runtime.run_id(), sweep_id)
+    return MlflowRun(cfg.mlflow, cfg.mlflow_experiment, params_of(cfg), runtime.run_id(), runtime.sweep_id())
 
 
 def status_of(exc: BaseException | None, stopped: bool) -> str:
@@ -261,5 +259,6 @@ class MlflowRun:
         first = (str(e).strip().splitlines() or [""])[0][:300]  # MLflow's messages run long
         runtime.warn(
             f"MLflow tracking at {shown(self.uri)} failed ({type(e).__name__}: {first}); training goes on "
-            "without it this attempt (metrics.jsonl and TensorBoard have every step)"
+            "without it this attempt (metrics.jsonl and TensorBoard have every step)",
+            topic="tracking",
         )

@@ -15,20 +15,20 @@ from typing import Any, TextIO
 
 from gptlaunch.contract import EXIT_OK, Beat
 from launcher.cli.flags import UsageError
-from launcher.cli.sweeps import list_rows
 from launcher.job.aftermath import quieted
 from launcher.job.announce import Announcer
 from launcher.job.collapse import collapsed
 from launcher.job.console import say
 from launcher.job.goodput import job_goodput
 from launcher.job.logs import TICK
-from launcher.job.progress import node_progress, recorded_beats
+from launcher.job.progress import last_step, node_progress, recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.job.scalars import scalars_dir, tensorboard_command
 from launcher.job.survivors import left_to_logs
 from launcher.report.facts import gather, report_path
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
+from launcher.sweep.table import list_rows
 
 
 def follow(
@@ -146,14 +146,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     beats = _beats(scheduler, record, st)
     nodes = [] if st.state.is_terminal else node_progress(plan, record.spec().hang, beats, time.time())
     goodput = job_goodput(record.dir, st, beats, time.time())
-    last_step = max((b.step for node in beats.values() for b in node), default=None)  # the last attempt's
+    reached = last_step(beats)  # the last attempt's
     page = report_path(record.dir)
     report = page if page.is_file() else None
     if args.json:
         nodes_json = [n.model_dump(mode="json") for n in nodes]
         extra = {
             "nodes": nodes_json,
-            "last_step": last_step,
+            "last_step": reached,
             "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio},
             "report": report and str(report),
         }
@@ -164,8 +164,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  run dir {plan.run_dir}")
     if st.state.is_terminal:
         print(f"  exit code {st.job_exit_code}: {st.message or st.state}")
-        if last_step is not None:
-            print(f"  last step {last_step:,} (the furthest any rank reached)")
+        if reached is not None:
+            print(f"  last step {reached:,} (the furthest any rank reached)")
     elif st.message:
         print(f"  {st.message}")
     retries = record.spec().retries

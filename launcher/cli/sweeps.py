@@ -15,25 +15,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_OK
+from gptlaunch.contract import EXIT_OK, SWEEP_ID_ENV
 from launcher.cli.flags import UsageError, build_spec
 from launcher.job.console import say
-from launcher.job.goodput import job_goodput
 from launcher.job.plan import Plan
-from launcher.job.progress import recorded_beats
 from launcher.job.record import JobRecord, new_job_id
 from launcher.job.spec import split_program
-from launcher.report import sweep_facts
-from launcher.report.facts import job_metrics
-from launcher.report.sweep_facts import DEFAULT_METRIC, RunFacts, SweepFacts
+from launcher.report.sweep_facts import DEFAULT_METRIC, SweepFacts
 from launcher.schedulers import get_scheduler
 from launcher.sweep import points as sweep_points
 from launcher.sweep.drive import cancel_active, drive
 from launcher.sweep.record import (
-    SWEEP_FILE,
     Sweep,
     SweepRecord,
     SweepRun,
@@ -42,6 +36,7 @@ from launcher.sweep.record import (
     run_status,
     worst_exit_code,
 )
+from launcher.sweep.table import print_table, rows, run_facts
 
 # ``launcher submit`` flags that are the sweep's, not each run's: (flag, whether it takes a value)
 _SWEEP_FLAGS = {
@@ -146,7 +141,7 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     )
     if submit_array is not None:
         return _as_array(args, record, runs, submit_array)
-    return _detach(record, sweep_id) if args.detach else _attached(record)
+    return _detach(record, sweep_id, args.wait) if args.detach else _attached(record)
 
 
 def _as_array(
@@ -161,8 +156,8 @@ def _as_array(
     prepared: list[tuple[Plan, JobRecord]] = []
     try:
         for run, run_args in zip(sweep.runs, runs, strict=True):
-            group = f"{RUN_GROUP_ENV}={sweep.sweep_id}"
-            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [group, *args.env]}
+            group = [f"{SWEEP_ID_ENV}={sweep.sweep_id}", f"{RUN_GROUP_ENV}={sweep.sweep_id}"]
+            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [*group, *args.env]}
             # The first run's notes on the cluster (its partition, GPUs) are every run's: said once.
             quiet = contextlib.redirect_stderr(io.StringIO()) if prepared else contextlib.nullcontext()
             with quiet:
@@ -197,9 +192,9 @@ def _entry(
 ) -> SweepRun:
     """The ``k``-th run: its id, and the ``launcher`` arguments that submit it into ``directory``."""
     job_id = f"{sweep_id}-{k}"
-    group = f"{RUN_GROUP_ENV}={sweep_id}"
-    # The group first: a --env of the user's for the same variable comes later, and wins.
-    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, "--env", group, *flags]
+    # The sweep's first: a --env of the user's for the same variable comes later, and wins.
+    group = ["--env", f"{SWEEP_ID_ENV}={sweep_id}", "--env", f"{RUN_GROUP_ENV}={sweep_id}"]
+    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, *group, *flags]
     return SweepRun(index=k, values=point, job_id=job_id, argv=[*argv, "--", *run_args])
 
 
@@ -213,10 +208,9 @@ def _run_args(trainer_args: list[str], point: sweep_points.Point, k: int) -> lis
 
 
 def _run_flags(submit_argv: list[str]) -> list[str]:
-    """The ``submit`` flags every run gets: those given, less the sweep's own (``_SWEEP_FLAGS``)."""
-    return _without(
-        submit_argv[: submit_argv.index("--")] if "--" in submit_argv else submit_argv, _SWEEP_FLAGS
-    )
+    """The ``submit`` flags every run gets: those given (``submit_argv``: before ``--``), less the
+    sweep's own (``_SWEEP_FLAGS``)."""
+    return _without(submit_argv, _SWEEP_FLAGS)
 
 
 def _without(flags: list[str], dropped: dict[str, bool]) -> list[str]:
@@ -253,8 +247,9 @@ def _checked_once(args: argparse.Namespace, run_args: list[str], flags: list[str
     return [*_without(flags, _SSH_CHECKS), "--hosts", ",".join(order), "--skip-parity"]
 
 
-def _detach(record: SweepRecord, sweep_id: str) -> int:
-    """Start the sweep's driver as a process of its own, which outlives this shell."""
+def _detach(record: SweepRecord, sweep_id: str, wait: bool) -> int:
+    """Start the sweep's driver as a process of its own, which outlives this shell (``wait``: then
+    wait here for the sweep to end, and exit with its worst run's code)."""
     with (record.dir / "driver.log").open("w") as log:
         driver = subprocess.Popen(
             [sys.executable, "-m", "launcher.sweep.drive", str(record.dir)],
@@ -266,7 +261,7 @@ def _detach(record: SweepRecord, sweep_id: str) -> int:
     record.driver_is(driver.pid)
     print(sweep_id, flush=True)
     say(f"launcher: sweep {sweep_id} runs on in the background: `launcher status|wait|cancel {sweep_id}`")
-    return EXIT_OK
+    return cmd_wait(record) if wait else EXIT_OK
 
 
 def _attached(record: SweepRecord) -> int:
@@ -278,8 +273,8 @@ def _attached(record: SweepRecord) -> int:
     except KeyboardInterrupt:
         say("launcher: cancelling the sweep: the running runs checkpoint and stop")
         record.request_cancel()
-        cancel_active(record, [r for r in record.load().runs if r.submitted_at is not None])
-    _table(record)
+        cancel_active(record, record.load().runs)
+    print_table(record)
     return worst_exit_code([run_status(record, run) for run in record.load().runs])
 
 
@@ -289,16 +284,18 @@ def _attached(record: SweepRecord) -> int:
 def cmd_status(record: SweepRecord, as_json: bool) -> int:
     """The sweep's runs as a table (or JSON): values, state, last step, best val loss, goodput."""
     if as_json:
-        print(json.dumps([dataclasses.asdict(r) for r in _rows(record)], indent=2))
+        print(json.dumps([dataclasses.asdict(r) for r in rows(record)], indent=2))
         return EXIT_OK
-    _table(record)
+    print_table(record)
     return EXIT_OK
 
 
 def cmd_wait(record: SweepRecord) -> int:
     """Wait for every run to end; exit with the worst run's code."""
     while not is_done(statuses := [run_status(record, run) for run in record.load().runs]):
-        time.sleep(1.0)
+        # Each running run's state is a read of its record (SLURM: of sacct, at most every few
+        # seconds per job): a large sweep is read less often.
+        time.sleep(min(30.0, 1.0 + 0.1 * sum(s is not None and not s.state.is_terminal for _, s in statuses)))
     say(f"launcher: sweep {record.load().sweep_id}: {counts([state for state, _ in statuses])}")
     return worst_exit_code(statuses)
 
@@ -307,67 +304,9 @@ def cmd_cancel(record: SweepRecord) -> int:
     """No run starts any more; those running checkpoint and stop (as `cancel JOB`)."""
     record.request_cancel()
     sweep = record.load()
-    cancel_active(record, [r for r in sweep.runs if r.submitted_at is not None])
+    cancel_active(record, sweep.runs)
     print(f"sweep {sweep.sweep_id}: cancelled ({counts([run_status(record, r)[0] for r in sweep.runs])})")
     return EXIT_OK
-
-
-def list_rows(jobs_root: Path) -> list[str]:
-    """One line per sweep under ``jobs_root``: its id and its runs by state."""
-    found = []
-    for path in jobs_root.glob(f"*/{SWEEP_FILE}"):
-        try:
-            found.append((SweepRecord(path.parent), SweepRecord(path.parent).load()))
-        except (OSError, ValueError) as e:  # said on stderr, and the other sweeps listed
-            say(f"launcher: unreadable sweep record {path.parent.name}: {e}")
-    rows = []
-    for record, sweep in sorted(found, key=lambda found: found[1].created_at):
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_at))
-        states = counts([run_status(record, run)[0] for run in sweep.runs])
-        rows.append(f"{sweep.sweep_id:40} {'sweep':13} {len(sweep.runs):>5} runs  {created:20} {states}")
-    return rows
-
-
-@dataclass(frozen=True)
-class Row:
-    """One run of a sweep as ``status`` shows it."""
-
-    run: int
-    values: dict[str, str]
-    state: str
-    step: int | None  # the furthest step its ranks reached (the last attempt's)
-    best_val_loss: float | None  # the lowest in its run dir's metrics.jsonl, where readable here
-    goodput: float | None
-    job_id: str
-    error: str | None  # why it failed to submit, or its job's message
-
-
-def _rows(record: SweepRecord) -> list[Row]:
-    rows = []
-    for f in run_facts(record, time.time()):
-        found = sweep_facts.best(f.metrics or [], DEFAULT_METRIC)
-        best_val_loss = found.value if found is not None else None
-        rows.append(Row(f.index, f.values, f.state, f.step, best_val_loss, f.goodput, f.job_id, f.error))
-    return rows
-
-
-def run_facts(record: SweepRecord, now: float) -> list[RunFacts]:
-    """Each run of the sweep: its state, the furthest step, goodput and the trainer's metrics, from
-    its job record and run dir (asking no host), ``now`` in epoch seconds."""
-    found = []
-    for run in record.load().runs:
-        state, status = run_status(record, run)
-        job, step, goodput = record.job(run), None, None
-        metrics, note = None, ""
-        if job is not None and status is not None:
-            beats = recorded_beats(job.plan(), job.dir)
-            step = max((b.step for node in beats.values() for b in node), default=None)
-            ratio = job_goodput(job.dir, status, beats, now)
-            goodput = ratio.ratio if ratio is not None else None
-            metrics, note = job_metrics(job)
-        error = run.submit_error or (status.message if status is not None else None) or None
-        found.append(RunFacts(run.index, run.values, state, step, goodput, run.job_id, error, metrics, note))
-    return found
 
 
 def cmd_report(record: SweepRecord, metric: str | None) -> int:
@@ -380,18 +319,3 @@ def cmd_report(record: SweepRecord, metric: str | None) -> int:
     facts = SweepFacts(sweep.sweep_id, sweep.scheduler, counts([r.state for r in runs]), runs, now)
     print(write(record.dir, facts, metric or DEFAULT_METRIC))
     return EXIT_OK
-
-
-def _table(record: SweepRecord) -> None:
-    rows = _rows(record)
-    width = max([len(sweep_points.describe(r.values)) for r in rows] + [6])
-    print(f"sweep {record.load().sweep_id}: {counts([r.state for r in rows])}")
-    print(
-        f"{'RUN':>3}  {'VALUES':{width}}  {'STATE':13} {'STEP':>6} {'BEST VAL LOSS':>13} {'GOODPUT':>7}  JOB"
-    )
-    for r in rows:
-        step = "-" if r.step is None else f"{r.step:,}"
-        best = "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
-        goodput = "-" if r.goodput is None else f"{r.goodput:.0%}"
-        values = sweep_points.describe(r.values)
-        print(f"{r.run:>3}  {values:{width}}  {r.state:13} {step:>6} {best:>13} {goodput:>7}  {r.job_id}")

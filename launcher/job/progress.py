@@ -57,6 +57,11 @@ def recorded_beats(plan: Plan, job_dir: Path) -> dict[int, list[Beat]]:
     return {n.node_rank: read_beats(heartbeat_dir(job_dir, n.node_rank)) for n in plan.nodes}
 
 
+def last_step(beats_of: dict[int, list[Beat]]) -> int | None:
+    """The furthest step any rank in ``beats_of`` (by node_rank) reached; None when none beat."""
+    return max((b.step for beats in beats_of.values() for b in beats), default=None)
+
+
 def node_progress(
     plan: Plan, hang: HangSpec, beats_of: dict[int, list[Beat]], now: float
 ) -> list[NodeProgress]:

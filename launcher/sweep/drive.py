@@ -42,6 +42,8 @@ def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
             return
         queued = [r for r in sweep.runs if r.submitted_at is None]
         while queued and (sweep.max_parallel is None or len(active) < sweep.max_parallel):
+            if record.cancel_requested():  # asked while the one before was being submitted
+                break
             run = queued.pop(0)
             _submit(record, sweep, run, tell)
             if run.submit_error is None:
@@ -73,7 +75,8 @@ def _submit(record: SweepRecord, sweep: Sweep, run: SweepRun, tell: Callable[[st
 
 
 def cancel_active(record: SweepRecord, runs: list[SweepRun]) -> None:
-    """Cancel the sweep's ``runs`` that have a job (each one's ranks checkpoint, as `cancel JOB`)."""
+    """Cancel the sweep's ``runs`` that have a job (each one's ranks checkpoint, as `cancel JOB`):
+    a run submitted just now has one before the sweep's record says so."""
     for run in runs:
         job = record.job(run)
         if job is not None:

@@ -6,9 +6,11 @@ command already reads, unchanged. Only the sweep's driver (``launcher.sweep.driv
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict
@@ -17,11 +19,12 @@ from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from gptlaunch.files import atomic_write_text
 from launcher.job.record import JobError, JobNotFound, JobRecord, JobState, JobStatus
 from launcher.schedulers import get_scheduler
+from launcher.schedulers.base import Scheduler
 
 SWEEP_FILE = "sweep.json"
 CANCEL = "cancel"  # in the sweep's directory: no run starts any more
 DRIVER = "driver.json"  # the driver's process: pid and start time (a reused pid is not it)
-QUEUED, NOT_STARTED, SUBMIT_FAILED = "queued", "not started", "submit failed"
+QUEUED, NOT_STARTED, SUBMIT_FAILED, UNREADABLE = "queued", "not started", "submit failed", "unreadable"
 # Worst first: ``wait SWEEP`` exits with the code of the worst run.
 _SEVERITY = [JobState.FAILED, JobState.LOST, JobState.UNKNOWN, JobState.CANCELLED, JobState.CHECKPOINTED]
 
@@ -72,7 +75,11 @@ class SweepRecord:
         return None
 
     def load(self) -> Sweep:
-        return Sweep.model_validate_json((self.dir / SWEEP_FILE).read_text())
+        """The sweep. Raises JobError when its record cannot be read (exit 2, naming it)."""
+        try:
+            return Sweep.model_validate_json((self.dir / SWEEP_FILE).read_text())
+        except (OSError, ValueError) as e:
+            raise JobError(f"cannot read the sweep's record {self.dir / SWEEP_FILE}: {e}") from None
 
     def save(self, sweep: Sweep) -> None:
         atomic_write_text(self.dir / SWEEP_FILE, sweep.model_dump_json(indent=2) + "\n")
@@ -111,8 +118,18 @@ def run_status(record: SweepRecord, run: SweepRun) -> tuple[str, JobStatus | Non
     job = record.job(run)
     if job is None:  # it starts once a run ends, unless cancelled or nothing drives the sweep
         return (QUEUED if record.driver_alive() and not record.cancel_requested() else NOT_STARTED), None
-    status = get_scheduler(job.plan().scheduler).state(job)
+    try:
+        status = scheduler_of(job.plan().scheduler).state(job)
+    except (OSError, ValueError, KeyError, JobError):  # one bad run record: said, the others shown
+        return UNREADABLE, None
     return str(status.state), status
+
+
+@functools.cache
+def scheduler_of(kind: str) -> Scheduler[Any]:
+    """One scheduler per kind for the whole command: SLURM's asks sacct at most every few seconds
+    per job through it, however often a sweep's runs are read."""
+    return get_scheduler(kind)
 
 
 def counts(states: list[str]) -> str:
@@ -123,7 +140,7 @@ def counts(states: list[str]) -> str:
 def worst_exit_code(statuses: list[tuple[str, JobStatus | None]]) -> int:
     """The exit code of the sweep's worst run: a failure's before a cancel's before a checkpoint's;
     a run whose submit failed, or that never started, counts as failed or cancelled."""
-    if any(state == SUBMIT_FAILED for state, _ in statuses):
+    if any(state in (SUBMIT_FAILED, UNREADABLE) for state, _ in statuses):
         return EXIT_FAILED
     ended = [s for _, s in statuses if s is not None]
     for state in _SEVERITY:

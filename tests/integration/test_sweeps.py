@@ -50,7 +50,7 @@ def test_a_grid_runs_every_combination_at_most_k_at_once_each_with_its_values_an
         assert logged[-1]["step"] == int(STEPS) and any("val_loss" in m for m in logged)
         env = plan.nodes[0].env
         assert env["GPTLAUNCH_RUN_ID"] == env["WANDB_RUN_ID"] == plan.job_id
-        assert env["WANDB_RUN_GROUP"] == sweep_id
+        assert env["WANDB_RUN_GROUP"] == env["GPTLAUNCH_SWEEP_ID"] == sweep_id
     status = launcher(jobs, "status", sweep_id, "--json", check=True).stdout
     rows = json.loads(status)
     assert [(r["state"], r["step"]) for r in rows] == [("succeeded", int(STEPS))] * 4

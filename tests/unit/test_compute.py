@@ -191,9 +191,13 @@ def test_a_programs_warning_is_in_its_beat_until_it_clears_it(tmp_path: Path) ->
     source = f"""
 import json, pathlib
 from gptlaunch import runtime
+beat = lambda: json.loads(pathlib.Path({str(beats / "rank-0.json")!r}).read_text())["warning"]
 runtime.warn("the run dir is nearly full")
-beat = json.loads(pathlib.Path({str(beats / "rank-0.json")!r}).read_text())
-assert beat["warning"] == "the run dir is nearly full", beat
+assert beat() == "the run dir is nearly full", beat()
+runtime.warn("a save did not fit", topic="checkpoint")
+assert beat() == "the run dir is nearly full; a save did not fit", beat()
+runtime.warn(None, topic="checkpoint")  # clears its own topic only
+assert beat() == "the run dir is nearly full", beat()
 runtime.warn(None)
 """
     _watched(tmp_path, source, beats)

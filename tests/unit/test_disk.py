@@ -51,12 +51,14 @@ def test_enospc_and_edquot_are_found_behind_torch_saves_own_error_and_no_other_e
     assert no_space(raised.value) is None
 
 
-def test_short_of_room_older_checkpoints_go_first_and_never_the_newest(tmp_path: Path, monkeypatch) -> None:
+def test_short_of_room_older_checkpoints_go_first_never_for_nothing_nor_the_newest(
+    tmp_path: Path, monkeypatch
+) -> None:
     # A 13 MB file system holding 4 MB checkpoints, as its free bytes would say (this machine's disk is
     # not this test's to fill: a real full one is the integration test's tmpfs).
     for step in (10, 20, 30):
         path = checkpoint.checkpoint_path(tmp_path, step)
-        path.write_bytes(b"")
+        path.write_bytes(b"\0" * 4_000_000)
         path.with_name(path.name + ".sha256").write_text("")
     held = lambda: len(checkpoint.list_checkpoints(tmp_path))  # noqa: E731
     monkeypatch.setattr(disk, "free_bytes", lambda _: 13_000_000 - 4_000_000 * held())
@@ -64,11 +66,12 @@ def test_short_of_room_older_checkpoints_go_first_and_never_the_newest(tmp_path:
     disk.make_room(found[:2], 4_500_000, tmp_path, step=40)  # 1 MB free: the oldest goes, then 5 MB
     assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(tmp_path)] == [20, 30]
     assert not (tmp_path / "ckpt-00000010.pt.sha256").exists()  # with its digest
-    with pytest.raises(NoSpaceError) as short:
+    with pytest.raises(NoSpaceError) as short:  # 5 MB free, and 4 MB more would not make 9.5 MB
         disk.make_room(checkpoint.list_checkpoints(tmp_path)[:1], 9_500_000, tmp_path, step=40)
-    expected = "the checkpoint of step 40 needs 9.5 MB, 9.0 MB free"
+    expected = "the checkpoint of step 40 needs 9.5 MB, 5.0 MB free"
     assert str(short.value) == f"no space left on {tmp_path}'s file system: {expected}"
-    assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(tmp_path)] == [30]  # the newest stays
+    # Nothing deleted for nothing: ckpt-20 stays a fallback for a resume, and the newest stays always.
+    assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(tmp_path)] == [20, 30]
 
 
 def test_a_write_that_failed_with_room_seemingly_left_says_it_needs_more_than_is_free() -> None:

@@ -73,7 +73,7 @@ def test_a_programs_placeholders_get_the_values_and_must_match_the_keys() -> Non
 
 def test_each_run_gets_the_submit_flags_but_the_sweeps_own() -> None:
     given = ["--nodes", "2", "--sweep", "lr=1,2", "--sweep=seed=1", "--max-parallel", "2", "--detach",
-             "--retries", "1", "--tee=all", "--yes", "--", "--lr", "1"]  # fmt: skip
+             "--retries", "1", "--tee=all", "--yes"]  # fmt: skip
     assert _run_flags(given) == ["--nodes", "2", "--retries", "1"]
 
 

@@ -78,10 +78,10 @@ def test_a_jobs_run_is_made_once_with_its_tags_then_found_again_and_running(clie
 def test_the_trainers_run_is_the_jobs_in_its_sweep(
     uri: str, client: Any, monkeypatch: pytest.MonkeyPatch, runs: list[MlflowRun]
 ) -> None:
-    """What the launcher sets on every rank names the run: GPTLAUNCH_RUN_ID, WANDB_RUN_GROUP."""
+    """What the launcher sets on every rank names the run: GPTLAUNCH_RUN_ID, GPTLAUNCH_SWEEP_ID."""
     assert tracking.start(TrainConfig()) is None  # no --mlflow
     monkeypatch.setenv("GPTLAUNCH_RUN_ID", "job-9")
-    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-3")
+    monkeypatch.setenv("GPTLAUNCH_SWEEP_ID", "sweep-3")
     run = tracking.start(TrainConfig(mlflow=uri, mlflow_experiment="exp"))
     assert run is not None
     runs.append(run)

@@ -248,9 +248,7 @@ class SlurmScheduler:
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SlurmHandle:
         """Submit through submitit; return once SLURM accepted the job (``detach`` is moot: the job
         lives in SLURM's queue). Raises SubmitRejected with SLURM's error when sbatch refuses it."""
-        for command in ("sbatch", "srun"):
-            if shutil.which(command) is None:
-                raise SubmitRejected(f"{command} {NO_SLURM}")
+        _check_slurm_here()
         spec = record.spec()
         opts = spec.options(SlurmOptions)
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
@@ -274,9 +272,7 @@ class SlurmScheduler:
     ) -> list[SlurmHandle]:
         """A sweep's runs as one job array (``launcher.schedulers.slurm.array``), submitit's files in
         ``folder``. Raises SubmitRejected with SLURM's error when sbatch refuses it."""
-        for command in ("sbatch", "srun"):
-            if shutil.which(command) is None:
-                raise SubmitRejected(f"{command} {NO_SLURM}")
+        _check_slurm_here()
         requests = [SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST]) for plan, _ in runs]
         spec = runs[0][1].spec()
         executor = _executor(requests[0], folder, spec.options(SlurmOptions).max_requeues)
@@ -364,6 +360,13 @@ class SlurmScheduler:
         if final is None:
             raise JobError(f"SLURM job {handle.slurm_job_id} did not end within {SCANCEL_WAIT_S:.0f} s")
         return final
+
+
+def _check_slurm_here() -> None:
+    """Raises SubmitRejected when SLURM's commands that submit are not on PATH."""
+    for command in ("sbatch", "srun"):
+        if shutil.which(command) is None:
+            raise SubmitRejected(f"{command} {NO_SLURM}")
 
 
 def _scancel(slurm_job_id: str, *args: str) -> None:
