@@ -140,8 +140,8 @@ def checkpoint_dir() -> Path | None:
 
 def run_id() -> str | None:
     """The run's id for an experiment tracker (W&B, MLflow): the job's id, the same on every attempt,
-    retry and requeue of the job, so that a tracker's run found by it goes on where it stopped (a
-    value given with ``--env GPTLAUNCH_RUN_ID=...`` wins). None under bare torchrun."""
+    retry and requeue of the job, so that a tracker's run found by it goes on where it stopped. None
+    under bare torchrun."""
     return os.environ.get(RUN_ID_ENV) or None
 
 

@@ -297,6 +297,8 @@ def build_spec(args: argparse.Namespace, trainer_args: list[str]) -> JobSpec:
         if not sep:
             raise UsageError(f"--env {item!r}: use KEY=VALUE")
         _set(tree, f"network.env.{key}", value)
+    if getattr(args, "sweep_id", None):  # a sweep's run (``launcher.cli.sweeps``)
+        tree["sweep_id"] = args.sweep_id
     if args.secret_env:
         from_file = tree.get("secret_env", list(DEFAULT_SECRETS))
         if not isinstance(from_file, list):

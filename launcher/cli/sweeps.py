@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gptlaunch.contract import EXIT_OK, SWEEP_ID_ENV
+from gptlaunch.contract import EXIT_OK
 from launcher.cli.flags import UsageError, build_spec
 from launcher.job.console import say
 from launcher.job.plan import Plan
@@ -46,7 +46,6 @@ _SWEEP_FLAGS = {
 # An SSH sweep's checks, done once for all its runs (``_checked_once``).
 _SSH_CHECKS = {"--hosts": True, "--hostfile": True, "--skip-parity": False, "--health-check": False,
                "--health-check-warn": False}  # fmt: skip
-RUN_GROUP_ENV = "WANDB_RUN_GROUP"  # W&B's group of runs: the sweep's id
 
 
 def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +73,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
         "--yes", action="store_true", help=f"submit a sweep of over {sweep_points.MAX_POINTS:,} runs"
     )
     parser.add_argument("--job-id", help=argparse.SUPPRESS)  # a sweep's run: its id, chosen by the sweep
+    parser.add_argument("--sweep-id", help=argparse.SUPPRESS)  # ... and the sweep's (JobSpec.sweep_id)
 
 
 def _positive(text: str) -> int:
@@ -156,8 +156,7 @@ def _as_array(
     prepared: list[tuple[Plan, JobRecord]] = []
     try:
         for run, run_args in zip(sweep.runs, runs, strict=True):
-            group = [f"{SWEEP_ID_ENV}={sweep.sweep_id}", f"{RUN_GROUP_ENV}={sweep.sweep_id}"]
-            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "env": [*group, *args.env]}
+            own = {"jobs_root": record.dir, "job_id": run.job_id, "job_dir": None, "sweep_id": sweep.sweep_id}
             # The first run's notes on the cluster (its partition, GPUs) are every run's: said once.
             quiet = contextlib.redirect_stderr(io.StringIO()) if prepared else contextlib.nullcontext()
             with quiet:
@@ -192,9 +191,17 @@ def _entry(
 ) -> SweepRun:
     """The ``k``-th run: its id, and the ``launcher`` arguments that submit it into ``directory``."""
     job_id = f"{sweep_id}-{k}"
-    # The sweep's first: a --env of the user's for the same variable comes later, and wins.
-    group = ["--env", f"{SWEEP_ID_ENV}={sweep_id}", "--env", f"{RUN_GROUP_ENV}={sweep_id}"]
-    argv = ["--jobs-root", str(directory), "submit", "--detach", "--job-id", job_id, *group, *flags]
+    argv = [
+        "--jobs-root",
+        str(directory),
+        "submit",
+        "--detach",
+        "--job-id",
+        job_id,
+        "--sweep-id",
+        sweep_id,
+        *flags,
+    ]
     return SweepRun(index=k, values=point, job_id=job_id, argv=[*argv, "--", *run_args])
 
 

@@ -264,6 +264,10 @@ class JobSpec(_Strict):
         description="environment variables that are secret (always also HF_TOKEN, WANDB_API_KEY): never "
         "written (not in env, scripts, records or logs); the job gets them from the submitting shell",
     )
+    sweep_id: str | None = Field(
+        None,
+        description="the sweep this job is a run of (`launcher submit --sweep` sets it): its ranks get it",
+    )
     trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
     program: Program | None = Field(None, description="the user's program (None: the built-in trainer)")
 

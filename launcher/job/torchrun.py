@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV, RUN_ID_ENV, SWEEP_ID_ENV
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec, RendezvousSpec, SpecError
 
@@ -139,6 +139,7 @@ def agent_env(spec: JobSpec, job_id: str, omp_num_threads: int | None, run_dir: 
         RUN_ID_ENV: job_id,
         "WANDB_RUN_ID": job_id,
         "WANDB_RESUME": "allow",
+        **({SWEEP_ID_ENV: spec.sweep_id, "WANDB_RUN_GROUP": spec.sweep_id} if spec.sweep_id else {}),
         **spec.network.as_env(),
         **({"OMP_NUM_THREADS": str(omp_num_threads)} if omp_num_threads else {}),
         JOB_ID_ENV: job_id,
