@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gptlaunch import runtime
 from gptlaunch.snapshots import Snapshots
 from trainer import checkpoint, distributed, resume
+from trainer.compile_cache import CompileCache, cache_path, platform_inputs, run_key
 from trainer.config import TrainConfig
 from trainer.console import warn
 from trainer.data.batches import BatchPlan, TrainBatches
@@ -50,6 +51,7 @@ class Run:
     val_tokens: np.memmap  # the validation split, (num_tokens,) token ids
     start_step: int  # the first step this run takes: 0, or the resumed checkpoint's step
     saver: Saver  # writes rank 0's checkpoints (in the background); a context manager
+    compile_cache: CompileCache | None  # torch.compile's artifacts in the run dir; None: not compiled
     snapshots: Snapshots  # the run's snapshots in the hosts' memory (``gptlaunch.snapshots``)
     held: Held  # what a snapshot on a failure needs (``snapshot_on_failure``)
 
@@ -107,7 +109,10 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     ddp = _wrap_ddp(model, env, device)
     step_model: nn.Module = model if ddp is None else ddp
     start_step = 0 if state is None else checkpoint.saved_step(state)
+    compile_cache = None
     if cfg.compile:
+        compile_cache = _compile_cache(cfg, env, device, model, autocast_dtype)
+        compile_cache.load()  # before the first compiled call: a retry's compile hits what it fills
         # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
         step_model = torch.compile(step_model, mode=cfg.resolved_compile_mode(device.type))  # type: ignore[assignment]
     return Run(
@@ -125,9 +130,24 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
         val_tokens=val_tokens,
         start_step=start_step,
         saver=Saver(cfg.run_dir, cfg.keep_checkpoints, device),
+        compile_cache=compile_cache,
         snapshots=snapshots,
         held=Held(start_step),
     )
+
+
+def _compile_cache(
+    cfg: TrainConfig, env: DistEnv, device: torch.device, model: GPT, dtype: torch.dtype | None
+) -> CompileCache:
+    """This run's compile artifacts in the run dir, by what its compiled graphs depend on."""
+    key = run_key(
+        cfg,
+        platform_inputs(device),
+        model_shape=asdict(model.cfg),
+        autocast_dtype=dtype,
+        world_size=env.world_size,
+    )
+    return CompileCache(cache_path(cfg.run_dir, key), is_main=env.is_main)
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:

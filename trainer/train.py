@@ -111,7 +111,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         run = setup(cfg, env, device, manifest)
         # The checkpoint's write ends first (a failed one raises), then the snapshots go, once the run
         # ended with its checkpoint.
-        with run.snapshots, run.saver, StopRequest(cfg.stop_signals) as stop:
+        compiled = run.compile_cache or contextlib.nullcontext()
+        with compiled, run.snapshots, run.saver, StopRequest(cfg.stop_signals) as stop:
             try:
                 return loop(run, stop)
             except TrainingError:  # diverged: the weights hold no state worth resuming
@@ -136,6 +137,7 @@ def loop(run: Run, stop: StopRequest) -> int:
     once the checkpoint of a stop signal is saved. Raises TrainingError when the loss diverges."""
     cfg = run.cfg
     cadence = Cadence(cfg, run.start_step)
+    compiled = run.compile_cache
     fault = FaultInjection.from_env(run.env)
     stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
     obs = Observers(Throughput(run), stragglers)
@@ -149,6 +151,9 @@ def loop(run: Run, stop: StopRequest) -> int:
             done = step + 1
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss))
+            # All compiled by now: rank 0 keeps the artifacts for the next attempts (trainer.compile_cache).
+            if step == run.start_step and compiled is not None and (line := compiled.after_first_step()):
+                report.log(line)
             if stopping or cadence.checkpoints(done) or cadence.snapshots(done):
                 report.sync()  # a retry resumes after this step: what it will not redo is logged first
             if stopping or cadence.checkpoints(done):

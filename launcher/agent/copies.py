@@ -40,6 +40,9 @@ def snapshot(directory: Path, exclude: tuple[str, ...] = ()) -> Snapshot:
     """Every file below ``directory`` (relative POSIX names), but hidden ones, ``*.tmp`` (a save in
     progress: the trainer's ``.ckpt-*.tmp``, a script's ``ckpt.pt.tmp``) and those below ``exclude``
     (relative dirs: the trainer's prepared data, which each node makes for itself)."""
+    # Everything else is copied, the trainer's compile artifacts (``compile-cache/``, see
+    # trainer.compile_cache) too: a spare host gets them with the checkpoint, and its compile skips
+    # Inductor's lowering and autotuning. Their temporary file while written is hidden, like a checkpoint's.
     found: Snapshot = {}
     try:
         paths = [p for p in directory.rglob("*") if p.is_file()]
