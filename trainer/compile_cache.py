@@ -5,18 +5,19 @@ afresh before its first step. So once the first optimizer step has run compiled,
 what Inductor and AOTAutograd made of it (``torch.compiler.save_cache_artifacts``: the compiled graphs,
 autotuning results and, on a GPU, the Triton kernels bundled into them) to
 ``RUN_DIR/compile-cache/<key>.bin``, written atomically with its sha256 (``atomic_write_checked``), once
-per key: an attempt that loaded that file does not write it again. Every rank of a later attempt loads
-it before its first compiled call (``torch.compiler.load_cache_artifacts``: each process fills its own
-local Inductor cache from it), and its compile then hits that cache instead of lowering and
-autotuning again.
+per key: an attempt that loaded that file and compiled nothing more does not write it again. Every
+rank of a later attempt loads it before its first compiled call (``torch.compiler.load_cache_artifacts``:
+each process fills its own local Inductor cache from it), and its compile then hits that cache instead
+of lowering and autotuning again.
 
 ``<key>`` hashes what makes the artifacts useless when it changes (``key_inputs``): torch's version, the
 device (a GPU's name, compute capability and CUDA version; a CPU's vector ISA, which Inductor's C++ code
 is generated for, and its thread count, which Inductor's graph key holds), the model's shape, the
 compile mode, the autocast dtype, the micro-batch size (the inputs' shape: Dynamo specializes on it) and
 whether DDP wraps the model (its optimizer splits the graph at bucket boundaries; the world size
-itself is not in the graphs, see ``key_inputs``). The key only picks a file: a stale artifact cannot
-compute wrong, since Inductor checks its own keys on every lookup; it would merely miss.
+itself is not in the graphs, see ``key_inputs``). Inductor checks keys of its own on every lookup
+too, so an artifact of other graphs merely misses; but its keys leave out a CPU's vector ISA (torch
+2.13), hence the ISA here: C++ generated for a host with AMX must not be loaded on one without it.
 
 On a CPU the artifacts spare Inductor's lowering and max-autotune's benchmarks, not the C++ compiler's
 builds of the kernels they name (torch keeps no portable copy of those): see docs/benchmarks.md.
@@ -29,6 +30,7 @@ file is hidden, and never copied half-written).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -82,7 +84,8 @@ def key_inputs(
 
     The world size enters only as whether DDP wraps the model: DDP's optimizer splits the graph by
     gradient bucket, whose bounds come from the parameters' sizes and DDP's bucket cap, not from the
-    number of ranks, and the collectives run outside the compiled graphs."""
+    number of ranks, and the collectives run outside the compiled graphs. Checked: the artifacts of a
+    2-rank run (4 Inductor graphs) were 4 hits and no miss in a 3-rank run on a fresh Inductor cache."""
     return {
         "platform": dict(platform),
         "model_shape": dict(model_shape),
@@ -157,11 +160,12 @@ class CompileCache:
 
     def load(self) -> bool:
         """Fill this process's Inductor caches from the file, if there is one whose checksum matches.
-        A missing file is passed over silently; a damaged or unreadable one with one warning on rank 0.
+        Rank 0 says which it was; a missing file is no warning, a damaged or unreadable one is one.
         Never raises: the artifacts only save time. Returns whether they were loaded."""
         if self.is_main:  # under the run-dir lock: a write killed midway left its temporary file
-            for partial in self.path.parent.glob(".*.tmp"):
-                partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                for partial in self.path.parent.glob(".*.tmp"):
+                    partial.unlink(missing_ok=True)
         if not self.path.exists():
             self._say("compile: no cached artifacts: compiling (the next attempt will load them)")
             return False
