@@ -24,6 +24,9 @@ POLL_S = 1.0  # how often the checkpoint dir is looked at (a scandir: microsecon
 SEND_BACK_MAX_BYTES = 1 << 20  # an error file is a few KB; anything larger is not ours to send
 MARK = ".launcher-mark"  # in the job record: holds the job id
 
+# Below the run dir: copied with the next save, never a save of its own (``trainer.compile_cache``'s
+# artifacts: a new one must not become "the newest checkpoint" that a retry refuses to go on without).
+ALONG = ("compile-cache/",)
 # name -> (inode, bytes, mtime in ns)
 Snapshot = dict[str, tuple[int, int, int]]
 
@@ -65,9 +68,12 @@ def saved_since(old: Snapshot, new: Snapshot) -> dict[str, int]:
     """The files of ``new`` that make a save ``old`` did not hold (name -> mtime in ns): a file that
     appeared or was renamed into place (a new inode), or one rewritten in place (a newer mtime at a
     size that did not grow). A log that is only appended to (``metrics.jsonl``, TensorBoard's events)
-    always grows: it is copied with the next checkpoint, not on its own."""
+    always grows: it is copied with the next checkpoint, not on its own. So are the trainer's compile
+    artifacts (``ALONG``): a cache, not a save, which a retry may not miss."""
     changed = {}
     for name, (inode, size, mtime) in new.items():
+        if name.startswith(ALONG):
+            continue
         before = old.get(name)
         if before is None or before[0] != inode or (mtime != before[2] and size <= before[1]):
             changed[name] = mtime

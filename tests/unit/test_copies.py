@@ -45,6 +45,9 @@ def test_a_new_file_and_a_rewrite_in_place_are_saves_an_appended_log_is_not(tmp_
 
     _touch_later(tmp_path / "metrics.jsonl", b"{}\n", "ab")  # appended: grows
     assert not saved_since(first, snapshot(tmp_path))
+    (tmp_path / "compile-cache").mkdir()
+    (tmp_path / "compile-cache" / "key.bin").write_bytes(b"artifacts")  # copied along, never a save
+    assert "compile-cache/key.bin" in snapshot(tmp_path) and not saved_since(first, snapshot(tmp_path))
 
     _touch_later(tmp_path / "ckpt.pt", b"y" * 100)  # nanoGPT's torch.save over the same file
     assert saved_since(first, snapshot(tmp_path))
