@@ -18,21 +18,22 @@ from pathlib import Path
 from launcher.job.console import say
 from launcher.schedulers import get_scheduler
 from launcher.sweep.points import describe
-from launcher.sweep.record import Sweep, SweepRecord, SweepRun, run_status
+from launcher.sweep.record import SWEEP_FILE, Sweep, SweepRecord, SweepRun, run_status
 
 POLL_S = 1.0  # how often the runs' states are read (a file read each: cheap)
 
 
 def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
     """Run the sweep of ``record`` to its end (every run ended or, once cancelled, never started),
-    telling each run's start and end through ``tell``."""
+    telling each run's start and end through ``tell``. A submitted run whose job record cannot be
+    read (removed with the sweep's directory) is not waited for: the driver never outlives its sweep."""
     sweep = record.load()
     told: dict[int, str] = {}
-    while True:
+    while (record.dir / SWEEP_FILE).is_file():
         active = []
         for run in (r for r in sweep.runs if r.submitted_at is not None and r.submit_error is None):
-            state, status = run_status(record, run)
-            if status is None or not status.state.is_terminal:
+            state, status = run_status(record, run)  # a submitted run has its record: submit returned
+            if status is not None and not status.state.is_terminal:
                 active.append(run)
             elif told.get(run.index) != state:
                 told[run.index] = state

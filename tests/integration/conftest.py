@@ -136,8 +136,9 @@ def only_job_id(jobs_root: Path) -> str:
 
 
 # What a test starts that must not outlive it, by command line: ranks and their agents, the collective
-# preflight's workers, the busy loops of the slowed-machine tests.
-LEFTOVER_MARKS = ("trainer.cli", "gptlaunch.shim", "launcher.preflight.collective", "while True: pass")
+# preflight's workers, a sweep's driver, the busy loops of the slowed-machine tests.
+LEFTOVER_MARKS = ("trainer.cli", "gptlaunch.shim", "launcher.preflight.collective", "launcher.sweep.drive",
+                  "while True: pass")  # fmt: skip
 LEFTOVER_GRACE_S = 20.0  # some ends are asynchronous: a container's, a SLURM step's
 
 

@@ -107,3 +107,17 @@ def test_runs_at_once_default_to_one_but_on_slurm_and_ssh_hosts_are_never_shared
     assert _max_parallel(3, "compose", array=False) == 3
     with pytest.raises(UsageError, match="--max-parallel 2 on SSH hosts"):
         _max_parallel(2, "ssh", array=False)
+
+
+def test_a_driver_whose_runs_records_are_gone_ends(tmp_path: Path) -> None:
+    """Runs' job records removed under the sweep's driver (``rm -rf`` of the record, a test's tmp
+    cleanup): the driver ends instead of waiting for them for ever."""
+    from launcher.sweep.drive import drive
+    from launcher.sweep.record import Sweep, SweepRecord, SweepRun
+
+    run = SweepRun(index=0, values={"lr": "1"}, job_id="gone-0", argv=[], submitted_at=1.0)
+    record = SweepRecord.create(tmp_path / "s", Sweep(sweep_id="s", created_at=0.0, scheduler="local",
+                                                      max_parallel=1, runs=[run]))  # fmt: skip
+    told: list[str] = []
+    drive(record, told.append)  # its one run submitted, its job record nowhere: nothing to wait for
+    assert told == ["launcher: sweep s: run 0 (lr=1) not started"]
