@@ -54,6 +54,7 @@ import re
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,15 +289,29 @@ def drop(directory: Path) -> None:
         directory.parent.rmdir()  # only when empty
 
 
+def tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in nested dicts, lists and tuples (a checkpoint's state), depth first."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from tensors(v)
+
+
 def tensor_bytes(value: Any) -> int:
     """Bytes held by the tensors in nested dicts, lists and tuples."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(tensor_bytes(v) for v in value)
-    return 0
+    return sum(t.numel() * t.element_size() for t in tensors(value))
+
+
+def storage_bytes(value: Any) -> int:
+    """Bytes of the tensor storages in nested dicts, lists and tuples, each storage once: what
+    torch.save writes (a storage shared by tensors, such as tied embedding and output weights, or
+    viewed in part, is written once and whole)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors(value)}
+    return sum(storages.values())
 
 
 def _warn(message: str) -> None:

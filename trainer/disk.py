@@ -16,9 +16,8 @@ import errno
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gptlaunch.files import digest_path, free_bytes, no_space
+from gptlaunch.snapshots import storage_bytes
 from trainer.errors import NoSpaceError
 
 
@@ -27,27 +26,6 @@ def needed_bytes(state: dict[str, Any], newest: Path | None) -> int:
     ``newest``'s size (the newest checkpoint, None when there is none)."""
     last = newest.stat().st_size if newest is not None and newest.exists() else 0
     return max(storage_bytes(state), last)
-
-
-def storage_bytes(value: Any) -> int:
-    """Bytes of the tensor storages in nested dicts, lists and tuples, each storage once: what
-    torch.save writes (a storage shared by tensors, such as tied embedding and output weights, or
-    viewed in part, is written once and whole)."""
-    storages: dict[int, int] = {}
-
-    def walk(item: Any) -> None:
-        if isinstance(item, torch.Tensor):
-            storage = item.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(item, dict):
-            for v in item.values():
-                walk(v)
-        elif isinstance(item, list | tuple):
-            for v in item:
-                walk(v)
-
-    walk(value)
-    return sum(storages.values())
 
 
 def make_room(older: list[Path], needed: int, run_dir: Path, step: int) -> None:

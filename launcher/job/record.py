@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import itertools
 import secrets
 import shlex
 import shutil
@@ -297,7 +298,7 @@ class JobRecord:
         directory path. Raises JobNotFound, or RecordError for a record whose submit stopped before it
         wrote the Plan."""
         in_sweeps = jobs_root.glob(f"*/{glob.escape(ref)}/plan.json") if "/" not in ref else iter(())
-        for plan in (jobs_root / ref / "plan.json", Path(ref) / "plan.json", *in_sweeps):
+        for plan in itertools.chain((jobs_root / ref / "plan.json", Path(ref) / "plan.json"), in_sweeps):
             if plan.is_file():  # the sweeps are looked in only when neither is (a glob is lazy)
                 return cls(plan.parent)
         for path in (jobs_root / ref, Path(ref)):

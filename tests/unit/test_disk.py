@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gptlaunch.files import no_space
+from gptlaunch.snapshots import storage_bytes
 from trainer import checkpoint, disk
 from trainer.errors import NoSpaceError
 
@@ -20,7 +21,7 @@ def test_a_storage_shared_or_viewed_counts_once_and_whole_as_torch_save_writes_i
     state = {"embedding": shared, "head": shared, "part": shared[:10], "other": [torch.zeros(10)]}
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    assert disk.storage_bytes(state) == 4_040
+    assert storage_bytes(state) == 4_040
     assert 4_040 < len(buffer.getvalue()) < 4_040 + 4_096  # the rest: the zip's headers and the pickle
 
 
