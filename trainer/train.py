@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ from trainer.step import agree, evaluate, train_step
 from trainer.stragglers import StragglerWatch, describe
 
 WAIT_NOTED_S = 0.1  # a save that waited this long for the previous one says so
-FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP": that rank raises at that step (failure drills, tests)
+FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP[:SIGNAL]": a failure drill (``FaultInjection``)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -229,10 +230,14 @@ class Cadence:
 
 @dataclass(frozen=True)
 class FaultInjection:
-    """Failure drills: ``GPTLAUNCH_FAULT=RANK:STEP`` makes that rank raise at that step."""
+    """Failure drills: ``GPTLAUNCH_FAULT=RANK:STEP`` makes that rank raise at that step, in every
+    attempt (a program fault); ``RANK:STEP:SIGNAL`` (``SIGKILL``) sends that rank's process the
+    signal there, in the job's first attempt only (a fault from outside, which a retry does not meet
+    again): at the top of the step, where the other ranks wait for it in the step's first collective."""
 
     rank: int
     at_step: int | None  # None: no fault for this rank
+    sent: signal.Signals | None = None  # the signal, or None: raise
 
     @classmethod
     def from_env(cls, env: DistEnv) -> FaultInjection:
@@ -240,15 +245,26 @@ class FaultInjection:
         spec = os.environ.get(FAULT_ENV, "")
         if not spec:
             return cls(env.rank, None)
+        parts = spec.split(":")
         try:
-            rank, step = (int(v) for v in spec.split(":"))
-        except ValueError:
-            raise ConfigError(f"{FAULT_ENV}={spec!r}: use RANK:STEP, e.g. 1:3") from None
-        return cls(env.rank, step if rank == env.rank else None)
+            if len(parts) not in (2, 3):
+                raise ValueError(spec)
+            rank, step = int(parts[0]), int(parts[1])
+            sent = signal.Signals[parts[2]] if len(parts) == 3 else None
+        except (KeyError, ValueError):
+            raise ConfigError(
+                f"{FAULT_ENV}={spec!r}: use RANK:STEP or RANK:STEP:SIGNAL, e.g. 1:3:SIGKILL"
+            ) from None
+        mine = rank == env.rank and not (sent is not None and runtime.retried())
+        return cls(env.rank, step if mine else None, sent)
 
     def check(self, step: int) -> None:
-        if step == self.at_step:
+        if step != self.at_step:
+            return
+        if self.sent is None:
             raise RuntimeError(f"injected fault on rank {self.rank} at step {step} ({FAULT_ENV})")
+        runtime.flush()  # the step reached, as the launcher would have it from a later beat
+        os.kill(os.getpid(), self.sent)
 
 
 class Throughput:

@@ -5,7 +5,8 @@ When one rank dies, the console used to show about 120 lines that say nothing ne
 nodes' torchrun that the launcher stopped, and the healthy ranks' "connection closed by peer"
 tracebacks. What failed and where is said once, by the launcher (the retry line, or the job's
 summary, from the typed reports). A traceback is held until its last line shows what it is: one of
-those is dropped, any other is shown whole, as it came.
+those is dropped, any other is shown whole, as it came. So is the error of a torchrun whose exit
+barrier lost the rendezvous store at a successful end (torch's own race; nothing failed).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ LOGGING_ERROR = "--- Logging error ---"
 # the same ``E<mmdd> <time> <pid> <path>:<line>] ``, the traceback's included. Held until the record
 # ends (a line without that prefix, or a TICK) and judged by its traceback's last exception, as above.
 TORCH_ERROR = re.compile(r"^E\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# torchrun's error record when its exit barrier (its own workers all ended) lost the rendezvous store:
+# node 0's torchrun, which holds the store, passed the barrier and exited before this one's wait came
+# back (torch's own race). Nothing failed: torchrun logs it and exits as it would have.
+EXIT_BARRIER = "Error waiting on exit barrier"
+STORE_CLOSED_ERROR = "torch.distributed.DistNetworkError"  # the store's connection closed
+# c10d's C++ warning that a store connection closed (``[W1206 18:20:12.0 TCPStore.cpp:138] [c10d]
+# ... Failed to recv, got 0 bytes``), then its C++ backtrace: never anything for the console, and the
+# Python error that follows it (the exit barrier's, a lost rendezvous) is judged on its own.
+STORE_CLOSED = re.compile(r"^\[[WE]\d{4} [\d:.]+ \S+\.cpp:\d+\] \[c10d\] .*Failed to recv")
+CPP_TRACE = re.compile(r"^(?:Exception raised from |frame #\d+: |<omitting python frames>$|$)")
 BANNER = "=" * 20  # torchrun's failure summary sits between two lines of "=" after ChildFailedError
 BANNER_LINES = 40  # at most this many lines are dropped as the summary, whatever follows
 MAX_HELD = 400  # a traceback longer than this is shown (lines), whatever it is
@@ -73,12 +84,14 @@ class _Quiet:
         self.failed = False  # an exception that follows from a failure has come (any node, any rank)
         self.reports: dict[str, list[str]] = {}  # label -> a logging error report so far
         self.records: dict[str, tuple[str, list[str]]] = {}  # label -> (lines' start, lines): a torch error
+        self.store_closed: set[str] = set()  # labels in c10d's warning of a closed store (left out)
 
     def feed(self, line: str) -> list[str]:
         """What to show now that ``line`` came. A traceback is judged by its chain's last exception
         ("During handling of the above exception..."): at the next line that is not part of it, or
         at a TICK (nothing new came)."""
         if line == TICK:
+            self.store_closed.clear()  # a C++ warning comes in one write: by now it ended
             ended = [key for key in self.held if key in self.ended]
             records = [out for label in list(self.records) for out in self.end_record(label)]
             return [out for key in ended for out in self.finish(key)] + records + [TICK]
@@ -87,6 +100,11 @@ class _Quiet:
             return [line]
         label, prefix, text = match["label"], match["prefix"] or "", match["text"].rstrip("\n")
         key = (label, prefix)
+        in_warning = label in self.store_closed and CPP_TRACE.match(text)
+        if not prefix and (in_warning or STORE_CLOSED.match(text)):
+            self.store_closed.add(label)  # c10d's warning, then its C++ backtrace: left out
+            return []
+        self.store_closed.discard(label)
         record = None if prefix else TORCH_ERROR.match(text)
         if label in self.records and (record is None or record[0] != self.records[label][0]):
             return self.end_record(label) + self.feed(line)  # the record ended before this line
@@ -142,7 +160,10 @@ class _Quiet:
         texts = [m["text"].rstrip("\n")[len(start) :] for m in map(LINE.match, block) if m is not None]
         if HEADER not in texts:
             return block
-        return [] if self._follows(texts[texts.index(HEADER) :]) else block
+        traceback = texts[texts.index(HEADER) :]
+        if texts[0].startswith(EXIT_BARRIER) and _raised(traceback)[-1].startswith(STORE_CLOSED_ERROR):
+            return []
+        return [] if self._follows(traceback) else block
 
     def _report(self, label: str, line: str, text: str) -> list[str]:
         """A line of a logging error report: held until its end, then dropped when its traceback's
@@ -159,7 +180,7 @@ class _Quiet:
     def _follows(self, traceback: list[str]) -> bool:
         """Whether a traceback's texts (its chain's too) end with an exception that follows from a
         failure (noted in ``failed``)."""
-        raised = [t for t in traceback if t and not t.startswith((" ", "\t"))]
+        raised = _raised(traceback)
         follows = bool(raised) and raised[-1].startswith(AGENT_CONSEQUENCES)
         self.failed |= follows
         return follows
@@ -168,3 +189,8 @@ class _Quiet:
     def _peer_error(prefix: str, text: str) -> bool:
         """A rank's error when a peer died (torch.distributed's "closed by peer", a timeout)."""
         return bool(prefix) and DISTRIBUTED.search(text) is not None and is_peer_error(text)
+
+
+def _raised(traceback: list[str]) -> list[str]:
+    """A traceback's (and its chain's) exception lines: its texts that are not indented."""
+    return [t for t in traceback if t and not t.startswith((" ", "\t"))]

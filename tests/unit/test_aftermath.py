@@ -194,3 +194,41 @@ def test_a_torch_error_record_of_a_stopped_torchrun_is_left_out_and_another_is_s
     own = _node("node0", TAILER.replace(STOPPED.strip().splitlines()[-1], "KeyError: 30"))
     assert list(quieted([*own, TICK, ended])) == [*own, TICK, ended]
     assert list(quieted([failed])) == [failed]  # a record without a traceback: shown as it came
+
+
+# A successful attempt's end, as a CI run's node 1 had it: node 0's torchrun, which holds the rendezvous
+# store, passed the exit barrier and exited before node 1's wait came back (torch's own race): c10d's C++
+# warning with its backtrace, then torchrun's error record; its exit code is 0 all the same.
+CPP_STORE_CLOSED = """
+[W1206 18:50:35.334512403 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=7, addr=[::ffff:127.0.0.1]:57484, remote=[::ffff:127.0.0.1]:29611): Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?
+Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >) + 0x9d (0x7fed3b179b8d in /venv/lib/python3.11/site-packages/torch/lib/libc10.so)
+frame #5: c10d::TCPStore::doWait(c10::ArrayRef<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > >, std::chrono::duration<long, std::ratio<1l, 1000l> >) + 0xc5 (0x7fed2cd in /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)
+<omitting python frames>
+frame #20: _start + 0x21 (0x55eab1ec2081 in /venv/bin/python)
+
+"""  # noqa: E501
+BARRIER_LOG = "E1206 18:20:12.091000 5069 {TE}/agent/server/api.py:1008] "
+BARRIER = "\n".join(
+    BARRIER_LOG + line
+    for line in [
+        "Error waiting on exit barrier. Elapsed: 0.016031503677368164 seconds",
+        "Traceback (most recent call last):",
+        '  File "{TE}/agent/server/api.py", line 994, in _exit_barrier',
+        "    store_util.barrier(",
+        '  File "{TE}/utils/store.py", line 201, in barrier',
+        "    store.wait([last_member_key])",
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. "
+        "Did the remote server shutdown or crash?",
+    ]
+)
+
+
+def test_an_exit_barrier_that_lost_the_store_after_a_success_is_left_out_and_a_timeout_shown() -> None:
+    step = "node1 | [rank1]: step 30 | loss 5.2\n"
+    ended = "node1 | agent: torchrun exited with code 0\n"
+    lines = [step, *_node("node1", CPP_STORE_CLOSED), "node1 | \n", *_node("node1", BARRIER), ended]
+    assert list(quieted(lines)) == [step, ended]
+    assert list(quieted([*_node("node1", CPP_STORE_CLOSED), TICK, step])) == [TICK, step]
+    timeout = _node("node1", BARRIER.replace("DistNetworkError: Failed to recv", "DistStoreError: Timeout"))
+    assert list(quieted([*timeout, ended])) == [*timeout, ended]  # another node never ended: shown
