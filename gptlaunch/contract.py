@@ -125,6 +125,11 @@ class Beat:
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds in each phase, to ``time``
     tokens: int | None = None  # tokens this rank has processed, when its program says (``runtime.beat``)
     warning: str | None = None  # what its program wants seen in ``launcher status`` (``runtime.warn``)
+    # Its start-up in the parts its program named (``runtime.starting``), in order, to ``time``; the
+    # last is the current one while ``phase`` is "startup". ``expect_s``: the current part's expected
+    # seconds, where its program knows them (a compile timed before).
+    startup_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    expect_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

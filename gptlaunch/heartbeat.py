@@ -46,6 +46,10 @@ class Heartbeat:
         self.tokens: int | None = None
         self.warning: str | None = None  # shown by ``launcher status`` until replaced
         self._phase_s: dict[str, float] = {}  # seconds in each phase left so far
+        self._parts_s: dict[str, float] = {}  # seconds in each start-up part left so far
+        self._part: str | None = None  # the start-up part now (``starting``), since ``_part_since``
+        self._part_since = 0.0
+        self._expect_s: float | None = None
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._written = 0.0
         self._failing = False  # the last write failed (said once, until one is written again)
@@ -86,11 +90,34 @@ class Heartbeat:
         self._enter(phase)
         return before
 
+    def starting(self, part: str, expect_s: float | None = None) -> None:
+        """Now in start-up part ``part`` (expected to take ``expect_s`` seconds, where known), until the
+        next part or the first step. Ignored once the start-up ended."""
+        if self.phase != "startup":
+            return
+        now = time.time()
+        self._end_part(now)
+        self._part, self._part_since, self._expect_s = part, now, expect_s
+        self._publish()
+
+    def _end_part(self, now: float) -> None:
+        if self._part is not None:
+            self._parts_s[self._part] = self._parts_s.get(self._part, 0.0) + now - self._part_since
+        self._part, self._expect_s = None, None
+
     def _enter(self, phase: str) -> None:
         now = time.time()
         self._phase_s[self.phase] = self._phase_s.get(self.phase, 0.0) + now - self.phase_since
+        if self.phase == "startup":
+            self._end_part(now)
         self.phase, self.phase_since = phase, now
         self._publish()
+
+    def _part_now(self, now: float) -> dict[str, float]:
+        """The current start-up part's seconds to ``now`` (empty outside one)."""
+        if self._part is None:
+            return {}
+        return {self._part: self._parts_s.get(self._part, 0.0) + now - self._part_since}
 
     def _publish(self) -> None:
         if self.directory is None:
@@ -111,6 +138,8 @@ class Heartbeat:
             tokens=self.tokens,
             warning=self.warning,
             phase_s=self._phase_s | {self.phase: self._phase_s.get(self.phase, 0.0) + now - self.phase_since},
+            startup_s=self._parts_s | self._part_now(now),
+            expect_s=self._expect_s,
         )
         self._written = now
         try:

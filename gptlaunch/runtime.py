@@ -78,6 +78,7 @@ __all__ = [
     "retried",
     "run_id",
     "snapshot_dir",
+    "starting",
     "stop_requested",
     "sweep_id",
     "warn",
@@ -225,6 +226,19 @@ def beat(step: int, tokens: int | None = None) -> None:
     global _manual
     _manual = True
     _step_done(step, tokens)
+
+
+def starting(part: str, expect_s: float | None = None) -> None:
+    """Before the first step: this rank is now in start-up part ``part`` (e.g. "data", "rendezvous",
+    "compile"), until the next part or its first optimizer step; ``expect_s``: the seconds it is
+    expected to take, where the program knows (a compile timed before). The console names a part
+    that lasts (with ``expect_s``), the first step's line every part with its seconds, and the job's
+    report each attempt's; the time before the first part is the launch (processes, imports). Ignored
+    after the first step; nothing under bare torchrun."""
+    with _lock:
+        hb = _beats()
+        if hb is not None:
+            hb.starting(part, expect_s)
 
 
 def warn(message: str | None, topic: str = "program") -> None:

@@ -22,6 +22,10 @@ too, so an artifact of other graphs merely misses; but its keys leave out a CPU'
 On a CPU the artifacts spare Inductor's lowering and max-autotune's benchmarks, not the C++ compiler's
 builds of the kernels they name (torch keeps no portable copy of those): see docs/benchmarks.md.
 
+Beside the artifacts, ``<key>.json`` keeps how long the first step took (compile included) the last
+time it ran with the artifacts loaded and without: what a next start says it expects of its compile
+(``gptlaunch.runtime.starting``).
+
 Node-local run dirs travel as a whole: the launcher copies everything but hidden and ``*.tmp`` files
 (``launcher.agent.copies.snapshot``) to its own machine and on to a next attempt's hosts, so
 ``compile-cache/`` reaches a spare with the checkpoint, with no work of its own (the write's temporary
@@ -42,7 +46,7 @@ from typing import Any
 
 import torch
 
-from gptlaunch.files import DigestError, atomic_write_checked, check_digest
+from gptlaunch.files import DigestError, atomic_write_checked, atomic_write_text, check_digest
 from trainer.config import TrainConfig
 from trainer.console import warn
 
@@ -189,14 +193,43 @@ class CompileCache:
         )
         return True
 
-    def after_first_step(self) -> str | None:
-        """On rank 0, once the first optimizer step ran compiled: the cache's hits and misses, and start
-        writing the artifacts to the file in the background, unless they were loaded from it and
-        nothing missed (a load that missed, say after a change the key does not hold, is rewritten).
-        Returns the line to print (None on the other ranks). The write's failure is only a warning
-        (``close``)."""
+    @property
+    def _times_path(self) -> Path:
+        return self.path.with_suffix(".json")
+
+    @property
+    def _state(self) -> str:
+        return "loaded" if self.loaded else "compiled"
+
+    def expected_s(self) -> float | None:
+        """The seconds the first step took (compile included) the last time it ran as this one will,
+        with the artifacts loaded or without (``load`` first); None when unknown."""
+        try:
+            value = json.loads(self._times_path.read_text()).get(self._state)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+
+    def _keep_time(self, first_step_s: float) -> None:
+        """Keep ``first_step_s`` as this state's (best effort: the next start only says less)."""
+        try:
+            times = json.loads(self._times_path.read_text())
+        except (OSError, ValueError):
+            times = {}
+        times = times if isinstance(times, dict) else {}
+        with contextlib.suppress(OSError):
+            self._times_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self._times_path, json.dumps(times | {self._state: round(first_step_s, 2)}))
+
+    def after_first_step(self, first_step_s: float) -> str | None:
+        """On rank 0, once the first optimizer step ran compiled (``first_step_s`` seconds, compile
+        included): keep its time (``expected_s``), say the cache's hits and misses, and start writing
+        the artifacts to the file in the background, unless they were loaded from it and nothing
+        missed (a load that missed, say after a change the key does not hold, is rewritten). Returns
+        the line to print (None on the other ranks). The write's failure is only a warning (``close``)."""
         if not self.is_main:
             return None
+        self._keep_time(first_step_s)
         counts = cache_counters()
         line = (
             f"compile: Inductor cache: {counts['fxgraph_cache_hit']} hit(s), "

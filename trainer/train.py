@@ -3,16 +3,16 @@ data and joins the process group, ``loop`` runs the steps.
 
 ``loop`` reads as the schedule of one step: run it (``trainer.step``), agree over ranks on its loss
 and on stopping, write what ``Cadence`` says is due (metrics, evaluation, checkpoint), and stop at a
-step boundary when any rank got a stop signal. Failure drills (``FaultInjection``), throughput
-(``Throughput``) and rank 0's output (``Report``) are small pieces of their own.
+step boundary when any rank got a stop signal. Failure drills (``trainer.faults``), throughput
+(``Throughput``) and rank 0's output (``Report``) are small pieces of their own. Before the first step
+each part of the start-up is named to the launcher (``runtime.starting``): data, rendezvous, setup,
+compile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -27,10 +27,12 @@ from filelock import FileLock, Timeout
 from gptlaunch import runtime
 from gptlaunch.runtime import EXIT_CHECKPOINTED, EXIT_OK
 from trainer import checkpoint, distributed, tracking
+from trainer.compile_cache import CompileCache
 from trainer.config import TrainConfig
 from trainer.data.prepare import prepare_data
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError, TrainingError
+from trainer.faults import FaultInjection
 from trainer.metrics import MetricsWriter, Progress, peak_flops
 from trainer.optim import lr_at
 from trainer.precheck import check_config
@@ -41,7 +43,6 @@ from trainer.step import agree, evaluate, train_step
 from trainer.stragglers import StragglerWatch, describe
 
 WAIT_NOTED_S = 0.1  # a save that waited this long for the previous one says so
-FAULT_ENV = "GPTLAUNCH_FAULT"  # "RANK:STEP[:SIGNAL]": a failure drill (``FaultInjection``)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -92,6 +93,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         checkpoint.remove_partial_saves(cfg.run_dir)
     # Prepare before joining the process group: a long tokenizer run must not hit rendezvous or
     # collective timeouts, and a file lock (not a barrier) lets one rank prepare while the others wait.
+    runtime.starting("data")
     manifest = prepare_data(
         cfg.data_dir,
         cfg.data_source(),
@@ -100,6 +102,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
         log=print if env.is_main else (lambda _msg: None),
     )
     backend = distributed.pick_backend(cfg.backend, device)
+    runtime.starting("rendezvous")
     distributed.init(env, backend, cfg.dist_timeout_s)
     # One line per rank: which host and device each rank landed on is the first thing to check.
     print(
@@ -109,6 +112,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device) -> int:
     )
     run: Run | None = None
     try:
+        runtime.starting("setup")  # the model, the optimizer, a resume, DDP
         run = setup(cfg, env, device, manifest)
         # The checkpoint's write ends first (a failed one raises), then the snapshots go, once the run
         # ended with its checkpoint.
@@ -145,6 +149,8 @@ def loop(run: Run, stop: StopRequest) -> int:
     runtime.resumed_from(run.start_step)
     with Report(run) as report:
         report.log(_start_line(run, obs.meter.tokens_per_step))
+        runtime.starting("compile" if compiled else "first step", compiled.expected_s() if compiled else None)
+        started = time.perf_counter()  # the first step's start: its compile with it
         for step in range(run.start_step, cfg.max_steps):
             fault.check(step)
             t0 = time.perf_counter()
@@ -152,9 +158,8 @@ def loop(run: Run, stop: StopRequest) -> int:
             done = step + 1
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss))
-            # All compiled by now: rank 0 keeps the artifacts for the next attempts (trainer.compile_cache).
-            if step == run.start_step and compiled is not None and (line := compiled.after_first_step()):
-                report.log(line)
+            if step == run.start_step:
+                _after_first_step(report, compiled, time.perf_counter() - started)
             if stopping or cadence.checkpoints(done) or cadence.snapshots(done):
                 report.sync()  # a retry resumes after this step: what it will not redo is logged first
             if stopping or cadence.checkpoints(done):
@@ -170,6 +175,13 @@ def loop(run: Run, stop: StopRequest) -> int:
                 return EXIT_CHECKPOINTED
             run.held.step = done  # all of step ``done``'s work ended: a retry from here skips none
     return EXIT_OK
+
+
+def _after_first_step(report: Report, compiled: CompileCache | None, seconds: float) -> None:
+    """All compiled by now: rank 0 keeps the artifacts and the first step's ``seconds`` (its compile
+    with it) for the next attempts (``trainer.compile_cache``)."""
+    if compiled is not None and (line := compiled.after_first_step(seconds)):
+        report.log(line)
 
 
 def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) -> dict[str, Any]:
@@ -226,45 +238,6 @@ class Cadence:
     def snapshots(self, done: int) -> bool:
         """Every ``--snapshot-interval`` steps (0: never), where no checkpoint is due."""
         return self.cfg.snapshot_interval > 0 and done % self.cfg.snapshot_interval == 0
-
-
-@dataclass(frozen=True)
-class FaultInjection:
-    """Failure drills: ``GPTLAUNCH_FAULT=RANK:STEP`` makes that rank raise at that step, in every
-    attempt (a program fault); ``RANK:STEP:SIGNAL`` (``SIGKILL``) sends that rank's process the
-    signal there, in the job's first attempt only (a fault from outside, which a retry does not meet
-    again): at the top of the step, where the other ranks wait for it in the step's first collective."""
-
-    rank: int
-    at_step: int | None  # None: no fault for this rank
-    sent: signal.Signals | None = None  # the signal, or None: raise
-
-    @classmethod
-    def from_env(cls, env: DistEnv) -> FaultInjection:
-        """This rank's drill from the environment. Raises ConfigError for a malformed value."""
-        spec = os.environ.get(FAULT_ENV, "")
-        if not spec:
-            return cls(env.rank, None)
-        parts = spec.split(":")
-        try:
-            if len(parts) not in (2, 3):
-                raise ValueError(spec)
-            rank, step = int(parts[0]), int(parts[1])
-            sent = signal.Signals[parts[2]] if len(parts) == 3 else None
-        except (KeyError, ValueError):
-            raise ConfigError(
-                f"{FAULT_ENV}={spec!r}: use RANK:STEP or RANK:STEP:SIGNAL, e.g. 1:3:SIGKILL"
-            ) from None
-        mine = rank == env.rank and not (sent is not None and runtime.retried())
-        return cls(env.rank, step if mine else None, sent)
-
-    def check(self, step: int) -> None:
-        if step != self.at_step:
-            return
-        if self.sent is None:
-            raise RuntimeError(f"injected fault on rank {self.rank} at step {step} ({FAULT_ENV})")
-        runtime.flush()  # the step reached, as the launcher would have it from a later beat
-        os.kill(os.getpid(), self.sent)
 
 
 class Throughput:

@@ -1,12 +1,17 @@
-"""The console's lines about a retried job's attempts, from its record (never from its logs).
+"""The console's lines about a job's attempts, from its record and rank 0's beats (never its logs).
 
-When an attempt fails and the job retries, a followed job shows one line saying what failed, where
-and at which step, and when the next attempt starts (the supervisor's own status line); once that
-attempt's rank 0 beats, one more says the step it resumed at (from the beat: a script's own
-checkpoint is known only to it)::
+Each attempt's start-up is named as it goes (``launcher.job.startup``): a part that lasts (a compile)
+once it has run a few seconds, with the seconds it is expected to take where the program knows them,
+then every part's seconds at the first step. When an attempt fails and the job retries, a followed job
+shows one line saying what failed, where and at which step, and when the next attempt starts (the
+supervisor's own status line); once that attempt's rank 0 beats, one more says the step it resumed at
+(from the beat: a script's own checkpoint is known only to it)::
 
+    launcher: start-up: compile (3 s so far, about 38 s expected)
+    launcher: first step 44.2 s after the start: launch 4.1 s, data 0.6 s, rendezvous 0.1 s, ...
     launcher: attempt 1 at step 32: node 1 (host gl-h2) failed: ...; attempt 2 of 3 starts now
     launcher: attempt 2 of 3 resumed at step 30
+    launcher: attempt 2's first step 6.0 s after the start: launch 2.2 s, ...
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import time
 from collections.abc import Callable
 
 from gptlaunch.contract import Beat
+from launcher.job import startup
 from launcher.job.goodput import rank0
-from launcher.job.record import Attempt, JobRecord
+from launcher.job.record import Attempt, JobRecord, JobStatus
 from launcher.job.retry import backoff_s, next_in
+from launcher.job.survivors import HOLD_S
 
 READ_EVERY_S = 1.0  # how often the job's status is read (seconds)
 
@@ -37,26 +44,60 @@ class Announcer:
         self.seen = len(record.status().attempts)  # a follower that starts late says only what is new
         self.waiting: Attempt | None = None  # the last failed attempt, until the next one resumes
         self.next_read = 0.0
+        self.since = time.time()  # a start-up that ended before this follower started is not said
+        self.started: float | None = None  # the start of the attempt whose start-up was said whole
+        self.part: tuple[float, str] | None = None  # (its attempt's start, part): the last part said
+        self.held: list[tuple[float, str]] = []  # (monotonic seconds when due, a start-up line)
 
     def lines(self, final: bool = False) -> list[str]:
         """What to say now; ``final``: once the job's output ended, what is left (the beats asked here
         and waited for: nothing calls again)."""
-        if self.total == 1 or (not final and time.monotonic() < self.next_read):
-            return []
+        out = self._read(final) if final or time.monotonic() >= self.next_read else []
+        due = [line for at, line in self.held if final or at <= time.monotonic()]
+        self.held = self.held[len(due) :]
+        return out + due
+
+    def _read(self, final: bool) -> list[str]:
+        """The retry lines due now; the start-up's go to ``held``."""
         self.next_read = time.monotonic() + READ_EVERY_S
         out = []
-        attempts = self.record.status().attempts
+        status = self.record.status()
+        attempts = status.attempts if self.total > 1 else []
         for k, attempt in enumerate(attempts[self.seen :], start=self.seen):
             wait_s = backoff_s(self.backoff_base_s, attempts[: k + 1])
             out.append(f"launcher: {next_in(attempt, self.total - 1, wait_s)}")
             self.waiting = attempt
-        self.seen = len(attempts)
-        if self.waiting is not None and (beat := self._next_attempts_beat(self.waiting, final)) is not None:
+        self.seen = max(self.seen, len(attempts))
+        starting = status.started_at is not None and status.started_at != self.started
+        if not (starting or self.waiting is not None) or (beats := self._answered(final)) is None:
+            return out
+        beat = rank0(beats)
+        if self.waiting is not None and beat is not None and _after(beat, self.waiting):
             number, start = self.waiting.number + 1, beat.start_step
             how = f"resumed at step {start:,}" if start else "started at step 0"
             out.append(f"launcher: attempt {number} of {self.total} {how}")
             self.waiting = None
+        # Shown as late as the ranks' lines are (``launcher.job.survivors``): in their order.
+        if starting:
+            self.held += [(time.monotonic() + HOLD_S, line) for line in self._startup(status, beat)]
         return out
+
+    def _startup(self, status: JobStatus, beat: Beat | None) -> list[str]:
+        """The current attempt's start-up: a part that has lasted SAY_AFTER_S (once each), then all
+        of them at its first step (said once per attempt; nothing of a start-up before this follower)."""
+        assert status.started_at is not None
+        begun = status.started_at
+        now_in = startup.current(beat, begun, time.time())
+        if now_in is None and beat is not None:  # its first step
+            self.started = begun
+            found = startup.parts(beat, begun)
+            if begun + sum(found.values()) < self.since:
+                return []
+            return [startup.first_step_line(status.attempt, found)]
+        if now_in is None or now_in[1] < startup.SAY_AFTER_S or self.part == (begun, now_in[0]):
+            return []
+        self.part = (begun, now_in[0])
+        return [startup.progress_line(*now_in)]
 
     def _ask(self) -> None:
         try:
@@ -64,10 +105,8 @@ class Announcer:
         except Exception:  # a host that cannot answer now (or a plan being rewritten): asked again later
             self._answer = {}
 
-    def _next_attempts_beat(self, ended: Attempt, wait: bool = False) -> Beat | None:
-        """Rank 0's first beat of a step of the attempt after ``ended`` (written after that attempt was
-        cleaned up; a step's: the start-up's beats come before the checkpoint is loaded), once asked
-        (``wait``: asked now, and waited for)."""
+    def _answered(self, wait: bool = False) -> list[Beat] | None:
+        """Every rank's latest beat, once asked (``wait``: asked now, and waited for); None until then."""
         if wait and self._asking is not None:
             self._asking.join()  # an earlier question's answer: asked again below, and waited for
             self._asking = None
@@ -79,6 +118,10 @@ class Announcer:
         if self._asking.is_alive():
             return None
         self._asking = None
-        beat = rank0([b for node in self._answer.values() for b in node])
-        since = ended.cleaned_at or ended.ended_at
-        return beat if beat is not None and beat.time > since and beat.phase == "step" else None
+        return [b for node in self._answer.values() for b in node]
+
+
+def _after(beat: Beat, ended: Attempt) -> bool:
+    """Whether ``beat`` is a step's of the attempt after ``ended`` (written after that attempt was
+    cleaned up; a step's: the start-up's beats come before the checkpoint is loaded)."""
+    return beat.time > (ended.cleaned_at or ended.ended_at) and beat.phase == "step"

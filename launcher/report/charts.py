@@ -10,6 +10,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from launcher.job import startup
 from launcher.job.goodput import Goodput
 from launcher.report.facts import Mark, Span
 
@@ -156,10 +157,12 @@ def _attempt_at(spans: list[Span], time: float, now: float) -> int | None:
 
 
 def describe(span: Span) -> str:
-    """``attempt 1: failed at step 16: CAUSE (gl-h2 replaced by gl-h3)``."""
+    """``attempt 1: failed at step 16: CAUSE (gl-h2 replaced by gl-h3); first step 13.4 s after the
+    start: launch 8.1 s, ...``."""
     at = f" at step {span.step:,}" if span.step is not None else ""
     text = f"attempt {span.number}: {span.outcome}{at}" + (f": {span.cause}" if span.cause else "")
-    return text + (f" ({span.moved})" if span.moved else "")
+    text += f" ({span.moved})" if span.moved else ""
+    return text + (f"; {startup.first_step(span.startup)}" if span.startup else "")
 
 
 def goodput_bar(goodput: Goodput) -> go.Figure:

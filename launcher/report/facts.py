@@ -6,14 +6,14 @@ hosts that may be gone."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gptlaunch.contract import Beat
-from launcher.job import reports
+from launcher.job import reports, startup
 from launcher.job.failures import RUN_COPY
-from launcher.job.goodput import Goodput, job_goodput
+from launcher.job.goodput import Goodput, archived_beats, job_goodput, rank0
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
@@ -36,6 +36,7 @@ class Span:
     cause: str  # one line: the failure's summary; empty for a run that did not fail
     step: int | None  # the furthest step its ranks reported
     moved: str  # hosts replaced or excluded after it, in words (empty: none)
+    startup: dict[str, float] = field(default_factory=dict)  # its start-up's parts (``launcher.job.startup``)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
     return Facts(
         plan=plan,
         status=status,
-        spans=spans(status, now),
+        spans=with_startup(
+            spans(status, now), [*archived_beats(record.dir, len(status.attempts)), _rank0(beats)]
+        ),
         marks=checkpoints(metrics or []) + hangs(record.dir),
         goodput=job_goodput(record.dir, status, beats, now),
         checks=recorded.read(record.dir, plan.nnodes),
@@ -120,6 +123,21 @@ def spans(status: JobStatus, now: float) -> list[Span]:
             )
         )
     return found
+
+
+def with_startup(found: list[Span], beats: list[Beat | None]) -> list[Span]:
+    """``found`` with each attempt's start-up parts, from its rank 0's last beat (``beats``, in the
+    same order; None or still starting up: none)."""
+    return [
+        replace(span, startup=startup.parts(beat, span.started_at))
+        if beat is not None and beat.time > span.started_at and beat.phase != startup.STARTUP
+        else span
+        for span, beat in zip(found, beats, strict=False)
+    ]
+
+
+def _rank0(beats: dict[int, list[Beat]]) -> Beat | None:
+    return rank0([b for node in beats.values() for b in node])
 
 
 def checkpoints(metrics: list[dict[str, Any]]) -> list[Mark]:

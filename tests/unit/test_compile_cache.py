@@ -103,11 +103,11 @@ def test_rank_0_writes_the_artifacts_once_with_their_checksum(
     path = cache_path(tmp_path, "k")
     _artifacts(monkeypatch, b"compiled" * 1000)
     with CompileCache(path, is_main=False) as other:
-        assert not other.load() and other.after_first_step() is None
+        assert not other.load() and other.after_first_step(1.0) is None
     assert not path.parent.exists()  # only rank 0 writes
     with CompileCache(path, is_main=True) as main:
         assert not main.load()
-        line = main.after_first_step()
+        line = main.after_first_step(1.0)
         assert line is not None and "saving the artifacts (aot_autograd 1, inductor 2: 0.0 MB" in line
     assert path.read_bytes() == b"compiled" * 1000 and check_digest(path)
     assert "compile: no cached artifacts: compiling" in capsys.readouterr().out
@@ -120,7 +120,7 @@ def test_rank_0_writes_the_artifacts_once_with_their_checksum(
     before = path.stat().st_mtime_ns
     with CompileCache(path, is_main=True) as again:
         assert again.load() and loaded == [b"compiled" * 1000]
-        assert "saving" not in (again.after_first_step() or "")
+        assert "saving" not in (again.after_first_step(1.0) or "")
     assert path.stat().st_mtime_ns == before
     assert f"compile: loaded cached artifacts (none) from {path}" in capsys.readouterr().out
 
@@ -133,7 +133,7 @@ def test_a_load_that_still_missed_is_rewritten(tmp_path: Path, monkeypatch: pyte
     _artifacts(monkeypatch, b"new", misses=1)
     with CompileCache(path, is_main=True) as cache:
         assert cache.load()
-        assert "saving" in (cache.after_first_step() or "")
+        assert "saving" in (cache.after_first_step(1.0) or "")
     assert path.read_bytes() == b"new" and check_digest(path)
 
 
@@ -170,15 +170,33 @@ def test_a_write_that_fails_is_a_warning_not_the_runs_error(
     (tmp_path / compile_cache.CACHE_DIR).write_text("a file where the dir should be")
     _artifacts(monkeypatch, b"compiled")
     with CompileCache(cache_path(tmp_path, "k"), is_main=True) as cache:
-        cache.after_first_step()
+        cache.after_first_step(1.0)
     assert "trainer: warning: compile: could not save the artifacts to" in capsys.readouterr().err
 
 
 def test_no_artifacts_no_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _artifacts(monkeypatch, None)  # Inductor's caches turned off: torch recorded nothing
     with CompileCache(cache_path(tmp_path, "k"), is_main=True) as cache:
-        assert cache.after_first_step() is not None and cache.close() is None
-    assert not (tmp_path / compile_cache.CACHE_DIR).exists()
+        assert cache.after_first_step(1.0) is not None and cache.close() is None
+    assert not cache_path(tmp_path, "k").exists()
+
+
+def test_the_first_steps_time_is_what_the_next_start_in_the_same_state_expects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _artifacts(monkeypatch, b"compiled")
+    path = cache_path(tmp_path, "k")
+    with CompileCache(path, is_main=True) as first:
+        assert first.expected_s() is None  # nothing timed yet
+        first.after_first_step(38.5)
+    compiled, loaded = CompileCache(path, is_main=True), CompileCache(path, is_main=True)
+    loaded.loaded = True  # as a load of the artifacts leaves it
+    assert (compiled.expected_s(), loaded.expected_s()) == (38.5, None)  # with the artifacts: not timed yet
+    with loaded:
+        loaded.after_first_step(4.25)
+    assert (compiled.expected_s(), loaded.expected_s()) == (38.5, 4.25)
+    path.with_suffix(".json").write_text("{cut")
+    assert compiled.expected_s() is None  # a damaged file: nothing expected, no error
 
 
 def test_a_killed_writes_temporary_file_is_removed_by_rank_0(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError
-from trainer.train import FaultInjection
+from trainer.faults import FaultInjection
 
 RANK1 = DistEnv(rank=1, local_rank=0, world_size=2)
 
