@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from gptlaunch.contract import Beat
 from launcher.job import startup
-from launcher.job.goodput import rank0
-from launcher.job.record import Attempt, JobRecord, JobStatus
+from launcher.job.goodput import archived_beat, rank0
+from launcher.job.record import Attempt, JobRecord
 from launcher.job.retry import backoff_s, next_in
 from launcher.job.survivors import HOLD_S
 
@@ -65,10 +65,13 @@ class Announcer:
         attempts = status.attempts if self.total > 1 else []
         for k, attempt in enumerate(attempts[self.seen :], start=self.seen):
             wait_s = backoff_s(self.backoff_base_s, attempts[: k + 1])
+            out += self._ended_startup(attempt)
             out.append(f"launcher: {next_in(attempt, self.total - 1, wait_s)}")
             self.waiting = attempt
         self.seen = max(self.seen, len(attempts))
-        starting = status.started_at is not None and status.started_at != self.started
+        begun = status.attempt_started_at or status.started_at  # the running attempt's start
+        between = bool(status.attempts) and begun is not None and begun <= status.attempts[-1].ended_at
+        starting = begun is not None and begun != self.started and not between  # not an ended one's
         if not (starting or self.waiting is not None) or (beats := self._answered(final)) is None:
             return out
         beat = rank0(beats)
@@ -78,26 +81,42 @@ class Announcer:
             out.append(f"launcher: attempt {number} of {self.total} {how}")
             self.waiting = None
         # Shown as late as the ranks' lines are (``launcher.job.survivors``): in their order.
-        if starting:
-            self.held += [(time.monotonic() + HOLD_S, line) for line in self._startup(status, beat)]
+        if begun is not None and starting:
+            self.held += [
+                (time.monotonic() + HOLD_S, line) for line in self._startup(status.attempt, begun, beat)
+            ]
         return out
 
-    def _startup(self, status: JobStatus, beat: Beat | None) -> list[str]:
-        """The current attempt's start-up: a part that has lasted SAY_AFTER_S (once each), then all
-        of them at its first step (said once per attempt; nothing of a start-up before this follower)."""
-        assert status.started_at is not None
-        begun = status.started_at
+    def _startup(self, number: int, begun: float, beat: Beat | None) -> list[str]:
+        """The start-up of attempt ``number``, running since ``begun`` (epoch seconds): a part that has
+        lasted SAY_AFTER_S (once each), then all of them at its first step."""
         now_in = startup.current(beat, begun, time.time())
         if now_in is None and beat is not None:  # its first step
-            self.started = begun
-            found = startup.parts(beat, begun)
-            if begun + sum(found.values()) < self.since:
-                return []
-            return [startup.first_step_line(status.attempt, found)]
+            return self._first_step(number, begun, beat)
         if now_in is None or now_in[1] < startup.SAY_AFTER_S or self.part == (begun, now_in[0]):
             return []
         self.part = (begun, now_in[0])
         return [startup.progress_line(*now_in)]
+
+    def _first_step(self, number: int, begun: float, beat: Beat) -> list[str]:
+        """Every part of the start-up of attempt ``number`` (begun at ``begun``, epoch seconds) once
+        ``beat`` shows its first step: said once per attempt, and not for a start-up that ended before
+        this follower started."""
+        self.started = begun
+        found = startup.parts(beat, begun)
+        return [] if begun + sum(found.values()) < self.since else [startup.first_step_line(number, found)]
+
+    def _ended_startup(self, attempt: Attempt) -> list[str]:
+        """Before the line of an attempt that ended: the start-up lines still held, and its first
+        step's line if not said yet (a failure soon after its first step, within a read or two), from
+        its archived beat (none if it never got that far)."""
+        held, self.held = [line for _, line in self.held], []  # said now, before the failure's line
+        if self.started == attempt.started_at:
+            return held
+        beat = archived_beat(self.record.dir, attempt.number)
+        if beat is None or startup.current(beat, attempt.started_at, beat.time) is not None:
+            return held
+        return held + self._first_step(attempt.number, attempt.started_at, beat)
 
     def _ask(self) -> None:
         try:

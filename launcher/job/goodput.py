@@ -139,8 +139,10 @@ def rank0(beats: list[Beat]) -> Beat | None:
 
 def archived_beats(job_dir: Path, attempts: int) -> list[Beat | None]:
     """Rank 0's last beat in each of the first ``attempts`` archived attempts (None where none)."""
-    found = []
-    for k in range(1, attempts + 1):
-        beats_dir = job_dir / ATTEMPTS_DIR / str(k) / "heartbeat"
-        found.append(rank0([b for d in sorted(beats_dir.glob("node-*")) for b in read_beats(d)]))
-    return found
+    return [archived_beat(job_dir, k) for k in range(1, attempts + 1)]
+
+
+def archived_beat(job_dir: Path, number: int) -> Beat | None:
+    """Rank 0's last beat in archived attempt ``number`` (None where none was kept)."""
+    beats_dir = job_dir / ATTEMPTS_DIR / str(number) / "heartbeat"
+    return rank0([b for d in sorted(beats_dir.glob("node-*")) for b in read_beats(d)])

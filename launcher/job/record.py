@@ -235,6 +235,7 @@ class JobStatus(BaseModel):
     failure: Failure | None = None
     message: str = ""
     attempt: int = 1  # the attempt running (or the last one)
+    attempt_started_at: float | None = None  # when it started (``started_at``: the job's first)
     attempts: list[Attempt] = []  # the attempts that ended before it, oldest first
     failing: Failing | None = None  # the running attempt, once the controller found it failing
 

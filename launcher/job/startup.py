@@ -52,12 +52,14 @@ def progress_line(part: str, seconds: float, expect_s: float | None) -> str:
     return f"launcher: start-up: {part} ({seconds:.0f} s so far{expected})"
 
 
-def first_step(found: dict[str, float]) -> str:
-    """``first step 13.4 s after the start: launch 8.1 s, data 0.1 s, ...``."""
+def first_step(found: dict[str, float], attempt: int = 1) -> str:
+    """``first step 13.4 s after the start: launch 8.1 s, data 0.1 s, ...`` (``... after the start of
+    attempt 2: ...`` for a later attempt)."""
     said = breakdown(found)
-    return f"first step {sum(found.values()):.1f} s after the start" + (f": {said}" if said else "")
+    start = "the start" if attempt == 1 else f"the start of attempt {attempt}"
+    return f"first step {sum(found.values()):.1f} s after {start}" + (f": {said}" if said else "")
 
 
 def first_step_line(attempt: int, found: dict[str, float]) -> str:
-    """The console's line once attempt ``attempt`` took its first step (a later attempt: named)."""
-    return "launcher: " + (f"attempt {attempt}'s " if attempt > 1 else "") + first_step(found)
+    """The console's line once attempt ``attempt`` took its first step."""
+    return f"launcher: {first_step(found, attempt)}"

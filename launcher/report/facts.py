@@ -114,7 +114,7 @@ def spans(status: JobStatus, now: float) -> list[Span]:
         found.append(
             Span(
                 status.attempt,
-                status.started_at,
+                status.attempt_started_at or status.started_at,
                 status.ended_at if terminal else None,
                 str(status.state) if terminal else "running",
                 (status.message or "") if terminal and status.exit_code else "",

@@ -99,4 +99,11 @@ def test_a_retry_is_one_line_and_the_tracebacks_that_follow_from_the_kill_stay_i
     # From the step rank 0 held when it saw the failure (past 12), or else step 10's checkpoint.
     kept = re.search(r"kept step (\d+)'s state in this host's memory", logs)
     assert said[1] == f"launcher: attempt 2 of 2 resumed at step {kept[1] if kept else 10}", (said, kept)
+    # Each attempt's start-up, part by part, once: the first attempt's before its failure's line.
+    lines = err.splitlines()
+    starts = [k for k, line in enumerate(lines) if line.startswith("launcher: first step ")]
+    assert len(starts) == 2 and starts[0] < lines.index(said[0]) < starts[1], err
+    assert re.match(
+        r"launcher: first step [\d.]+ s after the start of attempt 2: launch ", lines[starts[1]]
+    ), err
     assert "ChildFailedError" in logs  # the node logs keep everything

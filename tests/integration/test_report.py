@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -56,7 +57,11 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     }, (drawn, dom[-3000:])
     text = _unescaped(dom)
     cause = final.attempts[0].cause
-    assert "attempt 1: failed at step " in text and "<li>attempt 2: succeeded</li>" in text, text[-3000:]
+    assert "attempt 1: failed at step " in text and "<li>attempt 2: succeeded; first step " in text
+    # Each attempt's start-up, part by part, as its rank 0 named them (``runtime.starting``).
+    parts = ["launch", "data", "rendezvous", "setup", "first step"]
+    said = r"first step \d+\.\d s after the start: " + ", ".join(rf"{p} \d+\.\d s" for p in parts) + "</li>"
+    assert len(re.findall(said, text)) == 2, text[-3000:]
     assert cause and cause in text, (cause, text[-3000:])
     # The figures hold the job's numbers: the last logged loss and rank 1's last throughput.
     last = [m for m in metrics(run_dir) if "tokens_per_s" in m][-1]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gptlaunch.contract import Beat, read_beats
+from gptlaunch.contract import Beat, read_beats, write_beat
 from gptlaunch.heartbeat import Heartbeat
 from launcher.job import announce, startup
 from launcher.job.announce import Announcer
-from launcher.job.record import JobRecord, JobStatus
+from launcher.job.record import Attempt, JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.report.charts import describe
 from launcher.report.facts import Span, with_startup
@@ -90,6 +90,32 @@ def test_the_console_names_a_part_that_lasts_once_then_every_part_at_the_first_s
         "launcher: first step 50.0 s after the start: launch 9.0 s, data 1.0 s, compile 40.0 s"
     ]
     assert _said(announcer) == []
+
+
+def test_an_attempt_that_failed_before_its_first_step_was_said_says_it_before_its_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(announce, "READ_EVERY_S", 0.0)
+    spec = JobSpec.model_validate({"nnodes": 1, "retries": 1})
+    begun = time.time() - 30
+    record = JobRecord.create(tmp_path / "job", spec, local_plan(spec, tmp_path / "job", tmp_path),
+                              JobStatus(created_at=begun))  # fmt: skip
+    announcer = Announcer(record, dict)
+    announcer.since = begun
+    write_beat(_mkdir(record.dir / "attempts" / "1" / "heartbeat" / "node-0"),
+               _beat(begun + 9, begun + 6, {"data": 1.0}, begun + 2))  # fmt: skip
+    failed = Attempt(
+        number=1, started_at=begun, ended_at=begun + 10, exit_code=1, cause="rank 0 failed", step=3
+    )
+    record.update_status(attempts=[failed], started_at=begun + 12, attempt=2)
+    first, retry = _said(announcer)[:2]
+    assert first == "launcher: first step 6.0 s after the start: launch 5.0 s, data 1.0 s", first
+    assert retry.startswith("launcher: attempt 1 at step 3: "), retry
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
 
 
 def _said(announcer: Announcer) -> list[str]:
