@@ -29,12 +29,16 @@ With ``--gpu``: one node with one GPU (two ranks cannot share a GPU under NCCL),
 (default gpt2) compiled, bf16; rank 0 is the one killed. Start-up then holds ``torch.compile``'s
 compile (from Inductor's on-disk cache on the retry).
 
+With ``--compile``: the CPU rounds (and the goodput run) with the trainer's default, ``torch.compile``
+on, instead of ``--no-compile``: start-up then holds the compile, its artifacts loaded from the run dir
+(``trainer.compile_cache``) on the retry.
+
 With ``--goodput-minutes M``: instead, one local 2-node job with the trainer's default checkpoint
 and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds;
 its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
 Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
-[--scheduler ssh [--hosts N]] [--warm on|both] [--gpu [--preset P]]``,
+[--scheduler ssh [--hosts N]] [--warm on|both] [--compile] [--gpu [--preset P]]``,
 ``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
@@ -57,6 +61,7 @@ from common import text_files
 from procs import BenchError, child_env, log
 
 from gptlaunch.contract import Beat, read_beats
+from launcher.job import startup
 from launcher.job.follow import HasState, wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.retry import backoff_s
@@ -107,10 +112,11 @@ def _until(what: str, found: Callable[[], object], timeout_s: float = 600) -> No
 
 
 def _trainer_flags(args: argparse.Namespace) -> list[str]:
-    """The model's flags: the tiny preset, eager, on the CPU; or (``--gpu``) ``args.preset`` compiled."""
+    """The model's flags: the tiny preset on the CPU, eager unless ``--compile``; or (``--gpu``)
+    ``args.preset`` compiled."""
     if args.gpu:
         return ["--preset", args.preset]
-    return ["--preset", "tiny", "--no-compile"]
+    return ["--preset", "tiny", *([] if args.compile else ["--no-compile"])]
 
 
 def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -> dict[str, float]:
@@ -147,11 +153,13 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
         raise BenchError(f"{attempt_file}: no cleanup time or step")
     first: list[float] = []
     reached: list[float] = []
+    started_beats: list[Beat] = []
 
     def stepped() -> bool:  # the next attempt's beats only (ssh: the plan names the spare a bit later)
         beats = [b for b in _beats(args, job_dir) if b.time > attempt.cleaned_at]
         if len(beats) == args.nodes and all(b.phase == "step" for b in beats) and not first:
             first.append(max(b.time for b in beats))
+            started_beats.extend(beats)  # their start-up's parts (``runtime.starting``)
         if first and len(beats) == args.nodes and min(b.step for b in beats) >= attempt.step:
             reached.append(max(b.time for b in beats))
         return bool(reached)
@@ -173,6 +181,8 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
     said = ", ".join(f"{p} {v:.1f} s" for p, v in parts.items())
     mode = " (warm workers)" if warm else ""
     log(f"round {k + 1}{mode}: {said} (killed at step {attempt.step}, resumed at {_resumed_at(job_dir)})")
+    if (beat := next((b for b in started_beats if b.rank == 0), None)) and status.attempt_started_at:
+        log(f"  the retry's {startup.first_step(startup.parts(beat, status.attempt_started_at), 2)}")
     return parts
 
 
@@ -199,8 +209,8 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
         "--nodes", "2", *(["--warm-workers"] if args.warm == "on" else []), "--retries", "100",
         "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
-        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), "--preset", "tiny",
-        "--no-compile", "--max-steps", "100000000", "--run-dir", str(tmp / "run"),
+        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
+        "--max-steps", "100000000", "--run-dir", str(tmp / "run"),
     ]  # fmt: skip
     out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
     if out.returncode != 0:
@@ -236,7 +246,7 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
         f"SIGKILLed every {args.kill_every_s:g} s), `--retry-backoff-s {args.retry_backoff_s:g}`; "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} · `python benchmarks/bench_recovery.py "
         f"--goodput-minutes {args.goodput_minutes:g} --kill-every-s {args.kill_every_s:g}"
-        f"{' --warm on' if args.warm == 'on' else ''}`"
+        f"{' --warm on' if args.warm == 'on' else ''}{' --compile' if args.compile else ''}`"
     )
 
 
@@ -244,6 +254,7 @@ def _over(args: argparse.Namespace) -> str:
     """The flags that set this run apart, for the line that says how to run it again."""
     flags = f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
     flags += f" --gpu --preset {args.preset}" if args.gpu else ""
+    flags += " --compile" if args.compile and not args.gpu else ""
     flags += f" --warm {args.warm}" if args.warm != "off" else ""
     default = 20  # --checkpoint-interval's
     return flags + (
@@ -282,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduler", choices=("local", "ssh"), default="local")
     p.add_argument("--hosts", type=int, default=3, help="ssh: dev hosts in the hostfile, 2 nodes + spares")
     p.add_argument("--gpu", action="store_true", help="one node with one GPU, the model compiled")
+    p.add_argument("--compile", action="store_true", help="CPU: the trainer's default, torch.compile on")
     p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
     p.add_argument("--warm", choices=("off", "on", "both"), default="off",
                    help="--warm-workers: off, on, or both, alternating round by round")  # fmt: skip
