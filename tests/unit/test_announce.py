@@ -22,7 +22,7 @@ def _beat(at: float, start_step: int) -> Beat:
                 start_step=start_step)  # fmt: skip
 
 
-def _said(announcer: Announcer) -> list[str]:
+def said(announcer: Announcer) -> list[str]:
     """What the announcer says once the beats it asked for (in its thread) have answered."""
     out = announcer.lines()
     while announcer._asking is not None:
@@ -38,22 +38,22 @@ def test_a_retry_is_one_line_then_the_step_it_resumed_at(tmp_path: Path, monkeyp
                               JobStatus(created_at=time.time()))  # fmt: skip
     beats: dict[int, list[Beat]] = {0: [_beat(50.0, 0)]}
     announcer = Announcer(record, lambda: beats)
-    assert _said(announcer) == []  # nothing ended yet
+    assert said(announcer) == []  # nothing ended yet
     ended = Attempt(number=1, started_at=40, ended_at=100, cleaned_at=101, exit_code=1,
                     cause=KILLED.summary(), step=32, replaced={"gl-h2": "gl-h3"})  # fmt: skip
     record.update_status(attempts=[ended])
-    (line,) = _said(announcer)
+    (line,) = said(announcer)
     assert line.startswith("launcher: attempt 1 at step 32: ") and "rank 1" in line, line
     assert line.endswith("gl-h2 → replaced by gl-h3; attempt 2 of 3 starts now"), line
-    assert _said(announcer) == []  # said once; attempt 1's beat is not the next attempt's
+    assert said(announcer) == []  # said once; attempt 1's beat is not the next attempt's
     beats[0] = [dataclasses.replace(_beat(110.0, 0), phase="startup")]
-    assert _said(announcer) == []  # starting up: its checkpoint is not loaded yet
+    assert said(announcer) == []  # starting up: its checkpoint is not loaded yet
     beats[0] = [_beat(120.0, 30)]
-    assert _said(announcer) == ["launcher: attempt 2 of 3 resumed at step 30"]
-    assert _said(announcer) == []
+    assert said(announcer) == ["launcher: attempt 2 of 3 resumed at step 30"]
+    assert said(announcer) == []
     again = ended.model_copy(update={"number": 2, "step": 31, "replaced": {}})  # no step past 32
     record.update_status(attempts=[ended, again])
-    assert _said(announcer)[0].endswith("attempt 3 of 3 starts in 10 s")
+    assert said(announcer)[0].endswith("attempt 3 of 3 starts in 10 s")
 
 
 def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new(tmp_path: Path) -> None:
@@ -64,4 +64,4 @@ def test_a_job_without_retries_says_nothing_and_a_late_follower_only_what_is_new
         ended = Attempt(number=1, started_at=0, ended_at=1, exit_code=1, cause=KILLED.summary())
         if retries:  # the attempt ended before this follower started: `launcher submit --wait` later
             record.update_status(attempts=[ended])
-        assert _said(Announcer(record, dict)) == []
+        assert said(Announcer(record, dict)) == []

@@ -17,6 +17,7 @@ from launcher.job.spec import JobSpec
 from launcher.report.charts import describe
 from launcher.report.facts import Span, with_startup
 from tests.unit.plans import local_plan
+from tests.unit.test_announce import said
 from trainer.distributed import DistEnv
 
 
@@ -81,15 +82,15 @@ def test_the_console_names_a_part_that_lasts_once_then_every_part_at_the_first_s
     beats: dict[int, list[Beat]] = {}
     announcer = Announcer(record, lambda: beats)
     announcer.since = begun  # as a follower from the start
-    assert _said(announcer) == ["launcher: start-up: launch (10 s so far)"]
+    assert said(announcer) == ["launcher: start-up: launch (10 s so far)"]
     beats[0] = [_beat(time.time(), None, {"data": 1.0, "compile": 3.0}, begun + 4, expect_s=38.0)]
-    assert _said(announcer) == ["launcher: start-up: compile (3 s so far, about 38 s expected)"]
-    assert _said(announcer) == []  # said once
+    assert said(announcer) == ["launcher: start-up: compile (3 s so far, about 38 s expected)"]
+    assert said(announcer) == []  # said once
     beats[0] = [_beat(begun + 60, begun + 50, {"data": 1.0, "compile": 40.0}, begun + 4)]
-    assert _said(announcer) == [
+    assert said(announcer) == [
         "launcher: first step 50.0 s after the start: launch 9.0 s, data 1.0 s, compile 40.0 s"
     ]
-    assert _said(announcer) == []
+    assert said(announcer) == []
 
 
 def test_an_attempt_that_failed_before_its_first_step_was_said_says_it_before_its_failure(
@@ -108,7 +109,7 @@ def test_an_attempt_that_failed_before_its_first_step_was_said_says_it_before_it
         number=1, started_at=begun, ended_at=begun + 10, exit_code=1, cause="rank 0 failed", step=3
     )
     record.update_status(attempts=[failed], started_at=begun + 12, attempt=2)
-    first, retry = _said(announcer)[:2]
+    first, retry = said(announcer)[:2]
     assert first == "launcher: first step 6.0 s after the start: launch 5.0 s, data 1.0 s", first
     assert retry.startswith("launcher: attempt 1 at step 3: "), retry
 
@@ -116,14 +117,6 @@ def test_an_attempt_that_failed_before_its_first_step_was_said_says_it_before_it
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
-
-
-def _said(announcer: Announcer) -> list[str]:
-    out = announcer.lines()
-    while announcer._asking is not None:
-        announcer._asking.join()
-        out += announcer.lines()
-    return out
 
 
 def test_the_job_page_gives_each_attempt_its_start_up() -> None:
