@@ -9,9 +9,9 @@ rendezvous, the interpreters and their imports). A program that names no part ha
 from __future__ import annotations
 
 from gptlaunch.contract import Beat
+from launcher.job.goodput import STARTUP
 
 LAUNCH = "launch"
-STARTUP = "startup"  # the beat's phase before its first step (``gptlaunch.heartbeat``)
 SAY_AFTER_S = 2.0  # a part the console names while it runs, once it has lasted this long (seconds)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from gptlaunch.contract import Beat
 from launcher.job import reports, startup
 from launcher.job.failures import RUN_COPY
-from launcher.job.goodput import Goodput, archived_beats, job_goodput, rank0
+from launcher.job.goodput import STARTUP, Goodput, archived_beats, job_goodput, rank0
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
@@ -130,7 +130,7 @@ def with_startup(found: list[Span], beats: list[Beat | None]) -> list[Span]:
     same order; None or still starting up: none)."""
     return [
         replace(span, startup=startup.parts(beat, span.started_at))
-        if beat is not None and beat.time > span.started_at and beat.phase != startup.STARTUP
+        if beat is not None and beat.time > span.started_at and beat.phase != STARTUP
         else span
         for span, beat in zip(found, beats, strict=False)
     ]
