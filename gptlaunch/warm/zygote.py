@@ -29,8 +29,14 @@ from gptlaunch.warm import LENGTH_BYTES, RELAYED, Request, address, peer_uid
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel")
 # Imported too where this torch has it: async checkpoint saves' stager, 0.1 s of a resumed rank's start
-# on a 2-core CPU. (Not TensorBoard's writer: where TensorFlow is installed, it imports all of it.)
-PRELOAD_IF_PRESENT = ("torch.distributed.checkpoint.staging",)
+# on a 2-core CPU; Inductor's compiler, 0.6 s of a compiled rank's (it starts no thread or process at
+# import: its compile workers start with the first compile, in the rank). (Not TensorBoard's writer:
+# where TensorFlow is installed, it imports all of it.)
+PRELOAD_IF_PRESENT = ("torch.distributed.checkpoint.staging", "torch._inductor.compile_fx")
+# Called too where present, their results cached for every fork: Inductor's probe of the CPU's vector
+# ISA, which builds and runs small test programs once per process (0.8 s of a rank that compiles on a
+# CPU, or keys its compile cache: ``trainer.compile_cache``).
+WARM_CALLS = (("torch._inductor.cpu_vec_isa", "pick_vec_isa"),)
 MAX_REQUEST = 16 << 20  # bytes: an argv and an environment, with room to spare
 RECEIVE_TIMEOUT_S = 10.0  # a client that connects and then says nothing is dropped after this
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -216,17 +222,20 @@ def serve(
     optional: tuple[str, ...] = PRELOAD_IF_PRESENT,
     lease_s: float | None = None,
 ) -> NoReturn:
-    """The zygote: import ``preload`` and what it can of ``optional``, then fork a child for each
-    client on the Unix socket ``path`` (a path, mode 0600, whose directory must be private to this
-    user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until SIGTERM, or, with
-    ``lease_s``, until stdin ends or brings nothing for that many seconds; then wait for the children
-    and exit 0. Never returns; exits 1 when another process holds ``@NAME`` (``OSError``: address in
-    use)."""
+    """The zygote: import ``preload`` and what it can of ``optional``, make the WARM_CALLS it can, then
+    fork a child for each client on the Unix socket ``path`` (a path, mode 0600, whose directory must
+    be private to this user; or ``@NAME``, abstract, which the clients' SO_PEERCRED check guards) until
+    SIGTERM, or, with ``lease_s``, until stdin ends or brings nothing for that many seconds; then wait
+    for the children and exit 0. Never returns; exits 1 when another process holds ``@NAME``
+    (``OSError``: address in use)."""
     for module in preload:
         importlib.import_module(module)
     for module in optional:
         with contextlib.suppress(Exception):  # an older torch, or one broken there: the rank imports it
             importlib.import_module(module)
+    for module, name in WARM_CALLS:
+        with contextlib.suppress(Exception):  # as above: the rank calls it itself
+            getattr(importlib.import_module(module), name)()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if not path.startswith("@"):
         with contextlib.suppress(FileNotFoundError):
