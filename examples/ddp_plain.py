@@ -128,6 +128,9 @@ def main() -> None:
             if step == args.steps:
                 break
         epoch += 1
+    # DDP's reducer holds the process group: drop it first. Destroyed after the group, it frees the
+    # group holding the GIL while gloo's thread waits for the GIL: a hang at exit (pytorch/pytorch#56297).
+    del model, opt
     dist.destroy_process_group()
 
 

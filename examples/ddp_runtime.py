@@ -47,6 +47,7 @@ def main() -> None:
                 print(f"resumed from {where} at step {step}", flush=True)
         runtime.resumed_from(step)
         train(args, out, model, opt, device, step, snapshots)
+    del model, opt  # before the group: see ddp_plain.py (a hang at exit otherwise)
     dist.destroy_process_group()
 
 
