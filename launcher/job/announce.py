@@ -114,7 +114,7 @@ class Announcer:
         if self.started == attempt.started_at:
             return held
         beat = archived_beat(self.record.dir, attempt.number)
-        if beat is None or startup.current(beat, attempt.started_at, beat.time) is not None:
+        if beat is None or not startup.stepped(beat, attempt.started_at):
             return held
         return held + self._first_step(attempt.number, attempt.started_at, beat)
 

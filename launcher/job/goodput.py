@@ -124,13 +124,24 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
 def job_goodput(job_dir: Path, status: JobStatus, beats: dict[int, list[Beat]], now: float) -> Goodput | None:
     """The goodput of the job in ``job_dir`` (None before it started), given the last attempt's latest
     beats by node_rank, from the first attempt's start to its end (``now`` while it runs: epoch
-    seconds). A requeued SLURM job's ``started_at`` is its last run's: the attempts say when it began."""
+    seconds)."""
+    return goodput_of(status, attempt_beats(job_dir, status, beats), now)
+
+
+def goodput_of(status: JobStatus, each: list[Beat | None], now: float) -> Goodput | None:
+    """``job_goodput`` from every attempt's rank 0 beat (``attempt_beats``). A requeued SLURM job's
+    ``started_at`` is its last run's: the attempts say when it began."""
     if status.started_at is None:
         return None
-    last = rank0([b for node in beats.values() for b in node])
     started = min([status.started_at, *(a.started_at for a in status.attempts)])
-    wall = (status.ended_at or now) - started
-    return account([*archived_beats(job_dir, len(status.attempts)), last], wall)
+    return account(each, (status.ended_at or now) - started)
+
+
+def attempt_beats(job_dir: Path, status: JobStatus, beats: dict[int, list[Beat]]) -> list[Beat | None]:
+    """Rank 0's last beat of every attempt, oldest first: the archived ones', then the latest of
+    ``beats`` (the running or last attempt's, by node_rank)."""
+    last = rank0([b for node in beats.values() for b in node])
+    return [*archived_beats(job_dir, len(status.attempts)), last]
 
 
 def rank0(beats: list[Beat]) -> Beat | None:

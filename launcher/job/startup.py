@@ -33,14 +33,19 @@ def breakdown(found: dict[str, float]) -> str:
     return ", ".join(f"{part} {seconds:.1f} s" for part, seconds in found.items())
 
 
+def stepped(beat: Beat, started_at: float) -> bool:
+    """Whether ``beat`` is of the attempt that started at ``started_at`` (epoch seconds), past its first
+    step."""
+    return beat.time > started_at and beat.phase != STARTUP
+
+
 def current(beat: Beat | None, started_at: float, now: float) -> tuple[str, float, float | None] | None:
     """(part, its seconds so far, its expected seconds or None) of the start-up of the attempt that
     started at ``started_at``, at ``now`` (epoch seconds), from its rank 0's latest ``beat`` (None, or
     an earlier attempt's: none yet, so the launch); None once that attempt took its first step."""
-    ours = beat is not None and beat.time > started_at
-    if beat is not None and ours and beat.phase != STARTUP:
+    if beat is not None and stepped(beat, started_at):
         return None
-    if beat is None or not ours or not beat.startup_s:
+    if beat is None or beat.time <= started_at or not beat.startup_s:
         return LAUNCH, now - started_at, None
     part = list(beat.startup_s)[-1]
     return part, beat.startup_s[part] + max(0.0, now - beat.time), beat.expect_s

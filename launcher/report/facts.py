@@ -13,7 +13,7 @@ from typing import Any
 from gptlaunch.contract import Beat
 from launcher.job import reports, startup
 from launcher.job.failures import RUN_COPY
-from launcher.job.goodput import STARTUP, Goodput, archived_beats, job_goodput, rank0
+from launcher.job.goodput import Goodput, attempt_beats, goodput_of
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.retry import ATTEMPTS_DIR
@@ -73,14 +73,13 @@ def gather(record: JobRecord, status: JobStatus, beats: dict[int, list[Beat]], n
     latest beats by node_rank, ``now`` (epoch seconds)."""
     plan = record.plan()
     metrics, note = job_metrics(record)
+    each = attempt_beats(record.dir, status, beats)  # read once: the attempts' start-ups and goodput
     return Facts(
         plan=plan,
         status=status,
-        spans=with_startup(
-            spans(status, now), [*archived_beats(record.dir, len(status.attempts)), _rank0(beats)]
-        ),
+        spans=with_startup(spans(status, now), each),
         marks=checkpoints(metrics or []) + hangs(record.dir),
-        goodput=job_goodput(record.dir, status, beats, now),
+        goodput=goodput_of(status, each, now),
         checks=recorded.read(record.dir, plan.nnodes),
         metrics=metrics,
         metrics_note=note,
@@ -130,14 +129,10 @@ def with_startup(found: list[Span], beats: list[Beat | None]) -> list[Span]:
     same order; None or still starting up: none)."""
     return [
         replace(span, startup=startup.parts(beat, span.started_at))
-        if beat is not None and beat.time > span.started_at and beat.phase != STARTUP
+        if beat is not None and startup.stepped(beat, span.started_at)
         else span
         for span, beat in zip(found, beats, strict=False)
     ]
-
-
-def _rank0(beats: dict[int, list[Beat]]) -> Beat | None:
-    return rank0([b for node in beats.values() for b in node])
 
 
 def checkpoints(metrics: list[dict[str, Any]]) -> list[Mark]:
