@@ -21,6 +21,12 @@ beat on their hosts, in each host agent's state dir (``launcher.agent``), read h
 hosts' node-local disks; teardown then also holds fetching the hosts' last beats over ssh and checking
 the spare as a submit does (``SshAgents.renew``).
 
+With ``--cold-spare`` (ssh): the spare shares nothing with the failed host. The run dir, the data
+dir and the compile caches (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) are on each host's own
+disk, fresh each round: the spare has compiled nothing and holds nothing of the job but what the
+launcher copies there (the checkpoint copy, with the compile artifacts of ``trainer.compile_cache``);
+its data is prepared there at its start.
+
 With ``--warm on`` or ``--warm both``: the job runs with ``--warm-workers`` (``both``: rounds
 alternate, cold then warm). On ssh each host's zygote is waited for before the kill, as a long job's
 are ready long before a failure.
@@ -38,7 +44,7 @@ and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill
 its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
 Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
-[--scheduler ssh [--hosts N]] [--warm on|both] [--compile] [--gpu [--preset P]]``,
+[--scheduler ssh [--hosts N] [--cold-spare]] [--warm on|both] [--compile] [--gpu [--preset P]]``,
 ``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
 Progress goes to stderr, Markdown to stdout.
 """
@@ -49,6 +55,7 @@ import argparse
 import json
 import os
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,24 +126,50 @@ def _trainer_flags(args: argparse.Namespace) -> list[str]:
     return ["--preset", "tiny", *([] if args.compile else ["--no-compile"])]
 
 
+def _own_disks(args: argparse.Namespace, name: str) -> tuple[Path, list[str]]:
+    """(a directory each dev host sees on its own disk, the submit's ``--env`` flags that put the
+    compile caches there); ``--cold-spare`` only. Removed from every host by ``_forget``."""
+    base = args.state / "local" / name
+    caches = {"TORCHINDUCTOR_CACHE_DIR": base / "inductor", "TRITON_CACHE_DIR": base / "triton"}
+    return base, [f for key, path in caches.items() for f in ("--env", f"{key}={path}")]
+
+
+def _forget(args: argparse.Namespace, name: str) -> None:
+    for disk in [args.state / "local", *(args.state / "hosts").glob("*/local")]:
+        shutil.rmtree(disk / name, ignore_errors=True)
+
+
 def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -> dict[str, float]:
     """The parts of one failure's cost, in seconds; ``warm``: with ``--warm-workers``."""
     jobs = tmp / f"jobs-{k}-{'warm' if warm else 'cold'}"
     gpus = ["--gpus-per-node", "1"] if args.gpu else []
     gpus += ["--warm-workers"] if warm else []
+    place, caches = tmp, []  # type: Path, list[str]
+    scheduler_flags = _scheduler_flags(args, tmp)
+    if args.cold_spare:
+        place, caches = _own_disks(args, f"{tmp.name}-{jobs.name}")
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        *_scheduler_flags(args, tmp), "--nodes", str(args.nodes), *gpus, "--retries", "1",
+        *scheduler_flags, *caches, "--nodes", str(args.nodes), *gpus, "--retries", "1",
         "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
-        "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
+        "--text-files", *map(str, args.text_files), "--data-dir", str(place / "data"), *_trainer_flags(args),
         "--max-steps", str(args.kill_step * 4), "--log-interval", "1",
         "--checkpoint-interval", str(args.checkpoint_interval), "--eval-interval", "1000000",
-        "--run-dir", str(jobs / "run"),
+        "--run-dir", str(place / "run" if args.cold_spare else jobs / "run"),
     ]  # fmt: skip
+    try:
+        return _measure(args, cmd, k, warm)
+    finally:
+        if args.cold_spare:
+            _forget(args, place.name)
+
+
+def _measure(args: argparse.Namespace, cmd: list[str], k: int, warm: bool) -> dict[str, float]:
+    """Submits ``cmd``, kills rank 1 past the kill step and times the retry (``one_round``)."""
     out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
     if out.returncode != 0:
         raise BenchError(f"submit failed: {out.stderr[-2000:]}")
-    job_dir = jobs / out.stdout.strip().splitlines()[-1]
+    job_dir = Path(cmd[cmd.index("--jobs-root") + 1]) / out.stdout.strip().splitlines()[-1]
     _until(
         "the kill step",
         lambda: len(b := _beats(args, job_dir)) == args.nodes and min(x.step for x in b) >= args.kill_step,
@@ -255,6 +288,7 @@ def _over(args: argparse.Namespace) -> str:
     flags = f" --scheduler ssh --hosts {args.hosts}" if args.scheduler == "ssh" else ""
     flags += f" --gpu --preset {args.preset}" if args.gpu else ""
     flags += " --compile" if args.compile and not args.gpu else ""
+    flags += " --cold-spare" if args.cold_spare else ""
     flags += f" --warm {args.warm}" if args.warm != "off" else ""
     default = 20  # --checkpoint-interval's
     return flags + (
@@ -294,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=3, help="ssh: dev hosts in the hostfile, 2 nodes + spares")
     p.add_argument("--gpu", action="store_true", help="one node with one GPU, the model compiled")
     p.add_argument("--compile", action="store_true", help="CPU: the trainer's default, torch.compile on")
+    p.add_argument("--cold-spare", action="store_true",
+                   help="ssh: run dir, data and compile caches on each host's own disk")  # fmt: skip
     p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
     p.add_argument("--warm", choices=("off", "on", "both"), default="off",
                    help="--warm-workers: off, on, or both, alternating round by round")  # fmt: skip
@@ -304,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu and (args.scheduler != "local" or args.goodput_minutes):
         p.error("--gpu measures rounds on the local scheduler only")
     args.text_files = text_files(args.text_files, p)
+    if args.cold_spare and args.scheduler != "ssh":
+        p.error("--cold-spare needs --scheduler ssh (hosts with disks of their own)")
     if args.scheduler == "ssh" and (args.goodput_minutes or not 3 <= args.hosts <= 16):
         p.error("--scheduler ssh measures rounds only, with --hosts 3 to 16 (2 nodes and a spare)")
     started = time.monotonic()

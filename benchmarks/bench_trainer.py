@@ -1,12 +1,14 @@
 """Side-by-side CPU throughput benchmark of ``trainer train`` (preset tiny: context 128, micro-batch 16,
 vocab 8192).
 
-Two comparisons, each measured in the same run so that machine drift cancels out:
+Three comparisons, each measured in the same run so that machine drift cancels out:
 
 1. (a) plain fp32 eager (``--precision fp32 --no-compile``) vs (b) the default configuration (bf16
    autocast + torch.compile), both one process using every core; reports b/a (target >= 1.8).
 2. (c) the default configuration under torchrun with world_size 1 vs (d) world_size 2, one thread per
    rank; reports the weak-scaling efficiency d / (2 c) (target >= 85%).
+3. (d) vs (e) the same with the compiled graph split at DDP's gradient buckets (``--ddp-optimizer
+   on``, the GPUs' default): reports d / e (target >= 0.97: the CPU's one graph costs no throughput).
 
 Configurations are interleaved round by round (a, b, c, d, then d, c, b, a, ...), every value is the
 median over rounds, ratios are computed from the medians, and the min/max of the per-round ratios show
@@ -74,7 +76,7 @@ __all__ = [  # throughput.py and throughput_report.py hold the machinery; it sta
 
 
 def configurations(threads: int) -> list[Config]:
-    """The four measured configurations, in round order."""
+    """The five measured configurations, in round order."""
     return [
         Config(
             "fp32_eager",
@@ -86,12 +88,22 @@ def configurations(threads: int) -> list[Config]:
         Config("default", "(b) default: bf16 autocast + torch.compile", 1, threads),
         Config("torchrun_ws1", "(c) default, torchrun, 1 rank", 1, 1, torchrun=True),
         Config("torchrun_ws2", "(d) default, torchrun, 2 ranks", 2, 1, torchrun=True),
+        Config(
+            "ddp_split",
+            "(e) as (d), the graph split at DDP's buckets: `--ddp-optimizer on`",
+            2,
+            1,
+            ("--ddp-optimizer", "on"),
+            torchrun=True,
+        ),
     ]
 
 
 COMPARISONS = (
     Comparison("b/a speed-up", "default", "fp32_eager", 1.0, 1.8, percent=False),
     Comparison("scaling efficiency d/(2c)", "torchrun_ws2", "torchrun_ws1", 2.0, 0.85, percent=True),
+    # The CPU's default compiles DDP's model in one graph (trainer.config.resolved_ddp_optimizer).
+    Comparison("one graph / split d/e", "torchrun_ws2", "ddp_split", 1.0, 0.97, percent=False),
 )
 
 

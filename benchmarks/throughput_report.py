@@ -14,18 +14,20 @@ def fmt_ratio(value: float, percent: bool) -> str:
 
 
 def ratio_cell(key: str, comparisons: list[dict[str, Any]]) -> str:
-    """The ratio column of one configuration's row."""
+    """The ratio column of one configuration's row: each comparison it is the numerator of, else
+    "baseline" where it is a denominator."""
+    cells = []
     for vals in comparisons:
-        if key == vals["denominator"]:
-            return "baseline"
         if key == vals["numerator"]:
             f = vals["percent"]
-            return (
+            cells.append(
                 f"{vals['name']} = **{fmt_ratio(vals['value'], f)}** (rounds {fmt_ratio(vals['min'], f)}–"
                 f"{fmt_ratio(vals['max'], f)}; target ≥ {fmt_ratio(vals['target'], f)}: "
                 f"{'met' if vals['met'] else 'NOT met'})"
             )
-    return ""
+    if cells:
+        return "; ".join(cells)
+    return "baseline" if any(key == vals["denominator"] for vals in comparisons) else ""
 
 
 def markdown(series: dict[str, Series], comparisons: list[dict[str, Any]], meta: dict[str, Any]) -> str:

@@ -81,22 +81,24 @@ def key_inputs(
     autocast_dtype: torch.dtype | None,
     micro_batch_size: int,
     world_size: int,
+    ddp_optimizer: bool = False,
 ) -> dict[str, Any]:
     """Everything that changes the compiled graphs, as plain JSON values. ``platform``: see
     ``platform_inputs``; ``model_shape``: the GPTConfig as a dict; ``autocast_dtype``: the resolved
     precision (None: fp32), not the flag, since ``--precision fp16`` runs bf16 on a CPU.
 
-    The world size enters only as whether DDP wraps the model: DDP's optimizer splits the graph by
-    gradient bucket, whose bounds come from the parameters' sizes and DDP's bucket cap, not from the
-    number of ranks, and the collectives run outside the compiled graphs. Checked: the artifacts of a
-    2-rank run (4 Inductor graphs) were 4 hits and no miss in a 3-rank run on a fresh Inductor cache."""
+    The world size enters only as whether DDP wraps the model, and ``ddp_optimizer`` only then: DDP's
+    optimizer splits the graph by gradient bucket, whose bounds come from the parameters' sizes and
+    DDP's bucket cap, not from the number of ranks, and the collectives run outside the compiled
+    graphs. Checked: the artifacts of a 2-rank run (4 Inductor graphs) were 4 hits and no miss in a
+    3-rank run on a fresh Inductor cache."""
     return {
         "platform": dict(platform),
         "model_shape": dict(model_shape),
         "compile_mode": compile_mode,
         "autocast": str(autocast_dtype) if autocast_dtype is not None else "fp32",
         "micro_batch_size": micro_batch_size,
-        "ddp": world_size > 1,
+        "ddp": ("split" if ddp_optimizer else "whole") if world_size > 1 else False,
     }
 
 
@@ -124,6 +126,7 @@ def run_key(
         autocast_dtype=autocast_dtype,
         micro_batch_size=cfg.micro_batch_size,
         world_size=world_size,
+        ddp_optimizer=cfg.resolved_ddp_optimizer(platform["device_type"]),
     )
     return cache_key(inputs)
 

@@ -121,6 +121,11 @@ class TrainConfig(BaseModel):
     ] = Field(
         "auto", description="torch.compile mode; auto: max-autotune-no-cudagraphs on CPU, default on GPU"
     )
+    ddp_optimizer: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="compile DDP's model in one graph per gradient bucket, so buckets all-reduce during "
+        "the backward (Dynamo's DDPOptimizer); auto: on for GPUs, off on CPUs",
+    )
     device: str = Field(
         "auto", description="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK when CUDA is available)"
     )
@@ -246,6 +251,19 @@ class TrainConfig(BaseModel):
         if self.compile_mode != "auto":
             return self.compile_mode
         return "max-autotune-no-cudagraphs" if device_type == "cpu" else "default"
+
+    def resolved_ddp_optimizer(self, device_type: str) -> bool:
+        """Whether a compiled DDP model is split at its gradient buckets (Dynamo's DDPOptimizer).
+
+        ``auto``: on GPUs, where the split lets NCCL all-reduce a bucket while the backward computes
+        the next. Off on CPUs: there gloo's all-reduce shares the cores with the backward, so the
+        overlap gains nothing measurable (``benchmarks/bench_recovery.py --ddp-optimizer``), and a
+        split graph bypasses AOTAutograd's cache (``fakify_first_call``, torch
+        ``_functorch/_aot_autograd/autograd_cache.py``): every new process, a retry's included, then
+        traces the joint graph again, about 2.5 s of its first step on the tiny preset here."""
+        if self.ddp_optimizer != "auto":
+            return self.ddp_optimizer == "on"
+        return device_type != "cpu"
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         """Model shape for a tokenizer of ``vocab_size`` tokens, padded up to a multiple of 64 so the

@@ -113,7 +113,8 @@ def setup(cfg: TrainConfig, env: DistEnv, device: torch.device, manifest: Manife
     if cfg.compile:
         compile_cache = _compile_cache(cfg, env, device, model, autocast_dtype)
         compile_cache.load()  # before the first compiled call: a retry's compile hits what it fills
-        # Compile after the DDP wrap so DDP's bucketing splits the graph (DDPOptimizer).
+        # Compiled after the DDP wrap: with the DDPOptimizer, DDP's buckets split the graph.
+        torch._dynamo.config.optimize_ddp = cfg.resolved_ddp_optimizer(device.type)
         step_model = torch.compile(step_model, mode=cfg.resolved_compile_mode(device.type))  # type: ignore[assignment]
     return Run(
         cfg=cfg,

@@ -62,6 +62,7 @@ def test_the_key_changes_with_everything_the_compiled_graphs_depend_on() -> None
         "precision": _key(BASE, dtype=None),
         "fp16 against bf16": _key(BASE, dtype=torch.float16),
         "DDP or not": _key(BASE, world_size=1),
+        "DDP's graph split at its buckets": _key(BASE.model_copy(update={"ddp_optimizer": "on"})),
     }
     assert base not in changed.values()
     assert len(set(changed.values())) == len(changed), changed
@@ -79,10 +80,14 @@ def test_the_key_stays_for_what_does_not_reach_the_compiled_graphs() -> None:
         BASE.model_copy(update={"global_batch_tokens": 4 * 128 * 2 * 4}),  # gradient accumulation
         BASE.model_copy(update={"precision": "fp16"}),  # the flag: the resolved dtype is what counts
         BASE.model_copy(update={"compile_mode": "max-autotune-no-cudagraphs"}),  # what auto is on a CPU
+        BASE.model_copy(update={"ddp_optimizer": "off"}),  # likewise
     ]
     assert [_key(cfg) for cfg in same] == [base] * len(same)
     # The world size beyond one: DDP's graph split is by bucket, not by rank count.
     assert _key(BASE, world_size=4) == base
+    # Without DDP there is nothing to split.
+    split = BASE.model_copy(update={"ddp_optimizer": "on"})
+    assert _key(split, world_size=1) == _key(BASE, world_size=1)
     # The platform's keys in another order.
     assert _key(BASE, platform=dict(reversed(CPU.items()))) == base
 

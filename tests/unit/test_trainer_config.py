@@ -60,6 +60,10 @@ def test_data_source_and_compile_mode_come_from_the_config() -> None:
     assert TrainConfig().resolved_compile_mode("cpu") == "max-autotune-no-cudagraphs"
     assert TrainConfig().resolved_compile_mode("cuda") == "default"
     assert TrainConfig(compile_mode="default").resolved_compile_mode("cpu") == "default"
+    # DDP's compiled graph: split at its buckets for the overlap on GPUs only, unless asked.
+    assert [TrainConfig().resolved_ddp_optimizer(d) for d in ("cpu", "cuda")] == [False, True]
+    assert TrainConfig(ddp_optimizer="on").resolved_ddp_optimizer("cpu") is True
+    assert TrainConfig(ddp_optimizer="off").resolved_ddp_optimizer("cuda") is False
 
 
 def test_grad_accum_is_derived_from_global_batch_tokens() -> None:
