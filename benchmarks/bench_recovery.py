@@ -143,7 +143,7 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
     """The parts of one failure's cost, in seconds; ``warm``: with ``--warm-workers``."""
     jobs = tmp / f"jobs-{k}-{'warm' if warm else 'cold'}"
     gpus = ["--gpus-per-node", "1"] if args.gpu else []
-    gpus += ["--warm-workers"] if warm else []
+    gpus += ["--warm-workers" if warm else "--no-warm-workers"]
     place, caches = tmp, []  # type: Path, list[str]
     scheduler_flags = _scheduler_flags(args, tmp)
     if args.cold_spare:
@@ -240,7 +240,7 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     minutes = args.goodput_minutes
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        "--nodes", "2", *(["--warm-workers"] if args.warm == "on" else []), "--retries", "100",
+        "--nodes", "2", "--warm-workers" if args.warm == "on" else "--no-warm-workers", "--retries", "100",
         "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
         "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
         "--max-steps", "100000000", "--run-dir", str(tmp / "run"),

@@ -20,7 +20,8 @@ too, so an artifact of other graphs merely misses; but its keys leave out a CPU'
 2.13), hence the ISA here: C++ generated for a host with AMX must not be loaded on one without it.
 
 On a CPU the artifacts spare Inductor's lowering and max-autotune's benchmarks, not the C++ compiler's
-builds of the kernels they name (torch keeps no portable copy of those): see docs/benchmarks.md.
+builds of the kernels they name (torch keeps no portable copy of those): ``<key>.kernels.tar`` carries
+them (``trainer.compile_kernels``).
 
 Beside the artifacts, ``<key>.json`` keeps how long the first step took (compile included) the last
 time it ran with the artifacts loaded and without: what a next start says it expects of its compile
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 
 from gptlaunch.files import DigestError, atomic_write_checked, atomic_write_text, check_digest
+from trainer import compile_kernels
 from trainer.config import TrainConfig
 from trainer.console import warn
 
@@ -157,18 +159,27 @@ def cache_counters() -> dict[str, int]:
 class CompileCache:
     """One run's compile artifacts at ``path`` (``cache_path``): ``load`` before the first compiled
     call, ``after_first_step`` once it ran; global rank 0 (``is_main``) prints and writes, the others
-    only load. A context manager: leaving it waits for the write in flight (a few ms)."""
+    only load. ``kernels``: the C++ kernel builds travel too (a CPU's; ``trainer.compile_kernels``).
+    A context manager: leaving it waits for the write in flight (a few ms)."""
 
-    def __init__(self, path: Path, *, is_main: bool) -> None:
-        self.path, self.is_main = path, is_main
+    def __init__(self, path: Path, *, is_main: bool, kernels: bool = False) -> None:
+        self.path, self.is_main, self.kernels = path, is_main, kernels
         self.loaded = False  # whether this process's caches were filled from ``path``
         self._pool: ThreadPoolExecutor | None = None
         self._writing: Future[float] | None = None
+        self._found: set[Path] = set()  # the kernel builds there were before this process compiled
+
+    @property
+    def kernels_path(self) -> Path:
+        return self.path.with_suffix(".kernels.tar")
 
     def load(self) -> bool:
         """Fill this process's Inductor caches from the file, if there is one whose checksum matches.
         Rank 0 says which it was; a missing file is no warning, a damaged or unreadable one is one.
         Never raises: the artifacts only save time. Returns whether they were loaded."""
+        if self.kernels:  # what this process builds from here on is what it will keep (``_write``)
+            with contextlib.suppress(OSError):
+                self._found = compile_kernels.builds(compile_kernels.inductor_cache_dir())
         if self.is_main:  # under the run-dir lock: a write killed midway left its temporary file
             with contextlib.suppress(OSError):
                 for partial in self.path.parent.glob(".*.tmp"):
@@ -190,11 +201,28 @@ class CompileCache:
                 warn(f"compile: skipped the cached artifacts in {self.path}: {e}; compiling")
             return False
         self.loaded = True
+        builds = self._load_kernels()
         took = time.perf_counter() - started
         self._say(
-            f"compile: loaded cached artifacts ({_describe(info.artifacts)}) from {self.path} in {took:.1f} s"
+            f"compile: loaded cached artifacts ({_describe(info.artifacts)}{builds}) from {self.path} "
+            f"in {took:.1f} s"
         )
         return True
+
+    def _load_kernels(self) -> str:
+        """Write the kernel builds this host lacks into its Inductor cache dir; ``, N kernel builds``
+        for ``load``'s line ("" when there are none to load). Never raises: g++ builds what is missing."""
+        if not self.kernels:
+            return ""
+        root = compile_kernels.inductor_cache_dir()
+        written = None
+        try:
+            if self.kernels_path.exists() and check_digest(self.kernels_path):
+                written = compile_kernels.unpack(self.kernels_path.read_bytes(), root)
+        except Exception as e:  # as for the artifacts: never worth a failed start
+            if self.is_main:
+                warn(f"compile: skipped the kernel builds in {self.kernels_path}: {e}; building them")
+        return "" if written is None else f", {written} kernel build(s) new here"
 
     @property
     def _times_path(self) -> Path:
@@ -239,8 +267,9 @@ class CompileCache:
             f"{counts['fxgraph_cache_miss']} miss(es); AOTAutograd cache: {counts['autograd_cache_hit']} "
             f"hit(s), {counts['autograd_cache_miss']} miss(es)"
         )
-        if self.loaded and not counts["fxgraph_cache_miss"] + counts["autograd_cache_miss"]:
-            return line  # the file holds all this attempt needed (a hit records its artifact too)
+        missed = counts["fxgraph_cache_miss"] + counts["autograd_cache_miss"]
+        if self.loaded and not missed and (not self.kernels or self.kernels_path.exists()):
+            return line  # the files hold all this attempt needed (a hit records its artifact too)
         started = time.perf_counter()
         saved = torch.compiler.save_cache_artifacts()  # bytes already in memory: about a millisecond
         if saved is None:  # no caching compiler ran (caches turned off by TORCHINDUCTOR_* variables)
@@ -250,11 +279,20 @@ class CompileCache:
         # The write (an fsync, twice) goes on a thread: a GPU model's artifacts, Triton kernels
         # included, may take tens of MB, which a slow or networked run dir takes a while to sync.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-cache")
-        self._writing = self._pool.submit(write_artifacts, self.path, data)
+        self._writing = self._pool.submit(self._write, data)
         return (
             f"{line}; saving the artifacts ({_describe(info.artifacts)}: {len(data) / 1e6:.1f} MB, "
             f"serialized in {took_ms:.1f} ms) to {self.path}"
         )
+
+    def _write(self, data: bytes) -> float:
+        """The artifacts, then (``kernels``) every kernel build this process made or loaded: seconds."""
+        took = write_artifacts(self.path, data)
+        if self.kernels:
+            root = compile_kernels.inductor_cache_dir()
+            files = (compile_kernels.builds(root) - self._found) | compile_kernels.mapped(root)
+            took += write_artifacts(self.kernels_path, compile_kernels.pack(root, files))
+        return took
 
     def close(self) -> float | None:
         """Wait for the write in flight and say how long it took on rank 0; returns its seconds, or None

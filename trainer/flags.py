@@ -36,7 +36,16 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         *("run_dir", "max_steps", "micro_batch_size", "global_batch_tokens", "lr", "min_lr_ratio"),
         *("warmup_steps", "weight_decay", "grad_clip", "seed"),
     ),
-    "runtime": ("precision", "compile", "compile_mode", "ddp_optimizer", "device", "backend", "dist_timeout_s", "peak_flops"),
+    "runtime": (
+        "precision",
+        "compile",
+        "compile_mode",
+        "ddp_optimizer",
+        "device",
+        "backend",
+        "dist_timeout_s",
+        "peak_flops",
+    ),
     "logging and checkpoints": (
         *("log_interval", "eval_interval", "eval_iters", "checkpoint_interval", "keep_checkpoints"),
         *("snapshot_interval", "async_checkpoints", "resume", "stop_signals", "straggler_check"),

@@ -148,7 +148,7 @@ def _compile_cache(
         autocast_dtype=dtype,
         world_size=env.world_size,
     )
-    return CompileCache(cache_path(cfg.run_dir, key), is_main=env.is_main)
+    return CompileCache(cache_path(cfg.run_dir, key), is_main=env.is_main, kernels=device.type == "cpu")
 
 
 def _precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:

@@ -117,11 +117,12 @@ class ParityOptions(SchedulerOptions):
 class WarmOptions(SchedulerOptions):
     """Options of a scheduler that can fork its ranks from a warm process (``gptlaunch.warm``)."""
 
-    warm_workers: bool = Field(
-        False,
+    warm_workers: bool | None = Field(
+        None,
         description="fork the ranks from a process that has imported torch, kept per job (and per host "
         "on ssh) across attempts, so that a retry starts them warm (seconds sooner); a rank that starts "
-        "before that process is ready starts cold",
+        "before that process is ready starts cold (default: on where a retry may follow: --retries above "
+        "0, a Python program, no --image)",
     )
 
 

@@ -103,6 +103,17 @@ def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
     return ["-m", "trainer.cli", "train", *args], run_dir
 
 
+def warm_workers(spec: JobSpec) -> bool:
+    """Whether ``spec``'s ranks fork from a warm process (``scheduler.warm_workers``, ``gptlaunch.warm``):
+    as asked, else where they pay: a retry may follow (``retries`` > 0: only a retry's ranks start
+    once the zygote is ready), the program is Python, and no image runs the ranks in containers."""
+    asked = getattr(spec.scheduler, "warm_workers", False)
+    if asked is not None:
+        return bool(asked)
+    python = spec.program is None or spec.program.kind != "no_python"
+    return spec.retries > 0 and python and getattr(spec.scheduler, "image", None) is None
+
+
 def check_warm_program(spec: JobSpec) -> None:
     """Raise SpecError when ``spec`` asks for warm workers (``scheduler.warm_workers``) and a program
     that is not Python: a forked rank runs Python code."""

@@ -15,6 +15,7 @@ import re
 import resource
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -100,12 +101,23 @@ def test_a_cold_host_loads_the_run_dirs_artifacts_and_reaches_its_first_step_soo
     assert hits == aot_hits == 0 and misses > 0 and aot_misses > 0  # a cold cache indeed
     (saved,) = (run_dir / CACHE_DIR).glob("*.bin")
     assert check_digest(saved) and f"compile: saved the artifacts to {saved}" in cold
+    assert check_digest(saved.with_suffix(".kernels.tar"))  # g++'s builds of the kernels, beside them
 
     warm_s, warm_cpu, warm = _to_first_step(argv, fresh_caches("spare-host"))
-    assert (
-        f"compile: loaded cached artifacts (aot_autograd {aot_misses}, inductor {misses}) from {saved}"
-        in warm
+    loaded = re.search(
+        rf"compile: loaded cached artifacts \(aot_autograd {aot_misses}, inductor {misses}, (\d+) kernel "
+        rf"build\(s\) new here\) from {re.escape(str(saved))}",
+        warm,
     )
+    assert loaded, warm[-3000:]
+    spare = tmp_path / "spare-host" / "inductor"
+    with tarfile.open(saved.with_suffix(".kernels.tar")) as tar:
+        shipped = tar.getnames()
+    assert len(shipped) == int(loaded[1]) > 0
+    # g++ built none of the model's kernels on the spare: all it built itself (Inductor's probe of the
+    # CPU's vector ISA, before any compile) is older than the builds the run dir brought.
+    own = [p.stat().st_mtime for p in spare.glob("*/*.so") if p.relative_to(spare).as_posix() not in shipped]
+    assert max(own, default=0.0) < min((spare / name).stat().st_mtime for name in shipped)
     # Every graph the first run compiled came from the artifacts: nothing lowered again.
     assert _counts(warm) == (misses, 0, aot_misses, 0)
     assert "saving the artifacts" not in warm  # once per run: the file holds all it needed

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.spec import JobSpec, Program, SpecError
-from launcher.job.torchrun import rdzv_backend, with_run_dir
+from launcher.job.torchrun import rdzv_backend, warm_workers, with_run_dir
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.schedulers.local.warm import zygote_socket
 
@@ -138,6 +138,25 @@ def test_warm_workers_run_each_rank_through_the_zygote_client_and_refuse_a_no_py
     no_python = spec.model_copy(update={"program": Program(kind="no_python", target="./a.out")})
     with pytest.raises(SpecError, match="--warm-workers"):
         LocalScheduler().resolve(no_python)
+
+
+def test_warm_workers_are_on_by_default_only_where_a_retry_may_follow() -> None:
+    def warm(scheduler: dict[str, object], **job: object) -> bool:
+        return (
+            "gptlaunch.warm" in _render(JobSpec.model_validate({"scheduler": scheduler, **job})).nodes[0].argv
+        )
+
+    local = {"kind": "local"}
+    assert warm(local, retries=1) and not warm(local)  # no retry: no rank would ever start warm
+    assert not warm(local | {"warm_workers": False}, retries=1)  # as asked, both ways
+    assert warm(local | {"warm_workers": True})
+    # Not for a binary (it starts its own interpreter) nor for ranks in containers: no error either.
+    binary = {"kind": "no_python", "target": "./a.out"}
+    assert not warm_workers(JobSpec.model_validate({"scheduler": local, "retries": 1, "program": binary}))
+    ssh = {"kind": "ssh", "hosts": ["a"]}
+    assert warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 1}))
+    assert not warm_workers(JobSpec.model_validate({"scheduler": ssh | {"image": "img:1"}, "retries": 1}))
+    assert not warm_workers(JobSpec.model_validate({"scheduler": {"kind": "slurm"}, "retries": 1}))
 
 
 def test_omp_num_threads_from_env_is_honoured_not_overridden() -> None:

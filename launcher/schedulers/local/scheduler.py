@@ -21,7 +21,14 @@ from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import Facts, NodeCommand, Plan, build_plan, workdir_of
 from launcher.job.record import JobRecord, agent_dir
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import agent_env, check_warm_program, node_agents, warm_worker, worker_argv
+from launcher.job.torchrun import (
+    agent_env,
+    check_warm_program,
+    node_agents,
+    warm_worker,
+    warm_workers,
+    worker_argv,
+)
 from launcher.schedulers.local.options import LocalOptions
 from launcher.schedulers.local.warm import WarmAgents, zygote_socket
 from launcher.supervisor.scheduler import SupervisedScheduler
@@ -109,7 +116,7 @@ class LocalScheduler(SupervisedScheduler):
     def render(self, spec: JobSpec, facts: LocalFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.rdzv_host}:{facts.rdzv_port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
-        if spec.options(LocalOptions).warm_workers:
+        if warm_workers(spec):
             worker = warm_worker(worker, str(zygote_socket(job_id)))
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         nodes = []
@@ -128,6 +135,6 @@ class LocalScheduler(SupervisedScheduler):
 
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
         spec = record.spec()
-        if spec.options(LocalOptions).warm_workers:
+        if warm_workers(spec):
             return WarmAgents(spec.secrets_here(), spec.python, plan.job_id)
         return ChannelAgents(spec.secrets_here())

@@ -29,7 +29,7 @@ from launcher.job.record import JobRecord
 from launcher.job.reports import NodeReport, NodeStatus
 from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import copy_excludes
+from launcher.job.torchrun import copy_excludes, warm_workers
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.hosts import hosts_of, master_address, probe_hosts, pull_image, ssh_settings
@@ -80,7 +80,7 @@ class SshAgents(Transport):
         self.renewer: threading.Thread | None = None
         self.warming = threading.Lock()  # a retry's checks wait for a warm-up of the same spares
         self.zygotes = Zygotes(self.settings, self.python, plan.job_id, record.dir, LEASE_S)
-        self.warm = opts.warm_workers
+        self.warm = warm_workers(spec)
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """For a retry: every host of ``failed_hosts`` (all the hosts a failure blamed, any order,

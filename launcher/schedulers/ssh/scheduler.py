@@ -34,6 +34,7 @@ from launcher.job.torchrun import (
     copy_excludes,
     node_agents,
     warm_worker,
+    warm_workers,
     worker_argv,
     zygote_name,
 )
@@ -207,7 +208,7 @@ class SshScheduler(SupervisedScheduler):
     def render(self, spec: JobSpec, facts: SshFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{facts.master_addr}:{facts.rdzv_port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
-        if spec.options(SshOptions).warm_workers:
+        if warm_workers(spec):
             worker = warm_worker(worker, zygote_name(job_id))
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
         hosts = facts.host_plan()
