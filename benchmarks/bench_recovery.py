@@ -54,8 +54,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import shutil
+import signal
 import statistics
 import subprocess
 import sys

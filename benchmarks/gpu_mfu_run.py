@@ -134,7 +134,7 @@ def patch_trainer(v: Variant, args: argparse.Namespace, trace_path: Path, out: d
     elif v.sync != "step":
         raise SystemExit(f"sync={v.sync}: use step or log")
 
-    real_step = trainer.train.train_step
+    real_step = trainer.train.backward  # each step's first call: where the profile starts and ends
     start = DRY_PROFILE_AT if args.dry else PROFILE_AT
     held: dict[str, Any] = {}
     cuda = torch.cuda.is_available() and not args.dry
@@ -143,7 +143,7 @@ def patch_trainer(v: Variant, args: argparse.Namespace, trace_path: Path, out: d
         if cuda:
             torch.cuda.synchronize()
 
-    def train_step(run, step, clock=None):  # type: ignore[no-untyped-def]
+    def backward(run, step, clock=None):  # type: ignore[no-untyped-def]
         if step == start and os.environ.get("BENCH_PROFILE", "1") != "0":
             sync()
             activities = [torch.profiler.ProfilerActivity.CPU]
@@ -165,7 +165,7 @@ def patch_trainer(v: Variant, args: argparse.Namespace, trace_path: Path, out: d
             raw.unlink()
         return real_step(run, step, clock)
 
-    trainer.train.train_step = train_step
+    trainer.train.backward = backward
 
 
 def run_one(args: argparse.Namespace) -> int:

@@ -257,7 +257,7 @@ class TrainConfig(BaseModel):
 
         ``auto``: on GPUs, where the split lets NCCL all-reduce a bucket while the backward computes
         the next. Off on CPUs: there gloo's all-reduce shares the cores with the backward, so the
-        overlap gains nothing measurable (``benchmarks/bench_recovery.py --ddp-optimizer``), and a
+        overlap gains nothing measurable (``benchmarks/bench_trainer.py``, its d/e), and a
         split graph bypasses AOTAutograd's cache (``fakify_first_call``, torch
         ``_functorch/_aot_autograd/autograd_cache.py``): every new process, a retry's included, then
         traces the joint graph again, about 2.5 s of its first step on the tiny preset here."""

@@ -1,9 +1,10 @@
 """One optimizer step and one evaluation of a Run.
 
-One optimizer step: ``grad_accum_steps`` micro-steps per rank, gradients all-reduced by DDP only on
-the last (``no_sync`` covers forward *and* backward of the others, since DDP arms its reducer in
-forward), then clipping and AdamW. ``agree`` then makes one small all-reduce that carries the step's
-mean loss over ranks and whether any rank was asked to stop, so every rank stops at the same step.
+One optimizer step: ``backward`` runs ``grad_accum_steps`` micro-steps per rank, gradients all-reduced
+by DDP only on the last (``no_sync`` covers forward *and* backward of the others, since DDP arms its
+reducer in forward), then clips them; ``update`` runs AdamW. ``agree`` makes one small all-reduce that
+carries the step's mean loss over ranks and whether any rank was asked to stop, so every rank stops at
+the same step (``AGREE_BEFORE_UPDATE`` says where).
 """
 
 from __future__ import annotations
@@ -34,9 +35,21 @@ def _compute(run: Run) -> contextlib.ExitStack:
     return stack
 
 
-def train_step(run: Run, step: int, clock: ComputeClock | None = None) -> torch.Tensor:
-    """One optimizer step; returns this rank's mean micro-batch loss (a 0-d tensor, not synced).
-    ``clock`` times the forward passes (this rank's own compute, see ``trainer.stragglers``)."""
+def agree_before_update(run: Run) -> bool:
+    """Whether ``agree`` runs between ``backward`` and ``update``, not after them: on a CPU. A rank
+    whose peer dies then finds out in a collective before its update, while the weights still hold
+    the last step whose work ended (``Held``), and keeps that step for the retry
+    (``snapshot_on_failure``, CPU only); after its update it would hold no whole step until the loop
+    ends this one, and the retry would redo the steps since the last snapshot. On a GPU ``agree``'s
+    read of the loss waits for the device: before the update the optimizer's kernels would be
+    launched only then, an idle gap in every step."""
+    return run.device.type == "cpu"
+
+
+def backward(run: Run, step: int, clock: ComputeClock | None = None) -> torch.Tensor:
+    """Forward and backward passes of one optimizer step, gradients all-reduced and clipped; returns
+    this rank's mean micro-batch loss (a 0-d tensor, not synced). ``clock`` times the forward passes
+    (this rank's own compute, see ``trainer.stragglers``)."""
     timed = clock.forward if clock is not None else contextlib.nullcontext
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, run.cfg)
@@ -57,6 +70,11 @@ def train_step(run: Run, step: int, clock: ComputeClock | None = None) -> torch.
         run.scaler.unscale_(run.optimizer)
     if run.cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+    return loss_sum / accum
+
+
+def update(run: Run) -> None:
+    """The optimizer's step on the gradients ``backward`` left (through the loss scaler, if any)."""
     run.held.step = None  # the weights move past the step held: none until the loop ends this step
     if run.scaler is not None:
         run.scaler.step(run.optimizer)
@@ -64,7 +82,6 @@ def train_step(run: Run, step: int, clock: ComputeClock | None = None) -> torch.
     else:
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum / accum
 
 
 def agree(run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:

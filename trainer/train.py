@@ -39,7 +39,7 @@ from trainer.precheck import check_config
 from trainer.run import Run, save, setup, snapshot_on_failure, snapshot_state
 from trainer.saver import SaveTimes
 from trainer.signals import StopRequest
-from trainer.step import agree, evaluate, train_step
+from trainer.step import agree, agree_before_update, backward, evaluate, update
 from trainer.stragglers import StragglerWatch, describe
 
 WAIT_NOTED_S = 0.1  # a save that waited this long for the previous one says so
@@ -147,6 +147,7 @@ def loop(run: Run, stop: StopRequest) -> int:
     stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
     obs = Observers(Throughput(run), stragglers)
     runtime.resumed_from(run.start_step)
+    early = agree_before_update(run)
     with Report(run) as report:
         report.log(_start_line(run, obs.meter.tokens_per_step))
         runtime.starting("compile" if compiled else "first step", compiled.expected_s() if compiled else None)
@@ -154,7 +155,12 @@ def loop(run: Run, stop: StopRequest) -> int:
         for step in range(run.start_step, cfg.max_steps):
             fault.check(step)
             t0 = time.perf_counter()
-            loss, stopping = agree(run, step, train_step(run, step, obs.stragglers.clock), stop.requested)
+            local_loss = backward(run, step, obs.stragglers.clock)
+            if early:
+                loss, stopping = agree(run, step, local_loss, stop.requested)
+            update(run)
+            if not early:
+                loss, stopping = agree(run, step, local_loss, stop.requested)
             done = step + 1
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss))

@@ -150,12 +150,12 @@ def test_warm_workers_are_on_by_default_only_where_a_retry_may_follow() -> None:
     assert warm(local, retries=1) and not warm(local)  # no retry: no rank would ever start warm
     assert not warm(local | {"warm_workers": False}, retries=1)  # as asked, both ways
     assert warm(local | {"warm_workers": True})
-    # Not for a binary (it starts its own interpreter) nor for ranks in containers: no error either.
+    # Not for a binary (it starts its own interpreter): no error either.
     binary = {"kind": "no_python", "target": "./a.out"}
     assert not warm_workers(JobSpec.model_validate({"scheduler": local, "retries": 1, "program": binary}))
-    ssh = {"kind": "ssh", "hosts": ["a"]}
-    assert warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 1}))
-    assert not warm_workers(JobSpec.model_validate({"scheduler": ssh | {"image": "img:1"}, "retries": 1}))
+    ssh = {"kind": "ssh", "hosts": ["a"]}  # not yet by default (see warm_workers), but when asked
+    assert not warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 1}))
+    assert warm_workers(JobSpec.model_validate({"scheduler": ssh | {"warm_workers": True}, "retries": 1}))
     assert not warm_workers(JobSpec.model_validate({"scheduler": {"kind": "slurm"}, "retries": 1}))
 
 
