@@ -118,7 +118,7 @@ def patch_trainer(v: Variant, args: argparse.Namespace, trace_path: Path, out: d
     if v.sync == "log":  # the loss crosses to the host at log steps only (a measurement)
         real_agree = trainer.train.agree
 
-        def agree(run, step, local_loss, stop_requested):  # type: ignore[no-untyped-def]
+        def agree(run, step, local_loss, stop_requested, compute_s=None):  # type: ignore[no-untyped-def]
             done = step + 1
             c = run.cfg
             if (
@@ -127,8 +127,8 @@ def patch_trainer(v: Variant, args: argparse.Namespace, trace_path: Path, out: d
                 or done == c.max_steps
                 or done == run.start_step + 1
             ):
-                return real_agree(run, step, local_loss, stop_requested)
-            return float("nan"), False
+                return real_agree(run, step, local_loss, stop_requested, compute_s)
+            return float("nan"), False, None
 
         trainer.train.agree = agree
     elif v.sync != "step":

@@ -3,8 +3,9 @@
 One optimizer step: ``backward`` runs ``grad_accum_steps`` micro-steps per rank, gradients all-reduced
 by DDP only on the last (``no_sync`` covers forward *and* backward of the others, since DDP arms its
 reducer in forward), then clips them; ``update`` runs AdamW. ``agree`` makes one small all-reduce that
-carries the step's mean loss over ranks and whether any rank was asked to stop, so every rank stops at
-the same step (``AGREE_BEFORE_UPDATE`` says where).
+carries the step's mean loss over ranks, whether any rank was asked to stop, so every rank stops at the
+same step, and at a log interval the ranks' compute times for the straggler check
+(``agree_before_update`` says where it runs).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def backward(run: Run, step: int, clock: ComputeClock | None = None) -> torch.Te
             loss_sum += loss.detach()
             scaled = loss / accum
             (run.scaler.scale(scaled) if run.scaler is not None else scaled).backward()
+    if clock is not None:
+        clock.step_done()
     if run.scaler is not None:
         run.scaler.unscale_(run.optimizer)
     if run.cfg.grad_clip > 0:
@@ -84,19 +87,28 @@ def update(run: Run) -> None:
     run.optimizer.zero_grad(set_to_none=True)
 
 
-def agree(run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
-    """(the step's loss averaged over ranks, whether any rank got a stop signal): one all-reduce.
+def agree(
+    run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool, compute_s: float | None = None
+) -> tuple[float, bool, list[float] | None]:
+    """(the step's loss averaged over ranks, whether any rank got a stop signal, every rank's
+    ``compute_s`` in rank order or None): one all-reduce. ``compute_s``, this rank's forward seconds
+    per step at a log interval of the straggler check (``trainer.stragglers``), rides in the same
+    all-reduce (one slot per rank), so the check adds no collective of its own after the update.
 
     Raises TrainingError when the loss is not finite (every rank raises: they see the same sum)."""
-    stats = distributed.all_reduce_sum(
-        torch.stack([local_loss.float(), torch.tensor(float(stop_requested), device=run.device)])
-    )
-    loss, stopping = stats[0].item() / run.env.world_size, stats[1].item() > 0
+    env = run.env
+    slots = env.world_size if compute_s is not None else 0
+    stats = torch.zeros(2 + slots, dtype=torch.float64, device=run.device)
+    stats[0], stats[1] = local_loss.detach(), float(stop_requested)
+    if compute_s is not None:
+        stats[2 + env.rank] = compute_s
+    values = distributed.all_reduce_sum(stats).tolist()
+    loss, stopping = values[0] / env.world_size, values[1] > 0
     if not math.isfinite(loss):
         raise TrainingError(
             f"loss is {loss} at step {step}: lower --lr, raise --warmup-steps or use --precision fp32"
         )
-    return loss, stopping
+    return loss, stopping, (values[2:] if compute_s is not None else None)
 
 
 @torch.no_grad()

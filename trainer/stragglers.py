@@ -3,7 +3,8 @@
 Each rank times its forward passes (``ComputeClock``): DDP's forward holds no collective here (the
 model has no buffers to broadcast), so this is the rank's own compute, not time spent waiting for a
 slow peer, which every rank's whole step includes. At each log interval the ranks share their mean
-per step with one small all-reduce (``share``: a vector with one slot per rank; nothing per step).
+per step in the step's own all-reduce (``trainer.step.agree``: one slot per rank; no collective of
+its own).
 A rank slower than ``THRESHOLD`` × the median of the other ranks for ``INTERVALS`` intervals in a
 row is a straggler (``Stragglers``); every rank computes the same verdict from the same numbers.
 """
@@ -62,13 +63,6 @@ class ComputeClock:
         return mean
 
 
-def share(seconds: float, rank: int, world_size: int, device: torch.device) -> list[float]:
-    """Every rank's ``seconds``, in rank order: one all-reduce of a world_size vector. Collective."""
-    slots = torch.zeros(world_size, dtype=torch.float64, device=device)
-    slots[rank] = seconds
-    return [float(v) for v in distributed.all_reduce_sum(slots).tolist()]
-
-
 @dataclass(frozen=True)
 class Straggler:
     rank: int
@@ -91,20 +85,25 @@ class Stragglers:
 class StragglerWatch:
     """The straggler check of one rank: its clock, the shared verdict, and where each rank runs."""
 
-    def __init__(self, device: torch.device, rank: int, world_size: int, enabled: bool = True) -> None:
+    def __init__(self, device: torch.device, world_size: int, enabled: bool = True) -> None:
         self.clock = ComputeClock(device, enabled)
-        self.device, self.rank, self.world_size = device, rank, world_size
+        self.world_size = world_size
         self._verdict = Stragglers(world_size)
         self._places: list[tuple[int, str]] | None = None
         self.last: list[float] = []  # every rank's forward seconds per step in the last interval
 
-    def interval(self) -> list[dict[str, object]]:
-        """At a log interval (every rank, collective): share the compute times and return the
-        stragglers as records ``{"rank", "node", "host", "ratio"}`` (empty when there are none or the
-        check is off, which costs no collective)."""
-        if not self.clock.enabled:
+    def seconds_due(self, logs: bool) -> float | None:
+        """This rank's mean forward seconds per step for ``agree`` to share when the step ``logs`` (a
+        log interval) and the check is on; None otherwise."""
+        return self.clock.take() if logs and self.clock.enabled else None
+
+    def interval(self, shared: list[float] | None) -> list[dict[str, object]]:
+        """At a log interval, every rank's ``shared`` compute seconds (``agree``'s, None when none
+        were shared): the stragglers as records ``{"rank", "node", "host", "ratio"}`` (empty when
+        there are none). Collective only the first time there is one to name (where ranks run)."""
+        if shared is None:
             return []
-        self.last = share(self.clock.take(), self.rank, self.world_size, self.device)
+        self.last = shared
         found = self._verdict.update(self.last)
         if not found:
             return []

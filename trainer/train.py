@@ -144,10 +144,9 @@ def loop(run: Run, stop: StopRequest) -> int:
     cadence = Cadence(cfg, run.start_step)
     compiled = run.compile_cache
     fault = FaultInjection.from_env(run.env)
-    stragglers = StragglerWatch(run.device, run.env.rank, run.env.world_size, cfg.straggler_check)
+    stragglers = StragglerWatch(run.device, run.env.world_size, cfg.straggler_check)
     obs = Observers(Throughput(run), stragglers)
     runtime.resumed_from(run.start_step)
-    early = agree_before_update(run)
     with Report(run) as report:
         report.log(_start_line(run, obs.meter.tokens_per_step))
         runtime.starting("compile" if compiled else "first step", compiled.expected_s() if compiled else None)
@@ -155,19 +154,19 @@ def loop(run: Run, stop: StopRequest) -> int:
         for step in range(run.start_step, cfg.max_steps):
             fault.check(step)
             t0 = time.perf_counter()
-            local_loss = backward(run, step, obs.stragglers.clock)
-            if early:
-                loss, stopping = agree(run, step, local_loss, stop.requested)
-            update(run)
-            if not early:
-                loss, stopping = agree(run, step, local_loss, stop.requested)
             done = step + 1
+            local_loss = backward(run, step, obs.stragglers.clock)
+            compute_s = obs.stragglers.seconds_due(cadence.logs(done))
+            loss, stopping, shared = _agree_and_update(run, step, local_loss, stop.requested, compute_s)
             obs.step_done(done, time.perf_counter() - t0)
-            report.step(done, loss, _record(run, cadence, obs, step, loss))
+            report.step(done, loss, _record(run, cadence, obs, step, loss, shared))
             if step == run.start_step:
                 _after_first_step(report, compiled, time.perf_counter() - started)
             if stopping or cadence.checkpoints(done) or cadence.snapshots(done):
                 report.sync()  # a retry resumes after this step: what it will not redo is logged first
+            # All of step ``done``'s work that a retry would not redo has ended (its record is out): a
+            # retry from here skips none, even if a peer is lost in the checkpoint's gather that follows.
+            run.held.step = done
             if stopping or cadence.checkpoints(done):
                 with runtime.phase("checkpoint"):
                     times = save(run, done, stopping, stop.received.name if stop.received else None)
@@ -179,8 +178,19 @@ def loop(run: Run, stop: StopRequest) -> int:
                 report.stopped()
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
-            run.held.step = done  # all of step ``done``'s work ended: a retry from here skips none
     return EXIT_OK
+
+
+def _agree_and_update(
+    run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool, compute_s: float | None
+) -> tuple[float, bool, list[float] | None]:
+    """``agree`` and ``update``, in the order ``agree_before_update`` says; ``agree``'s result."""
+    if not agree_before_update(run):
+        update(run)
+    agreed = agree(run, step, local_loss, stop_requested, compute_s)
+    if agree_before_update(run):
+        update(run)
+    return agreed
 
 
 def _after_first_step(report: Report, compiled: CompileCache | None, seconds: float) -> None:
@@ -190,15 +200,18 @@ def _after_first_step(report: Report, compiled: CompileCache | None, seconds: fl
         report.log(line)
 
 
-def _record(run: Run, cadence: Cadence, obs: Observers, step: int, loss: float) -> dict[str, Any]:
-    """The metrics record after ``step`` (``step + 1`` done): throughput and stragglers when a log
-    line is due, the validation loss when an evaluation is (collective then); empty when neither is."""
+def _record(
+    run: Run, cadence: Cadence, obs: Observers, step: int, loss: float, shared: list[float] | None
+) -> dict[str, Any]:
+    """The metrics record after ``step`` (``step + 1`` done): throughput and stragglers (from the
+    ranks' ``shared`` compute seconds) when a log line is due, the validation loss when an evaluation
+    is (collective then); empty when neither is."""
     done = step + 1
     record: dict[str, Any] = {}
     if cadence.logs(done):
         lr = lr_at(step, run.cfg)
         record = {"step": done, "loss": loss, "lr": lr, **obs.meter.take(), "world_size": run.env.world_size}
-        stragglers = obs.stragglers.interval()
+        stragglers = obs.stragglers.interval(shared)
         if stragglers:
             record["stragglers"] = stragglers
         if obs.stragglers.last:
@@ -220,7 +233,6 @@ class Observers:
 
     def step_done(self, done: int, step_s: float) -> None:
         self.meter.add(step_s)  # step time only: evaluation and checkpoints excluded
-        self.stragglers.clock.step_done()
         runtime.beat(done)
 
 

@@ -52,7 +52,9 @@ EOF
 
 docker_() { DOCKER_HOST="unix://$SOCK" docker "$@"; }
 engine_answers() { docker_ version --format '{{.Server.Version}}' >/dev/null 2>&1; }
-engine_pid() { [[ -s $PID_FILE ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && cat "$PID_FILE"; }
+# A dockerd's pid only: after a reboot the file's pid may name another process, and dockerd refuses to
+# start while its pid file names a live one.
+engine_pid() { [[ -s $PID_FILE && "$(ps -p "$(cat "$PID_FILE")" -o comm= 2>/dev/null)" == dockerd ]] && cat "$PID_FILE"; }
 
 lock() {
     exec 9>"$LOCK"
@@ -105,6 +107,8 @@ start_engine() {
         log "engine already up (pid $(engine_pid))"
         return
     fi
+    # Left by an engine that is gone (a reboot keeps them here): their pids may name other processes.
+    engine_pid >/dev/null || rm -f "$PID_FILE" "$EXEC_ROOT/containerd/containerd.pid"
     mkdir -p "$STATE/data" "$EXEC_ROOT"
     local driver
     driver="$(storage_driver)"

@@ -52,7 +52,7 @@ def test_the_clock_times_only_what_runs_inside_forward() -> None:
 
 
 def test_each_ranks_throughput_is_its_share_of_a_step_over_its_forward_time() -> None:
-    watch = StragglerWatch(torch.device("cpu"), rank=0, world_size=2)
+    watch = StragglerWatch(torch.device("cpu"), world_size=2)
     assert watch.rank_tokens_per_s(4096) == []  # no interval yet
     watch.last = [0.5, 2.0]
     assert watch.rank_tokens_per_s(4096) == [4096.0, 1024.0]  # 2048 tokens a step each
