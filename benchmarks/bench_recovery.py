@@ -40,12 +40,13 @@ on, instead of ``--no-compile``: start-up then holds the compile, its artifacts 
 (``trainer.compile_cache``) on the retry.
 
 With ``--goodput-minutes M``: instead, one local 2-node job with the trainer's default checkpoint
-and evaluation intervals runs for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds;
-its goodput (``launcher status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
+and evaluation intervals (and the launcher's default for warm workers unless ``--warm`` says) runs
+for M minutes with rank 1 SIGKILLed every ``--kill-every-s`` seconds; its goodput (``launcher
+status``: ``launcher.job.goodput``) is read at the end, then it is cancelled.
 
 Usage: ``python benchmarks/bench_recovery.py [--rounds N] [--retry-backoff-s S] [--kill-step K]
 [--scheduler ssh [--hosts N] [--cold-spare]] [--warm on|both] [--compile] [--gpu [--preset P]]``,
-``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300]``.
+``python benchmarks/bench_recovery.py --goodput-minutes 20 [--kill-every-s 300] [--compile]``.
 Progress goes to stderr, Markdown to stdout.
 """
 
@@ -240,7 +241,7 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     minutes = args.goodput_minutes
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
-        "--nodes", "2", "--warm-workers" if args.warm == "on" else "--no-warm-workers", "--retries", "100",
+        "--nodes", "2", *_warm_flag(args.warm), "--retries", "100",
         "--retry-backoff-s", f"{args.retry_backoff_s:g}", "--",
         "--text-files", *map(str, args.text_files), "--data-dir", str(tmp / "data"), *_trainer_flags(args),
         "--max-steps", "100000000", "--run-dir", str(tmp / "run"),
@@ -270,6 +271,11 @@ def goodput_run(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     return dict(data["goodput"])
 
 
+def _warm_flag(warm: str | None) -> list[str]:
+    """The goodput job's warm-workers flag: none (the launcher's default) unless ``--warm`` gave one."""
+    return {"on": ["--warm-workers"], "off": ["--no-warm-workers"]}.get(warm or "", [])
+
+
 def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
     print("| part | seconds | share |\n| --- | ---: | ---: |")
     for key in ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s"):
@@ -279,7 +285,7 @@ def _print_goodput(args: argparse.Namespace, g: dict[str, float]) -> None:
         f"SIGKILLed every {args.kill_every_s:g} s), `--retry-backoff-s {args.retry_backoff_s:g}`; "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} · `python benchmarks/bench_recovery.py "
         f"--goodput-minutes {args.goodput_minutes:g} --kill-every-s {args.kill_every_s:g}"
-        f"{' --warm on' if args.warm == 'on' else ''}{' --compile' if args.compile else ''}`"
+        f"{f' --warm {args.warm}' if args.warm else ''}{' --compile' if args.compile else ''}`"
     )
 
 
@@ -289,7 +295,7 @@ def _over(args: argparse.Namespace) -> str:
     flags += f" --gpu --preset {args.preset}" if args.gpu else ""
     flags += " --compile" if args.compile and not args.gpu else ""
     flags += " --cold-spare" if args.cold_spare else ""
-    flags += f" --warm {args.warm}" if args.warm != "off" else ""
+    flags += f" --warm {args.warm}" if args.warm not in (None, "off") else ""
     default = 20  # --checkpoint-interval's
     return flags + (
         f" --checkpoint-interval {args.checkpoint_interval}" if args.checkpoint_interval != default else ""
@@ -331,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-spare", action="store_true",
                    help="ssh: run dir, data and compile caches on each host's own disk")  # fmt: skip
     p.add_argument("--preset", default="gpt2", help="--gpu: the model's preset")
-    p.add_argument("--warm", choices=("off", "on", "both"), default="off",
-                   help="--warm-workers: off, on, or both, alternating round by round")  # fmt: skip
+    p.add_argument("--warm", choices=("off", "on", "both"),
+                   help="--warm-workers: off (the rounds' default), on, or both, alternating round by "
+                   "round; the goodput run's default: the launcher's")  # fmt: skip
     args = p.parse_args(argv)
     args.nodes = 1 if args.gpu else 2
     if args.goodput_minutes and args.warm == "both":
@@ -355,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         with tempfile.TemporaryDirectory(prefix="bench_recovery-") as tmp:
-            modes = {"off": [False], "on": [True], "both": [False, True]}[args.warm]
+            modes = {"off": [False], "on": [True], "both": [False, True]}[args.warm or "off"]
             rounds = {w: [] for w in modes}  # type: dict[bool, list[dict[str, float]]]
             for k in range(args.rounds):  # side by side: cold and warm alternate
                 for warm in modes:
