@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common import DEFAULT_TEXT
+from common import DEFAULT_TEXT, forget_own_disk, own_disk
 
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.sync import sync
@@ -42,15 +42,8 @@ COPY = re.compile(r"checkpoint copy: \S+: \d+ file\(s\), ([\d.]+) MB in ([\d.]+)
 
 
 def _private() -> Path:
-    """A directory this machine and each host see as its own (``STATE/local``)."""
-    path = STATE / "local" / f"bench-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    return path
-
-
-def _forget(path: Path) -> None:
-    for root in [STATE / "local", *(STATE / "hosts").glob("*/local")]:
-        shutil.rmtree(root / path.relative_to(STATE / "local"), ignore_errors=True)
+    """A directory this machine and each host see on a disk of its own (``own_disk``)."""
+    return own_disk(STATE, f"bench-{uuid.uuid4().hex[:8]}")
 
 
 def bench_sync(source: Path) -> list[str]:
@@ -63,7 +56,7 @@ def bench_sync(source: Path) -> list[str]:
             sync(SshOptions(hosts=HOSTS[:n], sync=source), HOSTS[:n], str(dest / "work"), lambda _line: None)
             took = time.monotonic() - started
         finally:
-            _forget(dest)
+            forget_own_disk(STATE, dest)
         rows.append(f"| {n} | {took:.2f} | {size / took:.0f} |")
         print(f"sync of {size:.0f} MB to {n} host(s): {took:.2f} s", file=sys.stderr)
     return rows
@@ -98,7 +91,7 @@ def bench_copy(rounds: int, steps: int) -> list[str]:
                 speed, found = run_job(root, steps)
             finally:
                 if side == "copies":
-                    _forget(root)
+                    forget_own_disk(STATE, root)
                 else:
                     shutil.rmtree(root, ignore_errors=True)
             speeds[side].append(speed)

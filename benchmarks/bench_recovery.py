@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -65,7 +64,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import text_files
+from common import forget_own_disk, own_disk, text_files
 from procs import BenchError, child_env, log
 
 from gptlaunch.contract import Beat, read_beats
@@ -127,17 +126,10 @@ def _trainer_flags(args: argparse.Namespace) -> list[str]:
     return ["--preset", "tiny", *([] if args.compile else ["--no-compile"])]
 
 
-def _own_disks(args: argparse.Namespace, name: str) -> tuple[Path, list[str]]:
-    """(a directory each dev host sees on its own disk, the submit's ``--env`` flags that put the
-    compile caches there); ``--cold-spare`` only. Removed from every host by ``_forget``."""
-    base = args.state / "local" / name
-    caches = {"TORCHINDUCTOR_CACHE_DIR": base / "inductor", "TRITON_CACHE_DIR": base / "triton"}
-    return base, [f for key, path in caches.items() for f in ("--env", f"{key}={path}")]
-
-
-def _forget(args: argparse.Namespace, name: str) -> None:
-    for disk in [args.state / "local", *(args.state / "hosts").glob("*/local")]:
-        shutil.rmtree(disk / name, ignore_errors=True)
+def _cache_flags(place: Path) -> list[str]:
+    """The submit's ``--env`` flags that put the compile caches under ``place`` (``--cold-spare``)."""
+    caches = {"TORCHINDUCTOR_CACHE_DIR": place / "inductor", "TRITON_CACHE_DIR": place / "triton"}
+    return [f for key, path in caches.items() for f in ("--env", f"{key}={path}")]
 
 
 def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -> dict[str, float]:
@@ -147,8 +139,9 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
     gpus += ["--warm-workers" if warm else "--no-warm-workers"]
     place, caches = tmp, []  # type: Path, list[str]
     scheduler_flags = _scheduler_flags(args, tmp)
-    if args.cold_spare:
-        place, caches = _own_disks(args, f"{tmp.name}-{jobs.name}")
+    if args.cold_spare:  # the run dir, data and compile caches on each host's own disk
+        place = own_disk(args.state, f"{tmp.name}-{jobs.name}")
+        caches = _cache_flags(place)
     cmd = [
         sys.executable, "-m", "launcher.cli.main", "--jobs-root", str(jobs), "submit", "--detach",
         *scheduler_flags, *caches, "--nodes", str(args.nodes), *gpus, "--retries", "1",
@@ -159,18 +152,19 @@ def one_round(args: argparse.Namespace, tmp: Path, k: int, warm: bool = False) -
         "--run-dir", str(place / "run" if args.cold_spare else jobs / "run"),
     ]  # fmt: skip
     try:
-        return _measure(args, cmd, k, warm)
+        return _measure(args, cmd, jobs, k, warm)
     finally:
         if args.cold_spare:
-            _forget(args, place.name)
+            forget_own_disk(args.state, place)
 
 
-def _measure(args: argparse.Namespace, cmd: list[str], k: int, warm: bool) -> dict[str, float]:
-    """Submits ``cmd``, kills rank 1 past the kill step and times the retry (``one_round``)."""
+def _measure(args: argparse.Namespace, cmd: list[str], jobs: Path, k: int, warm: bool) -> dict[str, float]:
+    """Submits ``cmd`` (its jobs root: ``jobs``), kills rank 1 past the kill step and times the retry
+    (``one_round``)."""
     out = subprocess.run(cmd, env=child_env(1), capture_output=True, text=True, timeout=600, cwd=ROOT)
     if out.returncode != 0:
         raise BenchError(f"submit failed: {out.stderr[-2000:]}")
-    job_dir = Path(cmd[cmd.index("--jobs-root") + 1]) / out.stdout.strip().splitlines()[-1]
+    job_dir = jobs / out.stdout.strip().splitlines()[-1]
     _until(
         "the kill step",
         lambda: len(b := _beats(args, job_dir)) == args.nodes and min(x.step for x in b) >= args.kill_step,

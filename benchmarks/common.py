@@ -1,8 +1,10 @@
-"""What the benchmarks' command lines share: input text and the flags about runs and outside load."""
+"""What the benchmarks share: input text, the flags about runs and outside load, and directories on
+the SSH dev hosts' own disks."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,3 +42,18 @@ def text_files(given: Sequence[str] | None, parser: argparse.ArgumentParser) -> 
             "../shared/data/wikitext-2/ next to the repository; pass --text-files FILE...)"
         )
     return paths
+
+
+def own_disk(state: Path, name: str) -> Path:
+    """``STATE/local/NAME``, made here: a directory that this machine and each SSH dev host
+    (``deploy/ssh/dev-hosts.sh``, its state dir ``state``) see on a disk of its own. Remove it from
+    all of them with ``forget_own_disk``."""
+    path = state / "local" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def forget_own_disk(state: Path, path: Path) -> None:
+    """Remove ``path`` (an ``own_disk``) from this machine's disk and every dev host's."""
+    for root in [state / "local", *(state / "hosts").glob("*/local")]:
+        shutil.rmtree(root / path.relative_to(state / "local"), ignore_errors=True)

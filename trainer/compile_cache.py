@@ -168,6 +168,7 @@ class CompileCache:
         self._pool: ThreadPoolExecutor | None = None
         self._writing: Future[float] | None = None
         self._found: set[Path] = set()  # the kernel builds there were before this process compiled
+        self._root: Path | None = None  # Inductor's cache dir (``kernels``), resolved by ``load``
 
     @property
     def kernels_path(self) -> Path:
@@ -179,7 +180,8 @@ class CompileCache:
         Never raises: the artifacts only save time. Returns whether they were loaded."""
         if self.kernels:  # what this process builds from here on is what it will keep (``_write``)
             with contextlib.suppress(OSError):
-                self._found = compile_kernels.builds(compile_kernels.inductor_cache_dir())
+                self._root = compile_kernels.inductor_cache_dir()
+                self._found = compile_kernels.builds(self._root)
         if self.is_main:  # under the run-dir lock: a write killed midway left its temporary file
             with contextlib.suppress(OSError):
                 for partial in self.path.parent.glob(".*.tmp"):
@@ -212,13 +214,12 @@ class CompileCache:
     def _load_kernels(self) -> str:
         """Write the kernel builds this host lacks into its Inductor cache dir; ``, N kernel builds``
         for ``load``'s line ("" when there are none to load). Never raises: g++ builds what is missing."""
-        if not self.kernels:
+        if self._root is None:
             return ""
-        root = compile_kernels.inductor_cache_dir()
         written = None
         try:
             if self.kernels_path.exists() and check_digest(self.kernels_path):
-                written = compile_kernels.unpack(self.kernels_path.read_bytes(), root)
+                written = compile_kernels.unpack(self.kernels_path.read_bytes(), self._root)
         except Exception as e:  # as for the artifacts: never worth a failed start
             if self.is_main:
                 warn(f"compile: skipped the kernel builds in {self.kernels_path}: {e}; building them")
@@ -288,8 +289,8 @@ class CompileCache:
     def _write(self, data: bytes) -> float:
         """The artifacts, then (``kernels``) every kernel build this process made or loaded: seconds."""
         took = write_artifacts(self.path, data)
-        if self.kernels:
-            root = compile_kernels.inductor_cache_dir()
+        if self._root is not None:
+            root = self._root
             files = (compile_kernels.builds(root) - self._found) | compile_kernels.mapped(root)
             took += write_artifacts(self.kernels_path, compile_kernels.pack(root, files))
         return took
