@@ -59,9 +59,10 @@ class Run:
 @dataclass
 class Held:
     """What this rank knows of the training state between collectives: ``step``, the optimizer steps
-    the weights hold once all of that step's work has ended (its metrics, evaluation, checkpoint);
-    None from the next update until the loop ends that step, since a retry from a step whose work
-    did not end would skip it (a missing record, checkpoint, or the last step's save). ``rng``:
+    the weights hold once all of that step's work has ended (its metrics, evaluation, checkpoint; a
+    snapshot excepted, which keeping the step stands in for); None from the next update until then,
+    since a retry from a step whose work did not end would skip it (a missing record, checkpoint, or
+    the last step's save). ``rng``:
     every rank's CPU RNG state in rank order as last gathered (empty before the first gather)."""
 
     step: int | None

@@ -156,18 +156,23 @@ def loop(run: Run, stop: StopRequest) -> int:
             t0 = time.perf_counter()
             done = step + 1
             local_loss = backward(run, step, obs.stragglers.clock)
-            compute_s = obs.stragglers.seconds_due(cadence.logs(done))
-            loss, stopping, shared = _agree_and_update(run, step, local_loss, stop.requested, compute_s)
+            logs = cadence.logs(done)
+            loss, stopping, shared = _agree_and_update(
+                run, step, local_loss, stop.requested, obs.stragglers, logs
+            )
             obs.step_done(done, time.perf_counter() - t0)
             report.step(done, loss, _record(run, cadence, obs, step, loss, shared))
             if step == run.start_step:
                 _after_first_step(report, compiled, time.perf_counter() - started)
-            if stopping or cadence.checkpoints(done) or cadence.snapshots(done):
+            saving = stopping or cadence.checkpoints(done)
+            if saving or cadence.snapshots(done):
                 report.sync()  # a retry resumes after this step: what it will not redo is logged first
-            # All of step ``done``'s work that a retry would not redo has ended (its record is out): a
-            # retry from here skips none, even if a peer is lost in the checkpoint's gather that follows.
-            run.held.step = done
-            if stopping or cadence.checkpoints(done):
+            if not saving:
+                # The step's record is out: a retry from here skips none, even if a peer is lost in a
+                # snapshot's gather (the survivor's ``keep_last`` stands in for the snapshot). A step
+                # that saves is held only once it saved: a retry from it would skip the checkpoint.
+                run.held.step = done
+            if saving:
                 with runtime.phase("checkpoint"):
                     times = save(run, done, stopping, stop.received.name if stop.received else None)
                 report.checkpoint(times)
@@ -178,17 +183,26 @@ def loop(run: Run, stop: StopRequest) -> int:
                 report.stopped()
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")
                 return EXIT_CHECKPOINTED
+            run.held.step = done
     return EXIT_OK
 
 
 def _agree_and_update(
-    run: Run, step: int, local_loss: torch.Tensor, stop_requested: bool, compute_s: float | None
+    run: Run,
+    step: int,
+    local_loss: torch.Tensor,
+    stop_requested: bool,
+    stragglers: StragglerWatch,
+    logs: bool,
 ) -> tuple[float, bool, list[float] | None]:
-    """``agree`` and ``update``, in the order ``agree_before_update`` says; ``agree``'s result."""
-    if not agree_before_update(run):
+    """``agree`` and ``update``, in the order ``agree_before_update`` says; ``agree``'s result. On a
+    step that ``logs``, ``agree`` also shares the straggler check's compute seconds, taken just before
+    it: on a GPU after the update's kernels are launched (the clock waits for the device)."""
+    early = agree_before_update(run)
+    if not early:
         update(run)
-    agreed = agree(run, step, local_loss, stop_requested, compute_s)
-    if agree_before_update(run):
+    agreed = agree(run, step, local_loss, stop_requested, stragglers.seconds_due(logs))
+    if early:
         update(run)
     return agreed
 

@@ -52,9 +52,10 @@ EOF
 
 docker_() { DOCKER_HOST="unix://$SOCK" docker "$@"; }
 engine_answers() { docker_ version --format '{{.Server.Version}}' >/dev/null 2>&1; }
-# A dockerd's pid only: after a reboot the file's pid may name another process, and dockerd refuses to
-# start while its pid file names a live one.
-engine_pid() { [[ -s $PID_FILE && "$(ps -p "$(cat "$PID_FILE")" -o comm= 2>/dev/null)" == dockerd ]] && cat "$PID_FILE"; }
+# Whether pid file $1 names a live process called $2: after a reboot a pid file's pid may name another
+# process, and dockerd (and its containerd) refuse to start while their pid file names a live one.
+names() { [[ -s $1 && "$(cat "/proc/$(cat "$1")/comm" 2>/dev/null)" == "$2" ]]; }
+engine_pid() { names "$PID_FILE" dockerd && cat "$PID_FILE"; }
 
 lock() {
     exec 9>"$LOCK"
@@ -108,7 +109,8 @@ start_engine() {
         return
     fi
     # Left by an engine that is gone (a reboot keeps them here): their pids may name other processes.
-    engine_pid >/dev/null || rm -f "$PID_FILE" "$EXEC_ROOT/containerd/containerd.pid"
+    engine_pid >/dev/null || rm -f "$PID_FILE"
+    names "$EXEC_ROOT/containerd/containerd.pid" containerd || rm -f "$EXEC_ROOT/containerd/containerd.pid"
     mkdir -p "$STATE/data" "$EXEC_ROOT"
     local driver
     driver="$(storage_driver)"
