@@ -78,9 +78,8 @@ def backward(run: Run, step: int, clock: ComputeClock | None = None) -> torch.Te
 
 def update(run: Run) -> None:
     """The optimizer's step on the gradients ``backward`` left (through the loss scaler, if any)."""
-    run.held.step = (
-        None  # the weights move past the step held: none until this step's work has ended (``Held``)
-    )
+    # The weights move past the step held: none until this step's work has ended (``Held``).
+    run.held.step = None
     if run.scaler is not None:
         run.scaler.step(run.optimizer)
         run.scaler.update()

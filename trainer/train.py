@@ -167,18 +167,17 @@ def loop(run: Run, stop: StopRequest) -> int:
             saving = stopping or cadence.checkpoints(done)
             if saving or cadence.snapshots(done):
                 report.sync()  # a retry resumes after this step: what it will not redo is logged first
-            if not saving:
-                # The step's record is out: a retry from here skips none, even if a peer is lost in a
-                # snapshot's gather (the survivor's ``keep_last`` stands in for the snapshot). A step
-                # that saves is held only once it saved: a retry from it would skip the checkpoint.
-                run.held.step = done
-            if saving:
+            if saving:  # held only once saved: a retry from this step would skip its checkpoint
                 with runtime.phase("checkpoint"):
                     times = save(run, done, stopping, stop.received.name if stop.received else None)
                 report.checkpoint(times)
-            elif cadence.snapshots(done):
-                with runtime.phase("checkpoint"):
-                    snapshot_state(run, done)
+            else:
+                # The step's record is out: a retry from here skips none, even if a peer is lost in a
+                # snapshot's gather (the survivor's ``keep_last`` stands in for the snapshot).
+                run.held.step = done
+                if cadence.snapshots(done):
+                    with runtime.phase("checkpoint"):
+                        snapshot_state(run, done)
             if stopping:
                 report.stopped()
                 report.log(f"stop signal: checkpoint saved at step {done}; exiting {EXIT_CHECKPOINTED}")

@@ -1,24 +1,25 @@
 """The built-in trainer's MLflow run across a retry, in a sweep: two real local runs with ``--mlflow``
-(MLflow's own file store) and ``--retries 1``, the first one's rank 0 SIGKILLed after a checkpoint. It
-retries alone, and its retry goes on in the same MLflow run, found by the run's id (its job's), which
-holds every step's loss; the other run has its own MLflow run, in the sweep's group."""
+(MLflow's own file store) and ``--retries 1``, each one's rank 0 SIGKILLed at step 15, between two
+checkpoints and two evaluations (an injected fault: exact under any load, where a kill from outside
+landed after step 20 on a loaded machine). Each retry goes on in its run's MLflow run, found by the
+run's id (its job's), which holds every step's loss once per attempt that logged it, and each
+validation loss once; each run of the sweep has its own MLflow run, in the sweep's group."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from launcher.job.record import Attempt
 from tests.conftest import missing_component
-from tests.integration.conftest import FAST, launcher, losses, only_job_id, wait_for, wait_for_steps
-from trainer.checkpoint import list_checkpoints
+from tests.integration.conftest import FAST, launcher, losses, only_job_id
+from trainer.faults import FAULT_ENV
 from trainer.tracking import RUN_TAG
 
 STEPS = 30
+KILLED_AT = 15  # after step 10's checkpoint and evaluation, before step 20's
 
 
 def test_a_sweeps_retried_run_logs_every_step_into_one_mlflow_run(
@@ -33,33 +34,31 @@ def test_a_sweeps_retried_run_logs_every_step_into_one_mlflow_run(
     trainer = [*prepared_data, *FAST, "--checkpoint-interval", "10", "--eval-interval", "10"]
     sweep = ["--sweep", "seed=1,2", "--max-parallel", "1"]
     argv = ["submit", "--detach", "--nodes", "1", "--retries", "1", *sweep, "--", *trainer, "--mlflow", uri]
-    proc = launcher(jobs, *argv, "--max-steps", str(STEPS))
+    proc = launcher(jobs, *argv, "--max-steps", str(STEPS), env={FAULT_ENV: f"0:{KILLED_AT}:SIGKILL"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep_id = only_job_id(jobs)
     job_dirs = [jobs / sweep_id / f"{sweep_id}-{k}" for k in (0, 1)]
-    run_dir = job_dirs[0] / "run"
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's reads of the store, below
-    wait_for(lambda: list_checkpoints(run_dir), 120, "the checkpoint of step 10")
-    (beat,) = wait_for_steps([job_dirs[0] / "heartbeat" / "node-0"], step=11, ranks=1)
-    os.kill(beat.pid, signal.SIGKILL)
     assert launcher(jobs, "wait", sweep_id, timeout=300).returncode == 0
-    first = Attempt.model_validate_json((job_dirs[0] / "attempts" / "1" / "attempt.json").read_text())
-    assert "rank 0 was killed by SIGKILL" in first.cause, first
-    assert "resumed from" in (job_dirs[0] / "node-0.log").read_text()  # the retry went on from a checkpoint
-    assert not (job_dirs[1] / "attempts").exists()  # the other run: not retried, nor stopped
+    for job_dir in job_dirs:
+        first = Attempt.model_validate_json((job_dir / "attempts" / "1" / "attempt.json").read_text())
+        assert "rank 0 was killed by SIGKILL" in first.cause, first
+        assert "resumed from" in (job_dir / "node-0.log").read_text()  # the retry went on from its state
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's reads of the store, below
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("gpt")
     assert experiment is not None
     runs = {r.data.tags[RUN_TAG]: r for r in client.search_runs([experiment.experiment_id])}
     assert sorted(runs) == [d.name for d in job_dirs]  # one MLflow run per sweep run, retry or not
-    run = runs[job_dirs[0].name]
-    assert run.info.run_name == job_dirs[0].name and run.info.status == "FINISHED"
-    assert run.data.tags["gptlaunch.sweep_id"] == sweep_id
-    assert run.data.params["max_steps"] == str(STEPS) and "mlflow" not in run.data.params
-    history = client.get_metric_history(run.info.run_id, "loss")
-    assert {m.step for m in history} == set(range(1, STEPS + 1))
-    # Steps the killed attempt logged after its checkpoint were logged again by the retry: MLflow keeps
-    # both, in the order logged, and the later is the loss metrics.jsonl keeps (the retry's).
-    assert {m.step: m.value for m in history} == losses(run_dir)
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [10, 20, 30]
+    for job_dir in job_dirs:
+        run = runs[job_dir.name]
+        assert run.info.run_name == job_dir.name and run.info.status == "FINISHED"
+        assert run.data.tags["gptlaunch.sweep_id"] == sweep_id
+        assert run.data.params["max_steps"] == str(STEPS) and "mlflow" not in run.data.params
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert {m.step for m in history} == set(range(1, STEPS + 1))
+        # Steps the killed attempt logged after the state its retry resumed from were logged again by
+        # the retry: MLflow keeps both, in the order logged, and the later is the one metrics.jsonl
+        # keeps (the retry's).
+        assert {m.step: m.value for m in history} == losses(job_dir / "run")
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [10, 20, 30]
