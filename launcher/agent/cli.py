@@ -217,13 +217,22 @@ def _agent(where: Path, node: int) -> psutil.Process | None:
 
 
 def _forked(job_id: str) -> list[psutil.Process]:
-    """Ranks that the job's zygote on this host forked (``--warm-workers`` on ssh): its children."""
-    name = zygote_name(job_id)
+    """Ranks that the job's zygote on this host forked (warm workers on ssh): its children. The
+    zygote is ``python -m gptlaunch.warm serve NAME`` (not the processes that only name it: the
+    agent, torchrun and the clients) in this process's network namespace, where its abstract socket
+    is: hosts emulated on one machine (the dev hosts) share a process table, not that namespace."""
+    serve, here = ["-m", "gptlaunch.warm", "serve", zygote_name(job_id)], _net_namespace(os.getpid())
     found: list[psutil.Process] = []
     for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            found += proc.children() if name in proc.cmdline() else []
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.cmdline()[1:5] == serve and _net_namespace(proc.pid) == here:
+                found += proc.children()
     return found
+
+
+def _net_namespace(pid: int) -> int:
+    """The inode of ``pid``'s network namespace. Raises OSError when it cannot be read (it ended)."""
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
 
 
 def _container(where: Path, node: int) -> Container | None:

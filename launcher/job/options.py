@@ -121,8 +121,8 @@ class WarmOptions(SchedulerOptions):
         None,
         description="fork the ranks from a process that has imported torch, kept per job (and per host "
         "on ssh) across attempts, so that a retry starts them warm (seconds sooner); a rank that starts "
-        "before that process is ready starts cold (default: on for local jobs that may retry: --retries "
-        "above 0 and a Python program)",
+        "before that process is ready starts cold (default: on for local and ssh jobs that may retry: "
+        "--retries above 0, a Python program and no --image)",
     )
 
 

@@ -105,16 +105,15 @@ def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
 
 def warm_workers(spec: JobSpec) -> bool:
     """Whether ``spec``'s ranks fork from a warm process (``scheduler.warm_workers``, ``gptlaunch.warm``):
-    as asked, else where they pay: on the local scheduler, when a retry may follow (``retries`` > 0:
-    only a retry's ranks start once the zygote is ready) and the program is Python. Not yet by
-    default on SSH: there a forked rank's ``/proc/PID/environ`` is the zygote's, and what finds a
-    job's processes on a host by their environment (the SSH tests' fault drills among them) finds
-    only the clients."""
+    as asked, else where they pay: on the local and SSH schedulers, when a retry may follow
+    (``retries`` > 0: only a retry's ranks start once the zygote is ready), the program is Python and
+    runs on the host (no ``image``: the zygote is the host's Python, not the image's)."""
     asked = getattr(spec.scheduler, "warm_workers", False)
     if asked is not None:
         return bool(asked)
     python = spec.program is None or spec.program.kind != "no_python"
-    return spec.scheduler.kind == "local" and spec.retries > 0 and python
+    bare = getattr(spec.scheduler, "image", None) is None
+    return spec.scheduler.kind in ("local", "ssh") and spec.retries > 0 and python and bare
 
 
 def check_warm_program(spec: JobSpec) -> None:

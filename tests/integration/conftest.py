@@ -25,6 +25,7 @@ import pytest
 from gptlaunch.contract import Beat, read_beats
 from launcher.job.follow import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
+from launcher.job.torchrun import zygote_name
 from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.conftest import missing_component
 
@@ -199,17 +200,42 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def processes_of(job_id: str) -> list[psutil.Process]:
-    """Every live process that belongs to the job: by its environment marker or its command line."""
-    found = []
+    """Every live process that belongs to the job: by its environment marker or its command line (the
+    job id, or its SSH zygote's socket), and their descendants (a warm worker's rank is forked by the
+    job's zygote: its ``/proc`` environment is the zygote's, which lacks the job id, and its command
+    line is its program's)."""
+    found: dict[int, psutil.Process] = {}
+    marks = (job_id, zygote_name(job_id))
     for proc in psutil.process_iter():
         try:
             if proc.pid == os.getpid():
                 continue
-            if proc.environ().get("GPTLAUNCH_JOB_ID") == job_id or any(job_id in a for a in proc.cmdline()):
-                found.append(proc)
+            named = any(mark in a for a in proc.cmdline() for mark in marks)
+            if named or proc.environ().get("GPTLAUNCH_JOB_ID") == job_id:
+                found[proc.pid] = proc
+                found |= {child.pid: child for child in proc.children(recursive=True) if _alive(child)}
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return found
+    return list(found.values())
+
+
+def runs_module(proc: psutil.Process, module: str) -> bool:
+    """Whether ``proc`` is ``python [-u] -m MODULE ...``: as torchrun starts it, as a warm worker's
+    client runs it cold, or as a warm worker's forked rank titles itself (``setproctitle``: one string
+    in place of its zygote's command line). Not the client (``-m gptlaunch.warm ... -m MODULE``)."""
+    try:
+        words = [w for w in " ".join(proc.cmdline()).split() if w != "-u"]
+    except psutil.Error:
+        return False
+    return words[1:3] == ["-m", module]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Whether ``proc`` runs: not a zombie that its parent has yet to reap, nor gone."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def make_other_venv(tmp_path: Path) -> tuple[Path, str]:
@@ -294,6 +320,15 @@ def private(hostfile: Path) -> Iterator[Path]:
 def on_host(host: str, path: Path) -> Path:
     """Where this machine finds ``path`` (under ``SSH_STATE/local``) as dev host ``host`` sees it."""
     return SSH_STATE / "hosts" / host / "local" / path.relative_to(SSH_STATE / "local")
+
+
+def runs_on(proc: psutil.Process, host: str) -> bool:
+    """Whether ``proc`` runs on dev host ``host`` (in its network namespace: the dev hosts share this
+    machine's process table, and a warm worker's forked rank has its zygote's environment)."""
+    try:
+        return os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(f"/run/netns/{host}").st_ino
+    except OSError:
+        return False
 
 
 _STEP = re.compile(r"\bstep (\d+)/\d+\b")  # the trainer's and the example scripts' step lines

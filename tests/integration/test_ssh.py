@@ -37,6 +37,7 @@ from tests.integration.conftest import (
     plain_project,
     processes_of,
     run,
+    runs_module,
     wait_for,
 )
 
@@ -273,7 +274,7 @@ def test_a_kill_on_host_2_ends_the_job_everywhere_and_names_host_2(
     try:
         wait_for(lambda: step_of(jobs) >= 1, 300, "training to start")
         job = only_job_id(jobs)
-        ranks = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]]
+        ranks = [p for p in processes_of(job) if runs_module(p, "trainer.cli")]
         assert ranks and all(p.environ().get("HF_TOKEN") == CANARY for p in ranks)  # the secret arrived
         if victim == "agent":
             (agent,) = [p for p in processes_of(job) if _is_agent(p, node=1)]

@@ -15,7 +15,7 @@ from launcher.job.reports import Saved
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.copies import Copies
 from launcher.schedulers.ssh.scheduler import SshScheduler
-from tests.integration.conftest import on_host, processes_of, run, wait_for
+from tests.integration.conftest import on_host, processes_of, run, runs_module, runs_on, wait_for
 from tests.integration.test_ssh_failures import past_step_12_with_a_spare
 
 _CHECKPOINT = "ckpt-00000010.pt"
@@ -79,8 +79,8 @@ def test_a_retry_without_the_newest_checkpoint_fails_naming_where_it_is(
         job = past_step_12_with_a_spare(hostfile, prepared_data, private, tmp_path, retries=1)
         names = [n.host for n in JobRecord(private / "jobs" / job).plan().nodes]
         (holder,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]
-        (rank,) = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]
-                   and p.environ().get("GPTLAUNCH_HOST_NODE") == str(1 - names.index(holder))]  # fmt: skip
+        (other,) = set(names) - {holder}
+        (rank,) = [p for p in processes_of(job) if runs_module(p, "trainer.cli") and runs_on(p, other)]
         rank.kill()
         final = wait_terminal(SshScheduler(), JobRecord(private / "jobs" / job), 300, poll_s=0.5)
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from tests.integration.conftest import (
     plain_project,
     processes_of,
     run,
+    runs_module,
+    runs_on,
     wait_for,
 )
 from tests.integration.test_ssh import step_of, train_args
@@ -64,8 +65,8 @@ def test_stopped_ranks_on_two_hosts_are_a_hang_named_by_the_host_agents_and_retr
         nodes
     )
     assert all(n["step"] >= 1 and n["heartbeat_age_s"] < 10 and n["stalled_s"] is None for n in nodes), nodes
-    ranks = [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "trainer.cli"]]
-    assert sorted(p.environ()["GPTLAUNCH_HOST_NODE"] for p in ranks) == ["0", "1"], ranks
+    ranks = [p for p in processes_of(job) if runs_module(p, "trainer.cli")]
+    assert [any(runs_on(p, host) for p in ranks) for host in ("gl-h1", "gl-h2")] == [True, True], ranks
     frozen = time.monotonic()
     for rank in ranks:
         rank.suspend()  # SIGSTOP
@@ -176,7 +177,7 @@ def _ranks_on(host: str) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
             line = " ".join(proc.cmdline())
             if "-m trainer.cli" in line and "gptlaunch.warm" not in line and "launcher.agent" not in line:
-                found += [proc] if _on_host(proc, host) else []
+                found += [proc] if runs_on(proc, host) else []
     return found
 
 
@@ -188,14 +189,6 @@ def _zygotes_of(job: str) -> list[psutil.Process]:
     return found
 
 
-def _on_host(proc: psutil.Process, host: str) -> bool:
-    """Whether ``proc`` runs on dev host ``host`` (in its network namespace)."""
-    try:
-        return os.stat(f"/proc/{proc.pid}/ns/net").st_ino == os.stat(f"/run/netns/{host}").st_ino
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def _cut_off(host: str, job: str) -> Iterator[float]:
     """Dev host ``host``'s link down for the block (``ip link set glvK down``: no packet in or out),
@@ -205,7 +198,7 @@ def _cut_off(host: str, job: str) -> Iterator[float]:
     run(["ip", "link", "set", link, "down"], check=True)
     try:
         yield time.monotonic()
-        wait_for(lambda: not any(_on_host(p, host) for p in processes_of(job)), 60, f"{host}'s node to end")
+        wait_for(lambda: not any(runs_on(p, host) for p in processes_of(job)), 60, f"{host}'s node to end")
     finally:
         run(["ip", "link", "set", link, "up"], check=True)
 
@@ -238,7 +231,7 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     names = [n.host for n in JobRecord(jobs / job).plan().nodes]
     (lost,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]  # rank 0's host
     node = names.index(lost)
-    assert any(_on_host(p, lost) for p in processes_of(job))
+    assert any(runs_on(p, lost) for p in processes_of(job))
     with _cut_off(lost, job) as down:
         wait_for(
             lambda: "resumed from" in _logs(jobs / job) and step_of(jobs) >= 11, 300, "attempt 2's first step"
@@ -256,7 +249,7 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
         -3000:
     ]  # the copy of the last checkpoint, not step 0
     assert [m["step"] for m in metrics(run_dir) if "tokens_per_s" in m] == list(range(1, 41))
-    assert not any(_on_host(p, lost) for p in processes_of(job))  # the link is back: still nothing
+    assert not any(runs_on(p, lost) for p in processes_of(job))  # the link is back: still nothing
     agent_log = run(
         ["ssh", lost, f"cat $XDG_STATE_HOME/gptlaunch/jobs/{job}/node-{node}.log"], check=True
     ).stdout
@@ -310,10 +303,9 @@ def test_rank_0s_host_is_cut_off_and_the_spare_resumes_from_the_snapshot_in_the_
     )
 
 
-def _shim_ranks(job: str, node: int) -> list[psutil.Process]:
-    """The job's ranks of a user's script (started through ``gptlaunch.shim``) on ``node``."""
-    return [p for p in processes_of(job) if p.cmdline()[1:4] == ["-u", "-m", "gptlaunch.shim"]
-            and p.environ().get("GPTLAUNCH_HOST_NODE") == str(node)]  # fmt: skip
+def _shim_ranks(job: str, host: str) -> list[psutil.Process]:
+    """The job's ranks of a user's script (started through ``gptlaunch.shim``) on ``host``."""
+    return [p for p in processes_of(job) if runs_module(p, "gptlaunch.shim") and runs_on(p, host)]
 
 
 def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_launchers_copy(
@@ -345,9 +337,8 @@ def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_
     assert (on_host("gl-h3", workdir) / "ddp_plain.py").is_file()  # synced before any failure
     names = [n.host for n in JobRecord(jobs / job).plan().nodes]
     (holder,) = [h for h in names if (on_host(h, Path(run_dir)) / "ckpt.pt").is_file()]
-    node = names.index(holder)
-    wait_for(lambda: _shim_ranks(job, node), 60, f"node {node}'s rank")  # not caught between two processes
-    (rank,) = _shim_ranks(job, node)
+    wait_for(lambda: _shim_ranks(job, holder), 60, f"{holder}'s rank")  # not caught between two processes
+    (rank,) = _shim_ranks(job, holder)
     rank.kill()
     final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final

@@ -153,9 +153,11 @@ def test_warm_workers_are_on_by_default_only_where_a_retry_may_follow() -> None:
     # Not for a binary (it starts its own interpreter): no error either.
     binary = {"kind": "no_python", "target": "./a.out"}
     assert not warm_workers(JobSpec.model_validate({"scheduler": local, "retries": 1, "program": binary}))
-    ssh = {"kind": "ssh", "hosts": ["a"]}  # not yet by default (see warm_workers), but when asked
-    assert not warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 1}))
-    assert warm_workers(JobSpec.model_validate({"scheduler": ssh | {"warm_workers": True}, "retries": 1}))
+    ssh = {"kind": "ssh", "hosts": ["a"]}
+    assert warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 1}))
+    assert not warm_workers(JobSpec.model_validate({"scheduler": ssh, "retries": 0}))
+    in_image = ssh | {"image": "registry.example/gpt@sha256:" + "0" * 64}  # the ranks run in containers
+    assert not warm_workers(JobSpec.model_validate({"scheduler": in_image, "retries": 1}))
     assert not warm_workers(JobSpec.model_validate({"scheduler": {"kind": "slurm"}, "retries": 1}))
 
 
