@@ -23,7 +23,6 @@ from launcher.job.follow import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.reports import NodeStatus
-from launcher.job.torchrun import zygote_name
 from launcher.schedulers.ssh.scheduler import SshScheduler
 from tests.integration.conftest import (
     TINY,
@@ -163,29 +162,16 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     assert goodput["failures"] == 1 and goodput["lost_s"] > 1 and goodput["training_s"] > 0, goodput
     assert "(attempt 2, rank 0)" in logs["gl-h1"].read_text()  # forked, not started cold
     assert "(attempt 2, rank 1)" in logs["gl-h3"].read_text()
-    wait_for(lambda: not processes_of(job), 60, "every process of the job to end")
-    wait_for(lambda: not _zygotes_of(job), 60, "the job's zygotes to end")
+    wait_for(lambda: not processes_of(job), 60, "every process of the job to end, its zygotes too")
     assert not [r for host in ("gl-h1", "gl-h2", "gl-h3") for r in _ranks_on(host)]
     print(f"\n{text}")
 
 
 def _ranks_on(host: str) -> list[psutil.Process]:
-    """The trainer's ranks on dev host ``host``: cold, or forked from a zygote (whose environment a
-    forked rank's /proc shows, so only its title and network namespace tell it)."""
+    """The trainer's ranks on dev host ``host``, any job's: cold, or forked from a zygote."""
     found = []
     for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            line = " ".join(proc.cmdline())
-            if "-m trainer.cli" in line and "gptlaunch.warm" not in line and "launcher.agent" not in line:
-                found += [proc] if runs_on(proc, host) else []
-    return found
-
-
-def _zygotes_of(job: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            found += [proc] if zygote_name(job) in proc.cmdline() else []
+        found += [proc] if runs_module(proc, "trainer.cli") and runs_on(proc, host) else []
     return found
 
 
