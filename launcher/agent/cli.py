@@ -54,7 +54,7 @@ from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pu
 from launcher.job.channel import Sender
 from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
 from launcher.job.reports import NodeStatus, Probed, Pulled
-from launcher.job.torchrun import zygote_name
+from launcher.job.torchrun import zygote_serve
 from launcher.preflight.probe import collect
 from launcher.supervisor import procs
 from launcher.supervisor.secrets import receive
@@ -218,10 +218,10 @@ def _agent(where: Path, node: int) -> psutil.Process | None:
 
 def _forked(job_id: str) -> list[psutil.Process]:
     """Ranks that the job's zygote on this host forked (warm workers on ssh): its children. The
-    zygote is ``python -m gptlaunch.warm serve NAME`` (not the processes that only name it: the
+    zygote is ``python`` and ``zygote_serve`` (not the processes that only name its socket: the
     agent, torchrun and the clients) in this process's network namespace, where its abstract socket
     is: hosts emulated on one machine (the dev hosts) share a process table, not that namespace."""
-    serve, here = ["-m", "gptlaunch.warm", "serve", zygote_name(job_id)], _net_namespace(os.getpid())
+    serve, here = zygote_serve(job_id), _net_namespace(os.getpid())
     found: list[psutil.Process] = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):

@@ -132,6 +132,12 @@ def zygote_name(job_id: str) -> str:
     return "@gptlaunch-warm-" + hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
+def zygote_serve(job_id: str) -> list[str]:
+    """What follows the interpreter in the command line of ``job_id``'s zygote on an SSH host: how it
+    is started, and how a node's KILL tells it from the processes that only name its socket."""
+    return ["-m", "gptlaunch.warm", "serve", zygote_name(job_id)]
+
+
 def warm_worker(worker: list[str], socket: str) -> list[str]:
     """What torchrun runs for each rank instead of ``worker`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``)
     with ``--warm-workers``: the client that has the zygote on ``socket`` fork the rank

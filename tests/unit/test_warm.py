@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 from gptlaunch.warm import address
+from launcher.agent.cli import _forked
+from launcher.job.torchrun import zygote_name, zygote_serve
 
 PROGRAM = """
 import os, signal, sys, time
@@ -264,3 +266,33 @@ def _listening_ended(name: str) -> bool:
         except ConnectionRefusedError:
             return True
     return False
+
+
+def test_a_nodes_kill_finds_the_ranks_its_jobs_zygote_forked_and_nothing_that_only_names_it(
+    program: Path, tmp_path: Path
+) -> None:
+    """``launcher.agent signal KILL``'s zygote children (SSH): those of the process started as the
+    job's zygote (``zygote_serve``), not those of a process whose command line names its socket (a
+    node's agent and torchrun do), nor another job's."""
+    job = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    zygote = subprocess.Popen([sys.executable, *zygote_serve(job)], stdout=subprocess.PIPE, text=True)
+    naming = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:3])",
+                               "sleep", "60", zygote_name(job)])  # fmt: skip
+    try:
+        assert zygote.stdout is not None and "ready" in zygote.stdout.readline()
+        client = _client(zygote_name(job), program, "wait", cwd=tmp_path)
+        child = _child_pid(client)
+        deadline = time.monotonic() + 10
+        while not psutil.Process(naming.pid).children():  # its child: what the old match also took
+            assert time.monotonic() < deadline, "the process that names the socket started no child"
+            time.sleep(0.05)
+        assert [p.pid for p in _forked(job)] == [child]
+        assert _forked(f"{job}-other") == []
+        client.send_signal(signal.SIGTERM)
+        assert client.wait(30) == 0
+    finally:
+        for proc in (naming, zygote):
+            for descendant in psutil.Process(proc.pid).children(recursive=True):
+                descendant.kill()
+            proc.kill()
+            proc.wait()

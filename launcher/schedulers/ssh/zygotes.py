@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gptlaunch.contract import JOB_ID_ENV
 from launcher.job.plan import NodePlan
-from launcher.job.torchrun import zygote_name
+from launcher.job.torchrun import zygote_serve
 from launcher.schedulers.ssh.client import SshSettings
 
 END_WAIT_S = 5.0  # for the zygotes' ssh sessions to end once their stdin is closed
@@ -41,15 +41,7 @@ class Zygotes:
         self, settings: SshSettings, python: str, job_id: str, log_dir: Path, lease_s: float
     ) -> None:
         self.settings, self.log_dir = settings, log_dir
-        self.argv = [
-            python,
-            "-m",
-            "gptlaunch.warm",
-            "serve",
-            zygote_name(job_id),
-            "--lease-s",
-            f"{lease_s:g}",
-        ]
+        self.argv = [python, *zygote_serve(job_id), "--lease-s", f"{lease_s:g}"]
         self.sessions: dict[str, subprocess.Popen[bytes]] = {}
         self.lock = threading.RLock()
         self.closed = False  # the job ended: no zygote starts any more
