@@ -73,7 +73,7 @@ def run(
         try:
             stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stacks = _stacks(child.pid)  # where it hung, before the kill
+            stacks = python_stacks(child.pid)  # where it hung, before the kill
             child.kill()
             try:
                 stdout, stderr = child.communicate(timeout=30)
@@ -88,7 +88,7 @@ def run(
     return proc
 
 
-def _stacks(pid: int) -> str:
+def python_stacks(pid: int) -> str:
     """py-spy's dump of the Python stacks of ``pid`` and its descendants (a timeout's diagnosis)."""
     try:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]

@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     only_job_id,
     plain_project,
     processes_of,
+    python_stacks,
     run,
     runs_module,
     runs_on,
@@ -189,6 +190,12 @@ def _cut_off(host: str, job: str) -> Iterator[float]:
         run(["ip", "link", "set", link, "up"], check=True)
 
 
+def _supervisor_now(job_dir: Path) -> str:
+    """The supervisor's log and the Python stacks of it and its children (a timeout's diagnosis)."""
+    pid = json.loads((job_dir / "handle.json").read_text())["supervisor"]["pid"]
+    return f"{(job_dir / 'supervisor.log').read_text(errors='replace')[-4000:]}\n{python_stacks(pid)}"
+
+
 def _logs(job_dir: Path) -> str:
     """The node logs of the job's current attempt."""
     return "".join(p.read_text(errors="replace") for p in job_dir.glob("node-*.log"))
@@ -219,9 +226,10 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     node = names.index(lost)
     assert any(runs_on(p, lost) for p in processes_of(job))
     with _cut_off(lost, job) as down:
-        wait_for(
-            lambda: "resumed from" in _logs(jobs / job) and step_of(jobs) >= 11, 300, "attempt 2's first step"
-        )
+        try:
+            wait_for(lambda: "resumed from" in _logs(jobs / job) and step_of(jobs) >= 11, 300, "attempt 2")
+        except AssertionError as e:  # seen twice in ~6 runs of the suite: where the supervisor waits
+            raise AssertionError(f"{e}\n{_supervisor_now(jobs / job)}") from None
         took = time.monotonic() - down
     first = _the_one_failed_attempt(jobs / job)
     assert first.replaced == {lost: "gl-h3"} and f"ssh connection to node {node}" in first.cause, first
