@@ -28,6 +28,7 @@ from trainer.data.manifest import Manifest
 from trainer.data.splits import open_split
 from trainer.distributed import DistEnv
 from trainer.errors import ConfigError, DataError
+from trainer.isa_probe import remember_isa_probes
 from trainer.model import GPT
 from trainer.optim import make_optimizer
 from trainer.saver import Saver, SaveTimes
@@ -142,6 +143,8 @@ def _compile_cache(
     cfg: TrainConfig, env: DistEnv, device: torch.device, model: GPT, dtype: torch.dtype | None
 ) -> CompileCache:
     """This run's compile artifacts in the run dir, by what its compiled graphs depend on."""
+    if device.type == "cpu":
+        remember_isa_probes()  # before the key's ISA: 0.8 s of a CPU rank's start, once per host
     key = run_key(
         cfg,
         platform_inputs(device),

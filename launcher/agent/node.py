@@ -26,6 +26,7 @@ process of the supervisor (local), over ssh, as a SLURM job step; and the contai
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -43,11 +44,11 @@ import psutil
 
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, job_snapshots
 from launcher.agent.memory import MemoryWatch
-from launcher.agent.torchrun import fast_exit
+from launcher.agent.torchrun import FAILED_FD_ENV, fast_exit
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
 from launcher.job.hang import HangReport
-from launcher.job.reports import Hang, NodeReport, OomKilled
+from launcher.job.reports import Hang, NodeReport, OomKilled, RankFailed
 from launcher.supervisor import procs
 from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
 
@@ -113,7 +114,7 @@ class NodeAgent:
             if container is not None and self.image is not None:  # the image's torchrun, as rendered
                 names = [*self.env_names, HEARTBEAT_DIR_ENV, reports.REPORT_DIR_ENV]
                 argv = self.image.argv(container, self.argv, names)
-            return self._supervise(argv)
+            return self._supervise(argv, tells=argv != self.argv and container is None)
         finally:
             if container is not None:  # before the caller records the end: a next attempt reuses the name
                 container.remove()
@@ -125,20 +126,31 @@ class NodeAgent:
         container.remove()  # one an earlier run of this node left (its agent SIGKILLed with it)
         return container
 
-    def _supervise(self, argv: list[str]) -> int:
+    def _supervise(self, argv: list[str], tells: bool) -> int:
+        """Run ``argv`` to its end; ``tells``: it is ``launcher.agent.torchrun``, which tells of a
+        failed rank on a pipe (``FAILED_FD_ENV``) at once."""
         env = self.env | ({HEARTBEAT_DIR_ENV: self.heartbeat_dir} if self.heartbeat_dir else {})
         env |= {reports.REPORT_DIR_ENV: self.forward_dir} if self.forward_dir else {}
+        told, telling = os.pipe() if tells else (-1, -1)
+        env |= {FAILED_FD_ENV: str(telling)} if tells else {}
         piped = self.sink is not None
         memory = MemoryWatch()  # the OOM kill counts before any rank runs
-        child = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if piped else None,
-            stderr=subprocess.STDOUT if piped else None,
-            preexec_fn=procs.die_with_parent,
-        )
+        try:
+            child = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if piped else None,
+                stderr=subprocess.STDOUT if piped else None,
+                preexec_fn=procs.die_with_parent,
+                pass_fds=(telling,) if tells else (),
+            )
+        finally:
+            if tells:
+                os.close(telling)  # the child's end: EOF once it ends
         self.child = child
+        if tells:
+            threading.Thread(target=self._report_failed, args=(told,), daemon=True).start()
         memory.start(child.pid)
         if self.stop_requested:
             child.send_signal(signal.SIGTERM)
@@ -185,6 +197,18 @@ class NodeAgent:
                     node=self.node, host=host, scope=scope, kills=kills, limit_bytes=limit, rss=memory.rss
                 )
             )
+
+    def _report_failed(self, fd: int) -> None:
+        """A ``rank-failed`` report as soon as the node's torchrun tells of a failed rank on ``fd``;
+        nothing when it ends without one."""
+        with os.fdopen(fd, "rb") as pipe:
+            line = pipe.readline()
+        try:
+            told = json.loads(line)
+            failed = RankFailed(node=self.node, rank=told["rank"], exit_code=told["exit_code"])
+        except (ValueError, KeyError, TypeError):  # EOF: no rank failed
+            return
+        self.report(failed)
 
     def _report_hang(self, hang: HangReport) -> None:
         self.report(Hang(node=self.node, hang=hang, time=hang.time))

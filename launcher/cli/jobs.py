@@ -46,16 +46,17 @@ def follow(
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
     shown (``launcher.job.console.console_lines``). ``console`` (an attached submit, ``--wait``, not
     ``logs -f``): what the other nodes print once an attempt fails is left out (``launcher.job.survivors``:
-    each line shown a few seconds late), and so are the tracebacks that only follow from a failure
-    (``launcher.job.aftermath``),
-    lines that several ranks print alike are shown once, naming the ranks (``launcher.job.collapse``),
-    and each retry is announced (``launcher.job.announce``)."""
+    each line shown HOLD_S late), and so are the tracebacks that only follow from a failure
+    (``launcher.job.aftermath``), lines that several ranks print alike are shown once, naming the
+    ranks (``launcher.job.collapse``, within the same hold), and each retry is announced
+    (``launcher.job.announce``)."""
     lines = scheduler.logs(record, node, follow=True)
     if console:  # the failure's aftermath left to the logs, a traceback judged whole, before --tee
-        lines = quieted(left_to_logs(lines, record.status))
+        lines = quieted(lines)
     lines = (line for line in lines if line == TICK or keep(line))
-    if console:
-        lines = _announced(collapsed(lines), Announcer(record, lambda: scheduler.heartbeats(record)))
+    if console:  # alike lines merged while they are held anyway
+        lines = left_to_logs(collapsed(lines), record.status)
+        lines = _announced(lines, Announcer(record, lambda: scheduler.heartbeats(record)))
     _copy(lines, out, attached)
     return scheduler.state(record)
 

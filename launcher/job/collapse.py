@@ -6,6 +6,10 @@ shown once, as ``LABEL | [ranks 0-7]: TEXT`` (``N nodes | ...`` when the ranks a
 A line that differs is never merged, so the first differing line is always shown; order is kept,
 every line is shown at most WINDOW_S late, and the node logs keep every line as it was.
 (torchrun's maintainers proposed the same, pytorch/pytorch#162999.)
+
+Each line comes out as a ``Collapsed``: the text shown, and the lines it stands for with when each
+came (``members``), for the console's next stage (``launcher.job.survivors``), which holds lines a
+while anyway: its hold counts from when each member came, so the two waits overlap.
 """
 
 from __future__ import annotations
@@ -22,6 +26,35 @@ WINDOW_S = 1.0  # how long a line waits for the same text from other ranks (seco
 RANK_LINE = re.compile(r"^(?P<label>.*?) \| \[rank(?P<rank>\d+)\]: (?P<text>.*)$", re.DOTALL)
 
 
+class Collapsed(str):
+    """A line as shown, with the lines it stands for and when each came (``members``, by ``clock``)."""
+
+    members: tuple[tuple[float, str], ...]
+
+    def __new__(cls, shown: str, members: Iterable[tuple[float, str]]) -> Collapsed:
+        line = super().__new__(cls, shown)
+        line.members = tuple(members)
+        return line
+
+
+def members(line: str, now: float) -> tuple[tuple[float, str], ...]:
+    """The lines ``line`` stands for, with when each came: its own, come ``now``, when it is not a
+    ``Collapsed``."""
+    return line.members if isinstance(line, Collapsed) else ((now, line),)
+
+
+def merged(lines: list[str]) -> str:
+    """One line for ``lines``, rank lines of one text (``[rankR]: TEXT``) in order of their ranks'
+    first line: the line itself when there is one."""
+    if len(lines) < 2:
+        return lines[0]
+    found = [RANK_LINE.match(line) for line in lines]
+    labels = [m["label"] for m in found if m is not None]
+    label = labels[0] if len(set(labels)) == 1 else f"{len(set(labels))} nodes"
+    text = found[0]["text"] if found[0] is not None else lines[0]
+    return f"{label} | [ranks {rank_ranges(int(m['rank']) for m in found if m is not None)}]: {text}"
+
+
 @dataclass
 class _Pending:
     """One line to show, or several ranks' alike: their labels and ranks, its text, when it came."""
@@ -31,12 +64,10 @@ class _Pending:
     since: float
     labels: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
+    members: list[tuple[float, str]] = field(default_factory=list)  # the lines it stands for, timed
 
-    def shown(self) -> str:
-        if len(self.ranks) < 2:
-            return self.line
-        label = self.labels[0] if len(set(self.labels)) == 1 else f"{len(set(self.labels))} nodes"
-        return f"{label} | [ranks {rank_ranges(self.ranks)}]: {self.text}"
+    def shown(self) -> Collapsed:
+        return Collapsed(merged([line for _, line in self.members]), self.members)
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -50,8 +81,8 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 
 
 def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
-    """``lines`` (each ending in a newline, or TICK) with alike rank lines merged (see the module).
-    ``clock``: seconds, monotonic."""
+    """``lines`` (each ending in a newline, or TICK) with alike rank lines merged (see the module),
+    each a ``Collapsed``. ``clock``: seconds, monotonic."""
     pending: list[_Pending] = []
     for line in lines:
         now = clock()
@@ -67,7 +98,7 @@ def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic)
 def _add(pending: list[_Pending], line: str, now: float) -> None:
     match = RANK_LINE.match(line)
     if match is None:
-        pending.append(_Pending(line, None, now, [line.partition(" | ")[0]]))
+        pending.append(_Pending(line, None, now, [line.partition(" | ")[0]], members=[(now, line)]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
     # Only into a group after this rank's (and its node's own) last line: each rank's order is kept.
@@ -77,5 +108,6 @@ def _add(pending: list[_Pending], line: str, now: float) -> None:
         if group.text == text:
             group.labels.append(label)
             group.ranks.append(rank)
+            group.members.append((now, line))
             return
-    pending.append(_Pending(line, text, now, [label], [rank]))
+    pending.append(_Pending(line, text, now, [label], [rank], [(now, line)]))

@@ -13,6 +13,8 @@ A report is data, never a line to find in a log: logs are for people. Kinds:
   ``pulled``: the job's image pulled there (``launcher.agent pull``), each sent on the channel of that
   short command, never stored;
 - ``oom``: the kernel's OOM killer ended processes of the node (``launcher.agent.memory``);
+- ``rank-failed``: the node's torchrun found a rank failed (``launcher.agent.torchrun``), sent before it
+  stops the node's other ranks: the launcher marks the attempt failing at once;
 - ``saved`` / ``file``: from a host that shares no file system with the launcher, a checkpoint that
   the launcher then copies here (``launcher.schedulers.ssh.copies``), and a small file written for the
   launcher (an error file, the stop marker), written into the record at its own path.
@@ -31,6 +33,7 @@ agent forwards on its channel once the process ended (SSH), or which is the job 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -140,6 +143,15 @@ class OomKilled(_Report):
     rss: dict[int, int] = {}
 
 
+class RankFailed(_Report):
+    """A rank of the node failed: global rank ``rank`` ended with ``exit_code`` (negative: killed by
+    signal -N), as the node's torchrun found it, before the node's other ranks are stopped."""
+
+    kind: Literal["rank-failed"] = "rank-failed"
+    rank: int
+    exit_code: int
+
+
 class FileBack(_Report):
     """A small file a node wrote for the launcher (a torchelastic error file, the stop marker), sent
     back from a host that shares no file system with it: written here at ``path`` (absolute, inside
@@ -160,6 +172,7 @@ NodeReport = Annotated[
     | Pulled
     | Saved
     | OomKilled
+    | RankFailed
     | FileBack,
     Field(discriminator="kind"),
 ]
@@ -210,16 +223,44 @@ def read_all(directory: Path) -> list[NodeReport]:
     cannot be acted on."""
     found: list[NodeReport] = []
     for path in sorted(directory.glob("*.jsonl")):
-        try:
-            lines = path.read_bytes().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                found.append(decode(line))
-            except ValueError:
-                continue
+        with contextlib.suppress(OSError):
+            found += _decoded(path.read_bytes())
     return sorted(found, key=lambda r: r.time)
+
+
+def _decoded(data: bytes) -> list[NodeReport]:
+    """The reports of ``data``'s lines, less those that are not one (``read_all``)."""
+    found = []
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError):
+            found.append(decode(line))
+    return found
+
+
+class Tail:
+    """The reports appended to a job record from its making on: each ``new()`` reads each node's file
+    on from where the last read ended (a watcher that polls often reads each report once)."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.directory = job_dir / REPORTS_DIR
+        self.offsets = {path: path.stat().st_size for path in self.directory.glob("*.jsonl")}
+
+    def new(self) -> list[NodeReport]:
+        """The whole reports appended since the last call (a line still being written waits), oldest
+        first."""
+        found: list[NodeReport] = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            start = self.offsets.get(path, 0)
+            try:
+                with path.open("rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[: data.rfind(b"\n") + 1]
+            self.offsets[path] = start + len(whole)
+            found += _decoded(whole)
+        return sorted(found, key=lambda r: r.time)
 
 
 def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:

@@ -21,12 +21,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from launcher.job.collapse import WINDOW_S, members, merged
 from launcher.job.logs import TICK
 from launcher.job.record import Failing, JobStatus
 
-# Longer than a rank's death takes to reach the status: torchrun's monitor interval (0.1 s), its exit
-# (about 1 s, more on a loaded machine), the supervisor's poll (0.1 s).
-HOLD_S = 3.0
+# Longer than a rank's death takes to reach the console: torchrun's monitor interval (0.1 s), its word
+# to the node agent (``launcher.agent.torchrun``), the supervisor's poll (0.1 s), this console's read
+# of the status (STATUS_EVERY_S). Measured kill → status: 0.26-0.31 s idle, 0.39-0.44 s with three
+# busy processes on 2 cores (0.54-0.75 s when only torchrun's exit told of it, with a 3 s hold).
+HOLD_S = 1.5
+assert HOLD_S >= WINDOW_S  # a collapsed line's wait is within its hold
 # The longest a verdict may take to name the rank: the other nodes' hang reports (30 s), the kill's
 # grace and the channels' drain (5 s each). Past it, every node line since the failure is left out.
 DECIDE_MAX_S = 60.0
@@ -48,11 +52,12 @@ def left_to_logs(
     status: Callable[[], JobStatus],
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[str]:
-    """``lines`` (TICK passes at once), each held HOLD_S seconds (by ``clock``), less the node lines
-    that followed from a failure: those read from HOLD_S before ``status()`` (read every
-    STATUS_EVERY_S) named the attempt failing until the next attempt started, but the failed rank's
-    own once the verdict named it."""
-    held: deque[tuple[float, str]] = deque()
+    """``lines`` (TICK passes at once), each held until HOLD_S seconds (by ``clock``) after it came,
+    less the node lines that followed from a failure: those that came from HOLD_S before ``status()``
+    (read every STATUS_EVERY_S) named the attempt failing until the next attempt started, but the
+    failed rank's own once the verdict named it. A ``launcher.job.collapse.Collapsed`` line counts
+    from when each line it stands for came, and is shown as the lines of it that are left."""
+    held: deque[tuple[float, str]] = deque()  # (when its last member came, line)
     windows: list[_Window] = []  # the failures seen, newest last
     next_read = -math.inf
     for line in itertools.chain(lines, [None]):
@@ -61,18 +66,23 @@ def left_to_logs(
             next_read = now + STATUS_EVERY_S
             _note(windows, status(), now)
         if line:
-            held.append((now, line))
+            held.append((max(at for at, _ in members(line, now)), line))
         due = now - HOLD_S if line is not None else math.inf
         while held and held[0][0] <= due:
-            read_at, text = held[0]
-            window = next((w for w in windows if w.start <= read_at < w.end), None)
-            if line is not None and window is not None and not window.decided(now):
+            timed = [(_window_of(windows, at), text) for at, text in members(held[0][1], held[0][0])]
+            if line is not None and any(w is not None and not w.decided(now) for w, _ in timed):
                 break  # the verdict may still name the rank whose lines these are
             held.popleft()
-            if window is None or window.shows(node_of(text)):
-                yield text
+            shown = [text for window, text in timed if window is None or window.shows(node_of(text))]
+            if shown:
+                yield merged(shown)
         if line == TICK:
             yield TICK
+
+
+def _window_of(windows: list[_Window], at: float) -> _Window | None:
+    """The failure whose aftermath a line that came at ``at`` is, if any."""
+    return next((w for w in windows if w.start <= at < w.end), None)
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Job:
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     attempts: list[Attempt] = field(default_factory=list)
+    reports: reports.Tail = field(init=False)  # what the nodes report from the attempt's start on
     spec: JobSpec = field(init=False)  # read once
     grace_s: float = field(init=False)  # the job's grace period (seconds)
     scalars: JobScalars = field(init=False)  # the job's numbers in TensorBoard
@@ -54,6 +55,7 @@ class Job:
         self.spec = self.record.spec()
         self.grace_s = self.spec.grace_period_s
         self.scalars = JobScalars(self.record.dir, self.record.status().created_at)
+        self.reports = reports.Tail(self.record.dir)
         checks = recorded.read(self.record.dir, self.plan.nnodes)  # an SSH submit's health gate
         if checks.health is not None:
             self.scalars.health(checks.health, checks.hosts, self.started)
@@ -63,6 +65,7 @@ class Job:
 
     def next_attempt(self) -> None:
         self.agents, self.started = [], time.time()
+        self.reports = reports.Tail(self.record.dir)
 
 
 class Watch:
@@ -77,6 +80,7 @@ class Watch:
         self.next_read = self.next_stop_read = 0.0
         self.first_report: float | None = None
         self.codes: tuple[int | None, ...] = ()  # the agents' exit codes when the supervisor killed them
+        self.told_failing = False  # the status says this attempt fails
 
     def run(self) -> Outcome:
         job = self.job
@@ -98,6 +102,8 @@ class Watch:
                 self._failing()
                 self._kill()  # releases the ranks the nodes hold for each other's dumps
                 return self._decided(self._verdict().outcome)
+            elif self._rank_failed():
+                self._failing()  # the nodes' agents end soon after: ``failed`` then
             job.goodput_point(periodic=True)
             time.sleep(POLL_S)
 
@@ -115,8 +121,17 @@ class Watch:
 
     def _failing(self) -> None:
         """Say in the status, before anything is stopped, that this attempt fails: the console holds
-        what the nodes print from then on until the verdict names the rank (``_decided``)."""
-        self.job.record.update_status(failing=Failing(attempt=len(self.job.attempts) + 1, at=time.time()))
+        what the nodes print from then on until the verdict names the rank (``_decided``). Once."""
+        if not self.told_failing:
+            self.told_failing = True
+            attempt = len(self.job.attempts) + 1
+            self.job.record.update_status(failing=Failing(attempt=attempt, at=time.time()))
+
+    def _rank_failed(self) -> bool:
+        """Whether a node told of a failed rank since the last look (``reports.RankFailed``), one that
+        did not stop with a checkpoint: before its torchrun has stopped the other ranks and ended."""
+        told = self.job.reports.new()
+        return any(isinstance(r, reports.RankFailed) and r.exit_code != EXIT_CHECKPOINTED for r in told)
 
     def _decided(self, outcome: Outcome) -> Outcome:
         """``outcome``, and in the status the rank it names (``Failing``): the console shows that rank's

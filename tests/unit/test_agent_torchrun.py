@@ -3,13 +3,14 @@ same exit status and error report as ``python -m torch.distributed.run``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from launcher.agent.torchrun import fast_exit
+from launcher.agent.torchrun import FAILED_FD_ENV, fast_exit
 
 ARGS = ["--nnodes=1", "--nproc-per-node=1", "-m", "trainer.cli", "train"]
 
@@ -46,3 +47,19 @@ def test_the_interpreter_is_looked_up_in_the_path_torchrun_runs_with(tmp_path: P
     other.chmod(0o755)
     argv = ["python", "-m", "torch.distributed.run", *ARGS]
     assert fast_exit(argv, path=str(tmp_path)) == argv
+
+
+@pytest.mark.parametrize("worker", ["true", "false"])
+def test_it_tells_the_agent_of_a_failed_rank_on_the_pipe_and_of_nothing_else(worker: str) -> None:
+    told, telling = os.pipe()
+    flags = ["--standalone", "--nproc-per-node=1", "--no-python", worker]
+    env = os.environ | {FAILED_FD_ENV: str(telling)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "launcher.agent.torchrun", *flags],
+        env=env, pass_fds=(telling,), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    os.close(telling)
+    with os.fdopen(told) as pipe:
+        said = pipe.read()
+    assert ran.returncode == (0 if worker == "true" else 1), ran.stderr
+    assert said == ("" if worker == "true" else '{"rank": 0, "exit_code": 1}\n')

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from launcher.job.collapse import collapsed
 from launcher.job.logs import TICK
 from launcher.job.record import Attempt, Failing, Failure, JobStatus
 from launcher.job.survivors import DECIDE_MAX_S, HOLD_S, left_to_logs, node_of
@@ -48,8 +49,9 @@ KILLED = [
     (4.0, "node1 | [rank1]: ValueError: loss is nan\n"),  # the failed rank's own error: shown
     (4.1, "node0 | [rank0]: Traceback (most recent call last):\n"),  # a survivor, before it was known
     (4.2, "node0 | [rank0]: kept step 16's state in this host's memory\n"),  # any shape, any order
-    (5.5, "node0 | [rank0]: RuntimeError: Connection closed by peer\n"),
-    (5.6, "node1 | torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"),  # its torchrun
+    (4.5, "node0 | [rank0]: RuntimeError: Connection closed by peer\n"),
+    (4.6, "node1 | torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"),  # its torchrun
+    (5.0, TICK),
     (6.0, TICK),
     (12.0, "node0 | [rank0]: step 17\n"),  # the next attempt: shown
     (16.0, TICK),
@@ -76,11 +78,12 @@ def test_a_verdict_missed_between_two_reads_is_taken_from_the_archived_attempt()
 
 
 def test_lines_wait_for_the_verdict_and_a_failure_that_turned_out_a_stop_hides_nothing() -> None:
-    timed = [(3.0, "node0 | a\n"), (5.0, TICK), (6.5, TICK), (8.0, TICK)]
+    came = 5.0 - HOLD_S / 2  # held when the failure is found
+    timed = [(came, "node0 | a\n"), (5.0, TICK), (came + HOLD_S + 0.1, TICK), (8.0, TICK)]
     timeline = _Timeline([(5.0, _status(FOUND)), (8.0, _status(None))])
     lines = left_to_logs(timeline.feed(timed), timeline.status, lambda: timeline.now)
     assert next(lines) == TICK  # at 5 s: not due
-    assert next(lines) == TICK  # at 6.5 s: due, but the failure is not decided yet
+    assert next(lines) == TICK  # due, but the failure is not decided yet
     assert next(lines) == "node0 | a\n"  # at 8 s: a stop, the fact went: nothing is left out
     assert list(lines) == [TICK]
 
@@ -113,5 +116,31 @@ def test_a_failure_and_its_retry_between_two_reads_still_leave_the_aftermath_to_
     archived = Attempt(
         number=1, started_at=0, ended_at=6, exit_code=1, cause="x", failure=Failure(node_rank=1, rank=1)
     )
-    facts = [(5.55, _status(NAMED, attempt=2, attempts=[archived]))]  # failing, decided and retried in 0.05 s
+    # failing, decided and retried between the reads at 4.5 s and 5 s
+    facts = [(4.55, _status(NAMED, attempt=2, attempts=[archived]))]
     assert _console(KILLED, _Timeline(facts)) == SHOWN
+
+
+def _collapsed_console(timed: list[tuple[float, str]], timeline: _Timeline) -> list[tuple[float, str]]:
+    """(when shown, line) through the console's two holds: alike lines merged, then the aftermath."""
+    clock = lambda: timeline.now  # noqa: E731
+    lines = left_to_logs(collapsed(timeline.feed(timed), clock), timeline.status, clock)
+    return [(timeline.now, line) for line in lines if line]
+
+
+def test_alike_lines_are_merged_within_the_hold_and_a_lone_line_waits_only_the_hold() -> None:
+    timed = [(0.0, "node0 | [rank0]: warning: x\n"), (0.3, "node1 | [rank1]: warning: x\n"),
+             (0.5, "node0 | [rank0]: step 1\n")]  # fmt: skip
+    timed += [(t / 10, TICK) for t in range(6, 40)]
+    assert _collapsed_console(timed, _Timeline([])) == [
+        (0.3 + HOLD_S, "2 nodes | [ranks 0-1]: warning: x\n"),  # counted from its last line
+        (0.5 + HOLD_S, "node0 | [rank0]: step 1\n"),  # not HOLD_S + WINDOW_S
+    ]
+
+
+def test_a_merged_line_in_a_failures_aftermath_is_shown_as_the_failed_ranks_own() -> None:
+    timed = [(4.0, "node1 | [rank1]: RuntimeError: x\n"), (4.1, "node0 | [rank0]: RuntimeError: x\n")]
+    timed += [(t / 10, TICK) for t in range(42, 80)]
+    facts = [(4.2, _status(FOUND)), (4.4, _status(NAMED))]
+    shown = [line for _, line in _collapsed_console(timed, _Timeline(facts))]
+    assert shown == ["node1 | [rank1]: RuntimeError: x\n"]
