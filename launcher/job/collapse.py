@@ -59,7 +59,6 @@ def merged(lines: list[str]) -> str:
 class _Pending:
     """One line to show, or several ranks' alike: their labels and ranks, its text, when it came."""
 
-    line: str  # as it came (shown as is when no other rank joins it)
     text: str | None  # the text after the rank prefix; None: a line without one, never merged
     since: float
     labels: list[str] = field(default_factory=list)
@@ -98,7 +97,7 @@ def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic)
 def _add(pending: list[_Pending], line: str, now: float) -> None:
     match = RANK_LINE.match(line)
     if match is None:
-        pending.append(_Pending(line, None, now, [line.partition(" | ")[0]], members=[(now, line)]))
+        pending.append(_Pending(None, now, [line.partition(" | ")[0]], members=[(now, line)]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
     # Only into a group after this rank's (and its node's own) last line: each rank's order is kept.
@@ -110,4 +109,4 @@ def _add(pending: list[_Pending], line: str, now: float) -> None:
             group.ranks.append(rank)
             group.members.append((now, line))
             return
-    pending.append(_Pending(line, text, now, [label], [rank], [(now, line)]))
+    pending.append(_Pending(text, now, [label], [rank], [(now, line)]))
