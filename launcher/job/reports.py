@@ -243,7 +243,10 @@ class Tail:
 
     def __init__(self, job_dir: Path) -> None:
         self.directory = job_dir / REPORTS_DIR
-        self.offsets = {path: path.stat().st_size for path in self.directory.glob("*.jsonl")}
+        self.offsets: dict[Path, int] = {}
+        for path in self.directory.glob("*.jsonl"):
+            with contextlib.suppress(OSError):
+                self.offsets[path] = path.stat().st_size
 
     def new(self) -> list[NodeReport]:
         """The whole reports appended since the last call (a line still being written waits), oldest
