@@ -8,8 +8,9 @@ the rank. Each load starts an interpreter that maps libtorch: about 0.25 s on a 
 the three ISAs of this machine, on every rank of every start before its first compiled step.
 
 Whether a given library file loads on a given CPU does not change, so a success is kept as an empty
-marker file beside the library, named by the host (its name and the CPU's flags) and the library's
-modification time: a later process on that host skips the probe of that file. A failure is not kept:
+marker file beside the library, named by the host (its name and the CPU's flags), the interpreter and
+torch's version (the probe loads the library against this libtorch) and the library's modification
+time: a later such process on that host skips the probe of that file. A failure is not kept:
 it is probed again. Where torch has no ``VecISA._probe_load`` nothing changes.
 """
 
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import sys
 from pathlib import Path
 
 
@@ -50,9 +52,12 @@ def remember_isa_probes() -> None:
 
 
 def _host_tag() -> str:
-    """This host's name and its CPU's flags (``/proc/cpuinfo``), hashed: a cache on a shared file
-    system is not taken for another host's."""
+    """This host's name, its CPU's flags (``/proc/cpuinfo``), this interpreter and torch's version,
+    hashed: a cache on a shared file system is not taken for another host's, nor for another torch."""
+    import torch
+
     flags = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
         flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
-    return hashlib.sha256(f"{socket.gethostname()}\n{flags}".encode()).hexdigest()[:12]
+    what = [socket.gethostname(), flags, sys.executable, torch.__version__]
+    return hashlib.sha256("\n".join(what).encode()).hexdigest()[:12]

@@ -145,6 +145,10 @@ class NodeAgent:
                 preexec_fn=procs.die_with_parent,
                 pass_fds=(telling,) if tells else (),
             )
+        except OSError:
+            if tells:
+                os.close(told)
+            raise
         finally:
             if tells:
                 os.close(telling)  # the child's end: EOF once it ends
@@ -205,7 +209,7 @@ class NodeAgent:
             line = pipe.readline()
         try:
             told = json.loads(line)
-            failed = RankFailed(node=self.node, rank=told["rank"], exit_code=told["exit_code"])
+            failed = RankFailed(node=self.node, local_rank=told["local_rank"], exit_code=told["exit_code"])
         except (ValueError, KeyError, TypeError):  # EOF: no rank failed
             return
         self.report(failed)

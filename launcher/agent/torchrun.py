@@ -10,10 +10,11 @@ non-daemon threads waited for, the other exit handlers, the streams flushed) is 
 Measured on a local 2-node job, a rank SIGKILLed: kill → attempt ended, median 1.6 s → 1.2 s.
 
 It tells the node agent of the first failed rank the moment torchrun's monitor finds it, before
-torchrun stops the other ranks and exits (0.3 s to over a second, more on a loaded machine): one JSON
-line, ``{"rank": global rank, "exit_code": N (negative: killed by signal -N)}``, on the pipe that
+torchrun stops the node's other ranks and exits (0.2 s to over a second, more on a loaded machine):
+one JSON line, ``{"local_rank": N, "exit_code": N (negative: killed by signal -N)}``, on the pipe that
 ``FAILED_FD_ENV`` names. The launcher then marks the attempt failing that much sooner, and the console
-holds the survivors' lines (``launcher.job.survivors``) for that much less.
+holds the survivors' lines (``launcher.job.survivors``) for that much less. Not with torchrun's
+in-place restarts (``--max-restarts`` above 0), where a failed rank does not end the node's ranks.
 
 The node agent runs this in place of ``-m torch.distributed.run`` (``fast_exit``) only where
 torchrun's interpreter is the agent's own, which has this module (the agent is part of it): on SSH
@@ -32,7 +33,6 @@ import os
 import runpy
 import shutil
 import sys
-from typing import Any
 
 TORCHRUN = ["-m", "torch.distributed.run"]
 NODE_ENTRY = ["-m", "launcher.job.node"]  # fills in a node's placeholders, then execs its command
@@ -54,30 +54,47 @@ def fast_exit(argv: list[str], path: str | None = None) -> list[str]:
 
 
 def tell_failures(fd: int) -> None:
-    """Write the first failed rank that torchrun's monitor finds (``LocalElasticAgent._monitor_workers``,
-    torch 2.13) to ``fd`` as one JSON line, then close it. Where torch has no such method, nothing is
-    told: the launcher learns of the failure when torchrun exits, as before."""
-    from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    """Write the first failed rank that torchrun finds (``SubprocessContext._capture_process_failures``,
+    torch 2.13: before it stops the node's other ranks) to ``fd`` as one JSON line, then close it.
+    Where torch has no such method nothing is told: the launcher learns of the failure when torchrun
+    exits, as before."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
-    if monitor is None:
+    capture = getattr(SubprocessContext, "_capture_process_failures", None)
+    if capture is None:
+        os.close(fd)
         return
     out = os.fdopen(fd, "w")
 
-    def watched(agent: LocalElasticAgent, group: Any) -> Any:
-        result = monitor(agent, group)
-        if result.state == WorkerState.FAILED and result.failures and not out.closed:
-            rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
-            told = {"rank": rank, "exit_code": failure.exitcode}
-            with contextlib.suppress(OSError):  # the agent is gone: it cannot be told
-                out.write(json.dumps(told) + "\n")
-                out.flush()
-            with contextlib.suppress(OSError):
-                out.close()
-        return result
+    def captured(context: SubprocessContext, done: set[int]) -> None:
+        capture(context, done)
+        if out.closed:
+            return
+        try:
+            local_rank, failure = next(iter(context._failures.items()), (None, None))
+            if failure is None:
+                return
+            out.write(json.dumps({"local_rank": local_rank, "exit_code": failure.exitcode}) + "\n")
+            out.flush()
+        except Exception:  # torch's own structures differ, or the agent is gone: torchrun goes on
+            pass
+        with contextlib.suppress(OSError):
+            out.close()
 
-    LocalElasticAgent._monitor_workers = watched  # type: ignore[method-assign]
+    SubprocessContext._capture_process_failures = captured  # type: ignore[method-assign,assignment]
+
+
+def restarts_in_place(argv: list[str]) -> bool:
+    """Whether torchrun's ``argv`` (its flags as ``launcher.job.torchrun`` renders them: ``--flag=value``,
+    then the program) asks it to restart failed ranks in place (``--max-restarts`` above 0): a rank's
+    failure then ends no node, and nothing is told."""
+    for arg in argv:
+        if not arg.startswith("-"):  # the program: its arguments are its own
+            return False
+        name, _, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts"):
+            return value.isdigit() and int(value) > 0
+    return False
 
 
 def main() -> None:
@@ -85,7 +102,10 @@ def main() -> None:
     atexit.register(gc.freeze)  # the first handler registered is the last run: after torch's own
     fd = os.environ.pop(FAILED_FD_ENV, None)  # not for the ranks
     if fd is not None:
-        tell_failures(int(fd))
+        if restarts_in_place(sys.argv[1:]):
+            os.close(int(fd))  # EOF: the agent tells nothing
+        else:
+            tell_failures(int(fd))
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 
 

@@ -51,7 +51,7 @@ def follow(
     ranks (``launcher.job.collapse``, within the same hold), and each retry is announced
     (``launcher.job.announce``)."""
     lines = scheduler.logs(record, node, follow=True)
-    if console:  # the failure's aftermath left to the logs, a traceback judged whole, before --tee
+    if console:  # the tracebacks that follow from a failure left to the logs, each judged whole
         lines = quieted(lines)
     lines = (line for line in lines if line == TICK or keep(line))
     if console:  # alike lines merged while they are held anyway

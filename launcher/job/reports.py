@@ -144,11 +144,11 @@ class OomKilled(_Report):
 
 
 class RankFailed(_Report):
-    """A rank of the node failed: global rank ``rank`` ended with ``exit_code`` (negative: killed by
-    signal -N), as the node's torchrun found it, before the node's other ranks are stopped."""
+    """A rank of the node failed: its ``local_rank`` ended with ``exit_code`` (negative: killed by
+    signal -N), as the node's torchrun found it, before it stops the node's other ranks."""
 
     kind: Literal["rank-failed"] = "rank-failed"
-    rank: int
+    local_rank: int
     exit_code: int
 
 
@@ -255,6 +255,8 @@ class Tail:
         for path in sorted(self.directory.glob("*.jsonl")):
             start = self.offsets.get(path, 0)
             try:
+                if path.stat().st_size <= start:  # nothing new: not opened (a shared file system)
+                    continue
                 with path.open("rb") as f:
                     f.seek(start)
                     data = f.read()

@@ -27,8 +27,10 @@ from launcher.job.record import Failing, JobStatus
 
 # Longer than a rank's death takes to reach the console: torchrun's monitor interval (0.1 s), its word
 # to the node agent (``launcher.agent.torchrun``), the supervisor's poll (0.1 s), this console's read
-# of the status (STATUS_EVERY_S). Measured kill → status: 0.26-0.31 s idle, 0.39-0.44 s with three
-# busy processes on 2 cores (0.54-0.75 s when only torchrun's exit told of it, with a 3 s hold).
+# of the status (STATUS_EVERY_S). ``benchmarks/bench_failing.py``, kill -> status: 0.15 s median
+# (0.10-0.20), 0.22 s with three busy processes on 2 cores (0.09-0.25). Where torchrun cannot tell (a
+# torchrun in a container the agent starts, a --python other than the launcher's), the status
+# follows torchrun's exit: 0.5-0.7 s there, still within the hold.
 HOLD_S = 1.5
 assert HOLD_S >= WINDOW_S  # a collapsed line's wait is within its hold
 # The longest a verdict may take to name the rank: the other nodes' hang reports (30 s), the kill's

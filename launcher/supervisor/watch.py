@@ -83,6 +83,11 @@ class Watch:
         self.told_failing = False  # the status says this attempt fails
 
     def run(self) -> Outcome:
+        """The attempt's outcome, once it ended; the status names the failed rank, or no longer says
+        the attempt fails when it did not (``_decided``)."""
+        return self._decided(self._follow())
+
+    def _follow(self) -> Outcome:
         job = self.job
         while True:
             codes = [a.poll() for a in job.agents]
@@ -101,7 +106,7 @@ class Watch:
             elif self.node_watched and self._hang_reported():
                 self._failing()
                 self._kill()  # releases the ranks the nodes hold for each other's dumps
-                return self._decided(self._verdict().outcome)
+                return self._verdict().outcome
             elif self._rank_failed():
                 self._failing()  # the nodes' agents end soon after: ``failed`` then
             job.goodput_point(periodic=True)
@@ -135,10 +140,12 @@ class Watch:
 
     def _decided(self, outcome: Outcome) -> Outcome:
         """``outcome``, and in the status the rank it names (``Failing``): the console shows that rank's
-        lines, and leaves the rest since the failure to the logs. No failure (a stop): nothing hidden."""
-        status = self.job.record.status()
-        failing, failure = status.failing, outcome.failure
-        if failing is None or outcome.state != JobState.FAILED:
+        lines, and leaves the rest since the failure to the logs. No failure (a stop; a rank that
+        torchrun restarted in place): nothing hidden."""
+        failing, failure = self.job.record.status().failing, outcome.failure
+        if failing is None or failing.attempt != len(self.job.attempts) + 1:
+            return outcome  # this attempt was never said to fail
+        if outcome.state != JobState.FAILED:
             self.job.record.update_status(failing=None)
             return outcome
         named = {"node": failure.node_rank, "rank": failure.rank} if failure is not None else {}
@@ -208,4 +215,4 @@ class Watch:
             self._wait_others(HANG_REPORTS_S)
         self._kill()
         drain_channels(DRAIN_S)
-        return self._decided(self._verdict(node, explained).outcome)
+        return self._verdict(node, explained).outcome

@@ -10,18 +10,18 @@ from launcher.job.reports import REPORTS_DIR, RankFailed
 
 
 def test_a_tail_reads_each_report_once_from_its_start_on_and_waits_for_a_whole_line(tmp_path: Path) -> None:
-    reports.append(tmp_path, RankFailed(node=0, rank=0, exit_code=1))  # an earlier attempt's
+    reports.append(tmp_path, RankFailed(node=0, local_rank=0, exit_code=1))  # an earlier attempt's
     tail = reports.Tail(tmp_path)
     assert tail.new() == []
-    later = RankFailed(node=1, rank=3, exit_code=-9)
+    later = RankFailed(node=1, local_rank=1, exit_code=-9)
     reports.append(tmp_path, later)
     assert tail.new() == [later]
     assert tail.new() == []
     path = tmp_path / REPORTS_DIR / "node-1.jsonl"
-    line = reports.encode(RankFailed(node=1, rank=2, exit_code=-9))
+    line = reports.encode(RankFailed(node=1, local_rank=0, exit_code=-9))
     with path.open("ab") as f:
         f.write(line[:10])  # a writer in mid-line
     assert tail.new() == []
     with path.open("ab") as f:
         f.write(line[10:])
-    assert [r.rank for r in tail.new() if isinstance(r, RankFailed)] == [2]
+    assert [r.local_rank for r in tail.new() if isinstance(r, RankFailed)] == [0]
