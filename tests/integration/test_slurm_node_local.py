@@ -4,13 +4,16 @@ newest checkpoint is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.integration.conftest import (
@@ -66,7 +69,7 @@ def _local_run_name(tmp_path: Path) -> str:
 def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, str, str]:
     """A 2-node job with ``--retries 1`` whose run dir is on each node's own disk (not declared: the
     nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
-    step 7 passed and a checkpoint is in the job record's copy."""
+    step 7 passed and a checkpoint is in the job record's copy, its ranks held (SIGSTOP)."""
     jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
     # TINY: steps slow enough that rank 0 still trains when the copy holds a checkpoint
     args = [*prepared_data, *FAST, *TINY, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
@@ -77,9 +80,28 @@ def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, st
     job_id = proc.stdout.splitlines()[0]
     disks = [_node_disk(host) / name for host in hostnames("ALL")]
     copy = jobs / job_id / "run-copy"
-    until("step 7", lambda: any(reached(d, 7) for d in disks) and list(copy.glob("ckpt-*.pt")), 300)
+    saved = [(d / "ckpt-00000005.pt", d / "ckpt-00000005.pt.sha256") for d in disks]
+    until("step 7, step 5 saved", lambda: any(reached(d, 7) for d in disks) and any(
+        pt.is_file() and digest.is_file() for pt, digest in saved), 300)  # fmt: skip
+    # Held (SIGSTOP) until the node is lost: the job must not end before the copy holds a checkpoint
+    # (the nodes' copies can lag the steps on a loaded machine).
+    _signal_ranks(job_id, signal.SIGSTOP)
+    until("a checkpoint in the job record's copy", lambda: list(copy.glob("ckpt-*.pt")), 300)
     assert not (NODE_LOCAL / name / "metrics.jsonl").exists()  # the launcher's machine sees none of it
     return jobs, job_id, name
+
+
+def _ranks(job_id: str) -> list[psutil.Process]:
+    """The job's trainer ranks, on every node."""
+    return [p for p in processes_of(job_id) if is_rank(p.cmdline())]
+
+
+def _signal_ranks(job_id: str, sig: int) -> None:
+    """``sig`` to every trainer rank of the job (both nodes')."""
+    ranks = until("both ranks", lambda: len(r := _ranks(job_id)) == 2 and r, 60)
+    for rank in ranks:
+        with contextlib.suppress(psutil.Error):
+            rank.send_signal(sig)
 
 
 def _lose_rank_0s_node(job_id: str) -> str:
@@ -89,6 +111,9 @@ def _lose_rank_0s_node(job_id: str) -> str:
     (task,) = [p for p in rank0.parents() if {"launcher.agent", "submitit.core._submit"} & {*p.cmdline()}]
     host = str(rank0.environ()["SLURMD_NODENAME"])  # before the kill: the node's tree ends with its agent
     task.kill()
+    for rank in [rank0, *_ranks(job_id)]:  # a lost node's processes are gone at once (held: no exit of
+        with contextlib.suppress(psutil.Error):  # their own); the held survivor goes on, its peer gone
+            rank.send_signal(signal.SIGKILL if rank == rank0 else signal.SIGCONT)
     return host
 
 

@@ -191,9 +191,12 @@ def _cut_off(host: str, job: str) -> Iterator[float]:
 
 
 def _supervisor_now(job_dir: Path) -> str:
-    """The supervisor's log and the Python stacks of it and its children (a timeout's diagnosis)."""
+    """The job's status, the supervisor's log and the Python stacks of it and its children, or that it
+    is gone (a timeout's diagnosis)."""
     pid = json.loads((job_dir / "handle.json").read_text())["supervisor"]["pid"]
-    return f"{(job_dir / 'supervisor.log').read_text(errors='replace')[-4000:]}\n{python_stacks(pid)}"
+    stacks = python_stacks(pid) or f"the supervisor (pid {pid}) is not running"
+    status = (job_dir / "status.json").read_text(errors="replace")[-3000:]
+    return f"{status}\n{(job_dir / 'supervisor.log').read_text(errors='replace')[-4000:]}\n{stacks}"
 
 
 def _logs(job_dir: Path) -> str:
