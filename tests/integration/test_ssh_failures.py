@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -190,6 +191,24 @@ def _cut_off(host: str, job: str) -> Iterator[float]:
         run(["ip", "link", "set", link, "up"], check=True)
 
 
+def _held_ranks(job: str) -> list[psutil.Process]:
+    """The job's two trainer ranks, SIGSTOPped."""
+    wait_for(lambda: len(_ranks(job)) == 2, 60, "both ranks")
+    ranks = _ranks(job)
+    for rank in ranks:
+        rank.send_signal(signal.SIGSTOP)
+    return ranks
+
+
+def _ranks(job: str) -> list[psutil.Process]:
+    return [p for p in processes_of(job) if runs_module(p, "trainer.cli")]
+
+
+def _whole(run_dir: Path) -> set[str]:
+    """The checkpoints in ``run_dir`` that are whole (their digest beside them)."""
+    return {p.name for p in run_dir.glob("ckpt-*.pt") if p.with_name(p.name + ".sha256").is_file()}
+
+
 def _supervisor_now(job_dir: Path) -> str:
     """The job's status, the supervisor's log and the Python stacks of it and its children, or that it
     is gone (a timeout's diagnosis)."""
@@ -228,7 +247,15 @@ def test_the_host_holding_the_checkpoint_is_lost_and_the_spare_resumes_from_the_
     (lost,) = [h for h in names if (on_host(h, run_dir) / "ckpt-00000010.pt").is_file()]  # rank 0's host
     node = names.index(lost)
     assert any(runs_on(p, lost) for p in processes_of(job))
+    # Held (SIGSTOP) until the link is down, once the launcher has every whole checkpoint of the lost
+    # host: a save at the cut would be one it can never copy, and the retry is refused then.
+    ranks = _held_ranks(job)
+    wait_for(lambda: _whole(on_host(lost, run_dir)) <= _whole(run_dir), 60, "the launcher's copies")
     with _cut_off(lost, job) as down:
+        for rank in ranks:  # the survivor goes on; the lost host's ranks end with its node
+            with contextlib.suppress(psutil.Error, OSError):
+                if not runs_on(rank, lost):
+                    rank.send_signal(signal.SIGCONT)
         try:
             wait_for(lambda: "resumed from" in _logs(jobs / job) and step_of(jobs) >= 11, 300, "attempt 2")
         except AssertionError as e:  # seen twice in ~6 runs of the suite: where the supervisor waits

@@ -3,6 +3,7 @@ same exit status and error report as ``python -m torch.distributed.run``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -99,3 +100,5 @@ def test_it_tells_before_it_stops_the_nodes_other_ranks(tmp_path: Path) -> None:
         finally:
             go.touch()
             torchrun.kill()
+            with contextlib.suppress(OSError, ValueError, psutil.Error):  # torchrun gone: rank 0 too
+                psutil.Process(int(pid.read_text())).kill()
