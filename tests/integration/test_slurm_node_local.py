@@ -92,8 +92,13 @@ def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, st
 
 
 def _ranks(job_id: str) -> list[psutil.Process]:
-    """The job's trainer ranks, on every node."""
-    return [p for p in processes_of(job_id) if is_rank(p.cmdline())]
+    """The job's live trainer ranks, on every node (one ending as it is looked at is not)."""
+    found = []
+    for proc in processes_of(job_id):
+        with contextlib.suppress(psutil.Error):
+            if is_rank(proc.cmdline()):
+                found.append(proc)
+    return found
 
 
 def _signal_ranks(job_id: str, sig: int) -> None:
