@@ -107,7 +107,7 @@ class Watch:
                 self._failing()
                 self._kill()  # releases the ranks the nodes hold for each other's dumps
                 return self._verdict().outcome
-            elif self._rank_failed():
+            elif not self.told_failing and self._rank_failed():
                 self._failing()  # the nodes' agents end soon after: ``failed`` then
             job.goodput_point(periodic=True)
             time.sleep(POLL_S)
