@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,6 +39,23 @@ def slurm_cluster() -> None:
             return
         why = f"the dev SLURM cluster did not start: {up.stderr[-2000:]}"
     missing_component(f"CI must run the SLURM tests: {why}")
+
+
+@pytest.fixture(autouse=True)
+def slurm_queue_left_empty(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, no job left in the dev cluster's queue (cancelled, with a warning naming the
+    test): a test that failed with its job running, or requeued, would hold the nodes that every later
+    test's job then waits for, and fail them far from its cause. (The SLURM tests run one at a time.)"""
+    yield
+    left = _queued()
+    if left:
+        run(["scancel", *left], timeout=60)
+        warnings.warn(f"{request.node.nodeid} left SLURM job(s) {left} in the queue: cancelled", stacklevel=1)
+        until("the dev cluster's queue empty", lambda: not _queued(), 120)
+
+
+def _queued() -> list[str]:
+    return run(["squeue", "--noheader", "--format=%i"], timeout=60).stdout.split()
 
 
 def hostnames(nodelist: str) -> list[str]:

@@ -42,6 +42,7 @@ from tests.integration.slurm_helpers import (
     sbatch_rendered,
     slurm_cluster,  # noqa: F401 (autouse: the dev cluster is up)
     slurm_id_of,
+    slurm_queue_left_empty,  # noqa: F401 (autouse: no job left queued after a test)
     status_json,
     trainer_args,
     until,

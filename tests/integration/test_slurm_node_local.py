@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from tests.integration.slurm_helpers import (
     sbatch_rendered,
     slurm_cluster,  # noqa: F401 (autouse: the dev cluster is up)
     slurm_id_of,
+    slurm_queue_left_empty,  # noqa: F401 (autouse: no job left queued after a test)
     status_json,
     trainer_args,
     until,
@@ -54,23 +56,21 @@ def _node_disk(host: str) -> Path:
 
 
 @pytest.fixture
-def node_disks(tmp_path: Path) -> Iterator[None]:
-    """The test's run dirs on the nodes' own disks, removed after it (the disks outlive a test)."""
-    yield
-    for disk in (SLURM_STATE / "node-local").glob(f"*/{_local_run_name(tmp_path)}"):
+def node_local_name(tmp_path: Path) -> Iterator[str]:
+    """A run dir name of this test's own on every node's disk, removed after it. The disks outlive
+    pytest's tmp dirs (and a job that outlived its test may write there after the removal): a name
+    another run of the suite used would hold that run's checkpoints and steps."""
+    name = f"run-{tmp_path.name}-{secrets.token_hex(4)}"
+    yield name
+    for disk in (SLURM_STATE / "node-local").glob(f"*/{name}"):
         shutil.rmtree(disk, ignore_errors=True)
 
 
-def _local_run_name(tmp_path: Path) -> str:
-    """A run dir name of this test's own, on every node's disk (which outlives pytest's tmp dirs)."""
-    return f"run-{tmp_path.parent.name}-{tmp_path.name}"
-
-
-def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, str, str]:
+def _node_local_job(prepared_data, tmp_path: Path, name: str, steps: int) -> tuple[Path, str]:
     """A 2-node job with ``--retries 1`` whose run dir is on each node's own disk (not declared: the
-    nodes miss the launcher's mark), checkpointing every 5 steps; (jobs, job id, run dir's name). Once
+    nodes miss the launcher's mark) named ``name``, checkpointing every 5 steps; (jobs, job id). Once
     step 7 passed and a checkpoint is in the job record's copy, its ranks held (SIGSTOP)."""
-    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
+    jobs = tmp_path / "jobs"
     # TINY: steps slow enough that rank 0 still trains when the copy holds a checkpoint
     args = [*prepared_data, *FAST, *TINY, "--max-steps", str(steps), "--run-dir", str(NODE_LOCAL / name)]
     args += ["--checkpoint-interval", "5", "--eval-interval", "100000"]
@@ -88,7 +88,7 @@ def _node_local_job(prepared_data, tmp_path: Path, steps: int) -> tuple[Path, st
     _signal_ranks(job_id, signal.SIGSTOP)
     until("a checkpoint in the job record's copy", lambda: list(copy.glob("ckpt-*.pt")), 300)
     assert not (NODE_LOCAL / name / "metrics.jsonl").exists()  # the launcher's machine sees none of it
-    return jobs, job_id, name
+    return jobs, job_id
 
 
 def _ranks(job_id: str) -> list[psutil.Process]:
@@ -122,15 +122,17 @@ def _lose_rank_0s_node(job_id: str) -> str:
     return host
 
 
-@pytest.mark.usefixtures("node_disks")
-def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, tmp_path: Path) -> None:
+def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(
+    prepared_data, tmp_path: Path, node_local_name: str
+) -> None:
     """``--retries 1``, a 2-node job on the 3-node cluster: the node holding rank 0 and its checkpoints
     is lost (its task, submitit's process, parent of its torchrun agent, SIGKILLed after a checkpoint).
     The batch script requeues the job without that node; attempt 2 runs on the two other nodes, which
     never held a checkpoint, restores the job record's copy on both, resumes from it and trains
     exactly ``--max-steps`` steps, each logged once."""
     steps = 30
-    jobs, job_id, name = _node_local_job(prepared_data, tmp_path, steps)
+    name = node_local_name
+    jobs, job_id = _node_local_job(prepared_data, tmp_path, name, steps)
     failed = _lose_rank_0s_node(job_id)
     terminal = ("succeeded", "failed", "cancelled", "checkpointed", "lost")
     status = until("the job ended", lambda: (s := status_json(jobs, job_id))["state"] in terminal and s, 300)
@@ -158,13 +160,12 @@ def test_a_node_local_run_dir_survives_the_loss_of_rank_0s_node(prepared_data, t
     until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
-@pytest.mark.usefixtures("node_disks")
 def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
-    prepared_data, tmp_path: Path
+    prepared_data, tmp_path: Path, node_local_name: str
 ) -> None:
     """As above, but the job record's copy is gone too: attempt 2 does not quietly train from step 0;
     it fails, naming the checkpoint, where it was saved and ``--allow-start-over``."""
-    jobs, job_id, _ = _node_local_job(prepared_data, tmp_path, 200)
+    jobs, job_id = _node_local_job(prepared_data, tmp_path, node_local_name, 200)
     failed = _lose_rank_0s_node(job_id)
     # once the controller requeued the job: the survivor's last save is in the copy by then
     until("requeued", lambda: json.loads((jobs / job_id / "status.json").read_text())["state"] == "pending")
@@ -186,15 +187,14 @@ def test_a_retry_refuses_to_start_over_when_the_copy_lost_the_newest_checkpoint(
     until("no process of the job", lambda: not processes_of(job_id), timeout=60)
 
 
-@pytest.mark.usefixtures("node_disks")
 def test_the_sbatch_script_with_a_node_local_run_dir_requeues_and_resumes_from_the_copy(
-    prepared_data, tmp_path: Path
+    prepared_data, tmp_path: Path, node_local_name: str
 ) -> None:
     """The standalone script (``launcher render``, run with plain sbatch), told the run dir is
     node-local: on SLURM's warning signal the stop marker and the checkpoint reach the job record's
     copy, the script requeues the job, and the next run restores the copy and trains exactly to the
     end. (The same script's requeue with a shared run dir is submitit's: the preemption test.)"""
-    jobs, name = tmp_path / "jobs", _local_run_name(tmp_path)
+    jobs, name = tmp_path / "jobs", node_local_name
     args = trainer_args(prepared_data, NODE_LOCAL / name, 40)
     slurm_id = sbatch_rendered(jobs, tmp_path, args, "--node-local-run-dir")
     disks = [_node_disk(host) / name for host in hostnames("ALL")]

@@ -23,6 +23,7 @@ from tests.integration.slurm_helpers import (
     sacct,
     slurm_cluster,  # noqa: F401 (the module's fixture: a running dev cluster)
     slurm_id_of,
+    slurm_queue_left_empty,  # noqa: F401 (autouse: no job left queued after a test)
     until,
 )
 
