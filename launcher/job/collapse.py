@@ -3,8 +3,9 @@
 At scale every rank prints the same warning, and 64 copies bury the one line that differs. A followed
 line ``LABEL | [rankR]: TEXT`` waits up to WINDOW_S for the same TEXT from other ranks; then it is
 shown once, as ``LABEL | [ranks 0-7]: TEXT`` (``N nodes | ...`` when the ranks are on several nodes).
-A line that differs is never merged, so the first differing line is always shown; order is kept,
-every line is shown at most WINDOW_S late, and the node logs keep every line as it was.
+A line that differs is never merged, so the first differing line is always shown; each rank's order
+is kept (two ranks' lines may swap: their order means nothing), every line is shown at most WINDOW_S
+late, and the node logs keep every line as it was.
 (torchrun's maintainers proposed the same, pytorch/pytorch#162999.)
 
 Each line comes out as a ``Collapsed``: the text shown, and the lines it stands for with when each
@@ -100,11 +101,18 @@ def _add(pending: list[_Pending], line: str, now: float) -> None:
         pending.append(_Pending(None, now, [line.partition(" | ")[0]], members=[(now, line)]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
-    # Only into a group after this rank's (and its node's own) last line: each rank's order is kept.
+    # This rank's lines waiting (and its node's own): they stay in order. One that stands alone may
+    # move up past other ranks' lines to let this line join the same text further up (the order of
+    # two ranks' lines means nothing: torchrun tails each rank's output on its own); a merged one stays.
     own = [k for k, p in enumerate(pending) if rank in p.ranks or (p.text is None and label in p.labels)]
-    after = own[-1] + 1 if own else 0
-    for group in pending[after:]:
-        if group.text == text:
+    floor = max((k + 1 for k in own if len(pending[k].members) > 1), default=0)
+    for at in range(floor, len(pending)):
+        group = pending[at]
+        if group.text == text and rank not in group.ranks:
+            moved = [pending.pop(k) for k in reversed(own) if k > at][::-1]
+            for p in moved:  # shown before the group: no later than it
+                p.since = min(p.since, group.since)
+            pending[at:at] = moved
             group.labels.append(label)
             group.ranks.append(rank)
             group.members.append((now, line))

@@ -69,7 +69,7 @@ def test_the_same_rank_twice_is_two_lines_and_the_end_of_the_stream_shows_what_w
     assert _shown([(0.0, line), (0.1, line)]) == [(0.1, line), (0.1, line)]
 
 
-def test_a_line_never_joins_a_group_before_its_ranks_own_earlier_lines() -> None:
+def test_a_line_joins_a_group_further_up_only_behind_its_ranks_own_earlier_lines() -> None:
     # both ranks raise the same error through different frames: rank 1's frames stay before its error
     rank0 = ["Traceback (most recent call last):\n", '  File "train.py", line 10\n', "ValueError: bad\n"]
     rank1 = ["Traceback (most recent call last):\n", '  File "train.py", line 12\n', "ValueError: bad\n"]
@@ -79,3 +79,34 @@ def test_a_line_never_joins_a_group_before_its_ranks_own_earlier_lines() -> None
     mine = [line for line in shown if "rank1" in line or "ranks 0-1" in line]
     assert [line.split(": ", 1)[1] for line in mine] == rank1, shown
     assert shown[0] == "2 nodes | [ranks 0-1]: Traceback (most recent call last):\n", shown
+
+
+def test_a_ranks_line_moves_up_past_other_ranks_to_let_its_next_line_join_theirs() -> None:
+    # rank 0's output was read after rank 1's: its own line moves up, its warning joins rank 1's
+    timed = [
+        (0.00, "node1 | [rank1]: rank 1/2 on vm\n"),
+        (0.01, "node1 | [rank1]: trainer: warning: fp16 runs in bf16\n"),
+        (0.10, "node0 | [rank0]: rank 0/2 on vm\n"),
+        (0.11, "node0 | [rank0]: trainer: warning: fp16 runs in bf16\n"),
+        (0.12, "node0 | [rank0]: training: world_size=2\n"),
+        (0.01 + WINDOW_S, TICK),
+        (0.12 + WINDOW_S, TICK),
+    ]
+    assert _shown(timed) == [
+        (0.01 + WINDOW_S, "node1 | [rank1]: rank 1/2 on vm\n"),
+        (0.01 + WINDOW_S, "node0 | [rank0]: rank 0/2 on vm\n"),  # no later than the line it now precedes
+        (0.01 + WINDOW_S, "2 nodes | [ranks 0-1]: trainer: warning: fp16 runs in bf16\n"),
+        (0.12 + WINDOW_S, "node0 | [rank0]: training: world_size=2\n"),
+    ]
+
+
+def test_a_merged_line_of_the_rank_stays_and_what_follows_it_joins_nothing_before_it() -> None:
+    # rank 0's "ready" is merged with rank 2's: rank 0's next line cannot join a group before it
+    timed = [
+        (0.0, "node1 | [rank1]: done\n"),
+        (0.1, "node0 | [rank0]: ready\n"),
+        (0.2, "node2 | [rank2]: ready\n"),
+        (0.3, "node0 | [rank0]: done\n"),
+    ]
+    shown = [line for _, line in _shown(timed)]
+    assert shown == ["node1 | [rank1]: done\n", "2 nodes | [ranks 0,2]: ready\n", "node0 | [rank0]: done\n"]

