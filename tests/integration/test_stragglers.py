@@ -223,7 +223,7 @@ def test_a_plain_scripts_rank_sharing_its_core_is_named_with_no_change_to_it(
         throttled_at = time.time()
         with _throttled(next(b.pid for b in alone if b.rank == 1), share=0.4):
             _a_whole_window(beat_dirs)  # under the quota
-            named = _stragglers_in_status(jobs, job_id)
+            named = _named_in_status(jobs, job_id)  # as the first test: one read of the beats may lack one
             text = launcher(jobs, "status", job_id, check=True).stdout
             flags = _flagged_in_tensorboard(jobs / job_id, since=time.time())
         assert set(named) == {"1"} and named["1"] > 1.25, named
