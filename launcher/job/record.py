@@ -347,14 +347,16 @@ class JobRecord:
     def write_status(self, status: JobStatus) -> None:
         atomic_write_text(self.dir / "status.json", status.model_dump_json(indent=2))
 
-    def update_status(self, **changes: Any) -> JobStatus:
+    def update_status(self, *, if_state: JobState | None = None, **changes: Any) -> JobStatus:
         """Apply ``changes`` to the recorded status and return it, unless it is terminal already: a
-        terminal status is never replaced (then it is returned unchanged). Writers on this machine
-        (supervisor, ``cancel``, readers recording a derived end) take turns on a lock file."""
+        terminal status is never replaced (then it is returned unchanged); with ``if_state``, only while
+        the recorded state is still that one (a reader's change, derived from what it read before, must
+        not undo what a writer recorded since). Writers on this machine (supervisor, ``cancel``, readers
+        recording a derived end) take turns on a lock file."""
         with open(self.dir / ".status.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = self.status()
-            if current.state.is_terminal:
+            if current.state.is_terminal or if_state not in (None, current.state):
                 return current
             updated = current.model_copy(update=changes)
             self.write_status(updated)

@@ -307,8 +307,10 @@ def _attempt(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outc
         return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message)
     started()
     first_start = job.record.status().started_at or job.started
-    running = {"state": JobState.RUNNING, "started_at": first_start, "attempt_started_at": job.started}
-    if job.record.update_status(**running).state.is_terminal:
+    running = job.record.update_status(
+        state=JobState.RUNNING, started_at=first_start, attempt_started_at=job.started
+    )
+    if running.state.is_terminal:
         stop.requested = True  # cancelled while starting: stop what was started
     before = job.attempts[-1].cause if job.attempts else ""
     job.scalars.attempt(len(job.attempts) + 1, job.spec.retries + 1, before, job.started)

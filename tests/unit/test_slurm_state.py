@@ -13,7 +13,7 @@ from gptlaunch.contract import write_stop_marker
 from launcher.job.record import JobRecord, JobState, JobStatus, torchelastic_dir
 from launcher.job.spec import JobSpec
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
-from launcher.schedulers.slurm.state import AccountingInfo, end_outcome
+from launcher.schedulers.slurm.state import AccountingInfo, SlurmHandle, end_outcome
 
 
 @pytest.fixture
@@ -61,3 +61,27 @@ def test_error_files_of_a_run_before_a_requeue_are_not_the_root_cause(record: Jo
     outcome = end_outcome(AccountingInfo("FAILED", 1, now - 30), record)
     assert outcome.failure is not None and outcome.failure.node_rank == 1
     assert "this run" in outcome.message
+
+
+def test_a_status_read_does_not_undo_the_controllers_start_recorded_meanwhile(record: JobRecord) -> None:
+    # `launcher status` read "pending"; while it asked sacct, the controller recorded its start
+    record.write_handle(SlurmHandle(slurm_job_id="7", submitit_folder=""))
+    record.update_status(state=JobState.PENDING, message="SLURM job 7")
+    started = time.time()
+
+    class Accounting:
+        def info(self, job_id: str) -> AccountingInfo:
+            record.update_status(state=JobState.RUNNING, started_at=started, message="")  # the controller
+            return AccountingInfo(state="RUNNING", exit_code=None, start=started - 5, job_id=job_id)
+
+    scheduler = SlurmScheduler()
+    scheduler._accounting = Accounting()  # type: ignore[assignment]
+    status = scheduler.state(record)
+    assert (status.state, status.started_at) == (JobState.RUNNING, started)
+    assert record.status() == status
+
+
+def test_submit_does_not_undo_a_start_the_controller_recorded_before_it(record: JobRecord) -> None:
+    record.update_status(state=JobState.RUNNING, started_at=1.0)
+    assert record.update_status(if_state=JobState.CREATED, state=JobState.PENDING).state == JobState.RUNNING
+    assert record.update_status(if_state=JobState.RUNNING, message="m").message == "m"

@@ -65,8 +65,10 @@ def submit_array(
     for job, (_, record) in zip(jobs, runs, strict=True):
         handle = SlurmHandle(slurm_job_id=str(job.job_id), submitit_folder=str(executor.folder))
         record.write_handle(handle)
-        record.update_status(
-            state=JobState.PENDING, message=f"SLURM job {job.job_id} (a task of the sweep's array)"
+        record.update_status(  # not over what its controller, started meanwhile, recorded
+            if_state=JobState.CREATED,
+            state=JobState.PENDING,
+            message=f"SLURM job {job.job_id} (a task of the sweep's array)",
         )
         handles.append(handle)
     return handles

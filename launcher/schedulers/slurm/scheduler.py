@@ -264,7 +264,10 @@ class SlurmScheduler:
             raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
         handle = SlurmHandle(slurm_job_id=str(job.job_id), submitit_folder=str(folder))
         record.write_handle(handle)
-        record.update_status(state=JobState.PENDING, message=f"SLURM job {job.job_id}")
+        # not over what the controller, started meanwhile, recorded
+        record.update_status(
+            if_state=JobState.CREATED, state=JobState.PENDING, message=f"SLURM job {job.job_id}"
+        )
         return handle
 
     def submit_array(
@@ -321,7 +324,8 @@ class SlurmScheduler:
         }
         if all(getattr(status, k) == v for k, v in changes.items()):
             return status
-        return record.update_status(**changes)
+        # not if the controller recorded its start (or more) since this read
+        return record.update_status(if_state=status.state, **changes)
 
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
         """The controller's, in the job's allocation."""
