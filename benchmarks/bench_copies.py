@@ -3,7 +3,7 @@ hosts (``deploy/ssh/dev-hosts.sh``: network namespaces of this machine, veth lin
 disk at ``STATE/local``).
 
 1. ``--sync`` of a 100 MB working directory (10 files of random bytes) to 1, 4 and 8 hosts at once
-   (``launcher.schedulers.ssh.sync.sync``: rsync over the job's ssh settings), into a fresh directory
+   (``launcher.schedulers.ssh.copies.sync``: rsync over the job's ssh settings), into a fresh directory
    each time: seconds and MB/s per host.
 2. The checkpoint copy of a 2-host job of the built-in trainer (``--preset tiny``, a checkpoint every
    5 steps): the launcher's own line per copy (seconds, MB/s), and the training stall, side by side:
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from common import DEFAULT_TEXT, forget_own_disk, own_disk
 
+from launcher.schedulers.ssh.copies import sync
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.sync import sync
 
 STATE = Path(os.environ.get("GPTLAUNCH_SSH_STATE", "/var/lib/gptlaunch-ssh"))
 HOSTS = [f"gl-h{k}" for k in range(1, 9)]

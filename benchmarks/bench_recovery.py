@@ -69,7 +69,7 @@ from procs import BenchError, child_env, log
 
 from gptlaunch.contract import Beat, read_beats
 from launcher.job import startup
-from launcher.job.follow import HasState, wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.retry import backoff_s
 from launcher.schedulers.local.scheduler import LocalScheduler
@@ -193,8 +193,8 @@ def _measure(args: argparse.Namespace, cmd: list[str], jobs: Path, k: int, warm:
         return bool(reached)
 
     _until("attempt 2 back at the failed step", stepped)
-    scheduler: HasState = SshScheduler() if args.scheduler == "ssh" else LocalScheduler()
-    status = wait_terminal(scheduler, JobRecord(job_dir), 600, poll_s=0.2)
+    state = SshScheduler().state if args.scheduler == "ssh" else LocalScheduler().state
+    status = wait_terminal(state, JobRecord(job_dir), 600, poll_s=0.2)
     if status is None or status.state != "succeeded":
         raise BenchError(f"{job_dir}: did not succeed: {status}")
     backoff = backoff_s(args.retry_backoff_s, [attempt])  # the job's only failure: none

@@ -33,7 +33,7 @@ from common import text_files
 from procs import BenchError, child_env, log
 
 from gptlaunch.contract import Beat, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
@@ -92,7 +92,7 @@ def one_job(args: argparse.Namespace, tmp: Path, mode: str, k: int) -> dict[str,
         "the next attempt's first step",
         lambda: next((b.time for b in _beats(job_dir) if b.start_step and b.step > b.start_step), None),
     )
-    status = wait_terminal(SlurmScheduler(), JobRecord(job_dir), 600, poll_s=0.5)
+    status = wait_terminal(SlurmScheduler().state, JobRecord(job_dir), 600, poll_s=0.5)
     if status is None or status.state != "succeeded":
         raise BenchError(f"{job_dir}: did not succeed: {status}")
     parts = {"detection": attempt.ended_at - killed, "restart": first - attempt.ended_at}

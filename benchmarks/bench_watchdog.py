@@ -33,7 +33,7 @@ from bench_trainer import Comparison, Config, markdown, measure, parse_args
 from procs import BenchError, child_env, log
 
 from gptlaunch.contract import HEARTBEAT_DIR_ENV, JOB_ID_ENV, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 
@@ -84,7 +84,7 @@ def hang_latency(text_files: list[str], data_dir: Path, jobs: Path, timeout_s: f
     rank1 = next(b for b in _wait_steps(job_dir, 3, 600) if b.rank == 1)
     frozen = time.monotonic()
     os.kill(rank1.pid, signal.SIGSTOP)
-    status = wait_terminal(LocalScheduler(), JobRecord(job_dir), timeout_s + 300, poll_s=0.1)
+    status = wait_terminal(LocalScheduler().state, JobRecord(job_dir), timeout_s + 300, poll_s=0.1)
     took = time.monotonic() - frozen
     if status is None or not status.message.startswith("hang:"):
         raise BenchError(f"{job_dir}: not reported as a hang: {status}")

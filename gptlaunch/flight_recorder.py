@@ -6,7 +6,7 @@ last ``BUFFER_ENTRIES`` collectives of every process group, gloo's and NCCL's (`
 what ``torch.distributed.elastic.control_plane.worker_main`` starts) answers on a Unix socket:
 ``POST /handler/fr_trace_json`` (``dump_nccl_trace_json`` for NCCL's). The server is a C++ thread: it
 answers while the Python main thread is blocked in a collective, and the launcher's watchdog asks it
-which collective each rank reached (``launcher.supervisor.flight``). A value the user set is kept.
+which collective each rank reached (``launcher.supervisor.watchdog``). A value the user set is kept.
 
 Cost: one record per collective (a few per step under DDP) and an idle thread; no collective.
 """

@@ -1,15 +1,15 @@
-"""``python -m launcher.agent run|signal|status``: the node agent on a host the launcher reaches over
-ssh (and that may share no file system with it). Imports no torch: it starts in a fraction of a second.
+"""``python -m launcher.agent run|signal|status|probe|pull``: the node agent on a host the launcher reaches
+over ssh (and that may share no file system with it); its flags: ``--help``. Imports no torch: it
+starts in a fraction of a second.
 
-``run --job J --node K [--lease-s L] [--nproc-per-node N --hang-*] [--image ...] -- ARGV`` runs the
-node (``launcher.agent.node.NodeAgent``) so that the job does not hang on the connection that started
-it:
+``run`` runs the node (``launcher.agent.node.NodeAgent``) so that the job does not hang on the
+connection that started it:
 
 - Its stdout is the agent's channel (``launcher.job.channel``): the node's output and its reports,
   framed, which the launcher writes into the job record. The output also goes to a log on the host
   (``node-<k>.log``), where it goes on when the connection drops.
-- Secret environment variables arrive as one JSON line on stdin (never on a command line or a disk);
-  stdin then carries the lease: a byte every few seconds, without which the node is ended.
+- Its stdin brings the secrets (``launcher.supervisor.transport``), then the lease (``--lease-s``:
+  ``NodeAgent._lease``).
 - With ``--copy-dir``, on a host that does not see the launcher's ``--mark``: each new checkpoint there
   is reported, for the launcher to copy, and the ``--send-back`` files go back as reports once the
   command ended (``launcher.agent.copies``).
@@ -22,13 +22,11 @@ it:
   a child of the launcher on the same machine (the local scheduler) keeps them in the job record, and
   writes no host log (its channel cannot drop; the launcher keeps the node log).
 
-``signal --job J --node K --signal TERM|KILL``: TERM asks the node to stop (the ranks checkpoint); KILL
-ends its whole tree now (TERM, then KILL after ``--grace-s``) and removes its container. ``status``:
-a ``launcher.job.reports.NodeStatus`` report on its stdout, framed as on ``run``'s channel. ``probe
---node K [--route-to HOST] [--resolve NAME] [--free-port]``: this host's ``Probed`` report
-(``launcher.preflight.probe``), the same way, before there is a job; ``pull --node K --runtime
-auto|docker|podman --image I``: the image pulled, a ``Pulled`` report (the runtime's error on stderr,
-exit 1, when it fails).
+``signal``: TERM asks the node to stop (the ranks checkpoint); KILL ends its whole tree now (TERM, then
+KILL after ``--grace-s``) and removes its container. ``status``, ``probe`` (this host, before there is
+a job: ``launcher.preflight.probe``) and ``pull`` (the image) answer with one report on stdout, framed
+as on ``run``'s channel (``NodeStatus``, ``Probed``, ``Pulled``); a pull that fails prints the
+runtime's error on stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -52,13 +50,12 @@ from launcher.agent.node import KILL_GRACE_S, NodeAgent
 from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
 from launcher.job.channel import Sender
-from launcher.job.hang import add_watch_flags, parse_with_command, watch_of
+from launcher.job.hang import HangSpec, add_watch_flags, parse_with_command, watch_of
 from launcher.job.reports import NodeStatus, Probed, Pulled
 from launcher.job.torchrun import zygote_serve
 from launcher.preflight.probe import collect
 from launcher.supervisor import procs
-from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch
+from launcher.supervisor.transport import receive_secrets
 
 NODE_ENV = "GPTLAUNCH_HOST_NODE"  # on every process of a node: tells this node's strays from others'
 
@@ -135,7 +132,7 @@ def run(
     job_id: str,
     node: int,
     argv: list[str],
-    watch: NodeWatch | None,
+    watch: tuple[HangSpec, int] | None,
     lease_s: float,
     image: ImageRun | None,
     heartbeat_dir: Path | None = None,
@@ -151,7 +148,7 @@ def run(
     base.mkdir(parents=True, exist_ok=True)
     pid_file, exit_file, log_file = _files(base, node)
     exit_file.unlink(missing_ok=True)
-    secrets = receive()
+    secrets = receive_secrets()
     assert secrets is not None  # no timeout: read until the line or EOF
     ours = {JOB_ID_ENV: job_id, NODE_ENV: str(node)}
     beats = heartbeat_dir or _heartbeat_dir(base, node)
@@ -345,10 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("run needs the command after --")
         if args.copy_dir is not None and args.mark is None:
             p.error("--copy-dir needs --mark")
-        watch = NodeWatch(*found) if (found := watch_of(args)) else None
         image = ImageRun.of(args)
         return run(
-            args.job, args.node, command, watch, args.lease_s, image,
+            args.job, args.node, command, watch_of(args), args.lease_s, image,
             heartbeat_dir=args.heartbeat_dir, where=args.state_dir, back=Back.of(args),
         )  # fmt: skip
     if command:

@@ -47,10 +47,10 @@ from launcher.agent.memory import MemoryWatch
 from launcher.agent.torchrun import FAILED_FD_ENV, fast_exit
 from launcher.image.runtime import Container, ImageRun
 from launcher.job import reports
-from launcher.job.hang import HangReport
+from launcher.job.hang import HangReport, HangSpec
 from launcher.job.reports import Hang, NodeReport, OomKilled, RankFailed
 from launcher.supervisor import procs
-from launcher.supervisor.watchdog import NodeWatch, end_hung, wait_watching
+from launcher.supervisor.watchdog import Watchdog, end_hung, wait_watching
 
 KILL_GRACE_S = 5.0  # what is left of a node's tree after its torchrun agent ended, before SIGKILL
 POLL_S = 0.25  # how often a stopping node's tree is looked at
@@ -63,7 +63,7 @@ class NodeAgent:
     env: dict[str, str]  # the command's whole environment
     report: Callable[[NodeReport], None]
     say: Callable[[str], None]  # a line for the node log, for people
-    watch: NodeWatch | None = None
+    watch: tuple[HangSpec, int] | None = None  # the hang watchdog's budgets and ranks (``watch_of``)
     heartbeat_dir: str | None = None  # where the ranks beat (required with ``watch``)
     image: ImageRun | None = None
     container_name: str = ""
@@ -167,7 +167,8 @@ class NodeAgent:
             threading.Thread(target=self._lease, args=(child,), daemon=True).start()
         watchdog = None
         if self.watch is not None and self.heartbeat_dir:
-            watchdog = self.watch.watchdog(self.node, socket.gethostname(), Path(self.heartbeat_dir))
+            budgets, nproc = self.watch
+            watchdog = Watchdog(self.node, socket.gethostname(), Path(self.heartbeat_dir), nproc, budgets)
         code, hang = wait_watching(child, watchdog)
         if hang is not None:  # the stacks are taken: report, keep the ranks until released
             code = end_hung(child, hang, self._report_hang, lambda: self.stop_requested)

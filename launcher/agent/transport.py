@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import signal
 import subprocess
 from collections.abc import Sequence
@@ -28,6 +29,17 @@ from launcher.job.reports import NodeReport
 from launcher.job.spec import JobSpec
 from launcher.supervisor import procs
 from launcher.supervisor.transport import Transport, start_client
+
+
+def agent_cmd(python: str, action: str, *args: str) -> list[str]:
+    """``python -m launcher.agent ACTION ARGS...``: the node agent's command line (``launcher.agent.cli``)."""
+    return [python, "-m", "launcher.agent", action, *args]
+
+
+def remote(argv: Sequence[str]) -> str:
+    """``argv`` as a shell command for a host over ssh. It runs in ``/``: ``python -m`` puts the working
+    directory (the login's home) first on sys.path, where another copy of the package may lie."""
+    return f"cd / && {shlex.join(argv)}"
 
 
 def agent_argv(
@@ -50,7 +62,7 @@ def agent_argv(
     (``launcher.image.runtime.ImageRun.flags``), ``back_flags`` say what goes back to a launcher that
     does not share the host's files (``back_flags()``)."""
     return [
-        *(python, "-m", "launcher.agent", "run", "--job", job_id, "--node", str(node)),
+        *agent_cmd(python, "run", "--job", job_id, "--node", str(node)),
         *([f"--lease-s={lease_s:g}"] if lease_s else []),
         *([f"--heartbeat-dir={heartbeat_dir}"] if heartbeat_dir is not None else []),
         *([f"--state-dir={state_dir}"] if state_dir is not None else []),
@@ -77,16 +89,19 @@ def back_flags(job_dir: Path, node: int, run_dir: Path, exclude: Sequence[str] =
 
 class ChannelAgents(Transport):
     """Nodes whose Plan starts the node agent (``agent_argv``), as child processes of the supervisor;
-    ``secrets`` reach each agent on its stdin (one JSON line), never on a command line."""
+    ``secrets`` go to each agent's stdin (``start_client``)."""
 
     def __init__(self, secrets: dict[str, str]) -> None:
         self.secrets = secrets
+        self.zygote: subprocess.Popen[bytes] | None = None  # WarmAgents' (--warm-workers): kill spares it
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
 
     def kill(self, job_id: str, grace_s: float) -> None:
-        procs.terminate(psutil.Process().children(recursive=True), grace_s)
+        """End every process of the job but the zygote (its ranks included)."""
+        tree = psutil.Process().children(recursive=True)
+        procs.terminate([p for p in tree if self.zygote is None or p.pid != self.zygote.pid], grace_s)
         procs.sweep(job_id)
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:

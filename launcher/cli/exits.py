@@ -53,10 +53,10 @@ SACCT_NOTE = (
 )
 
 
-def exit_codes_help(width: int = 100) -> str:
-    """A code per line (meanings wrapped to ``width`` columns), for the ``--help`` epilogs."""
+def exit_codes_help() -> str:
+    """A code per line (meanings wrapped to 100 columns), for the ``--help`` epilogs."""
     rows = [
-        textwrap.fill(text, width, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+        textwrap.fill(text, 100, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
         for code, _, text in EXIT_MEANINGS
     ]
     return "\n".join(["exit codes:", *rows])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Collection
+from dataclasses import asdict
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,11 +15,11 @@ from gptlaunch.contract import EXIT_OK, EXIT_REFUSED
 from launcher.cli.flags import UsageError, argument, flag_name, scheduler_flags, set_flag
 from launcher.job.measurements import CollectiveResult
 from launcher.job.spec import NetworkSpec
-from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, format_table, report_text
+from launcher.preflight.health import COMPUTE_S, Finding, GateSettings, report_text
 from launcher.preflight.parity import compare, diff_text, report_table
 from launcher.preflight.probe import main as probe_main
 from launcher.schedulers.ssh.collective import health_gate
-from launcher.schedulers.ssh.hosts import ProbedHosts, probe_job_hosts, route_hosts
+from launcher.schedulers.ssh.hosts import ProbedHosts, hosts_of, probe_job_hosts, route_hosts
 from launcher.schedulers.ssh.options import SshOptions
 
 
@@ -33,7 +34,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     opts = _ssh_options(args)
     if not args.collective and (args.min_busbw is not None or args.compute_s != COMPUTE_S):
         raise UsageError("--min-busbw and --compute-s are settings of the health gate: add --collective")
-    probed = probe_job_hosts(opts, args.nodes, args.gpus_per_node, args.python)
+    probed = probe_job_hosts(opts, hosts_of(opts, args.nodes, args.gpus_per_node), args.python)
     mismatches, shortfalls = compare(probed.probes, args.gpus_per_node)
     report: dict[str, object] = {
         "hosts": {h: p.model_dump(mode="json") for h, p in probed.probes.items()},
@@ -51,8 +52,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         result, found = _check_collective(args, opts, probed)
         named = [f for f in found if f.fatal]
         report["collective"] = result.model_dump(mode="json")
-        report["named"] = [f.as_json() for f in named]
-        report["warnings"] = [f.as_json() for f in found if not f.fatal]
+        report["named"] = [asdict(f) for f in named]
+        report["warnings"] = [asdict(f) for f in found if not f.fatal]
     if args.json:
         print(json.dumps(report, indent=2))
     return EXIT_REFUSED if mismatches or shortfalls or named else EXIT_OK
@@ -80,8 +81,8 @@ def _check_collective(
         forced = env.get("GLOO_SOCKET_IFNAME")
         chosen = ", ".join(f"{h}: {forced or i}" for h, i in plan.ifnames.items())
         print(
-            f"\nall_reduce across {len(plan.hosts)} host(s), master_addr {plan.master_addr}:{plan.port}, "
-            f"interfaces {chosen}"
+            f"\nall_reduce across {len(plan.hosts)} host(s), master_addr "
+            f"{plan.master_addr}:{plan.rdzv_port}, interfaces {chosen}"
         )
     gate = GateSettings(
         compute_s=args.compute_s,
@@ -91,7 +92,6 @@ def _check_collective(
     )
     result, found = health_gate(opts, plan, args.python, env, gate, args.collective_timeout_s)
     if not args.json:
-        print(format_table(result))
         print(report_text(result, plan.hosts, found))
     return result, found
 

@@ -26,8 +26,8 @@ from launcher.job.record import JobError, JobRecord, JobStatus, list_jobs
 from launcher.job.scalars import scalars_dir, tensorboard_command
 from launcher.job.survivors import left_to_logs
 from launcher.report.facts import gather, report_path
-from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
+from launcher.sweep.record import scheduler_of
 from launcher.sweep.table import list_rows
 
 
@@ -105,17 +105,7 @@ def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler[Any]]:
     before anything is asked of the job, rather than half-way (`wait` would read as the job failed)."""
     record = JobRecord.open(args.job, args.jobs_root)
     record.check()
-    return record, _scheduler_of(record)
-
-
-def _scheduler_of(record: JobRecord) -> Scheduler[Any]:
-    name = record.plan().scheduler
-    try:
-        return get_scheduler(name)
-    except KeyError:
-        raise JobError(
-            f"{record.dir} was submitted to scheduler {name!r}, which this launcher lacks"
-        ) from None
+    return record, scheduler_of(record)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -124,7 +114,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         try:
             record.check()
             plan = record.plan()
-            st = _scheduler_of(record).state(record)
+            st = scheduler_of(record).state(record)
         except (OSError, ValueError, JobError) as e:  # RecordError is a JobError
             # One row still, so that the job shows up (to be removed); why, in one line on stderr.
             say(f"launcher: unreadable job record {record.dir.name}: {e}")
@@ -195,11 +185,11 @@ def _beats(scheduler: Scheduler[Any], record: JobRecord, status: JobStatus) -> d
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the job's report page into its record and print its path."""
-    from launcher.report.page import write as write_report  # plotly: only this command pays its import
+    from launcher.report.page import render, write  # plotly: only this command pays its import
 
     record, scheduler = _open(args)
     st = scheduler.state(record)
-    print(write_report(record, gather(record, st, _beats(scheduler, record, st), time.time())))
+    print(write(record.dir, render(gather(record, st, _beats(scheduler, record, st), time.time()))))
     return EXIT_OK
 
 

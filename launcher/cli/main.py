@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
@@ -27,9 +28,9 @@ from launcher.job.placeholders import help_text as placeholder_help
 from launcher.job.record import JobError, JobNotFound, state_help
 from launcher.job.spec import SpecError
 from launcher.preflight.health import COMPUTE_S, PRECISIONS
-from launcher.report.sweep_facts import DEFAULT_METRIC
 from launcher.schedulers.ssh.client import SshError
 from launcher.sweep.record import SweepRecord
+from launcher.sweep.table import DEFAULT_METRIC
 
 EXIT_CODES = exit_codes_help()
 STATE_HELP = state_help()
@@ -54,7 +55,15 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         default=Path(os.environ.get(JOBS_ROOT_ENV, "jobs")),
         help=f"where job records live (default: ${JOBS_ROOT_ENV} or ./jobs)",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar=COMMANDS)
+    # Every command's parser: its descriptions' own line breaks kept, and no flag abbreviated. (A
+    # partial, not a class as typeshed says: argparse only calls it.)
+    command = functools.partial(argparse.ArgumentParser, formatter_class=fmt, allow_abbrev=False)
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar=COMMANDS,
+        parser_class=cast(type[argparse.ArgumentParser], command),
+    )
     for cmd, text in (
         ("submit", "run a training job: follow it to the end, or --detach"),
         ("render", "print what submit would run (same as submit --dry-run)"),
@@ -67,8 +76,6 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
             "train --help`; without --run-dir there, it is JOB_DIR/run).",
             usage=f"launcher {cmd} [options] [-- SCRIPT.py ARGS... | -- TRAINER_ARGS...]",
             epilog=f"{fields_help(shown)}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
-            formatter_class=fmt,
-            allow_abbrev=False,
         )
         add_job_flags(s, shown)
         s.add_argument("--json", action="store_true", help="print the Plan as JSON (render, --dry-run)")
@@ -117,14 +124,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         ("wait", "wait for a job to end; exit with its exit code"),
         ("cancel", "stop a job: ranks checkpoint, then exit"),
     ):
-        s = sub.add_parser(
-            cmd,
-            help=text,
-            description=f"{text}.",
-            epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
-            formatter_class=fmt,
-            allow_abbrev=False,
-        )
+        s = sub.add_parser(cmd, help=text, description=f"{text}.", epilog=f"{STATE_HELP}\n\n{EXIT_CODES}")
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
             s.add_argument("--json", action="store_true", help="machine-readable status")
@@ -138,17 +138,17 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    _add_probe_and_check(sub, fmt)
+    _add_probe_and_check(sub)
     image_cli.add_parser(sub)
     return p
 
 
-def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser], fmt: Any) -> None:
+def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
         "probe",
         help="report this host's versions (Python, torch, CUDA, NCCL, packages, GPUs, interfaces)",
         description="Report what the version-parity check compares: run on every host by `launcher check` "
-        "and before every SSH job.",
+        "and before\nevery SSH job.",
     )
     s.add_argument("--json", action="store_true", help="one JSON object")
     s = sub.add_parser(
@@ -165,8 +165,6 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "  0    all hosts match (and none is named)\n"
         "  2    invalid input, or a host cannot be reached or checked\n"
         "  3    the hosts differ (the diff is printed), or the health gate named a host (one line each)",
-        formatter_class=fmt,
-        allow_abbrev=False,
     )
     # The hosts and how they are reached: the SSH scheduler's own flags, generated from its options.
     add_scheduler_flags(s, "ssh", SSH_CHECK_FIELDS)
@@ -276,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "submit" and (args.sweep or args.sweep_file):
             return sweeps.cmd_submit_sweep(args, trainer_args, own[own.index("submit") + 1 :])
         if args.command in ("submit", "render"):
-            run = submit.cmd_submit if args.command == "submit" else submit.cmd_render
+            run = submit.cmd_submit if args.command == "submit" else submit.plan_and_print
             return run(args, trainer_args)
         if args.command in ("status", "report", "wait", "cancel") and (
             sweep := SweepRecord.find(args.job, args.jobs_root)

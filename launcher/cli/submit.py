@@ -98,19 +98,14 @@ def _check_new(job_dir: Path) -> None:
         raise UsageError(str(e)) from None
 
 
-def cmd_render(args: argparse.Namespace, trainer_args: list[str]) -> int:
-    return plan_and_print(args, trainer_args)
-
-
-def plan_and_print(args: argparse.Namespace, trainer_args: list[str]) -> int:
-    """Print the Plan of a job of ``trainer_args`` as ``render`` does (a sweep's dry run: each run's)."""
-    _, _, plan, _, unresolved = _plan(args, trainer_args, dry_run=True)
-    return _print(args, plan, unresolved)
-
-
-def _print(args: argparse.Namespace, plan: Plan, unresolved: list[str]) -> int:
-    """The Plan, or one file of it (``--file``), as ``render`` prints it; with ``unresolved`` hosts,
-    their nodes marked and, after it, a UsageError (exit 2) that names them and the fix."""
+def plan_and_print(args: argparse.Namespace, trainer_args: list[str], check_new: bool = False) -> int:
+    """``render``: print the Plan of a job of ``trainer_args`` (a sweep's dry run: each run's), or one
+    file of it (``--file``). Hosts that do not resolve here: their nodes marked and, after it, a
+    UsageError (exit 2) that names them and the fix. ``check_new`` (``submit --dry-run``): first a
+    UsageError when the job's directory is not a place for a new record, as the submit would say."""
+    _, _, plan, job_dir, unresolved = _plan(args, trainer_args, dry_run=True)
+    if check_new:
+        _check_new(job_dir)
     if args.file is not None:
         if args.file not in plan.files:
             names = ", ".join(sorted(plan.files)) or "no file"
@@ -138,9 +133,7 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.detach and args.wait:  # a dry run too refuses what the submit would
         raise UsageError("--detach and --wait contradict each other: keep one")
     if args.dry_run:
-        _, _, plan, job_dir, unresolved = _plan(args, trainer_args, dry_run=True)
-        _check_new(job_dir)
-        return _print(args, plan, unresolved)
+        return plan_and_print(args, trainer_args, check_new=True)
     if args.file is not None:
         raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
     scheduler, plan, record = prepare(args, trainer_args)

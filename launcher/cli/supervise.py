@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_USAGE
+from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.schedulers import get_scheduler
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import supervise
-from launcher.supervisor.transport import Controlled
+from launcher.supervisor.transport import Transport
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     record = JobRecord(args.job_dir.absolute())
     plan = record.plan()
     scheduler = get_scheduler(plan.scheduler)
-    if not isinstance(scheduler, Controlled):
+    # A scheduler whose jobs this command runs gives it its Transport.
+    transport_of: Callable[[Plan, JobRecord], Transport] | None = getattr(scheduler, "transport", None)
+    if transport_of is None:
         return _usage(f"{plan.scheduler} jobs are not run by this command")
     try:
-        transport = scheduler.transport(plan, record)
+        transport = transport_of(plan, record)
     except Exception as e:  # the job must still end in its record, saying why
         record.finish(Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=f"launcher error: {e!r}"))
         raise

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -23,7 +22,6 @@ from launcher.job.console import say
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, new_job_id
 from launcher.job.spec import split_program
-from launcher.report.sweep_facts import DEFAULT_METRIC, SweepFacts
 from launcher.schedulers import get_scheduler
 from launcher.sweep import points as sweep_points
 from launcher.sweep.drive import cancel_active, drive
@@ -36,7 +34,7 @@ from launcher.sweep.record import (
     run_status,
     worst_exit_code,
 )
-from launcher.sweep.table import print_table, rows, run_facts
+from launcher.sweep.table import DEFAULT_METRIC, SweepFacts, best, print_table, run_facts
 
 # ``launcher submit`` flags that are the sweep's, not each run's: (flag, whether it takes a value)
 _SWEEP_FLAGS = {
@@ -118,7 +116,7 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     max_parallel = _max_parallel(args.max_parallel, spec.scheduler.kind, array=submit_array is not None)
     sweep_id = new_job_id(spec.name)
     directory = (spec.job_dir or args.jobs_root / sweep_id).absolute()
-    flags = _run_flags(submit_argv)
+    flags = _without(submit_argv, _SWEEP_FLAGS)  # what every run gets: the flags given, less the sweep's
     if spec.scheduler.kind == "ssh":
         flags = _checked_once(args, runs[0], flags)
     entries = [
@@ -133,7 +131,7 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     )
     try:
         record = SweepRecord.create(directory, sweep)
-    except (FileExistsError, OSError) as e:
+    except OSError as e:  # FileExistsError: the directory is not empty
         raise UsageError(f"cannot write the sweep's record in {directory}: {e}") from None
     at_once = f"at most {max_parallel} at once" if max_parallel else "as many at once as SLURM allots"
     say(
@@ -214,12 +212,6 @@ def _run_args(trainer_args: list[str], point: sweep_points.Point, k: int) -> lis
     return sweep_points.run_dir_args(sweep_points.trainer_args(trainer_args, point, train_flags()), k)
 
 
-def _run_flags(submit_argv: list[str]) -> list[str]:
-    """The ``submit`` flags every run gets: those given (``submit_argv``: before ``--``), less the
-    sweep's own (``_SWEEP_FLAGS``)."""
-    return _without(submit_argv, _SWEEP_FLAGS)
-
-
 def _without(flags: list[str], dropped: dict[str, bool]) -> list[str]:
     """``flags`` less those named in ``dropped`` (flag -> whether it takes a value), in either form."""
     out, skip = [], False
@@ -239,7 +231,7 @@ def _checked_once(args: argparse.Namespace, run_args: list[str], flags: list[str
     """SSH hosts: version parity and the health gate once for the whole sweep, as the first run's
     submit would run them; every run then gets the hosts in the order they left them (a host the gate
     named left out, its spare in its place) and checks neither again. Returns the runs' flags.
-    Raises what a submit's checks raise (ParityError, HealthError: exit 3)."""
+    Raises what a submit's checks raise (HostsRefused: exit 3)."""
     from launcher.cli.submit import checked
     from launcher.schedulers.ssh.hosts import hosts_of
     from launcher.schedulers.ssh.options import SshOptions
@@ -291,9 +283,17 @@ def _attached(record: SweepRecord) -> int:
 def cmd_status(record: SweepRecord, as_json: bool) -> int:
     """The sweep's runs as a table (or JSON): values, state, last step, best val loss, goodput."""
     if as_json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows(record)], indent=2))
-        return EXIT_OK
-    print_table(record)
+        found = []
+        for run in run_facts(record, time.time()):
+            lowest = best(run.metrics or [], DEFAULT_METRIC)
+            found.append({
+                "run": run.index, "values": run.values, "state": run.state, "step": run.step,
+                "best_val_loss": lowest.value if lowest is not None else None,
+                "goodput": run.goodput, "job_id": run.job_id, "error": run.error,
+            })  # fmt: skip
+        print(json.dumps(found, indent=2))
+    else:
+        print_table(record)
     return EXIT_OK
 
 
@@ -319,10 +319,10 @@ def cmd_cancel(record: SweepRecord) -> int:
 def cmd_report(record: SweepRecord, metric: str | None) -> int:
     """Write the sweep's report page into its directory and print its path: every run's loss, and
     the runs ranked by ``metric`` (None: val_loss)."""
-    from launcher.report.sweep_page import write  # plotly: only this command pays its import
+    from launcher.report.page import render_sweep, write  # plotly: only this command pays its import
 
     now = time.time()
     sweep, runs = record.load(), run_facts(record, now)
     facts = SweepFacts(sweep.sweep_id, sweep.scheduler, counts([r.state for r in runs]), runs, now)
-    print(write(record.dir, facts, metric or DEFAULT_METRIC))
+    print(write(record.dir, render_sweep(facts, metric or DEFAULT_METRIC)))
     return EXIT_OK

@@ -32,8 +32,9 @@ def connect(timeout_s: int = API_TIMEOUT_S) -> docker.DockerClient:
         client.ping()
         client.api.timeout = timeout_s  # then as long as a build or an attach may take
     except DockerException as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise DockerError(
-            f"cannot reach the Docker engine at {where} ({_first_line(e)}): start it, or set DOCKER_HOST "
+            f"cannot reach the Docker engine at {where} ({why}): start it, or set DOCKER_HOST "
             f"to one that runs (without Docker Desktop: `sudo {DEV_ENGINE}`, then export the DOCKER_HOST "
             "it prints)"
         ) from None
@@ -52,8 +53,3 @@ def with_engine(recorded: dict[str, str]) -> dict[str, str]:
     ``engine_env()`` at submit): a TLS setting of the current shell must not reach another engine."""
     kept = {name: value for name, value in os.environ.items() if name not in ENGINE_VARIABLES}
     return kept | recorded
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import docker
 from docker.errors import DockerException, ImageNotFound
+from docker.utils import parse_repository_tag
 from pydantic import BaseModel, ConfigDict, ValidationError
 from requests import RequestException
 
@@ -95,12 +96,10 @@ def push(client: docker.DockerClient, record: ImageRecord) -> ImageRecord:
     """Push the image to the registry its tag names; returns the record with the one digest this push
     produced (``registry/repo@sha256:…``). Raises DockerError naming the registry's answer
     (unreachable, unauthorized, ...) or when the engine reported no digest."""
-    repository, _, tag = record.image.rpartition(":")
-    if not repository or "/" in tag:  # no tag given: docker's default
-        repository, tag = record.image, "latest"
+    repository, tag = parse_repository_tag(record.image)
     digest = None
     try:
-        for chunk in client.images.push(repository, tag=tag, stream=True, decode=True):
+        for chunk in client.images.push(repository, tag=tag or "latest", stream=True, decode=True):
             if "error" in chunk:
                 raise DockerError(f"push of {record.image} failed: {chunk['error']}")
             # the engine's last message names the manifest it pushed (what `docker push` prints as

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from docker.errors import DockerException, NotFound
+from docker.utils import parse_repository_tag
 from requests import RequestException
 
 from launcher.image.engine import DockerError, connect
@@ -20,9 +21,7 @@ def is_pinned(ref: str) -> bool:
 
 def repository(ref: str) -> str:
     """``ref`` without its tag or digest: ``host:5000/team/gpt:cpu`` → ``host:5000/team/gpt``."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return parse_repository_tag(ref.split("@", 1)[0])[0]
 
 
 def qualified(name: str) -> str:

@@ -90,15 +90,12 @@ class Container:
             argv += ["--gpus=all"] if self.runtime == "docker" else ["--device=nvidia.com/gpu=all"]
         return [*argv, self.image, *command]
 
-    def remove_argv(self) -> list[str]:
-        """Remove the container now, running or not (SIGKILL; a missing one is an error to ignore)."""
-        timeout = ["--time=0"] if self.runtime == "podman" else []
-        return [self.runtime, "rm", "--force", *timeout, self.name]
-
     def remove(self) -> None:
-        """Remove the container, whatever state it is in; errors (already gone) are ignored."""
+        """Remove the container now, running or not (SIGKILL); errors (already gone) are ignored."""
+        timeout = ["--time=0"] if self.runtime == "podman" else []
+        argv = [self.runtime, "rm", "--force", *timeout, self.name]
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(self.remove_argv(), capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
+            subprocess.run(argv, capture_output=True, timeout=REMOVE_TIMEOUT_S, check=False)
 
 
 @dataclass(frozen=True)

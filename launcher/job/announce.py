@@ -104,7 +104,8 @@ class Announcer:
         this follower started."""
         self.started = begun
         found = startup.parts(beat, begun)
-        return [] if begun + sum(found.values()) < self.since else [startup.first_step_line(number, found)]
+        line = f"launcher: {startup.first_step(found, number)}"
+        return [] if begun + sum(found.values()) < self.since else [line]
 
     def _ended_startup(self, attempt: Attempt) -> list[str]:
         """Before the line of an attempt that ended: the start-up lines still held, and its first

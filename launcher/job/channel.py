@@ -57,7 +57,7 @@ class Sender:
 
 class Demux:
     """The launcher's end: ``feed`` it the stream's bytes; output is appended to ``log``, each report
-    handed to ``on_report`` (e.g. appended to the job record: ``to_record``)."""
+    handed to ``on_report`` (``pump``: appended to the job record)."""
 
     def __init__(self, log: BinaryIO, on_report: Callable[[NodeReport], None]) -> None:
         self.log, self.on_report = log, on_report
@@ -110,24 +110,6 @@ class Demux:
         self.on_report(report)
 
 
-def to_record(
-    job_dir: Path, also: Callable[[NodeReport], None] | None = None
-) -> Callable[[NodeReport], None]:
-    """``on_report`` that appends each report to ``job_dir``'s record (a ``FileBack`` is a file, not a
-    report: ``also`` writes it), then hands it to ``also``."""
-
-    def on_report(report: NodeReport) -> None:
-        if not isinstance(report, reports.FileBack):
-            reports.append(job_dir, report)
-        if also is not None:
-            try:
-                also(report)
-            except Exception as e:  # the channel must be read on: its node's later reports matter more
-                print(f"launcher: a report of node {report.node} failed: {e!r}", file=sys.stderr, flush=True)
-
-    return on_report
-
-
 def _length(digits: bytes) -> int | None:
     if any(c not in b"0123456789abcdef" for c in digits):
         return None
@@ -138,9 +120,20 @@ def _length(digits: bytes) -> int | None:
 def pump(
     stream: BinaryIO, log: Path, job_dir: Path, also: Callable[[NodeReport], None] | None = None
 ) -> None:
-    """Demultiplex ``stream`` (until its end) into ``log`` and the job record's reports (and ``also``)."""
+    """Demultiplex ``stream`` (until its end) into ``log`` and the job record's reports, each then
+    handed to ``also`` (a ``FileBack`` is a file, not a report: ``also`` writes it)."""
+
+    def on_report(report: NodeReport) -> None:
+        if not isinstance(report, reports.FileBack):
+            reports.append(job_dir, report)
+        if also is not None:
+            try:
+                also(report)
+            except Exception as e:  # the channel must be read on: its node's later reports matter more
+                print(f"launcher: a report of node {report.node} failed: {e!r}", file=sys.stderr, flush=True)
+
     with open(log, "ab") as out:
-        demux = Demux(out, to_record(job_dir, also))
+        demux = Demux(out, on_report)
         for chunk in iter(lambda: os.read(stream.fileno(), 1 << 16), b""):
             demux.feed(chunk)
         demux.close()

@@ -137,26 +137,26 @@ def first_failure(
     exit code where torchrun reported it, else its agent's. None when nothing names a cause. Pure."""
     ranks, exits, oom = ranks or {}, exits or {}, oom or {}
 
-    def log(node: int) -> Path:
-        return job_dir / node_log_name(node)
+    def failed(
+        node: int, error: str, code: int | None, local_rank: int | None = None, rank: int | None = None
+    ) -> Failure:  # a failure whose error points to its node's log
+        error = f"{error}; see {job_dir / node_log_name(node)}"
+        return Failure(
+            node_rank=node,
+            host=hosts.get(node),
+            local_rank=local_rank,
+            rank=rank,
+            exit_code=code,
+            error=error,
+        )
 
     if failed_node is not None and (signum := killed_by(exit_code)) is not None:
         error = (
             f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code {exit_code})"
         )
-        return Failure(
-            node_rank=failed_node,
-            host=hosts.get(failed_node),
-            exit_code=exit_code,
-            error=f"{error}; see {log(failed_node)}",
-        )
+        return failed(failed_node, error, exit_code)
     if failed_node is not None and transport_error is not None:
-        return Failure(
-            node_rank=failed_node,
-            host=hosts.get(failed_node),
-            exit_code=exit_code,
-            error=f"{transport_error}; see {log(failed_node)}",
-        )
+        return failed(failed_node, transport_error, exit_code)
     # A worker that wrote its own error died of it (then, e.g., aborted at exit): that error tells more.
     wrote = {(e.node_rank, e.local_rank) for e in errors}
     if deaths := [d for d in deaths if (d.node_rank, d.local_rank) not in wrote]:
@@ -164,13 +164,8 @@ def first_failure(
         error = f"rank {d.rank} was killed by {signal_name(d.signum)}; its peers' errors follow from it"
         if d.signum == signal.SIGKILL and (report := oom.get(d.node_rank)) is not None:
             error = out_of_memory(d.rank, d.local_rank, report)
-        return Failure(
-            node_rank=d.node_rank,
-            host=hosts.get(d.node_rank),
-            local_rank=d.local_rank,
-            rank=d.rank,
-            exit_code=exits.get((d.node_rank, d.local_rank), exit_code),
-            error=f"{error}; see {log(d.node_rank)}",
+        return failed(
+            d.node_rank, error, exits.get((d.node_rank, d.local_rank), exit_code), d.local_rank, d.rank
         )
     if errors:
         first = min(errors, key=lambda e: e.follows)  # stable: the earliest of its class
@@ -194,16 +189,10 @@ def first_failure(
         node, local_rank = ended[0]
         code = exits[ended[0]]
         meaning = " (invalid input: its arguments, config or data)" if code == EXIT_USAGE else ""
-        return Failure(
-            node_rank=node,
-            host=hosts.get(node),
-            local_rank=local_rank,
-            rank=ranks.get(ended[0]),
-            exit_code=code,
-            error=f"exited with code {code}{meaning}; see {log(node)}",
-        )
-    error = f"the torchrun agent of node {failed_node} exited with code {exit_code}; see {log(failed_node)}"
-    return Failure(node_rank=failed_node, host=hosts.get(failed_node), exit_code=exit_code, error=error)
+        return failed(node, f"exited with code {code}{meaning}", code, local_rank, ranks.get(ended[0]))
+    return failed(
+        failed_node, f"the torchrun agent of node {failed_node} exited with code {exit_code}", exit_code
+    )
 
 
 def out_of_memory(rank: int, local_rank: int, report: OomKilled) -> str:

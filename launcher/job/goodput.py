@@ -73,7 +73,7 @@ def _span(seconds: float) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
-def _first_step_at(beat: Beat) -> float:
+def first_step_at(beat: Beat) -> float:
     """When ``beat``'s process finished its start-up: its start (its time less all its phases) plus
     its start-up."""
     return beat.time - sum(beat.phase_s.values()) + beat.phase_s.get(STARTUP, 0.0)
@@ -105,7 +105,7 @@ def account(attempts: list[Beat | None], wall_s: float) -> Goodput:
         if k == 0:
             startup += beat.phase_s.get(STARTUP, 0.0)
         if nxt is not None:  # this attempt failed: from its last beat to the next one's first step
-            lost += redone_s + max(0.0, _first_step_at(nxt) - beat.time)
+            lost += redone_s + max(0.0, first_step_at(nxt) - beat.time)
             steps_redone.append(redone)
     counted = training + startup + lost + checkpoint + evaluation
     return Goodput(
@@ -141,16 +141,11 @@ def attempt_beats(job_dir: Path, status: JobStatus, beats: dict[int, list[Beat]]
     """Rank 0's last beat of every attempt, oldest first: the archived ones', then the latest of
     ``beats`` (the running or last attempt's, by node_rank)."""
     last = rank0([b for node in beats.values() for b in node])
-    return [*archived_beats(job_dir, len(status.attempts)), last]
+    return [*(archived_beat(job_dir, k) for k in range(1, len(status.attempts) + 1)), last]
 
 
 def rank0(beats: list[Beat]) -> Beat | None:
     return next((b for b in beats if b.rank == 0), None)
-
-
-def archived_beats(job_dir: Path, attempts: int) -> list[Beat | None]:
-    """Rank 0's last beat in each of the first ``attempts`` archived attempts (None where none)."""
-    return [archived_beat(job_dir, k) for k in range(1, attempts + 1)]
 
 
 def archived_beat(job_dir: Path, number: int) -> Beat | None:

@@ -1,11 +1,8 @@
 """When a job is hung: the watchdog's budgets, its verdict on the ranks' heartbeats, and the report a
 node's watchdog gives (pure: the processes are inspected in ``launcher.supervisor.watchdog``).
 
-Each rank publishes a ``gptlaunch.contract.Beat``: its step, its phase (start-up, steps, evaluation,
-checkpoint) and when it last advanced. A node is hung when none of its ranks has advanced within the
-budget of the phase it is in: ``timeout_s`` for steps (default max(120 s, 10 × the slowest recent
-step), armed after the first completed step), and larger, separate budgets for start-up (data
-preparation, rendezvous, compilation), evaluation and checkpointing. ``timeout_s`` 0 turns it off.
+Each rank publishes a ``gptlaunch.contract.Beat``: its step, its phase and when it last advanced. A node
+is hung when none of its ranks has advanced within the budget of the phase it is in (``HangSpec``).
 
 A watchdog that is not the launcher's own process (the SSH host agent, SLURM's node task, a compose
 container's entry) sends its ``HangReport`` as a report (``launcher.job.reports.Hang``) and exits
@@ -143,7 +140,7 @@ _SUSPECT_STATES = {
 
 
 class Collective(BaseModel):
-    """The last collective a rank's flight recorder holds (``launcher.supervisor.flight``)."""
+    """The last collective a rank's flight recorder holds (``launcher.supervisor.watchdog``)."""
 
     model_config = ConfigDict(frozen=True)
     pg: int  # the process group's id (0: the default group)

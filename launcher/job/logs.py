@@ -1,5 +1,5 @@
 """Reading per-node log files as one stream of ``node<k> | line`` lines: the terminal view of a job,
-``launcher logs`` and ``launcher logs --follow``."""
+``launcher logs`` and ``launcher logs --follow``; following a job from its record until it ends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from launcher.job.record import JobRecord, JobStatus
 
 POLL_S = 0.1  # how often followed files are read again when nothing new came
 TICK = ""  # what a follower yields when nothing new came (launcher.job.collapse holds lines back)
@@ -64,6 +67,35 @@ def tail(
     finally:
         for handle in handles.values():
             handle.close()
+
+
+def node_logs(
+    state: Callable[[JobRecord], JobStatus], record: JobRecord, node: int | None, follow: bool
+) -> Iterator[str]:
+    """A scheduler's ``logs`` when its nodes write ``node-<k>.log`` in the job record: the lines
+    as ``<label> | line`` (``NodePlan.label``, of the plan when each log was opened: a replaced host's
+    spare is named), with ``follow`` until ``state`` (the scheduler's) is terminal."""
+    nodes = [n for n in record.plan().nodes if node is None or n.node_rank == node]
+    files = [(n.label, record.node_log(n.node_rank)) for n in nodes]
+
+    def relabel() -> dict[Path, str]:  # after a host was replaced, the plan names the spare
+        return {record.node_log(n.node_rank): n.label for n in record.plan().nodes}
+
+    return tail(files, lambda: follow and not state(record).state.is_terminal, relabel)
+
+
+def wait_terminal(
+    state: Callable[[JobRecord], JobStatus], record: JobRecord, timeout_s: float, poll_s: float
+) -> JobStatus | None:
+    """The job's status (``state``, the scheduler's) once it is terminal, or None if it is not within
+    ``timeout_s`` seconds (asked every ``poll_s`` seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = state(record)
+        if status.state.is_terminal:
+            return status
+        time.sleep(poll_s)
+    return None
 
 
 def _replaced(path: Path, handle: TextIO) -> bool:

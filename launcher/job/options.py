@@ -16,20 +16,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Annotated, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+if TYPE_CHECKING:  # the JobSpec imports this module (and, through the registry, every options model)
+    from launcher.job.spec import JobSpec
 
-class JobView(Protocol):
-    """The scheduler-neutral part of a JobSpec that an options model may check itself against."""
-
-    @property
-    def grace_period_s(self) -> float: ...
-
-    @property
-    def retries(self) -> int: ...
+# [user@]host: a DNS name, an alias of ~/.ssh/config or an IPv4 address. Never starting with "-" (it
+# would be read as an ssh option) and without shell metacharacters. Here, not in the Plan that names
+# hosts with it (``NodePlan.named_host``), for the SSH options' checks: the JobSpec loads them while
+# it is itself being imported.
+HOST_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class SchedulerOptions(BaseModel):
     placeholders: ClassVar[dict[str, Placeholder]] = {}
     one_machine: ClassVar[bool] = False  # every node on this machine (the loopback reaches them all)
 
-    def check_job(self, job: JobView) -> None:
+    def check_job(self, job: JobSpec) -> None:
         """Checks of these options against the rest of the job (``JobSpec`` calls it after its own).
         Raises ValueError naming the field and the fix."""
 

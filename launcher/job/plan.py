@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from launcher.job.hostnames import HOST_RE
+from launcher.job.options import HOST_RE
 from launcher.job.spec import JobSpec, SpecError
 
 FactsT = TypeVar("FactsT", bound="Facts")

@@ -5,8 +5,7 @@
 Stragglers are judged here, for every program alike: each rank's beat carries its mean forward
 seconds per recent step (``Beat.compute_s``, timed with no change to the program by
 ``gptlaunch.compute``), and a rank slower than ``STRAGGLER_RATIO`` × the median of the *other* ranks
-is named. Against the others' median, a rank does not pull its own baseline up: with two ranks the
-plain median is their mean, and a rank at half speed would show as only 1.33×; this way it shows as 2×.
+(``gptlaunch.stats.ratios_to_others``) is named.
 """
 
 from __future__ import annotations

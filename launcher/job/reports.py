@@ -1,23 +1,9 @@
 """The typed channel from the nodes: every message a node sends the launcher is a ``NodeReport``, and
 this module is the only one that writes or reads them (an import-linter contract says so).
 
-A report is data, never a line to find in a log: logs are for people. Kinds:
-
-- ``refused``: a check before training refused the nodes (version parity, the health gate): the job's
-  exit code and message, and the node ranks the health gate named (a retry runs without them);
-- ``hang``: a node's watchdog found its ranks stalled and took their stacks (``HangReport``);
-- ``collective`` / ``collective-failed``: what the collective preflight measured (rank 0), or why a
-  rank failed (``launcher.job.measurements``);
-- ``status``: an SSH host agent's answer to ``launcher.agent status`` (whether its node runs, its exit
-  code, its ranks' latest heartbeats), ``probe``: its host's probe (``launcher.agent probe``), and
-  ``pulled``: the job's image pulled there (``launcher.agent pull``), each sent on the channel of that
-  short command, never stored;
-- ``oom``: the kernel's OOM killer ended processes of the node (``launcher.agent.memory``);
-- ``rank-failed``: the node's torchrun found a rank failed (``launcher.agent.torchrun``), sent before it
-  stops the node's other ranks: the launcher marks the attempt failing at once;
-- ``saved`` / ``file``: from a host that shares no file system with the launcher, a checkpoint that
-  the launcher then copies here (``launcher.schedulers.ssh.copies``), and a small file written for the
-  launcher (an error file, the stop marker), written into the record at its own path.
+A report is data, never a line to find in a log: logs are for people. Its kind is one of the classes
+below (``NodeReport``, told apart by ``kind``); ``status``, ``probe`` and ``pulled`` answer an SSH host
+agent's short command (``launcher.agent status|probe|pull``) on that command's channel, never stored.
 
 Where they travel: each node appends its reports, one JSON object a line, to
 ``<job dir>/reports/node-<k>.jsonl`` with one ``write`` of an ``O_APPEND`` file (one writer a node: no
@@ -145,7 +131,8 @@ class OomKilled(_Report):
 
 class RankFailed(_Report):
     """A rank of the node failed: its ``local_rank`` ended with ``exit_code`` (negative: killed by
-    signal -N), as the node's torchrun found it, before it stops the node's other ranks."""
+    signal -N), as the node's torchrun found it (``launcher.agent.torchrun``), before it stops the node's
+    other ranks: the launcher marks the attempt failing at once."""
 
     kind: Literal["rank-failed"] = "rank-failed"
     local_rank: int

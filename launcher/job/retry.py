@@ -1,15 +1,9 @@
 """Job-level retries (``JobSpec.retries``): whether a failed attempt is tried again, after how long,
 and what of it is kept.
 
-An attempt that failed for a reason that is not the user's (a rank killed by a signal, a lost node, a
-hang, a peer's NCCL/gloo error, a node the health gate named) is retried from the last checkpoint,
-which the trainer resumes from on its own (``--resume auto``), without the node it blames. Never
-retried, since a new node would not help: invalid input (exit 2: a rank that refused its arguments,
-config or data), a parity refusal (exit 3 naming no node), a stop on request (75, 130), a program
-fault (``PROGRAM_FAULTS``: the trainer's non-finite loss, by its exception's type), a run dir whose
-file system is full (the trainer's ``NoSpaceError``: the next attempt would write to the same disk;
-the launcher cannot check its room, which may be a node's own), and an error that repeats with the
-same cause at the same step in two attempts in a row (a bug, bad data).
+What is retried and what never is: ``JobSpec.retries``' description, decided in one place,
+``refusal``. A retried attempt starts from the last checkpoint, which the trainer resumes from on its
+own (``--resume auto``), without the node it blames.
 
 Each ended attempt is archived in ``JOB/attempts/<k>/``: its node logs, torchrun's error files, the
 hang stacks and heartbeats, its Plan and ``attempt.json`` (``record.Attempt``). The next attempt writes fresh
@@ -27,7 +21,6 @@ from dataclasses import dataclass
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE
 from launcher.job.hang import HANG_DIR
-from launcher.job.progress import recorded_beats
 from launcher.job.record import Attempt, JobRecord, JobState, Outcome
 
 ATTEMPTS_DIR = "attempts"
@@ -86,7 +79,7 @@ def refusal(outcome: Outcome, step: int | None, history: list[Attempt], retries:
     fault = outcome.failure.exception if outcome.failure is not None else None
     if fault in PROGRAM_FAULTS:
         return f"a program fault ({PROGRAM_FAULTS[fault]}, {fault}) that a retry would repeat on any node"
-    if fault == "NoSpaceError":
+    if fault == "NoSpaceError":  # the next attempt writes to the same disk, whose room is not checked here
         return "the run dir's file system is full: free room there, then submit again to resume"
     if len(history) >= retries:
         return f"no retries left (--retries {retries})"
@@ -104,13 +97,6 @@ def not_retried(outcome: Outcome, why: str, attempts: list[Attempt], retries: in
         return outcome
     note = f" (attempt {len(attempts) + 1} of {retries + 1}; not retried: {why})"
     return outcome.model_copy(update={"message": outcome.message + note})
-
-
-def furthest_step(record: JobRecord) -> int | None:
-    """The furthest step the ranks of the current attempt reported in the job record's heartbeats
-    (SSH: copied there from the hosts, ``Transport.keep_beats``); None where none beat."""
-    beats = [b for node in recorded_beats(record.plan(), record.dir).values() for b in node]
-    return max((b.step for b in beats), default=None)
 
 
 def next_in(ended: Attempt, retries: int, wait_s: float) -> str:

@@ -47,7 +47,6 @@ from launcher.job.record import JobRecord, JobStatus
 if TYPE_CHECKING:  # imported where written: `launcher status` only names the dir, and answers at once
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-SCALARS_DIR = Path("tensorboard") / "job"  # in the job directory
 SAMPLE_S = 15.0  # seconds between two goodput points while an attempt runs
 PARTS = ("training_s", "startup_s", "lost_s", "checkpoint_s", "eval_s", "other_s", "wall_s")
 Point = tuple[str, float | str]  # (tag, value): a number is a scalar, a string a line of text
@@ -55,7 +54,7 @@ Point = tuple[str, float | str]  # (tag, value): a number is a scalar, a string 
 
 def scalars_dir(job_dir: Path) -> Path:
     """Where the job-level event file of the job in ``job_dir`` is."""
-    return job_dir / SCALARS_DIR
+    return job_dir / "tensorboard" / "job"
 
 
 def tensorboard_command(job_dir: Path, run_dir: str) -> str:

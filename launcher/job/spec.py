@@ -14,9 +14,9 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from launcher.job.hang import HangSpec
 from launcher.job.options import SchedulerOptions
@@ -43,6 +43,7 @@ DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 
 
 _OptionsT = TypeVar("_OptionsT", bound=SchedulerOptions)
+_T = TypeVar("_T")
 
 
 class SpecError(ValueError):
@@ -58,6 +59,21 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
+def _checked(what: str) -> AfterValidator:
+    """``check_text`` as a field's validator: of its value (a str or a Path; None passes), or of each
+    item of a list; ``what`` names it in the error, with ``{!r}`` for the value."""
+
+    def check(v: _T) -> _T:
+        for item in v if isinstance(v, list) else [] if v is None else [v]:
+            check_text(str(item), what.format(item))
+        return v
+
+    return AfterValidator(check)
+
+
+_ProgramArg = _checked("program argument {!r}")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,19 +84,16 @@ class Program(_Strict):
     through ``gptlaunch.shim``, which watches them with no change to their code."""
 
     kind: Literal["script", "module", "no_python"] = Field(description="script, module or no_python")
-    target: str = Field(min_length=1, description="the script's path, the module's name or the program")
-    args: list[str] = Field(default_factory=list, description="the program's arguments")
-    resume_args: list[str] = Field(
+    target: Annotated[str, _ProgramArg] = Field(
+        min_length=1, description="the script's path, the module's name or the program"
+    )
+    args: Annotated[list[str], _ProgramArg] = Field(
+        default_factory=list, description="the program's arguments"
+    )
+    resume_args: Annotated[list[str], _ProgramArg] = Field(
         default_factory=list,
         description="added to args from the job's second attempt on (--init_from=resume)",
     )
-
-    @field_validator("target", "args", "resume_args")
-    @classmethod
-    def _text(cls, v: str | list[str]) -> str | list[str]:
-        for arg in [v] if isinstance(v, str) else v:
-            check_text(arg, f"program argument {arg!r}")
-        return v
 
     def argv(self) -> list[str]:
         """What follows torchrun's own flags: ``-m gptlaunch.shim [-m] TARGET ARGS``, or ``--no-python
@@ -211,15 +224,15 @@ class JobSpec(_Strict):
     )
     rendezvous: RendezvousSpec = RendezvousSpec()  # frozen: safe to share as a default
     network: NetworkSpec = NetworkSpec()
-    python: str = Field(
+    python: Annotated[str, _checked("python")] = Field(
         sys.executable,
         description="the Python interpreter that runs torchrun on each node (default: the one that runs "
         "the launcher)",
     )
-    workdir: Path | None = Field(
+    workdir: Annotated[Path | None, _checked("path")] = Field(
         None, description="working directory of every node's processes (default: the current directory)"
     )
-    job_dir: Path | None = Field(
+    job_dir: Annotated[Path | None, _checked("path")] = Field(
         None, description="job record directory, new or empty (default: JOBS_ROOT/JOB_ID)"
     )
     omp_num_threads: int | None = Field(
@@ -268,7 +281,9 @@ class JobSpec(_Strict):
         None,
         description="the sweep this job is a run of (`launcher submit --sweep` sets it): its ranks get it",
     )
-    trainer_args: list[str] = Field(default_factory=list, description="arguments of `trainer train`")
+    trainer_args: Annotated[list[str], _checked("trainer argument {!r}")] = Field(
+        default_factory=list, description="arguments of `trainer train`"
+    )
     program: Program | None = Field(None, description="the user's program (None: the built-in trainer)")
 
     @field_validator("name")
@@ -276,25 +291,6 @@ class JobSpec(_Strict):
     def _name(cls, v: str) -> str:
         if not _NAME.match(v):
             raise ValueError("use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit")
-        return v
-
-    @field_validator("python")
-    @classmethod
-    def _python(cls, v: str) -> str:
-        return check_text(v, "python")
-
-    @field_validator("workdir", "job_dir")
-    @classmethod
-    def _path(cls, v: Path | None) -> Path | None:
-        if v is not None:
-            check_text(str(v), "path")
-        return v
-
-    @field_validator("trainer_args")
-    @classmethod
-    def _args(cls, v: list[str]) -> list[str]:
-        for arg in v:
-            check_text(arg, f"trainer argument {arg!r}")
         return v
 
     @field_validator("scheduler", mode="before")

@@ -9,7 +9,7 @@ rendezvous, the interpreters and their imports). A program that names no part ha
 from __future__ import annotations
 
 from gptlaunch.contract import Beat
-from launcher.job.goodput import STARTUP
+from launcher.job.goodput import STARTUP, first_step_at
 
 LAUNCH = "launch"
 SAY_AFTER_S = 2.0  # a part the console names while it runs, once it has lasted this long (seconds)
@@ -19,18 +19,8 @@ def parts(beat: Beat, started_at: float) -> dict[str, float]:
     """Seconds of each part of the start-up of the attempt that started at ``started_at`` (epoch
     seconds), whose rank 0's latest beat is ``beat``: the launch first, then the parts the program named
     in order; to the first step, or to the beat while it still starts up."""
-    startup_s = beat.phase_s.get(STARTUP, 0.0)
-    began = beat.time - sum(beat.phase_s.values())  # its process's watch started (a heartbeat's start)
     named = sum(beat.startup_s.values())
-    return {LAUNCH: max(0.0, began + startup_s - named - started_at), **beat.startup_s}
-
-
-def breakdown(found: dict[str, float]) -> str:
-    """``launch 8.1 s, data 0.1 s, rendezvous 0.1 s, setup 1.4 s, compile 3.7 s``; empty when only the
-    launch is known (a program that named no part)."""
-    if list(found) == [LAUNCH]:
-        return ""
-    return ", ".join(f"{part} {seconds:.1f} s" for part, seconds in found.items())
+    return {LAUNCH: max(0.0, first_step_at(beat) - named - started_at), **beat.startup_s}
 
 
 def stepped(beat: Beat, started_at: float) -> bool:
@@ -58,13 +48,11 @@ def progress_line(part: str, seconds: float, expect_s: float | None) -> str:
 
 
 def first_step(found: dict[str, float], attempt: int = 1) -> str:
-    """``first step 13.4 s after the start: launch 8.1 s, data 0.1 s, ...`` (``... after the start of
-    attempt 2: ...`` for a later attempt)."""
-    said = breakdown(found)
+    """``first step 13.4 s after the start: launch 8.1 s, data 0.1 s, rendezvous 0.1 s, setup 1.4 s,
+    compile 3.7 s`` (``... after the start of attempt 2: ...`` for a later attempt); no parts when only
+    the launch is known (a program that named no part)."""
     start = "the start" if attempt == 1 else f"the start of attempt {attempt}"
-    return f"first step {sum(found.values()):.1f} s after {start}" + (f": {said}" if said else "")
-
-
-def first_step_line(attempt: int, found: dict[str, float]) -> str:
-    """The console's line once attempt ``attempt`` took its first step."""
-    return f"launcher: {first_step(found, attempt)}"
+    line = f"first step {sum(found.values()):.1f} s after {start}"
+    if list(found) in ([], [LAUNCH]):
+        return line
+    return f"{line}: " + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in found.items())

@@ -9,8 +9,10 @@ import os
 from pathlib import Path
 
 from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR_ENV, RUN_ID_ENV, SWEEP_ID_ENV
+from launcher.job.options import ContainerOptions
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec, RendezvousSpec, SpecError
+from trainer.precheck import paths_of
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "
@@ -187,6 +189,28 @@ def copy_excludes(spec: JobSpec, workdir: str, run_dir: str) -> tuple[str, ...]:
     data_dir = Path(os.path.normpath(Path(workdir) / data if data is not None else Path(run_dir) / "data"))
     run = Path(os.path.normpath(run_dir))
     return (data_dir.relative_to(run).as_posix(),) if data_dir != run and data_dir.is_relative_to(run) else ()
+
+
+def container_mounts(spec: JobSpec, run_dir: str, workdir: str, job_dir: Path) -> tuple[str, ...]:
+    """The host directories a node's container mounts, each at its own path, so that every path in the
+    Plan means the same inside the image as on the host: the job record, the run dir, the workdir, the
+    trainer's data, text-file and checkpoint directories (relative ones are the workdir's) and the
+    options' ``container_mounts``; each once, none that another one holds, never ``/``, sorted. Raises
+    SpecError for a path with ':' or ',' (the runtimes' separators: ``--volume P:P``,
+    ``--container-mounts A:A,B:B``), and what ``trainer.precheck.paths_of`` raises."""
+    args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
+    extra = spec.options(ContainerOptions).container_mounts
+    base = Path(workdir)
+    wanted = [job_dir, base, *(base / p for p in paths_of(args)), *map(Path, extra)]
+    by_depth = sorted({Path(os.path.normpath(p)) for p in wanted} - {Path("/")}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in by_depth:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    for path in kept:
+        if ":" in str(path) or "," in str(path):
+            raise SpecError(f"the container mount {path} contains ':' or ',': choose paths without them")
+    return tuple(sorted(str(p) for p in kept))
 
 
 def trainer_flag(trainer_args: list[str], flag: str) -> str | None:

@@ -17,11 +17,9 @@ The precedence, one order everywhere (the first that holds decides):
 5. **cancelled by the scheduler** (SLURM's CANCELLED) before any checkpoint: cancelled;
 6. **the controller was lost** (a reader found the job's controller gone, nothing of it running);
 7. **a hang** the nodes' watchdogs reported: failed, with the suspects named;
-8. **a failure**: the root cause (``launcher.job.failures.first_failure``): an agent killed by a
-   signal, a lost host, a worker killed by a signal, a rank's own error (errors raised inside
-   torch.distributed come after the others), a worker's exit code, the first failed agent's exit
-   code; else what the scheduler said. Exit 2 when the failed rank exited 2 (invalid input, as the
-   trainer's and argparse's usage errors do), else 1.
+8. **a failure**: the root cause (``launcher.job.failures.first_failure``, in the order of that module's
+   docstring), else what the scheduler said. Exit 2 when the failed rank exited 2 (invalid input, as
+   the trainer's and argparse's usage errors do), else 1.
 
 Every input is a typed fact: exit codes, signals, the stop marker, the nodes' reports, where an
 exception was raised. No message text decides: error messages only go into the outcome's text.
@@ -30,7 +28,6 @@ exception was raised. No message text decides: error messages only go into the o
 from __future__ import annotations
 
 import contextlib
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,18 +37,6 @@ from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_
 from launcher.job.hang import HANG_DIR, HangReport, hang_message, merge, suspects, write_stacks
 from launcher.job.plan import Plan
 from launcher.job.record import JobRecord, JobState, Outcome
-
-
-class Ending(enum.Enum):
-    """Which rule of the precedence decided (``verdict``'s docstring)."""
-
-    SUCCEEDED = "succeeded"
-    STOPPED = "stopped"  # on request or from outside: checkpointed, or cancelled without a checkpoint
-    REFUSED = "refused"
-    CANCELLED = "cancelled"  # by the scheduler
-    LOST = "lost"
-    HUNG = "hung"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -110,32 +95,26 @@ def gather(record: JobRecord, since: float, plan: Plan | None = None) -> Facts:
     )
 
 
-@dataclass(frozen=True)
-class Verdict:
-    ending: Ending
-    outcome: Outcome
-
-
-def verdict(facts: Facts) -> Verdict:
+def verdict(facts: Facts) -> Outcome:
     """The attempt's end, by the precedence in this module's docstring. Pure: reads no file."""
     agents = facts.agents
     if facts.completed or (agents and all(code == 0 for code in agents)):
-        return Verdict(Ending.SUCCEEDED, Outcome(state=JobState.SUCCEEDED, exit_code=0))
+        return Outcome(state=JobState.SUCCEEDED, exit_code=0)
     if facts.stop_requested:
-        return Verdict(Ending.STOPPED, _stopped(facts))
+        return _stopped(facts)
     if facts.refused is not None:
-        return Verdict(Ending.REFUSED, _refused(facts.refused))
+        return _refused(facts.refused)
     if _stopped_from_outside(facts):
-        return Verdict(Ending.STOPPED, _stopped(facts))
+        return _stopped(facts)
     if facts.scheduler_cancelled:
         message = "cancelled by the scheduler before the ranks saved a checkpoint"
-        return Verdict(Ending.CANCELLED, _outcome(JobState.CANCELLED, EXIT_INTERRUPTED, message))
+        return _outcome(JobState.CANCELLED, EXIT_INTERRUPTED, message)
     if facts.controller_lost:
         message = "the process following the job died before recording its end; nothing of it runs"
-        return Verdict(Ending.LOST, _outcome(JobState.LOST, EXIT_FAILED, message))
+        return _outcome(JobState.LOST, EXIT_FAILED, message)
     if facts.hang is not None:
-        return Verdict(Ending.HUNG, hung(facts.job_dir, facts.hang))
-    return Verdict(Ending.FAILED, _failed(facts))
+        return hung(facts.job_dir, facts.hang)
+    return _failed(facts)
 
 
 def _outcome(state: JobState, exit_code: int, message: str) -> Outcome:

@@ -1,8 +1,5 @@
-"""Checks before and at the start of a job, run on the hosts themselves: ``probe`` (what a host runs:
-Python, torch, CUDA, NCCL, packages, GPUs, interfaces, routes), ``parity`` (which probed versions must
-match, and the diff), ``parity_step`` (the same check as a job's first step, for SLURM and compose),
-``collective`` (a short all_reduce across every rank) with ``health`` (its bandwidth formula and
-tables, and the health gate's verdict, read without torch), and ``netcheck`` (is the rendezvous port
-reachable). Each worker module runs as ``python -m launcher.preflight.<name>``. It may import
-``launcher.job`` only.
+"""Checks before and at the start of a job, run on the hosts themselves: what each host runs and
+whether the hosts match (``probe``, ``parity``), whether the network and devices are healthy (the
+health gate: ``collective``, ``health``) and whether the rendezvous port is reachable (``netcheck``).
+Worker modules run as ``python -m launcher.preflight.<name>``. May import ``launcher.job`` only.
 """

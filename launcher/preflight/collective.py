@@ -12,12 +12,13 @@ reports the signal, and no report is written.) The reports go into the directory
 ``GPTLAUNCH_REPORT_DIR`` (one file a rank), which the node agent forwards or the launcher reads; run
 by hand without it, only the table and the errors are printed.
 
-The models are in ``launcher.job.measurements``; the bandwidth formula (nccl-tests' busbw) and the
-table are in ``launcher.preflight.health``, which the launcher imports without torch.
+The models are in ``launcher.job.measurements``, the bandwidth formula and the table in
+``launcher.preflight.health``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -74,13 +75,11 @@ class _Context:
 
 def _resolve_backend(spec: str) -> Literal["gloo", "nccl"]:
     """``auto`` -> nccl when CUDA is available, else gloo; gloo and nccl as given."""
-    if spec == "gloo":
-        return "gloo"
-    if spec == "nccl":
-        return "nccl"
-    import torch
+    if spec == "auto":
+        import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+        spec = "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if spec == "nccl" else "gloo"
 
 
 def _read_context(backend: str, timeout_s: float) -> _Context:
@@ -185,25 +184,10 @@ def _measure_size(
     return SizeResult(bytes=size_bytes, time_us=slowest_s * 1e6, algbw_gbs=algbw, busbw_gbs=busbw)
 
 
-@dataclass(frozen=True)
-class _Stages:
-    """What to measure besides the whole group's all_reduce: the compute check (``compute_s`` > 0)
-    and the pairwise stage (``pair_bytes`` set)."""
-
-    sizes: list[int]
-    iters: int
-    warmup: int
-    compute_s: float = 0.0
-    precision: str = "bf16"
-    pair_bytes: int | None = None
-    min_busbw: float | None = None
-    gpu_health: bool = False
-
-
-def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
-    """Form the group, run the compute check, measure every size, then the pairs, and leave the
-    group (on every path). Returns the result on rank 0, None on the others; raises _Failed naming
-    the phase that failed."""
+def _measure(ctx: _Context, args: argparse.Namespace) -> CollectiveResult | None:
+    """Form the group, run the compute check (``--compute-s`` > 0), measure every size, then the
+    pairs (``--pair-bytes`` set), and leave the group (on every path). Returns the result on rank 0,
+    None on the others; raises _Failed naming the phase that failed."""
     import torch
     import torch.distributed as dist
 
@@ -220,19 +204,19 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         init_s = time.perf_counter() - start
         phase = "collective"
         hosts = list(dict.fromkeys(all_gather(socket.gethostname())))  # distinct, in rank order
-        compute = _compute(ctx, device, stages)
-        gpu_query = _gpu_query(ctx) if stages.gpu_health and device.type == "cuda" else {}
-        results = [_measure_size(size, ctx, device, stages.iters, stages.warmup) for size in stages.sizes]
+        compute = _compute(ctx, device, args.compute_s, args.precision)
+        gpu_query = _gpu_query(ctx) if args.gpu_health and device.type == "cuda" else {}
+        results = [_measure_size(size, ctx, device, args.iters, args.warmup) for size in args.sizes]
         pairs = []
-        if stages.pair_bytes is not None:
+        if args.pair_bytes is not None:
             pairs = measure_pairs(
                 all_gather(ctx.node),
                 device,
-                stages.pair_bytes,
-                stages.iters,
-                stages.warmup,
+                args.pair_bytes,
+                args.iters,
+                args.warmup,
                 ctx.timeout_s,
-                stages.min_busbw,
+                args.min_busbw,
             )
     except _Failed:
         raise
@@ -250,8 +234,8 @@ def _measure(ctx: _Context, stages: _Stages) -> CollectiveResult | None:
         ifname=ctx.ifname,
         master=ctx.master,
         torch=torch.__version__,
-        iters=stages.iters,
-        warmup=stages.warmup,
+        iters=args.iters,
+        warmup=args.warmup,
         init_s=init_s,
         results=results,
         pairs=pairs,
@@ -267,12 +251,12 @@ def _gpu_query(ctx: _Context) -> dict[int, str]:
     return {node: text for node, text in filter(None, all_gather(mine)) if text is not None}
 
 
-def _compute(ctx: _Context, device: torch.device, stages: _Stages) -> list[DeviceResult]:
+def _compute(ctx: _Context, device: torch.device, compute_s: float, precision: str) -> list[DeviceResult]:
     """Every rank's compute check (when asked), gathered on every rank, in rank order. Collective."""
-    if stages.compute_s <= 0:
+    if compute_s <= 0:
         return []
     try:
-        mine = measure_compute(ctx.rank, ctx.node, ctx.local_rank, device, stages.precision, stages.compute_s)
+        mine = measure_compute(ctx.rank, ctx.node, ctx.local_rank, device, precision, compute_s)
     except RuntimeError as e:  # a CUDA error on this device: name it, the other ranks time out
         raise _Failed("compute", _one_line(e)) from e
     return all_gather(mine)
@@ -283,17 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__.split("\n\n")[0]).parse_args(argv)
     ctx = _read_context(args.backend, args.timeout_s)
     try:
-        stages = _Stages(
-            sizes=args.sizes,
-            iters=int(args.iters),
-            warmup=int(args.warmup),
-            compute_s=args.compute_s,
-            precision=args.precision,
-            pair_bytes=args.pair_bytes,
-            min_busbw=args.min_busbw,
-            gpu_health=args.gpu_health,
-        )
-        result = _measure(ctx, stages)
+        result = _measure(ctx, args)
     except _Failed as f:
         error = CollectiveError(
             rank=ctx.rank,

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
+
+from launcher.preflight.health import Finding
 
 FIELDS = (
     "index",
@@ -91,19 +92,11 @@ def parse(text: str) -> list[dict[str, str]]:
     return rows
 
 
-@dataclass(frozen=True)
-class GpuIssue:
-    """One unhealthy field of one GPU (or of the host's set of GPUs: ``index`` None)."""
-
-    index: str | None
-    field: str
-    value: str
-    why: str
-    fatal: bool = True  # False: a warning that does not refuse the launch
-
-    def line(self, host: str) -> str:
-        gpu = f"gpu {self.index} " if self.index is not None else "gpus: "
-        return f"{host}: {gpu}{self.field} {self.value}: {self.why}"
+def _finding(host: str, index: str | None, field: str, value: str, why: str, fatal: bool = True) -> Finding:
+    """One unhealthy field of one GPU (or of the host's set of GPUs: ``index`` None); ``fatal`` False:
+    a warning that does not refuse the launch."""
+    gpu = f"gpu {index} " if index is not None else "gpus: "
+    return Finding(host, "gpu", None, f"{host}: {gpu}{field} {value}: {why}", fatal)
 
 
 def _number(value: str) -> float | None:
@@ -115,45 +108,44 @@ def _number(value: str) -> float | None:
         return None
 
 
-def _gpu_issues(row: dict[str, str]) -> list[GpuIssue]:
+def _gpu_issues(host: str, row: dict[str, str]) -> list[Finding]:
     index = row.get("index", "?")
     issues = []
     ecc_field = "ecc.errors.uncorrected.volatile.total"
     ecc = _number(row.get(ecc_field, ""))
     if ecc:
-        issues.append(GpuIssue(index, ecc_field, f"{ecc:g}", "uncorrectable memory errors"))
+        issues.append(_finding(host, index, ecc_field, f"{ecc:g}", "uncorrectable memory errors"))
     for field, why in (
         ("retired_pages.pending", "a page retirement waits for a GPU reset"),
         ("remapped_rows.pending", "a row remap waits for a GPU reset"),
         ("remapped_rows.failure", "the GPU has no spare rows left: replace it"),
     ):
         if row.get(field, "").lower() == "yes":
-            issues.append(GpuIssue(index, field, "Yes", why))
+            issues.append(_finding(host, index, field, "Yes", why))
     reasons = _number(row.get("clocks_event_reasons.active", ""))
     slow = [name for bit, name in SLOWDOWN_BITS.items() if reasons is not None and int(reasons) & bit]
     if slow:
         value = row["clocks_event_reasons.active"]
-        issues.append(GpuIssue(index, "clocks_event_reasons.active", value, ", ".join(slow)))
+        issues.append(_finding(host, index, "clocks_event_reasons.active", value, ", ".join(slow)))
     temperature = _number(row.get("temperature.gpu", ""))
     if temperature is not None and temperature >= MAX_TEMP_C:
         issues.append(
-            GpuIssue(index, "temperature.gpu", f"{temperature:g} C", f"at or above {MAX_TEMP_C:g} C")
+            _finding(host, index, "temperature.gpu", f"{temperature:g} C", f"at or above {MAX_TEMP_C:g} C")
         )
     if row.get("persistence_mode", "").lower() == "disabled":
         why = "each process start re-initialises the driver (`nvidia-smi -pm 1` as root)"
-        issues.append(GpuIssue(index, "persistence_mode", "Disabled", why, fatal=False))
+        issues.append(_finding(host, index, "persistence_mode", "Disabled", why, fatal=False))
     return issues
 
 
-def judge(rows: list[dict[str, str]], gpus_per_node: int) -> list[GpuIssue]:
-    """What is unhealthy about one host's GPUs (``parse``'s rows): each GPU's fields, then the count
+def judge(host: str, rows: list[dict[str, str]], gpus_per_node: int) -> list[Finding]:
+    """What is unhealthy about ``host``'s GPUs (``parse``'s rows): each GPU's fields, then the count
     against ``gpus_per_node`` and the models (one per host)."""
-    issues = [issue for row in rows for issue in _gpu_issues(row)]
+    issues = [issue for row in rows for issue in _gpu_issues(host, row)]
     if len(rows) < gpus_per_node:
-        issues.append(
-            GpuIssue(None, "count", str(len(rows)), f"the job runs {gpus_per_node} process(es) per node")
-        )
+        why = f"the job runs {gpus_per_node} process(es) per node"
+        issues.append(_finding(host, None, "count", str(len(rows)), why))
     models = sorted({row.get("name", "?") for row in rows})
     if len(models) > 1:
-        issues.append(GpuIssue(None, "name", " / ".join(models), "more than one GPU model on the host"))
+        issues.append(_finding(host, None, "name", " / ".join(models), "more than one GPU model on the host"))
     return issues

@@ -1,37 +1,24 @@
 """The collective preflight's results as the launcher reads them, and the health gate's verdict: which
-host slows the job down, from the preflight's pairwise and compute stages (``launcher.preflight.collective
---pair-bytes B --compute-s S``). Pure; imports no torch.
+host slows the job down, from the preflight's pairwise, compute and GPU stages
+(``launcher.preflight.collective --pair-bytes B --compute-s S --gpu-health``). Pure; imports no torch.
 
-- **Bandwidth.** As nccl-tests reports it (doc/PERFORMANCE.md): algbw = size / time; busbw = algbw *
-  2(n-1)/n for all_reduce, which is the bandwidth each link needs and so comparable with the hardware's
-  peak, whatever the number of ranks n. Units: GB/s = 1e9 bytes/s, time in microseconds per call, the
-  slowest rank's (as nccl-tests reports).
-
-- **Links.** Hosts are paired in rounds of disjoint pairs (``pair_rounds``): a ring over the hosts, its
-  edges split into two rounds (three when the count is odd), so every host meets two others and the
-  stage takes two or three rounds whatever the host count. A host is named when its best pair is below
-  half the median host's best pair (or below ``--min-busbw``), that is when every pair it is in is
-  slow: the slow link's host is named and its healthy partners are not (DLRover's paired node check
-  works the same way).
-- **Compute.** Every rank runs dense matmuls in the job's dtype on its device for a fixed time; a
-  device below 0.8 × the median of its kind in its dtype (the same GPU model, or CPU processes) is
-  named.
-
-Each ``Finding`` is one line that starts with the host's name, e.g. ``gl-h3: link 0.04 GB/s on eth0,
-below half the median 0.61 GB/s (pairs gl-h2-gl-h3 0.04, gl-h3-gl-h4 0.04 GB/s)``.
+Bandwidth is nccl-tests' (``bus_bandwidth``); hosts meet in rounds of pairs (``pair_rounds``). A host
+is named for its links (``link_findings``, like DLRover's paired node check), its devices
+(``compute_findings``) or its GPUs (``gpu_findings``), each ``Finding`` one line that starts with the
+host's name, e.g. ``gl-h3: link 0.04 GB/s on eth0, below half the median 0.61 GB/s (pairs
+gl-h2-gl-h3 0.04, gl-h3-gl-h4 0.04 GB/s)``.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
 from launcher.job.options import GateOptions
 from launcher.job.torchrun import trainer_flag
-from launcher.preflight import gpu_health
 
 LINK_FRACTION = 0.5  # a host whose best pair is below this fraction of the median host's best is slow
 COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
@@ -62,28 +49,20 @@ class GateSettings:
         compute_s = COMPUTE_S if opts.health_compute_s is None else opts.health_compute_s
         return cls(compute_s, min_busbw=opts.min_busbw, precision=precision, gpus_per_node=nproc_per_node)
 
-    def worker_args(self) -> list[str]:
-        """The flags of ``launcher.preflight.collective`` that run the gate's stages."""
-        args = [
-            f"--compute-s={self.compute_s:g}",
-            f"--precision={self.precision}",
-            f"--pair-bytes={PAIR_BYTES}",
+    def worker_argv(
+        self, nnodes: int, node_rank: int | str, master: tuple[str, int | str], timeout_s: float
+    ) -> list[str]:
+        """The arguments after a node's interpreter that run the gate there: the collective preflight
+        under torchrun (``gpus_per_node`` ranks, this node being ``node_rank``, rank 0's store at
+        ``master``) with the gate's stages."""
+        argv = [
+            "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={self.gpus_per_node}",
+            f"--node-rank={node_rank}", f"--master-addr={master[0]}", f"--master-port={master[1]}",
+            "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
+            f"--compute-s={self.compute_s:g}", f"--precision={self.precision}", f"--pair-bytes={PAIR_BYTES}",
             "--gpu-health",  # the worker queries nvidia-smi only where its device is a GPU
-        ]
-        return args + ([f"--min-busbw={self.min_busbw:g}"] if self.min_busbw is not None else [])
-
-
-def worker_argv(
-    nnodes: int, nproc_per_node: int, node_rank: int | str, master: tuple[str, int | str], timeout_s: float
-) -> list[str]:
-    """The arguments after a node's interpreter that run the collective preflight there under torchrun
-    (``nproc_per_node`` ranks, this node being ``node_rank``, rank 0's store at ``master``); the
-    gate's stages go after them (``GateSettings.worker_args``)."""
-    return [
-        "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-        f"--node-rank={node_rank}", f"--master-addr={master[0]}", f"--master-port={master[1]}",
-        "-m", "launcher.preflight.collective", f"--timeout-s={timeout_s:g}",
-    ]  # fmt: skip
+        ]  # fmt: skip
+        return argv + ([f"--min-busbw={self.min_busbw:g}"] if self.min_busbw is not None else [])
 
 
 def pair_rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -110,9 +89,6 @@ class Finding:
     figure: float | None  # GB/s (link), TFLOP/s (compute); None for gpu (the line has the field's value)
     line: str  # starts with the host's name
     fatal: bool = True  # False: a warning, reported but never refusing a launch
-
-    def as_json(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def _pair_name(pair: PairResult, hosts: Sequence[str]) -> str:
@@ -174,7 +150,8 @@ def compute_findings(devices: Sequence[DeviceResult], hosts: Sequence[str]) -> l
 def bus_bandwidth(size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (1e9 bytes/s) of an all_reduce of ``size_bytes`` taking ``time_s``
     seconds over ``world_size`` ranks, by nccl-tests' definition (doc/PERFORMANCE.md): algbw =
-    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link)."""
+    size / time, busbw = algbw * 2(n-1)/n (0 for one rank: nothing crosses a link), the bandwidth
+    each link needs, so comparable with the hardware's peak whatever n."""
     if size_bytes < 0 or time_s <= 0 or world_size < 1:
         raise ValueError(
             f"need size_bytes >= 0, time_s > 0 and world_size >= 1, got {size_bytes}, {time_s}, {world_size}"
@@ -235,22 +212,22 @@ def findings(
 def gpu_findings(queries: dict[int, str], hosts: Sequence[str], gpus_per_node: int) -> list[Finding]:
     """The GPU health of each host from its ``nvidia-smi --query-gpu`` output (``gpu_health``); a
     host whose query failed or printed something else is named with what it printed."""
+    from launcher.preflight import gpu_health  # here, not at the top: gpu_health imports Finding from here
+
     found = []
     for node, text in sorted(queries.items()):
         host = hosts[node]
         try:
-            issues = gpu_health.judge(gpu_health.parse(text), gpus_per_node)
+            found += gpu_health.judge(host, gpu_health.parse(text), gpus_per_node)
         except ValueError as e:
             found.append(Finding(host, "gpu", None, f"{host}: gpu health unknown: {e}"))
-            continue
-        found += [Finding(host, "gpu", None, issue.line(host), issue.fatal) for issue in issues]
     return found
 
 
 def report_text(result: CollectiveResult, hosts: Sequence[str], found: Sequence[Finding]) -> str:
-    """The pairwise table, the compute summary, the warnings and the verdict: one line per named host
-    (``found``'s fatal findings), or that none is, saying which stages ran."""
-    parts = []
+    """``format_table``, the pairwise table, the compute summary, the warnings and the verdict: one
+    line per named host (``found``'s fatal findings), or that none is, saying which stages ran."""
+    parts = [format_table(result)]
     if result.pairs:
         rounds = len({p.round for p in result.pairs})
         again = ", each pair's better of 2 passes" if any(p.passes > 1 for p in result.pairs) else ""
@@ -268,3 +245,9 @@ def report_text(result: CollectiveResult, hosts: Sequence[str], found: Sequence[
     checked = f"{', '.join(ran)} checked" if ran else "no stage ran: one host, no compute check, no GPUs"
     parts.append(f"health gate: no host named ({len(hosts)} host(s); {checked})")
     return "\n".join(parts)
+
+
+def named_text(named: Sequence[Finding], noun: str = "host") -> str:
+    """The message of a refusal: ``the health gate named N host(s):``, then each finding's line, indented."""
+    count = len({f.host for f in named})
+    return f"the health gate named {count} {noun}(s):\n  " + "\n  ".join(f.line for f in named)

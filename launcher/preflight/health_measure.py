@@ -1,12 +1,10 @@
-"""The measuring half of the health gate, run by every rank of the collective preflight
-(``launcher.preflight.collective --compute-s S --pair-bytes B``) inside its process group:
+"""The measuring half of the health gate (the verdict is ``launcher.preflight.health``'s), run by every
+rank of the collective preflight (``launcher.preflight.collective --compute-s S --pair-bytes B``):
 
 - ``measure_compute``: dense n×n matmuls in the job's dtype on this rank's device for ``seconds``,
   started together on every rank (a barrier), so ranks that share a machine share it alike;
 - ``measure_pairs``: the pairwise stage, an all_reduce among the ranks of each pair of hosts of
   ``launcher.preflight.health.pair_rounds``, the pairs of a round at the same time.
-
-The verdict (which host is slow) is ``launcher.preflight.health``'s, in the launcher.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 from gptlaunch.contract import EXIT_REFUSED, EXIT_USAGE
 from launcher.job import reports
 from launcher.job.reports import Refused
-from launcher.preflight.health import GateSettings, findings, format_table, report_text
+from launcher.preflight.health import GateSettings, findings, named_text, report_text
 from launcher.preflight.parity_step import end_step
 
 HEALTH_DIR = "health"  # in the job directory: node-K.out (the workers' output), node-K.log, hosts
@@ -40,8 +40,8 @@ def node_names(health: Path, nnodes: int) -> list[str]:
 
 
 def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused | None:
-    """Judge the workers' reports; print the table and the report. Returns the refusal that ends the
-    job (exit 3 naming nodes, or exit 2 when the gate could not run), None to go on."""
+    """Judge the workers' reports and print the report. Returns the refusal that ends the job (exit 3
+    naming nodes, or exit 2 when the gate could not run), None to go on."""
     health = job_dir / HEALTH_DIR
     hosts = node_names(health, nnodes)
     done = reports.read_dir(health, reports.CollectiveDone)
@@ -53,7 +53,6 @@ def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused
         return Refused(node=0, check="health", exit_code=EXIT_USAGE, message=message)
     result = done[-1].result
     found = findings(result, hosts, {}, gate)
-    print(format_table(result), flush=True)
     print(report_text(result, hosts, found), flush=True)
     named = [f for f in found if f.fatal]
     if not named:
@@ -65,7 +64,7 @@ def check(job_dir: Path, nnodes: int, gate: GateSettings, warn: bool) -> Refused
         )
         return None
     nodes = sorted({hosts.index(f.host) for f in named})
-    message = f"the health gate named {len(nodes)} node(s):\n  " + "\n  ".join(f.line for f in named)
+    message = named_text(named, "node")
     return Refused(node=0, check="health", exit_code=EXIT_REFUSED, message=message, nodes=nodes)
 
 

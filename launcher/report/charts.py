@@ -38,6 +38,11 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 360) -> go
     return fig
 
 
+def _scatter(points: list[tuple[Any, float]], **kw: Any) -> go.Scatter:
+    """A line through ``points``: (x, y) each."""
+    return go.Scatter(x=[x for x, _ in points], y=[y for _, y in points], **kw)
+
+
 def loss(metrics: list[dict[str, Any]], spans: list[Span]) -> go.Figure | None:
     """Training and validation loss (nats) by step, with a line where each failed attempt stopped."""
     train, val = training_loss(metrics), validation_loss(metrics)
@@ -45,10 +50,9 @@ def loss(metrics: list[dict[str, Any]], spans: list[Span]) -> go.Figure | None:
         return None
     fig = go.Figure()
     if train:
-        fig.add_trace(go.Scatter(x=[s for s, _ in train], y=[v for _, v in train], name="training loss"))
+        fig.add_trace(_scatter(train, name="training loss"))
     if val:
-        xs, ys = [s for s, _ in val], [v for _, v in val]
-        fig.add_trace(go.Scatter(x=xs, y=ys, name="validation loss", mode="lines+markers"))
+        fig.add_trace(_scatter(val, name="validation loss", mode="lines+markers"))
     for span in spans:
         if span.outcome == "failed" and span.step is not None:
             fig.add_vline(x=span.step, line_dash="dot", line_color=COLORS["failed"])
@@ -79,9 +83,8 @@ def overlay(
     fig = go.Figure()
     for k, (name, points) in enumerate(lines):
         if points:
-            fig.add_trace(go.Scatter(x=[s for s, _ in points], y=[v for _, v in points], name=name,
-                                     mode="lines+markers" if markers else "lines",
-                                     line={"color": RUN_COLORS[k % len(RUN_COLORS)]}))  # fmt: skip
+            fig.add_trace(_scatter(points, name=name, mode="lines+markers" if markers else "lines",
+                                   line={"color": RUN_COLORS[k % len(RUN_COLORS)]}))  # fmt: skip
     return _layout(fig, title, "step", y, height=360 + 20 * (len(lines) // 4))  # the legend's rows
 
 
@@ -92,11 +95,9 @@ def rank_throughput(metrics: list[dict[str, Any]]) -> go.Figure | None:
     rows = [(m["step"], m["rank_tokens_per_s"]) for m in metrics if m.get("rank_tokens_per_s")]
     if not rows:
         return None
-    fig = go.Figure()
-    for rank in range(max(len(r) for _, r in rows)):
-        points = [(s, r[rank]) for s, r in rows if len(r) > rank]
-        fig.add_trace(go.Scatter(x=[s for s, _ in points], y=[v for _, v in points], name=f"rank {rank}"))
-    return _layout(fig, "Each rank's own throughput (forward passes)", "step", "tokens/s")
+    ranks = range(max(len(r) for _, r in rows))
+    lines = {rank: [(s, r[rank]) for s, r in rows if len(r) > rank] for rank in ranks}
+    return _per_rank(lines, "Each rank's own throughput (forward passes)", "step", "tokens/s")
 
 
 def rank_compute(series: dict[int, list[tuple[float, float]]]) -> go.Figure | None:
@@ -105,12 +106,16 @@ def rank_compute(series: dict[int, list[tuple[float, float]]]) -> go.Figure | No
     straggler's runs above the others. None when there is no point."""
     if not any(series.values()):
         return None
+    lines = {rank: [(_utc(t), v) for t, v in points] for rank, points in series.items()}
+    return _per_rank(lines, "Each rank's compute per step (forward passes)", "time (UTC)", "seconds")
+
+
+def _per_rank(lines: dict[int, list[tuple[Any, float]]], title: str, x: str, y: str) -> go.Figure:
+    """One line per rank (``lines``: its (x, y) points by rank), in rank order."""
     fig = go.Figure()
-    for rank, points in sorted(series.items()):
-        fig.add_trace(
-            go.Scatter(x=[_utc(t) for t, _ in points], y=[v for _, v in points], name=f"rank {rank}")
-        )
-    return _layout(fig, "Each rank's compute per step (forward passes)", "time (UTC)", "seconds")
+    for rank, points in sorted(lines.items()):
+        fig.add_trace(_scatter(points, name=f"rank {rank}"))
+    return _layout(fig, title, x, y)
 
 
 MARKS = {"checkpoint": ("diamond", "#ff7f0e"), "hang": ("x", "#9467bd")}  # kind: (symbol, color)

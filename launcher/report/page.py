@@ -1,8 +1,9 @@
 """The report page: one HTML file with plotly's script inline, so that it opens from disk with no
-server and no network. Written into the job record as ``report.html`` (atomically: a reader sees a
-whole page or the previous one). The checks before training (``launcher.preflight.recorded``) show as
-HTML: version parity's classes of hosts, and the health gate's link and device tables with the hosts
-it names."""
+server and no network. Written as ``report.html`` (atomically: a reader sees a whole page or the
+previous one): a job's into its record, a sweep's into the sweep's directory. A job's checks before
+training (``launcher.preflight.recorded``) show as HTML: version parity's classes of hosts, and the
+health gate's link and device tables with the hosts it names. A sweep's page (``render_sweep``) has
+every run's loss on one chart (training, then validation), and the runs ranked by one metric."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from gptlaunch.files import atomic_write_text
-from launcher.job.record import JobRecord
 from launcher.preflight.health import GateSettings, findings
 from launcher.preflight.parity import classes
 from launcher.preflight.recorded import Checks
 from launcher.report import charts
 from launcher.report.facts import Facts, report_path
+from launcher.sweep.points import describe
+from launcher.sweep.table import Ranked, RunFacts, SweepFacts, ranking
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -40,12 +42,15 @@ PARITY_MISSING = (
     "or the job has not reached its checks yet"
 )
 HEALTH_MISSING = "the job ran no health gate (--health-check), or it has not run yet"
+NO_LOSS = "no run has logged a {what} yet"
+RANKING_COLUMNS = ("rank", "run", "values", "state", "best {metric}", "step", "goodput", "job id")
 
 
-def write(record: JobRecord, facts: Facts) -> Path:
-    """Render ``facts`` into ``JOB/report.html``; returns its path."""
-    path = report_path(record.dir)
-    atomic_write_text(path, render(facts))
+def write(directory: Path, page: str) -> Path:
+    """Write ``page`` (``render``'s or ``render_sweep``'s) into ``directory/report.html`` (the job's
+    record, or the sweep's directory); returns its path. Raises OSError when it cannot be written."""
+    path = report_path(directory)
+    atomic_write_text(path, page)
     return path
 
 
@@ -210,3 +215,83 @@ def _table(table_id: str, header: list[str], rows: list[tuple[bool, list[str]]],
         for flag, cells in rows
     )
     return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+
+
+def render_sweep(facts: SweepFacts, metric: str) -> str:
+    """A sweep's whole page, as text: its runs ranked by ``metric``."""
+    train = [(describe(r.values), charts.training_loss(r.metrics or [])) for r in facts.runs]
+    val = [(describe(r.values), charts.validation_loss(r.metrics or [])) for r in facts.runs]
+    ranked = ranking(facts.runs, metric)
+    sections = [
+        section(
+            "Training loss",
+            "Which runs learn, and which diverge or stall?",
+            charts.overlay("Training loss", "loss (nats)", train),
+            NO_LOSS.format(what="training loss") + _notes(facts.runs),
+        ),
+        section(
+            "Validation loss",
+            "Which runs generalize best, and when did each stop improving?",
+            charts.overlay("Validation loss", "loss (nats)", val, markers=True),
+            NO_LOSS.format(what="validation loss") + _notes(facts.runs),
+        ),
+        section(
+            "Ranking",
+            f"Which run is best by {metric} (its lowest value in the run's metrics.jsonl; lower is better)?",
+            _ranking(ranked, metric),
+            "",
+        ),
+    ]
+    head = [
+        ("runs", f"{len(facts.runs)}: {facts.states}"),
+        ("scheduler", facts.scheduler),
+        ("best", _best(ranked, metric)),
+        ("report made", when(facts.made_at)),
+    ]
+    body = f"<h1>Sweep {html.escape(facts.sweep_id)}</h1>{summary_table(head)}\n{''.join(sections)}"
+    return document(f"{facts.sweep_id}: report", body)
+
+
+def _best(ranked: list[Ranked], metric: str) -> str:
+    top = ranked[0] if ranked else None
+    if top is None or top.best is None:
+        return f"no run has logged {metric} yet"
+    return f"run {top.run.index} ({describe(top.run.values)}): {metric} {top.best.value:.4f}"
+
+
+def _notes(runs: list[RunFacts]) -> str:
+    """Why runs have no metrics, once per reason: ``: run 1: REASON``."""
+    notes: dict[str, list[int]] = {}
+    for run in runs:
+        if not run.metrics:
+            notes.setdefault(run.metrics_note or f"the run is {run.state}", []).append(run.index)
+    said = "; ".join(f"run {', '.join(map(str, ks))}: {note}" for note, ks in notes.items())
+    return f" ({said})" if said else ""
+
+
+def _ranking(ranked: list[Ranked], metric: str) -> str:
+    """The ranking, one row per run; a cell's title says more where there is more (the step of the
+    best value, why a run failed)."""
+    head = "".join(f"<th>{html.escape(c.format(metric=metric))}</th>" for c in RANKING_COLUMNS)
+    rows = []
+    for r in ranked:
+        run = r.run
+        best = "-" if r.best is None else f"{r.best.value:.4f}"
+        at = "" if r.best is None else f"at step {r.best.step:,}"
+        cells = [
+            ("rank", "-" if r.rank is None else str(r.rank), ""),
+            ("run", str(run.index), ""),
+            ("values", describe(run.values), ""),
+            ("state", run.state, run.error or ""),
+            ("best", best, at),
+            ("step", "-" if run.step is None else f"{run.step:,}", ""),
+            ("goodput", "-" if run.goodput is None else f"{run.goodput:.0%}", ""),
+            ("job", run.job_id, ""),
+        ]
+        rows.append("<tr>" + "".join(_cell(*cell) for cell in cells) + "</tr>")
+    return f"<table id='ranking'><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _cell(kind: str, text: str, title: str) -> str:
+    hover = f" title='{html.escape(title)}'" if title else ""
+    return f"<td class='{kind}'{hover}>{html.escape(text)}</td>"

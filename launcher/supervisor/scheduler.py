@@ -2,9 +2,9 @@
 compose): ``submit`` forks the supervisor with the scheduler's ``Transport``; ``state``, ``logs`` and
 ``cancel`` find the job again from its record, from any shell.
 
-A subclass gives ``resolve``/``render`` and three explicit hooks: ``transport`` (how node agents start,
-stop and are explained), ``remaining`` (what of a job still runs when its supervisor is gone) and
-``sweep`` (stop all of it). It never overrides the rest.
+A subclass gives ``resolve``/``render`` and explicit hooks: ``preflight`` (default: nothing to try),
+``transport`` (how node agents start, stop and are explained), ``remaining`` (what of a job still runs
+when its supervisor is gone) and ``sweep`` (stop all of it). It never overrides the rest.
 """
 
 from __future__ import annotations
@@ -15,19 +15,36 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 from gptlaunch.contract import Beat
-from launcher.job.follow import node_logs, wait_terminal
+from launcher.job.logs import node_logs, wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, Outcome
+from launcher.job.spec import JobSpec
 from launcher.job.verdict import gather, verdict
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport
 
 
-class SupervisedScheduler(ABC):
+class RecordFollowed(ABC):
+    """``heartbeats`` and ``logs`` read from the job record, where the nodes' ranks beat and the nodes
+    log (a scheduler whose ranks beat elsewhere overrides ``heartbeats``)."""
+
+    @abstractmethod
+    def state(self, record: JobRecord) -> JobStatus:
+        """The job's status now (a followed log ends once it is terminal)."""
+
+    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
+        return recorded_beats(record.plan(), record.dir)
+
+    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
+        return node_logs(self.state, record, node, follow)
+
+
+class SupervisedScheduler(RecordFollowed):
     name: str
     files_here: bool
     queued = False
@@ -35,6 +52,10 @@ class SupervisedScheduler(ABC):
     @abstractmethod
     def transport(self, plan: Plan, record: JobRecord) -> Transport:
         """How the supervisor starts, stops and explains this scheduler's node agents."""
+
+    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
+        """Nothing to try before a job (``Scheduler.preflight``): ``plan`` as it is."""
+        return plan
 
     def remaining(self, record: JobRecord) -> str:
         """What of the job still runs without its supervisor ("" for nothing)."""
@@ -44,10 +65,6 @@ class SupervisedScheduler(ABC):
     def sweep(self, record: JobRecord, grace_s: float) -> None:
         """Stop every process of the job: SIGTERM, SIGKILL after ``grace_s`` seconds."""
         procs.sweep(record.job_id, grace_s)
-
-    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
-        """From the job record, where the nodes' ranks write them."""
-        return recorded_beats(record.plan(), record.dir)
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         return start_supervisor(plan, record, detach=detach)
@@ -65,11 +82,7 @@ class SupervisedScheduler(ABC):
         remaining = self.remaining(record) if handle else ""
         if remaining:
             return status.model_copy(update={"message": f"its supervisor is gone; {remaining}"})
-        facts = gather(record, status.started_at or status.created_at)
-        return _record_end(record, status, verdict(replace(facts, controller_lost=True)).outcome)
-
-    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
-        return node_logs(self, record, node, follow)
+        return _record_end(record, status, controller_lost(record, status))
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         status = self.state(record)
@@ -84,7 +97,7 @@ class SupervisedScheduler(ABC):
             if not wait:
                 return status
             grace = record.spec().grace_period_s
-            final = wait_terminal(self, record, grace + 3 * FAIL_FAST_GRACE_S, poll_s=0.1)
+            final = wait_terminal(self.state, record, grace + 3 * FAIL_FAST_GRACE_S, poll_s=0.1)
             if final is not None:
                 return final
         elif not wait:  # nothing to ask: the sweep below would block
@@ -94,7 +107,14 @@ class SupervisedScheduler(ABC):
         self.sweep(record, record.spec().grace_period_s)
         if handle is not None and procs.alive(handle.supervisor):
             procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
-        return record.finish(verdict(replace(gather(record, asked), stop_requested=True)).outcome)
+        return record.finish(verdict(replace(gather(record, asked), stop_requested=True)))
+
+
+def controller_lost(record: JobRecord, status: JobStatus) -> Outcome:
+    """How the job of ``record`` (now ``status``) ended, whose controller is gone and never recorded
+    the end (``launcher.job.verdict``)."""
+    facts = gather(record, status.started_at or status.created_at)
+    return verdict(replace(facts, controller_lost=True))
 
 
 def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:

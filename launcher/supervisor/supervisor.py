@@ -11,8 +11,7 @@ Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGK
 FAIL_FAST_GRACE_S); how the attempt ended is ``launcher.job.verdict``'s. A stop request
 (SIGTERM from ``launcher cancel``, or from the kernel when an attached ``launcher submit`` dies) is
 relayed to every agent, whose ranks checkpoint and exit; a second one stops everything at once. No
-process of the job outlives it: it is a child subreaper, every agent gets SIGTERM from the kernel if
-the supervisor dies, and a final sweep finds strays by their ``GPTLAUNCH_JOB_ID``.
+process of the job outlives it (``launcher.supervisor.procs``).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 from pydantic import BaseModel, ConfigDict
@@ -38,13 +36,14 @@ from gptlaunch.contract import (
     job_snapshots,
 )
 from launcher.job.plan import Plan
+from launcher.job.progress import last_step, recorded_beats
 from launcher.job.record import JobRecord, JobState, Outcome, ProcessRef
-from launcher.job.retry import furthest_step, not_retried, refusal, retry_next
+from launcher.job.retry import not_retried, refusal, retry_next
 from launcher.job.verdict import Facts, verdict
 from launcher.preflight import health_step, parity_step
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, NewAllocation, Transport, drain_channels
-from launcher.supervisor.watch import FAIL_FAST_GRACE_S, Job, Watch
+from launcher.supervisor.watch import FAIL_FAST_GRACE_S, Job, StopAtOnce, StopOnSignal, Watch
 
 POLL_S = 0.1
 CHECK_DIRS = (parity_step.PROBE_DIR, health_step.HEALTH_DIR)  # the checks' output in the job record
@@ -58,11 +57,6 @@ class SupervisorHandle(BaseModel):
     scheduler: str  # the kind of the scheduler that wrote it
     supervisor: ProcessRef
     node_pids: list[int] = []
-
-
-class _StopAtOnce(BaseException):
-    """A second stop request: stop waiting for checkpoints. Not an Exception: no handler of errors
-    (the job's TensorBoard points, a read that may fail) may swallow it."""
 
 
 def start_supervisor(plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
@@ -136,7 +130,7 @@ def supervise(record: JobRecord, transport: Transport, *, ready_fd: int = -1, ha
     this process is how the job is found again (its handle, a ``SupervisorHandle``); not where the
     scheduler's own handle finds it (SLURM's job id). SIGTERM, SIGINT and SIGHUP stop the job with a
     checkpoint; a second one, at once."""
-    stop = _StopOnSignal()
+    stop = StopOnSignal()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, procs.STOP_SIGNALS)
     try:
         # A SLURM job requeued carries on with the attempts of its earlier allocations.
@@ -161,7 +155,7 @@ def _detach_from_caller(log: Path, keep_fd: int) -> None:
     os.chdir("/")
 
 
-def _run(job: Job, ready_fd: int, stop: _StopOnSignal, own_handle: bool) -> int:
+def _run(job: Job, ready_fd: int, stop: StopOnSignal, own_handle: bool) -> int:
     procs.become_subreaper()
     handle = SupervisorHandle(scheduler=job.plan.scheduler, supervisor=procs.process_ref())
     if own_handle:
@@ -177,7 +171,7 @@ def _run(job: Job, ready_fd: int, stop: _StopOnSignal, own_handle: bool) -> int:
 
     try:
         outcome = _attempts(job, stop, started)
-    except _StopAtOnce:
+    except StopAtOnce:
         message = "stopped at once on a second request, without waiting for checkpoints"
         outcome = Outcome(state=JobState.CANCELLED, exit_code=EXIT_INTERRUPTED, message=message)
     except Exception as e:  # the supervisor itself broke: record it, never leave "running" behind
@@ -204,14 +198,14 @@ def _run(job: Job, ready_fd: int, stop: _StopOnSignal, own_handle: bool) -> int:
     return final.job_exit_code
 
 
-def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+def _attempts(job: Job, stop: StopOnSignal, started: Callable[[], None]) -> Outcome:
     """Run the job's attempts until one ends for good (``launcher.job.retry``); its outcome."""
     total = job.spec.retries + 1
     while True:
         outcome = _attempt(job, stop, started)
         detected = time.time()
         job.transport.keep_beats(job.record)
-        step = furthest_step(job.record)
+        step = last_step(recorded_beats(job.record.plan(), job.record.dir))
         why = refusal(outcome, step, job.attempts, job.spec.retries)
         if stop.requested:
             return outcome
@@ -257,7 +251,7 @@ def _attempts(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Out
 
 
 def _handed_over(
-    job: Job, stop: _StopOnSignal, outcome: Outcome, excluded: Sequence[str], wait_s: float
+    job: Job, stop: StopOnSignal, outcome: Outcome, excluded: Sequence[str], wait_s: float
 ) -> Outcome | None:
     """The job handed back to its scheduler for a new allocation (``Transport.requeue``) after the
     attempt that ended with ``outcome``: a pending outcome, recorded with the attempt's last goodput
@@ -282,7 +276,7 @@ def _replaced(old: Plan, new: Plan | None) -> dict[str, str]:
     return {a.host: b.host for a, b in zip(old.nodes, new.nodes, strict=True) if a.host != b.host}
 
 
-def _stop_within(stop: _StopOnSignal, seconds: float) -> bool:
+def _stop_within(stop: StopOnSignal, seconds: float) -> bool:
     """Wait ``seconds`` unless a stop is requested first; whether it was."""
     deadline = time.monotonic() + seconds
     while not stop.requested and time.monotonic() < deadline:
@@ -290,11 +284,11 @@ def _stop_within(stop: _StopOnSignal, seconds: float) -> bool:
     return stop.requested
 
 
-def _attempt(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outcome:
+def _attempt(job: Job, stop: StopOnSignal, started: Callable[[], None]) -> Outcome:
     """Start every node's agent and follow them to this attempt's end."""
     refused = job.transport.refused(job.record)
     if refused is not None:  # a check before this controller refused its first nodes
-        return verdict(Facts(plan=job.plan, job_dir=job.record.dir, refused=refused)).outcome
+        return verdict(Facts(plan=job.plan, job_dir=job.record.dir, refused=refused))
     try:
         for node in job.plan.nodes:
             # Which attempt this is, for the program (``gptlaunch.runtime.attempt``; SLURM's requeues
@@ -315,26 +309,3 @@ def _attempt(job: Job, stop: _StopOnSignal, started: Callable[[], None]) -> Outc
     before = job.attempts[-1].cause if job.attempts else ""
     job.scalars.attempt(len(job.attempts) + 1, job.spec.retries + 1, before, job.started)
     return Watch(job, stop).run()
-
-
-class _StopOnSignal:
-    """SIGTERM, SIGINT and SIGHUP ask the job to stop; a second request while stopping: at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise _StopAtOnce
-        self.requested = True
-        print(f"supervisor: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
-
-    def ignore(self) -> None:
-        for sig in self._previous:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def listen(self) -> None:
-        """Undo ``ignore``."""
-        for sig in self._previous:
-            signal.signal(sig, self._handle)

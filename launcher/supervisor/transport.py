@@ -1,23 +1,28 @@
 """How the supervisor reaches its node agents: the ``Transport`` each scheduler gives it (start, stop,
 kill, explain an exit, renew the nodes for a retry), and how one starts: ``start_client`` (a client
 process such as ``ssh`` or ``docker start --attach``, the secrets on its stdin and, for a node
-agent's channel, its reports into the job record: ``launcher.job.channel``).
+agent's channel, its reports into the job record: ``launcher.job.channel``). A job's secret variables
+go to a node as one JSON line on its client's stdin (``receive_secrets`` on the node): never on a
+command line, in a file or in a log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import select
 import subprocess
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from launcher.job import channel, reports
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.record import JobRecord, Outcome
-from launcher.supervisor import procs, secrets
+from launcher.supervisor import procs
 
 
 class Transport(ABC):
@@ -78,15 +83,6 @@ class Transport(ABC):
         return None
 
 
-@runtime_checkable
-class Controlled(Protocol):
-    """A scheduler whose jobs ``launcher supervise`` runs: it gives the controller its Transport."""
-
-    def transport(self, plan: Plan, record: JobRecord) -> Transport:
-        """How the job's controller starts, stops and explains the node agents."""
-        ...
-
-
 class NewAllocation(OSError):
     """``Transport.renew``: the next attempt cannot run in this allocation (no spare left), but in a
     new one, which ``Transport.requeue`` asks the scheduler for."""
@@ -129,8 +125,30 @@ def start_client(
         pump.start()
         _CHANNELS[client.pid] = pump
     assert client.stdin is not None
-    secrets.send(client.stdin, secret_env, keep_open=keep_stdin)
+    # A client that already exited is not an error here: its exit code and log say why it failed.
+    with contextlib.suppress(OSError):
+        client.stdin.write((json.dumps(secret_env) + "\n").encode())
+        client.stdin.flush()
+        if not keep_stdin:
+            client.stdin.close()
     return client
+
+
+def receive_secrets(timeout_s: float | None = None) -> dict[str, str] | None:
+    """The node side of ``start_client``'s secrets: the line from this process's stdin (the SSH host
+    agent's, the compose container entry's), read once, whose variables go to torchrun's environment
+    only. {} when stdin is empty, a terminal or not JSON; None when ``timeout_s`` seconds pass with
+    nothing to read (a writer-less stdin: run by hand)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return {}
+    if timeout_s is not None and not select.select([sys.stdin], [], [], timeout_s)[0]:
+        return None
+    line = sys.stdin.readline()
+    try:
+        data = json.loads(line) if line.strip() else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 DRAIN_S = 5.0  # after the agents ended, how long their channels get to deliver the rest

@@ -1,14 +1,17 @@
 """One attempt, followed: the job a supervisor runs (``Job``: its Plan, record, transport and the
-current attempt's agents) and ``Watch``, which follows the agents to the attempt's end and gathers
-its facts at the right time for the one verdict (``launcher.job.verdict``: ``gather``, then ``verdict``).
+current attempt's agents), the stop its signals ask for (``StopOnSignal``), and ``Watch``, which
+follows the agents to the attempt's end and gathers its facts at the right time for the one verdict
+(``launcher.job.verdict``: ``gather``, then ``verdict``).
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from types import FrameType
 
 import psutil
 
@@ -20,8 +23,9 @@ from launcher.job.plan import Plan
 from launcher.job.record import Attempt, Failing, JobRecord, JobState, JobStatus, Outcome
 from launcher.job.scalars import JobScalars, goodput_point
 from launcher.job.spec import JobSpec
-from launcher.job.verdict import Ending, Facts, Verdict, gather, verdict
+from launcher.job.verdict import Facts, gather, verdict
 from launcher.preflight import recorded
+from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels
 
 FAIL_FAST_GRACE_S = 5.0  # a failed job cannot checkpoint (a peer is gone): stop the rest quickly
@@ -29,10 +33,32 @@ POLL_S = 0.1
 REPORT_READ_S = 1.0  # how often the job record is read for the nodes' hang reports
 
 
-class Stop(Protocol):
-    """Whether a stop of the job was asked (the supervisor's signal handler sets it)."""
+class StopAtOnce(BaseException):
+    """A second stop request: stop waiting for checkpoints. Not an Exception: no handler of errors
+    (the job's TensorBoard points, a read that may fail) may swallow it."""
 
-    requested: bool
+
+class StopOnSignal:
+    """SIGTERM, SIGINT and SIGHUP ask the job to stop; a second request while stopping: at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in procs.STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise StopAtOnce
+        self.requested = True
+        print(f"supervisor: {signal.Signals(signum).name}: stopping the job", file=sys.stderr, flush=True)
+
+    def ignore(self) -> None:
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def listen(self) -> None:
+        """Undo ``ignore``."""
+        for sig in self._previous:
+            signal.signal(sig, self._handle)
 
 
 @dataclass
@@ -72,7 +98,7 @@ class Watch:
     """Follows the agents to the job's end: success, fail-fast on the first failure, or a stop. How
     the attempt ended is ``launcher.job.verdict``'s; this only gathers the facts at the right time."""
 
-    def __init__(self, job: Job, stop: Stop) -> None:
+    def __init__(self, job: Job, stop: StopOnSignal) -> None:
         self.job, self.stop = job, stop
         self.stop_at: float | None = None
         # Each node's agent watches its ranks: it reports a hang and holds them for the others' dumps.
@@ -92,21 +118,21 @@ class Watch:
         while True:
             codes = [a.poll() for a in job.agents]
             if all(c == 0 for c in codes):
-                return self._verdict().outcome
+                return self._verdict()
             if (self.stop.requested or self._stop_recorded()) and self.stop_at is None:
                 self._begin_stop()
             failed = [k for k, c in enumerate(codes) if c not in (None, 0)]
             if self.stop_at is not None:
                 if all(c is not None for c in codes) or time.monotonic() - self.stop_at > job.grace_s:
                     self._drain_ended()  # a host's stop marker comes on its channel
-                    return self._verdict(stop=True).outcome
+                    return self._verdict(stop=True)
             elif failed:
                 # a node killed by a signal is the cause; a peer that saw it die in the same poll is not
                 return self._failed(min(failed, key=lambda k: killed_by(codes[k]) is None))
             elif self.node_watched and self._hang_reported():
                 self._failing()
                 self._kill()  # releases the ranks the nodes hold for each other's dumps
-                return self._verdict().outcome
+                return self._verdict()
             elif not self.told_failing and self._rank_failed():
                 self._failing()  # the nodes' agents end soon after: ``failed`` then
             job.goodput_point(periodic=True)
@@ -121,7 +147,7 @@ class Watch:
         codes = self.codes or tuple(a.poll() for a in job.agents)
         return replace(facts, agents=codes, first_failed=first, stop_requested=stop)
 
-    def _verdict(self, first: int | None = None, explained: str | None = None, stop: bool = False) -> Verdict:
+    def _verdict(self, first: int | None = None, explained: str | None = None, stop: bool = False) -> Outcome:
         return verdict(self._facts(first, explained, stop))
 
     def _failing(self) -> None:
@@ -207,12 +233,13 @@ class Watch:
         explained = job.transport.explain(job.plan.nodes[node], code)  # once: it may note a lost host
         if code == EXIT_CHECKPOINTED and self._facts(node).marker is None:
             self._wait_others(job.grace_s)  # the marker is rank 0's: its node may end later
-        if self._verdict(node, explained).ending == Ending.STOPPED:
-            # A stop signal from outside the launcher (a shutdown, a scheduler): the ranks saved a
-            # checkpoint and exited 75, which torchrun reports as a failure. Let every node finish so.
+        if self._verdict(node, explained).state in (JobState.CHECKPOINTED, JobState.CANCELLED):
+            # A stop signal from outside the launcher (a shutdown, a scheduler; no stop was asked here,
+            # so only such a stop ends so): the ranks saved a checkpoint and exited 75, which torchrun
+            # reports as a failure. Let every node finish so.
             self._wait_others(job.grace_s)
         elif code == EXIT_HANG:  # that node's watchdog reported a hang: so will the others', soon
             self._wait_others(HANG_REPORTS_S)
         self._kill()
         drain_channels(DRAIN_S)
-        return self._verdict(node, explained).outcome
+        return self._verdict(node, explained)

@@ -1,28 +1,38 @@
 """The hang watchdog's eyes on the processes, once ``launcher.job.hang`` finds the ranks stalled:
 before anything is killed, each rank's state (psutil) and Python stack (``py-spy dump``;
 ``--nonblocking`` where a stopped process refuses the default mode), the collective it waits in, and
-its flight recorder's last collectives (``launcher.supervisor.flight``).
+its flight recorder's last collectives.
 
 ``Watchdog`` watches heartbeat directories on this machine: the node agent (``launcher.agent``) its own
 node's, under every scheduler.
+
+A hung rank's flight recorder is read through torch's worker server on its Unix socket
+(``gptlaunch.flight_recorder``): which collective of its process group it reached, and whether that
+one finished. Read from C++ in the rank, it answers where ``py-spy`` sees no Python frame. The trace
+format is torch's (``torch/csrc/distributed/c10d/FlightRecorder*``, version 2.x): ``entries`` of
+``{pg_id, collective_seq_id, profiling_name, retired, state, ...}``, oldest first.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from gptlaunch.contract import Beat, clear_beats, read_beats
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
-from launcher.supervisor import flight, procs
+from launcher.supervisor import procs
 
 DUMP_TIMEOUT_S = 30.0
 # How long a node-side watchdog keeps its hung ranks for the other nodes' dumps unless released: past
@@ -52,6 +62,10 @@ COLLECTIVES = frozenset(
         "monitored_barrier",
     ]
 )
+# NCCL's recorder first (CUDA builds), then the one gloo's process groups write to.
+FLIGHT_HANDLERS = ("dump_nccl_trace_json", "fr_trace_json")
+FLIGHT_TIMEOUT_S = 5.0
+FLIGHT_SHOWN = 8  # the last collectives written out with the rank's stack
 _FRAME = re.compile(r"^\s+(?P<name>[\w<>.]+) \((?P<file>[^:()]+):\d+\)")
 _NATIVE = re.compile(r"^\s+(?P<name>\S.*) \((?P<file>[^()]+\.so[.\d]*)\)$")  # `--native`: no line
 
@@ -105,6 +119,66 @@ def waits_in(stack: str) -> str | None:
     return None
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def fetch_trace(path: str, timeout_s: float = FLIGHT_TIMEOUT_S) -> dict[str, Any] | str:
+    """The trace served at ``path``, or why there is none (a string). Never raises."""
+    why = "no recorder handler answered"
+    for handler in FLIGHT_HANDLERS:
+        conn = _UnixConnection(path, timeout_s)
+        try:
+            conn.request("POST", f"/handler/{handler}")
+            response = conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as e:
+            return f"the rank's worker server did not answer: {e}"
+        finally:
+            conn.close()
+        if response.status == 200:
+            try:
+                trace = json.loads(body)
+            except ValueError:
+                return f"{handler}: not JSON"
+            return trace if isinstance(trace, dict) else f"{handler}: not a trace"
+        why = f"{handler}: HTTP {response.status}"
+    return why
+
+
+def last_collective(trace: dict[str, Any]) -> Collective | None:
+    """The newest entry of ``trace``, or None when it holds none."""
+    entries = [e for e in trace.get("entries", []) if isinstance(e, dict) and "collective_seq_id" in e]
+    if not entries:
+        return None
+    e = entries[-1]
+    return Collective(
+        pg=int(e.get("pg_id", 0)),
+        seq=int(e["collective_seq_id"]),
+        op=str(e.get("profiling_name", "?")),
+        done=bool(e.get("retired")) or e.get("state") == "completed",
+    )
+
+
+def describe_trace(trace: dict[str, Any]) -> str:
+    """The last FLIGHT_SHOWN collectives of ``trace``, a line each, for the rank's stack file."""
+    lines = [
+        f"  {e.get('profiling_name', '?')} #{e.get('collective_seq_id')} (process group "
+        f"{e.get('pg_id', 0)}, sizes {e.get('input_sizes')}): "
+        + ("done" if e.get("retired") or e.get("state") == "completed" else f"NOT DONE ({e.get('state')})")
+        for e in trace.get("entries", [])[-FLIGHT_SHOWN:]
+        if isinstance(e, dict)
+    ]
+    return "\n".join(lines) or "  (no collective recorded)"
+
+
 def _state(pid: int) -> str:
     try:
         return str(psutil.Process(pid).status())
@@ -122,10 +196,10 @@ def recorder(beat: Beat, state: str) -> tuple[Collective | None, str]:
         return None, "not served (the rank predates it, or its torch has no worker server)"
     if state in _CANNOT_ANSWER:
         return None, f"not asked (the process is {state})"
-    trace = flight.fetch(beat.debug_socket)
+    trace = fetch_trace(beat.debug_socket)
     if isinstance(trace, str):
         return None, trace
-    return flight.last_collective(trace), "the last collectives:\n" + flight.describe(trace)
+    return last_collective(trace), "the last collectives:\n" + describe_trace(trace)
 
 
 def inspect(beat: Beat, node: int, host: str) -> RankReport:
@@ -182,18 +256,6 @@ class Watchdog:
         return HangReport(
             silent_s=stall.silent_s, budget_s=stall.budget_s, step=stall.step, ranks=ranks, time=time.time()
         )
-
-
-@dataclass(frozen=True)
-class NodeWatch:
-    """The hang watchdog of one node, run by the process that waits for its torchrun agent (the SSH
-    host agent, SLURM's node task): its budgets and how many ranks the node runs."""
-
-    spec: HangSpec
-    nproc: int
-
-    def watchdog(self, node: int, host: str, heartbeat_dir: Path) -> Watchdog:
-        return Watchdog(node, host, heartbeat_dir, self.nproc, self.spec)
 
 
 def end_hung(

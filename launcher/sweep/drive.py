@@ -12,20 +12,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from launcher.job.console import say
-from launcher.schedulers import get_scheduler
 from launcher.sweep.points import describe
-from launcher.sweep.record import SWEEP_FILE, Sweep, SweepRecord, SweepRun, run_status
+from launcher.sweep.record import SWEEP_FILE, Sweep, SweepRecord, SweepRun, run_status, scheduler_of
 
 POLL_S = 1.0  # how often the runs' states are read (a file read each: cheap)
 
 
-def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
+def drive(record: SweepRecord) -> None:
     """Run the sweep of ``record`` to its end (every run ended or, once cancelled, never started),
-    telling each run's start and end through ``tell``. A submitted run whose job record cannot be
+    saying each run's start and end (stderr). A submitted run whose job record cannot be
     read (removed with the sweep's directory) is not waited for: the driver never outlives its sweep."""
     sweep = record.load()
     told: dict[int, str] = {}
@@ -37,7 +35,7 @@ def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
                 active.append(run)
             elif told.get(run.index) != state:
                 told[run.index] = state
-                tell(f"launcher: sweep {sweep.sweep_id}: run {run.index} ({describe(run.values)}) {state}")
+                say(f"launcher: sweep {sweep.sweep_id}: run {run.index} ({describe(run.values)}) {state}")
         if record.cancel_requested():
             cancel_active(record, active)
             return
@@ -46,7 +44,7 @@ def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
             if record.cancel_requested():  # asked while the one before was being submitted
                 break
             run = queued.pop(0)
-            _submit(record, sweep, run, tell)
+            _submit(record, sweep, run)
             if run.submit_error is None:
                 active.append(run)
         if not queued and not active:
@@ -54,7 +52,7 @@ def drive(record: SweepRecord, tell: Callable[[str], None] = say) -> None:
         time.sleep(POLL_S)
 
 
-def _submit(record: SweepRecord, sweep: Sweep, run: SweepRun, tell: Callable[[str], None]) -> None:
+def _submit(record: SweepRecord, sweep: Sweep, run: SweepRun) -> None:
     """Submit ``run`` (``launcher submit --detach``, its output in ``<job id>.submit.log``) and record
     that it was, or why it could not be."""
     log = record.dir / f"{run.job_id}.submit.log"
@@ -71,7 +69,7 @@ def _submit(record: SweepRecord, sweep: Sweep, run: SweepRun, tell: Callable[[st
         lines = log.read_text().strip().splitlines()
         run.submit_error = lines[-1] if lines else f"launcher submit exited {ended.returncode}"
     said = f"not submitted: {run.submit_error}" if run.submit_error else f"started: {run.job_id}"
-    tell(f"launcher: sweep {sweep.sweep_id}: run {run.index} ({describe(run.values)}) {said}")
+    say(f"launcher: sweep {sweep.sweep_id}: run {run.index} ({describe(run.values)}) {said}")
     record.save(sweep)
 
 
@@ -81,7 +79,7 @@ def cancel_active(record: SweepRecord, runs: list[SweepRun]) -> None:
     for run in runs:
         job = record.job(run)
         if job is not None:
-            get_scheduler(job.plan().scheduler).cancel(job)
+            scheduler_of(job).cancel(job)
 
 
 def main(argv: list[str]) -> int:

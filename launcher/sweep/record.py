@@ -7,7 +7,6 @@ command already reads, unchanged. Only the sweep's driver (``launcher.sweep.driv
 from __future__ import annotations
 
 import functools
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,14 @@ from pydantic import BaseModel, ConfigDict
 
 from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from gptlaunch.files import atomic_write_text
-from launcher.job.record import JobError, JobNotFound, JobRecord, JobState, JobStatus
+from launcher.job.record import JobError, JobNotFound, JobRecord, JobState, JobStatus, ProcessRef
 from launcher.schedulers import get_scheduler
 from launcher.schedulers.base import Scheduler
+from launcher.supervisor import procs
 
 SWEEP_FILE = "sweep.json"
 CANCEL = "cancel"  # in the sweep's directory: no run starts any more
-DRIVER = "driver.json"  # the driver's process: pid and start time (a reused pid is not it)
+DRIVER = "driver.json"  # the driver's process (a ProcessRef: a reused pid is not it)
 QUEUED, NOT_STARTED, SUBMIT_FAILED, UNREADABLE = "queued", "not started", "submit failed", "unreadable"
 # Worst first: ``wait SWEEP`` exits with the code of the worst run.
 _SEVERITY = [JobState.FAILED, JobState.LOST, JobState.UNKNOWN, JobState.CANCELLED, JobState.CHECKPOINTED]
@@ -99,15 +99,13 @@ class SweepRecord:
 
     def driver_is(self, pid: int) -> None:
         """Record process ``pid`` as the sweep's driver."""
-        mark = {"pid": pid, "started": psutil.Process(pid).create_time()}
-        atomic_write_text(self.dir / DRIVER, json.dumps(mark))
+        atomic_write_text(self.dir / DRIVER, procs.process_ref(pid).model_dump_json())
 
     def driver_alive(self) -> bool:
+        """Whether the sweep's driver may still run (``procs.alive``); False before one is recorded."""
         try:
-            mark = json.loads((self.dir / DRIVER).read_text())
-            driver = psutil.Process(mark["pid"])
-            return driver.create_time() == mark["started"] and driver.status() != psutil.STATUS_ZOMBIE
-        except (OSError, ValueError, KeyError, psutil.Error):
+            return procs.alive(ProcessRef.model_validate_json((self.dir / DRIVER).read_text()))
+        except (OSError, ValueError, psutil.Error):
             return False
 
 
@@ -119,17 +117,24 @@ def run_status(record: SweepRecord, run: SweepRun) -> tuple[str, JobStatus | Non
     if job is None:  # it starts once a run ends, unless cancelled or nothing drives the sweep
         return (QUEUED if record.driver_alive() and not record.cancel_requested() else NOT_STARTED), None
     try:
-        status = scheduler_of(job.plan().scheduler).state(job)
+        status = scheduler_of(job).state(job)
     except (OSError, ValueError, KeyError, JobError):  # one bad run record: said, the others shown
         return UNREADABLE, None
     return str(status.state), status
 
 
-@functools.cache
-def scheduler_of(kind: str) -> Scheduler[Any]:
-    """One scheduler per kind for the whole command: SLURM's asks sacct at most every few seconds
-    per job through it, however often a sweep's runs are read."""
-    return get_scheduler(kind)
+_schedulers = functools.cache(get_scheduler)  # one per kind, for the whole command
+
+
+def scheduler_of(job: JobRecord) -> Scheduler[Any]:
+    """The scheduler ``job`` was submitted to, one per kind for the whole command: SLURM's asks sacct
+    at most every few seconds per job through it, however often a sweep's runs are read. Raises
+    JobError when this launcher lacks it."""
+    name = job.plan().scheduler
+    try:
+        return _schedulers(name)
+    except KeyError:
+        raise JobError(f"{job.dir} was submitted to scheduler {name!r}, which this launcher lacks") from None
 
 
 def counts(states: list[str]) -> str:

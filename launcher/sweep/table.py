@@ -1,21 +1,96 @@
 """A sweep's runs at a glance: ``launcher list``'s line per sweep, ``status SWEEP``'s table, and the
-facts its report page draws, from each run's job record and run dir (asking no host)."""
+facts its report page draws (``RunFacts``), from each run's job record and run dir (asking no host);
+the runs ranked by one metric of the trainer's: the best (lowest) value each run logged. Nothing here
+imports plotly: ``status SWEEP`` ranks nothing but reads the best val_loss the same way."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launcher.job.console import say
 from launcher.job.goodput import job_goodput
 from launcher.job.progress import last_step, recorded_beats
 from launcher.job.record import JobError
-from launcher.report import sweep_facts
 from launcher.report.facts import job_metrics
-from launcher.report.sweep_facts import DEFAULT_METRIC, RunFacts
 from launcher.sweep.points import describe
 from launcher.sweep.record import SWEEP_FILE, SweepRecord, counts, run_status
+
+DEFAULT_METRIC = "val_loss"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run of a sweep. ``metrics``: the trainer's records from its run dir (None before its job
+    exists, or when not readable here, with ``metrics_note`` saying why)."""
+
+    index: int
+    values: dict[str, str]  # key -> value, as typed
+    state: str
+    step: int | None  # the furthest step its ranks reached (the last attempt's)
+    goodput: float | None  # training seconds over wall seconds, 0..1
+    job_id: str
+    error: str | None  # why it failed to submit, or its job's message
+    metrics: list[dict[str, Any]] | None
+    metrics_note: str
+
+
+@dataclass(frozen=True)
+class SweepFacts:
+    """Everything a sweep's report shows. ``states``: its runs by state, in words; ``made_at``: epoch s."""
+
+    sweep_id: str
+    scheduler: str
+    states: str
+    runs: list[RunFacts]
+    made_at: float
+
+
+@dataclass(frozen=True)
+class Best:
+    """A run's best value of a metric and the step it was logged at."""
+
+    value: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A run's place: ``rank`` 1 is the best; None for a run that logged no value of the metric."""
+
+    rank: int | None
+    run: RunFacts
+    best: Best | None
+
+
+def best(metrics: list[dict[str, Any]], name: str) -> Best | None:
+    """The lowest value of ``name`` in ``metrics`` and its step (the earliest, on a tie). A NaN or an
+    infinity (a run that diverged) is no value; None when no record has one."""
+    found: Best | None = None
+    for record in metrics:
+        value = record.get(name)
+        # bool is an int to Python, and no metric; NaN compares False with everything, and would stick.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            continue
+        if found is None or value < found.value:
+            found = Best(float(value), record["step"])
+    return found
+
+
+def ranking(runs: list[RunFacts], metric: str) -> list[Ranked]:
+    """``runs`` best first by ``metric`` (lower is better); those with no value last, unranked. Runs
+    with the same best value keep the sweep's order, and each its own rank."""
+    scored = [(run, best(run.metrics or [], metric)) for run in runs]
+    with_value = sorted(
+        ((run, b) for run, b in scored if b is not None), key=lambda rb: (rb[1].value, rb[0].index)
+    )
+    without = [run for run, b in scored if b is None]
+    return [Ranked(k, run, b) for k, (run, b) in enumerate(with_value, start=1)] + [
+        Ranked(None, run, None) for run in without
+    ]
 
 
 def list_rows(jobs_root: Path) -> list[str]:
@@ -32,30 +107,6 @@ def list_rows(jobs_root: Path) -> list[str]:
         states = counts([run_status(record, run)[0] for run in sweep.runs])
         rows.append(f"{sweep.sweep_id:40} {'sweep':13} {len(sweep.runs):>5} runs  {created:20} {states}")
     return rows
-
-
-@dataclass(frozen=True)
-class Row:
-    """One run of a sweep as ``status`` shows it."""
-
-    run: int
-    values: dict[str, str]
-    state: str
-    step: int | None  # the furthest step its ranks reached (the last attempt's)
-    best_val_loss: float | None  # the lowest in its run dir's metrics.jsonl, where readable here
-    goodput: float | None
-    job_id: str
-    error: str | None  # why it failed to submit, or its job's message
-
-
-def rows(record: SweepRecord) -> list[Row]:
-    """The sweep's runs as ``status`` shows them."""
-    found = []
-    for f in run_facts(record, time.time()):
-        best = sweep_facts.best(f.metrics or [], DEFAULT_METRIC)
-        best_val_loss = best.value if best is not None else None
-        found.append(Row(f.index, f.values, f.state, f.step, best_val_loss, f.goodput, f.job_id, f.error))
-    return found
 
 
 def run_facts(record: SweepRecord, now: float) -> list[RunFacts]:
@@ -79,7 +130,7 @@ def run_facts(record: SweepRecord, now: float) -> list[RunFacts]:
 
 def print_table(record: SweepRecord) -> None:
     """``status SWEEP``: the sweep's runs by state, then one line per run."""
-    found = rows(record)
+    found = run_facts(record, time.time())
     width = max([len(describe(r.values)) for r in found] + [6])
     print(f"sweep {record.load().sweep_id}: {counts([r.state for r in found])}")
     print(
@@ -87,7 +138,8 @@ def print_table(record: SweepRecord) -> None:
     )
     for r in found:
         step = "-" if r.step is None else f"{r.step:,}"
-        best = "-" if r.best_val_loss is None else f"{r.best_val_loss:.4f}"
+        lowest = best(r.metrics or [], DEFAULT_METRIC)
+        low = "-" if lowest is None else f"{lowest.value:.4f}"
         goodput = "-" if r.goodput is None else f"{r.goodput:.0%}"
         values = describe(r.values)
-        print(f"{r.run:>3}  {values:{width}}  {r.state:13} {step:>6} {best:>13} {goodput:>7}  {r.job_id}")
+        print(f"{r.index:>3}  {values:{width}}  {r.state:13} {step:>6} {low:>13} {goodput:>7}  {r.job_id}")

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from gptlaunch.contract import job_snapshots
 from gptlaunch.snapshots import Snapshots
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.integration.conftest import launcher, losses, metrics, only_job_id, wait_for, wait_for_steps
@@ -125,7 +125,7 @@ def test_a_killed_rank_on_a_gpu_resumes_from_the_snapshot_in_host_memory(
     beats = wait_for_steps([job_dir / "heartbeat" / "node-0"], step=16, timeout_s=600, ranks=1)
     wait_for(lambda: list(job_snapshots(job_dir.name).glob("*/snapshot-*.pt")), 60, "a snapshot in memory")
     os.kill(beats[0].pid, signal.SIGKILL)
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 600, poll_s=0.2)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 600, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
     log = (job_dir / "node-0.log").read_text()
     assert "device cuda:0" in log, log[-3000:]  # one rank: no process group (the NCCL test is above)

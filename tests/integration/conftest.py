@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from gptlaunch.contract import Beat, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.torchrun import zygote_name
 from launcher.schedulers.local.scheduler import LocalScheduler
@@ -396,7 +396,7 @@ def frozen_until_ended(job_dir: Path, pid: int, timeout_s: float) -> JobStatus |
     to end: its status (None if it did not end). The process is thawed if the job left it behind."""
     os.kill(pid, signal.SIGSTOP)
     try:
-        return wait_terminal(LocalScheduler(), JobRecord(job_dir), timeout_s, poll_s=0.2)
+        return wait_terminal(LocalScheduler().state, JobRecord(job_dir), timeout_s, poll_s=0.2)
     finally:
         if processes_of(job_dir.name):
             os.kill(pid, signal.SIGCONT)

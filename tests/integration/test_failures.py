@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gptlaunch.contract import EXIT_REFUSED, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
@@ -52,7 +52,7 @@ def test_a_rank_killed_by_sigkill_is_the_cause_not_the_peer_that_saw_it_go(
     # c10d hands out ranks in the order the nodes join: rank 1 may be on either node.
     node = next(k for k, d in enumerate(beat_dirs) if any(b.rank == 1 for b in read_beats(d)))
     os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 120, poll_s=0.1)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 120, poll_s=0.1)
     assert final is not None and final.state == "failed" and final.failure is not None, final
     assert (final.failure.node_rank, final.failure.rank) == (node, 1), final.failure
     assert "rank 1 was killed by SIGKILL" in final.message, final.message
@@ -172,7 +172,7 @@ def test_a_parity_refusal_in_a_node_is_the_jobs_exit_code_and_message(tmp_path: 
     plan = plan.model_copy(update={"nodes": nodes})
     record = JobRecord.create(job_dir, spec, plan, JobStatus(created_at=time.time()))
     handle = LocalScheduler().submit(plan, record, detach=False)
-    final = wait_terminal(LocalScheduler(), record, 180, poll_s=0.1)
+    final = wait_terminal(LocalScheduler().state, record, 180, poll_s=0.1)
     os.waitpid(handle.supervisor.pid, 0)
     assert final is not None and final.state == "failed" and final.job_exit_code == EXIT_REFUSED
     assert final.message is not None and "image_digest" in final.message and "b" * 64 in final.message

@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 from gptlaunch.contract import read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from tests.integration.conftest import FAST, launcher, only_job_id, processes_of, wait_for_steps
 from tests.plugin.queue_scheduler import QueueScheduler
@@ -36,7 +36,7 @@ def test_a_plugin_scheduler_gets_the_hang_watch_and_retries_from_the_node_agent(
         (k, b) for k in (0, 1) for b in read_beats(job_dir / "heartbeat" / f"node-{k}") if b.rank == 1
     )
     os.kill(rank1.pid, signal.SIGSTOP)
-    final = wait_terminal(QueueScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    final = wait_terminal(QueueScheduler().state, JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
     first = Attempt.model_validate_json((job_dir / "attempts" / "1" / "attempt.json").read_text())
     assert first.cause.startswith("hang: no progress"), first.cause

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from tests.integration.browser import chart, dump_dom, screenshot, traces
@@ -35,7 +35,7 @@ def test_the_report_of_a_retried_job_shows_its_charts_offline_and_both_attempts(
     job_dir = jobs / only_job_id(jobs)
     beats = wait_for_steps([job_dir / "heartbeat" / f"node-{k}" for k in (0, 1)], step=12)
     os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGKILL)
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
 
     made = launcher(jobs, "report", job_dir.name, check=True).stdout.strip()

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from gptlaunch.contract import Beat, job_snapshots, read_beats
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import Attempt, JobRecord
 from launcher.schedulers.local.scheduler import LocalScheduler
 from launcher.schedulers.local.warm import LOG, zygote_socket
@@ -59,7 +59,7 @@ def reference(prepared_data: list[str], tmp_path_factory: pytest.TempPathFactory
     """The losses of the job never interrupted (once for the module), step -> loss."""
     tmp = tmp_path_factory.mktemp("reference")
     ref = _submit(tmp / "jobs", tmp / "run", prepared_data)
-    assert wait_terminal(LocalScheduler(), JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
+    assert wait_terminal(LocalScheduler().state, JobRecord(ref), 300, poll_s=0.2).state == "succeeded"
     return losses(tmp / "run")
 
 
@@ -91,7 +91,7 @@ def test_a_killed_rank_and_a_hang_are_retried_from_warm_workers_and_the_losses_m
     assert {p.ppid() for p in ranks} == {zygote.pid}, beats
     assert all(" ".join(p.cmdline()).split()[1:3] == ["-m", "trainer.cli"] for p in ranks)  # as ps shows
     os.kill(next(b.pid for b in beats if b.rank == 1), signal.SIGSTOP)  # a hang of a forked rank
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
     first, second = (
         Attempt.model_validate_json((job_dir / "attempts" / k / "attempt.json").read_text()) for k in "12"
@@ -141,7 +141,7 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
         env={"GPTLAUNCH_FAULT": "1:17:SIGKILL"}, extra=["--checkpoint-interval", "100"],
     )  # fmt: skip
     snapshots = job_snapshots(job_dir.name)
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "succeeded", final
     first = final.attempts[0]
     assert first.step == 17 and first.exit_code != 0, first
@@ -160,7 +160,7 @@ def test_a_killed_rank_resumes_from_the_snapshot_in_memory_when_no_checkpoint_is
 def test_an_error_at_the_same_step_twice_is_not_retried_again(prepared_data, tmp_path: Path) -> None:
     job_dir = _submit(tmp_path / "jobs", tmp_path / "run", prepared_data, "--retries", "3",
                       "--retry-backoff-s", "0", env={"GPTLAUNCH_FAULT": "1:3"})  # fmt: skip
-    final = wait_terminal(LocalScheduler(), JobRecord(job_dir), 300, poll_s=0.2)
+    final = wait_terminal(LocalScheduler().state, JobRecord(job_dir), 300, poll_s=0.2)
     assert final is not None and final.state == "failed" and final.exit_code == 1, final
     assert "injected fault on rank 1 at step 3" in final.message, final.message
     assert "attempt 2 of 4; not retried: the same error at step" in final.message, final.message

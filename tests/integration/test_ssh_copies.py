@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.record import JobRecord
 from launcher.job.reports import Saved
 from launcher.schedulers.ssh import client as ssh
@@ -82,7 +82,7 @@ def test_a_retry_without_the_newest_checkpoint_fails_naming_where_it_is(
         (other,) = set(names) - {holder}
         (rank,) = [p for p in processes_of(job) if runs_module(p, "trainer.cli") and runs_on(p, other)]
         rank.kill()
-        final = wait_terminal(SshScheduler(), JobRecord(private / "jobs" / job), 300, poll_s=0.5)
+        final = wait_terminal(SshScheduler().state, JobRecord(private / "jobs" / job), 300, poll_s=0.5)
     finally:
         run(["chattr", "-i", str(run_dir)], check=True)
     assert final is not None and final.state == "failed", final

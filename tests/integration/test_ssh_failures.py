@@ -20,7 +20,7 @@ import psutil
 
 from gptlaunch.contract import job_snapshots
 from launcher.job import reports
-from launcher.job.follow import wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.record import Attempt, JobRecord
 from launcher.job.reports import NodeStatus
@@ -72,7 +72,7 @@ def test_stopped_ranks_on_two_hosts_are_a_hang_named_by_the_host_agents_and_retr
     for rank in ranks:
         rank.suspend()  # SIGSTOP
     try:
-        final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+        final = wait_terminal(SshScheduler().state, JobRecord(jobs / job), 300, poll_s=0.5)
     finally:
         for rank in ranks:
             with contextlib.suppress(psutil.Error):
@@ -137,7 +137,7 @@ def test_a_killed_rank_on_host_2_is_retried_on_the_spare_host_3(
     wait_for(ready, 120, "the zygotes of gl-h1 and the spare gl-h3")
     (rank,) = _ranks_on("gl-h2")
     rank.kill()
-    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    final = wait_terminal(SshScheduler().state, JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
     # a follower that started before the replacement labels node 1's new lines with the spare's name
     labels = {line.split(" | ")[0] for line in follower.communicate(timeout=120)[0].splitlines()}
@@ -225,7 +225,7 @@ def _logs(job_dir: Path) -> str:
 
 def _the_one_failed_attempt(job_dir: Path) -> Attempt:
     """Once the job succeeded, its one failed attempt."""
-    final = wait_terminal(SshScheduler(), JobRecord(job_dir), 300, poll_s=0.5)
+    final = wait_terminal(SshScheduler().state, JobRecord(job_dir), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
     (first,) = final.attempts
     return first
@@ -364,7 +364,7 @@ def test_the_plain_scripts_checkpoint_host_fails_and_the_spare_resumes_from_the_
     wait_for(lambda: _shim_ranks(job, holder), 60, f"{holder}'s rank")  # not caught between two processes
     (rank,) = _shim_ranks(job, holder)
     rank.kill()
-    final = wait_terminal(SshScheduler(), JobRecord(jobs / job), 300, poll_s=0.5)
+    final = wait_terminal(SshScheduler().state, JobRecord(jobs / job), 300, poll_s=0.5)
     assert final is not None and final.state == "succeeded", final
     (first,) = final.attempts
     assert first.replaced == {holder: "gl-h3"} and "killed by SIGKILL" in first.cause, first

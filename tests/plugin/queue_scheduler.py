@@ -34,9 +34,6 @@ class QueueScheduler(SupervisedScheduler):
     name = "queue"
     files_here = True
 
-    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        return plan
-
     def resolve(self, spec: JobSpec) -> QueueFacts:
         assert isinstance(spec.scheduler, QueueOptions)
         return QueueFacts(

@@ -18,7 +18,7 @@ def _hang(step: int) -> reports.Hang:
     )
 
 
-def test_output_and_reports_are_cut_apart_at_any_chunking(tmp_path: Path) -> None:
+def test_output_and_reports_are_cut_apart_at_any_chunking() -> None:
     # A report between two halves of one output line (a chunk of the child's output ends mid-line),
     # text outside any frame (a login script), the frame mark inside output, a report of a megabyte.
     big = _hang(2).model_copy(update={"hang": _hang(2).hang.model_copy(update={"budget_s": 1e9})})
@@ -31,26 +31,27 @@ def test_output_and_reports_are_cut_apart_at_any_chunking(tmp_path: Path) -> Non
     )
     expected = b"motd chatter\n[rank0]: step 7 loss 3.25\n\x1eL not a frame\n"
     for size in (5, 4096, len(stream)):
-        job_dir = tmp_path / f"chunks-{size}"
         log = io.BytesIO()
-        demux = channel.Demux(log, channel.to_record(job_dir))
+        got: list[reports.NodeReport] = []
+        demux = channel.Demux(log, got.append)
         for i in range(0, len(stream), size):
             demux.feed(stream[i : i + size])
         demux.close()
         assert log.getvalue() == expected, size
-        assert reports.read(job_dir, reports.Hang) == [_hang(1), big]
+        assert got == [_hang(1), big]
 
 
-def test_a_cut_frame_and_an_unknown_report_end_up_in_the_log_not_the_record(tmp_path: Path) -> None:
+def test_a_cut_frame_and_an_unknown_report_end_up_in_the_log_not_the_reports() -> None:
     log = io.BytesIO()
-    demux = channel.Demux(log, channel.to_record(tmp_path))
+    got: list[reports.NodeReport] = []
+    demux = channel.Demux(log, got.append)
     demux.feed(channel.frame(channel.REPORT, b'{"kind": "from-the-future", "node": 0}'))
     cut = channel.frame(channel.LOG, b"the last words")[:-3]
     demux.feed(cut)
     demux.close()
     assert b"a report this launcher cannot read" in log.getvalue()
     assert log.getvalue().endswith(cut)
-    assert reports.read(tmp_path, reports.Hang) == []
+    assert got == []
 
 
 def test_the_sender_frames_writes_from_many_threads_whole_through_a_pipe(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gptlaunch import flight_recorder
-from launcher.supervisor import flight
+from launcher.supervisor import watchdog
 
 RANK_SCRIPT = """
 import sys, torch, torch.distributed as dist
@@ -35,11 +35,11 @@ def test_the_collectives_a_rank_ran_are_read_from_its_worker_server(tmp_path: Pa
         socket = rank.stdout.readline().strip()
         assert socket == str(flight_recorder.socket_path(tmp_path / "beats", 0))
         assert rank.stdout.readline().strip() == "ready"
-        trace = flight.fetch(socket)
+        trace = watchdog.fetch_trace(socket)
         assert isinstance(trace, dict), trace
-        last = flight.last_collective(trace)
+        last = watchdog.last_collective(trace)
         assert last is not None and (last.pg, last.seq, last.op, last.done) == (0, 5, "gloo:broadcast", True)
-        shown = flight.describe(trace).splitlines()
+        shown = watchdog.describe_trace(trace).splitlines()
         assert len(shown) == 5
         assert shown[0] == "  gloo:all_reduce #1 (process group 0, sizes [[3]]): done", shown
     finally:
@@ -48,5 +48,5 @@ def test_the_collectives_a_rank_ran_are_read_from_its_worker_server(tmp_path: Pa
 
 
 def test_a_socket_nobody_serves_is_described_not_raised(tmp_path: Path) -> None:
-    why = flight.fetch(str(tmp_path / "nobody.sock"), timeout_s=1)
+    why = watchdog.fetch_trace(str(tmp_path / "nobody.sock"), timeout_s=1)
     assert isinstance(why, str) and "did not answer" in why

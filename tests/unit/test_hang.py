@@ -27,7 +27,7 @@ from launcher.job.hang import (
 from launcher.job.progress import node_progress, recorded_beats
 from launcher.job.spec import JobSpec
 from launcher.job.verdict import hung
-from launcher.supervisor.watchdog import NodeWatch, waits_in
+from launcher.supervisor.watchdog import Watchdog, waits_in
 from tests.unit.plans import local_plan
 from trainer.distributed import DistEnv
 
@@ -198,7 +198,7 @@ def test_the_heartbeat_publishes_phases_and_throttles_steps(tmp_path: Path, monk
 def test_a_new_watchdog_forgets_an_earlier_runs_beats(tmp_path: Path) -> None:
     """A requeued or retried job: the last run's beats are old, and would be a hang at the first look."""
     write_beat(tmp_path, _beat(0, time.time() - 3600))
-    watchdog = NodeWatch(HangSpec(timeout_s=10), nproc=1).watchdog(0, "h", tmp_path)
+    watchdog = Watchdog(0, "h", tmp_path, nproc=1, spec=HangSpec(timeout_s=10))
     assert read_beats(tmp_path) == [] and watchdog.check() is None
 
 

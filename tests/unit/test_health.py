@@ -135,9 +135,14 @@ def test_the_report_says_when_nobody_is_named() -> None:
 
 
 def test_gate_settings_render_the_workers_flags() -> None:
-    args = GateSettings(compute_s=0.5, precision="fp32").worker_args()
-    assert args == ["--compute-s=0.5", "--precision=fp32", f"--pair-bytes={PAIR_BYTES}", "--gpu-health"]
-    assert GateSettings(min_busbw=2.5).worker_args()[-1] == "--min-busbw=2.5"
+    gate = GateSettings(compute_s=0.5, precision="fp32", gpus_per_node=2)
+    argv = gate.worker_argv(3, 1, ("gl-h1", 29500), 60)
+    assert argv == [
+        "-m", "torch.distributed.run", "--nnodes=3", "--nproc-per-node=2", "--node-rank=1",
+        "--master-addr=gl-h1", "--master-port=29500", "-m", "launcher.preflight.collective", "--timeout-s=60",
+        "--compute-s=0.5", "--precision=fp32", f"--pair-bytes={PAIR_BYTES}", "--gpu-health",
+    ]  # fmt: skip
+    assert GateSettings(min_busbw=2.5).worker_argv(1, 0, ("h", 1), 1)[-1] == "--min-busbw=2.5"
 
 
 def test_trainer_flag_takes_the_last_value_in_either_spelling() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ import pytest
 from launcher.cli.main import main
 from launcher.image.reference import is_pinned, repository
 from launcher.image.runtime import Container
-from launcher.job.mounts import container_mounts
 from launcher.job.spec import JobSpec, SpecError
+from launcher.job.torchrun import container_mounts
 from launcher.schedulers.slurm.image import pyxis_image
 from launcher.schedulers.slurm.scheduler import SlurmFacts, SlurmScheduler
 from launcher.schedulers.ssh.options import SshOptions
@@ -41,6 +42,8 @@ def _check_golden(text: str, name: str) -> None:
         ("host:5000/team/gpt", "host:5000/team/gpt", False),
         (f"host:5000/gpt@{DIGEST}", "host:5000/gpt", True),
         (f"host:5000/gpt:cpu@{DIGEST}", "host:5000/gpt", True),
+        (f"gpt@{DIGEST}", "gpt", True),
+        ("gpt", "gpt", False),
     ],
 )
 def test_references_and_their_repository(ref: str, repo: str, pinned: bool) -> None:
@@ -75,21 +78,29 @@ def test_a_node_container_shares_the_hosts_namespaces_and_gets_gpus_the_runtimes
     assert [a for a in argv if a.startswith("--env=") and "=" not in a[6:]] == ["--env=A", "--env=B"]
     assert not any(a.startswith("--shm-size") for a in argv)  # podman refuses it with --ipc=host
     assert gpu_flag not in container.run_argv(["x"], gpus=False)
-    assert container.remove_argv()[-1] == "gptlaunch-j-node0"
+
+
+def test_a_node_container_is_removed_at_once_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kwargs: ran.append(argv))
+    Container("podman", IMAGE, "gptlaunch-j-node0", (), "/work").remove()
+    assert ran == [["podman", "rm", "--force", "--time=0", "gptlaunch-j-node0"]]
 
 
 def test_mounts_cover_the_record_workdir_and_data_once(tmp_path: Path) -> None:
-    args = [
-        "--text-files",
-        "/data/w/a.txt",
-        "corpus/*.txt",
-        "--run-dir",
-        "/jobs/j/run",
-        "--resume",
-        "/ck/x.pt",
-    ]
-    found = container_mounts(args, "/work", Path("/jobs/j"), ["/data", "/"])
-    assert found == ["/ck", "/data", "/jobs/j", "/work"]  # /data/w and /work/corpus are inside others
+    spec = JobSpec.model_validate(
+        {
+            "scheduler": {
+                "kind": "ssh",
+                "hosts": ["a"],
+                "image": "r:5000/gpt:cpu",
+                "container_mounts": ["/data", "/"],
+            },
+            "trainer_args": ["--text-files", "/data/w/a.txt", "corpus/*.txt", "--resume", "/ck/x.pt"],
+        }
+    )
+    found = container_mounts(spec, "/jobs/j/run", "/work", Path("/jobs/j"))
+    assert found == ("/ck", "/data", "/jobs/j", "/work")  # /data/w and /work/corpus are inside others
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ def root_cause(record: JobRecord, failed_node: int) -> Failure:
     first failed agent of the job's two nodes is ``failed_node``'s, exit code 1."""
     agents = tuple(1 if node == failed_node else None for node in range(2))
     facts = replace(gather(record, since=0.0), agents=agents, first_failed=failed_node)
-    failure = verdict(facts).outcome.failure
+    failure = verdict(facts).failure
     assert failure is not None, verdict(facts)
     return failure
 
@@ -103,7 +103,7 @@ def test_a_worker_that_exited_2_with_no_error_file_is_invalid_input_and_the_jobs
     code, and the job's exit code is 2, as the script's own would be."""
     record.node_log(1).write_text(SUMMARY.replace("-9 (pid", "2 (pid"))
     agents = (None, 1)
-    outcome = verdict(replace(gather(record, since=0.0), agents=agents, first_failed=1)).outcome
+    outcome = verdict(replace(gather(record, since=0.0), agents=agents, first_failed=1))
     assert outcome.exit_code == 2 and outcome.failure is not None, outcome
     assert (outcome.failure.rank, outcome.failure.local_rank) == (1, 0)
     assert "exited with code 2 (invalid input" in outcome.cause, outcome.cause

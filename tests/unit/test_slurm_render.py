@@ -18,13 +18,13 @@ from launcher.job.placeholders import substitute
 from launcher.job.plan import Plan
 from launcher.job.record import JobState
 from launcher.job.spec import JobSpec
-from launcher.schedulers.slurm import partition
 from launcher.schedulers.slurm.options import PORT_BASE, PORT_SPAN, SlurmOptions, slurm_minutes, time_note
 from launcher.schedulers.slurm.scheduler import (
     SCRIPT,
     SUBMITIT_SCRIPT,
     SlurmFacts,
     SlurmScheduler,
+    gpus_asked,
 )
 from launcher.schedulers.slurm.state import job_state
 
@@ -285,9 +285,9 @@ def test_no_gpus_are_requested_silently(sinfo, asked, said, monkeypatch, capsys)
             raise FileNotFoundError("sinfo")
         return subprocess.CompletedProcess(argv, 0, stdout=sinfo)
 
-    monkeypatch.setattr(partition.subprocess, "run", fake_sinfo)
+    monkeypatch.setattr(subprocess, "run", fake_sinfo)
     spec = _spec(scheduler={"kind": "slurm", "partition": "debug"}, nproc_per_node=4)
-    assert partition.gpus_asked(spec, spec.options(SlurmOptions)) is asked
+    assert gpus_asked(spec, spec.options(SlurmOptions)) is asked
     err = capsys.readouterr().err
     assert said in err and (("--slurm-gpus requests them" in err) == (not asked))
     assert ("4 CPU process(es)" in err) == (not asked)

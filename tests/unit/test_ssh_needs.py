@@ -14,7 +14,7 @@ from launcher.image.runtime import ContainerError, pick
 from launcher.job.spec import SpecError
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh import hosts, needs
-from launcher.schedulers.ssh.needs import HostNeeds, MissingProgramError
+from launcher.schedulers.ssh.needs import HostNeeds, HostsRefused
 
 ALL = HostNeeds(rsync=True, py_spy=True, shares_files=False)
 
@@ -44,13 +44,13 @@ def test_hosts_that_see_this_machines_files_need_no_rsync_without_sync() -> None
 def test_a_host_apart_without_rsync_is_named_with_the_package() -> None:
     lacking = HostNeeds(rsync=False, py_spy=True, shares_files=False)
     shared = HostNeeds(rsync=False, py_spy=True, shares_files=True)
-    with pytest.raises(MissingProgramError) as e:
+    with pytest.raises(HostsRefused) as e:
         needs.check({"h1": shared, "h2": lacking, "h3": ALL}, sync=False, say=print)
     assert e.value.exit_code == EXIT_REFUSED
     message = str(e.value)
     assert "share no file system here (h2, h3)" in message and "not installed on h2:" in message
     assert "h1" not in message and "apt-get install rsync" in message
-    with pytest.raises(MissingProgramError, match=r"--sync needs rsync .* not installed on h1, h2:"):
+    with pytest.raises(HostsRefused, match=r"--sync needs rsync .* not installed on h1, h2:"):
         needs.check({"h1": shared, "h2": lacking, "h3": ALL}, sync=True, say=print)  # every host receives
 
 
@@ -91,7 +91,7 @@ def test_a_host_without_a_container_runtime_is_exit_3_naming_it_and_the_packages
 
     monkeypatch.setattr(ssh, "fan_out", fan_out)
     settings = ssh.SshSettings(options=(), host_key_check="yes", connect_timeout_s=5, max_parallel=4)
-    with pytest.raises(MissingProgramError) as e:
+    with pytest.raises(HostsRefused) as e:
         hosts.pull_image(settings, ["h1", "h2"], "python3", "r/x@sha256:1", "auto", print)
     assert e.value.exit_code == EXIT_REFUSED
     assert "h1: no container runtime (podman or docker)" in str(e.value) and "h2" not in str(e.value)
@@ -99,6 +99,4 @@ def test_a_host_without_a_container_runtime_is_exit_3_naming_it_and_the_packages
     said["h1"] = said["h2"]
     with pytest.raises(SpecError) as refused:
         hosts.pull_image(settings, ["h1", "h2"], "python3", "r/x@sha256:1", "auto", print)
-    assert not isinstance(refused.value, MissingProgramError) and "cannot pull the image" in str(
-        refused.value
-    )
+    assert not isinstance(refused.value, HostsRefused) and "cannot pull the image" in str(refused.value)

@@ -16,10 +16,10 @@ from launcher.job.measurements import Probe, Route
 from launcher.job.spec import JobSpec, Program, SpecError
 from launcher.job.torchrun import zygote_name
 from launcher.schedulers.ssh.client import Host, SshSettings, check_host, explain_ssh_failure, parse_hostfile
+from launcher.schedulers.ssh.copies import rsync_argv
 from launcher.schedulers.ssh.hosts import choose_ifnames, hosts_of
 from launcher.schedulers.ssh.options import SshOptions
 from launcher.schedulers.ssh.scheduler import SshFacts, SshScheduler
-from launcher.schedulers.ssh.sync import rsync_argv
 
 
 def test_hostfile_lines_comments_and_slots() -> None:

@@ -10,7 +10,7 @@ import pytest
 from gptlaunch.contract import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from launcher.cli.flags import UsageError
 from launcher.cli.main import main
-from launcher.cli.sweeps import _max_parallel, _run_flags
+from launcher.cli.sweeps import _SWEEP_FLAGS, _max_parallel, _without
 from launcher.job.record import JobState, JobStatus
 from launcher.sweep import points
 from launcher.sweep.points import SweepError
@@ -74,7 +74,7 @@ def test_a_programs_placeholders_get_the_values_and_must_match_the_keys() -> Non
 def test_each_run_gets_the_submit_flags_but_the_sweeps_own() -> None:
     given = ["--nodes", "2", "--sweep", "lr=1,2", "--sweep=seed=1", "--max-parallel", "2", "--detach",
              "--retries", "1", "--tee=all", "--yes"]  # fmt: skip
-    assert _run_flags(given) == ["--nodes", "2", "--retries", "1"]
+    assert _without(given, _SWEEP_FLAGS) == ["--nodes", "2", "--retries", "1"]
 
 
 def test_bad_sweeps_exit_2_before_anything_is_written(tmp_path: Path, capsys) -> None:
@@ -109,7 +109,7 @@ def test_runs_at_once_default_to_one_but_on_slurm_and_ssh_hosts_are_never_shared
         _max_parallel(2, "ssh", array=False)
 
 
-def test_a_driver_whose_runs_records_are_gone_ends(tmp_path: Path) -> None:
+def test_a_driver_whose_runs_records_are_gone_ends(tmp_path: Path, capsys) -> None:
     """Runs' job records removed under the sweep's driver (``rm -rf`` of the record, a test's tmp
     cleanup): the driver ends instead of waiting for them for ever."""
     from launcher.sweep.drive import drive
@@ -118,6 +118,5 @@ def test_a_driver_whose_runs_records_are_gone_ends(tmp_path: Path) -> None:
     run = SweepRun(index=0, values={"lr": "1"}, job_id="gone-0", argv=[], submitted_at=1.0)
     record = SweepRecord.create(tmp_path / "s", Sweep(sweep_id="s", created_at=0.0, scheduler="local",
                                                       max_parallel=1, runs=[run]))  # fmt: skip
-    told: list[str] = []
-    drive(record, told.append)  # its one run submitted, its job record nowhere: nothing to wait for
-    assert told == ["launcher: sweep s: run 0 (lr=1) not started"]
+    drive(record)  # its one run submitted, its job record nowhere: nothing to wait for
+    assert capsys.readouterr().err.splitlines() == ["launcher: sweep s: run 0 (lr=1) not started"]

@@ -1,6 +1,7 @@
-"""A sweep's report (``launcher.report.sweep_facts``, ``sweep_page``): the runs ranked by the best
-(lowest) value of a metric, a run with none last; every run's loss on one chart; ``--metric`` only
-for a sweep. The page in a real browser, of a real sweep: ``tests/integration/test_sweep_report.py``."""
+"""A sweep's report (``launcher.sweep.table``, ``launcher.report.page.render_sweep``): the runs
+ranked by the best (lowest) value of a metric, a run with none last; every run's loss on one chart;
+``--metric`` only for a sweep. The page in a real browser, of a real sweep:
+``tests/integration/test_sweeps.py``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cli.main import main
-from launcher.report.sweep_facts import Best, RunFacts, SweepFacts, best, ranking
-from launcher.report.sweep_page import render
+from launcher.report.page import render_sweep
 from launcher.sweep.record import NOT_STARTED, Sweep, SweepRecord, SweepRun
+from launcher.sweep.table import Best, RunFacts, SweepFacts, best, ranking
 
 
 def _run(index: int, metrics: list[dict[str, Any]] | None, lr: str = "1e-3") -> RunFacts:
@@ -69,7 +70,7 @@ def _column(page: str, kind: str) -> list[str]:
 
 def test_the_page_overlays_every_runs_loss_and_ranks_the_runs() -> None:
     runs = [_run(0, _evals(6.0, 5.9), lr="3e-4"), _run(1, _evals(6.1, 5.3), lr="3e-3"), _run(2, None)]
-    page = render(_facts(runs), "val_loss")
+    page = render_sweep(_facts(runs), "val_loss")
     assert re.findall(r'<div id="chart-([a-z-]+)"', page) == ["training-loss", "validation-loss"]
     # One trace per run with a loss, named by its values; the run without metrics draws none.
     names = re.findall(r'"name":"([^"]+)"', page)
@@ -82,7 +83,7 @@ def test_the_page_overlays_every_runs_loss_and_ranks_the_runs() -> None:
 
 
 def test_a_sweep_without_metrics_says_why_instead_of_drawing() -> None:
-    page = render(_facts([_run(0, None), _run(1, [])]), "val_loss")
+    page = render_sweep(_facts([_run(0, None), _run(1, [])]), "val_loss")
     assert 'id="chart-' not in page
     assert "no run has logged a training loss yet (run 0: no metrics.jsonl here; run 1: the run is" in page
     assert "no run has logged val_loss yet" in page

@@ -15,7 +15,7 @@ from launcher.job.hang import HangReport, RankReport
 from launcher.job.record import JobState
 from launcher.job.reports import Refused
 from launcher.job.spec import JobSpec
-from launcher.job.verdict import Ending, Facts, verdict
+from launcher.job.verdict import Facts, verdict
 from tests.unit.plans import local_plan
 
 JOB = Path("/jobs/j1")
@@ -46,73 +46,70 @@ def _facts(**known: object) -> Facts:
     return dataclasses.replace(Facts(plan=plan, job_dir=JOB), **known)  # type: ignore[arg-type]
 
 
-# (what is known, which rule decides, the job state, its exit code, the node ranks a retry avoids)
+# (what is known, the job state, its exit code, the node ranks a retry avoids)
 TABLE = [
     # success: every agent exited 0, or the scheduler says so; nothing else counts then
-    (dict(agents=(0, 0)), Ending.SUCCEEDED, JobState.SUCCEEDED, 0, []),
-    (dict(completed=True, hang=HANG, errors=(PEER,)), Ending.SUCCEEDED, JobState.SUCCEEDED, 0, []),
+    (dict(agents=(0, 0)), JobState.SUCCEEDED, 0, []),
+    (dict(completed=True, hang=HANG, errors=(PEER,)), JobState.SUCCEEDED, 0, []),
     # a stop on request: checkpointed with the marker, cancelled without; before a refusal or a failure
     (dict(stop_requested=True, marker=MARKER, agents=(1, None), first_failed=0),
-     Ending.STOPPED, JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
+     JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
     (dict(stop_requested=True, refused=REFUSED, hang=HANG),
-     Ending.STOPPED, JobState.CANCELLED, EXIT_INTERRUPTED, []),
+     JobState.CANCELLED, EXIT_INTERRUPTED, []),
     # a refusal before training: its code and the nodes it named (the health gate), none for parity
     (dict(refused=REFUSED, agents=(EXIT_REFUSED, 0), first_failed=0),
-     Ending.REFUSED, JobState.FAILED, EXIT_REFUSED, [1]),
-    (dict(refused=PARITY, marker=MARKER, hang=HANG), Ending.REFUSED, JobState.FAILED, EXIT_REFUSED, []),
+     JobState.FAILED, EXIT_REFUSED, [1]),
+    (dict(refused=PARITY, marker=MARKER, hang=HANG), JobState.FAILED, EXIT_REFUSED, []),
     # a stop from outside: the marker, or an agent's 75, unless the first failed agent was killed (then
     # the stop followed from that failure)
     (dict(marker=MARKER, agents=(1, None), first_failed=0),
-     Ending.STOPPED, JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
+     JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
     (dict(agents=(EXIT_CHECKPOINTED, 0), first_failed=0),
-     Ending.STOPPED, JobState.CANCELLED, EXIT_INTERRUPTED, []),
+     JobState.CANCELLED, EXIT_INTERRUPTED, []),
     (dict(marker=MARKER, hang=HANG, agents=(1, 1), first_failed=1),
-     Ending.STOPPED, JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
-    (dict(marker=MARKER, agents=(-9, 1), first_failed=0), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
+     JobState.CHECKPOINTED, EXIT_CHECKPOINTED, []),
+    (dict(marker=MARKER, agents=(-9, 1), first_failed=0), JobState.FAILED, EXIT_FAILED, [0]),
     # cancelled by the scheduler (SLURM's CANCELLED), no checkpoint; a lost controller
-    (dict(scheduler_cancelled=True, hang=HANG), Ending.CANCELLED, JobState.CANCELLED, EXIT_INTERRUPTED, []),
-    (dict(controller_lost=True, errors=(OWN,)), Ending.LOST, JobState.LOST, EXIT_FAILED, []),
+    (dict(scheduler_cancelled=True, hang=HANG), JobState.CANCELLED, EXIT_INTERRUPTED, []),
+    (dict(controller_lost=True, errors=(OWN,)), JobState.LOST, EXIT_FAILED, []),
     # a hang: the suspects' nodes (node 1's rank is stopped), before any error it caused
     (dict(hang=HANG, errors=(PEER,), agents=(1, 124), first_failed=1),
-     Ending.HUNG, JobState.FAILED, EXIT_FAILED, [1]),
+     JobState.FAILED, EXIT_FAILED, [1]),
     # a failure's root cause: an agent killed, a lost host, a worker killed, a rank's own error before
     # an earlier peer's, the first failed agent's code, what the scheduler said
-    (dict(agents=(-9, 1), first_failed=0, errors=(OWN,)), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
+    (dict(agents=(-9, 1), first_failed=0, errors=(OWN,)), JobState.FAILED, EXIT_FAILED, [0]),
     (dict(agents=(255, None), first_failed=0, transport_error="ssh lost", errors=(OWN,)),
-     Ending.FAILED, JobState.FAILED, EXIT_FAILED, [0]),
+     JobState.FAILED, EXIT_FAILED, [0]),
     (dict(agents=(1, 1), first_failed=0, deaths=(DEATH,), errors=(PEER,)),
-     Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
+     JobState.FAILED, EXIT_FAILED, [1]),
     (dict(agents=(1, 1), first_failed=0, errors=(PEER, OWN)),
-     Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
+     JobState.FAILED, EXIT_FAILED, [1]),
     (dict(agents=(1, 1), first_failed=1, errors=(dataclasses.replace(OWN, raised_in=BACKWARD), PEER)),
-     Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
-    (dict(agents=(None, 1), first_failed=1), Ending.FAILED, JobState.FAILED, EXIT_FAILED, [1]),
-    (dict(unexplained="SLURM ended the job NODE_FAIL"), Ending.FAILED, JobState.FAILED, EXIT_FAILED, []),
+     JobState.FAILED, EXIT_FAILED, [1]),
+    (dict(agents=(None, 1), first_failed=1), JobState.FAILED, EXIT_FAILED, [1]),
+    (dict(unexplained="SLURM ended the job NODE_FAIL"), JobState.FAILED, EXIT_FAILED, []),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("known", "ending", "state", "code", "blamed"), TABLE)
+@pytest.mark.parametrize(("known", "state", "code", "blamed"), TABLE)
 def test_one_precedence_decides_every_attempts_end(
-    known: dict[str, object], ending: Ending, state: JobState, code: int, blamed: list[int]
+    known: dict[str, object], state: JobState, code: int, blamed: list[int]
 ) -> None:
     end = verdict(_facts(**known))
-    assert (end.ending, end.outcome.state, end.outcome.exit_code) == (ending, state, code)
-    assert end.outcome.blamed_nodes() == blamed
-    assert end.outcome.cause or ending == Ending.SUCCEEDED  # every other end says something
+    assert (end.state, end.exit_code) == (state, code)
+    assert end.blamed_nodes() == blamed
+    assert end.cause or state == JobState.SUCCEEDED  # every other end says something
 
 
 def test_the_outcomes_text_names_the_cause() -> None:
-    assert "loss is nan" in verdict(_facts(agents=(1, 1), first_failed=0, errors=(PEER, OWN))).outcome.message
-    assert (
-        "ssh lost"
-        in verdict(_facts(agents=(255, 0), first_failed=0, transport_error="ssh lost")).outcome.cause
-    )
-    assert "rank 1 was killed by SIGKILL" in verdict(_facts(deaths=(DEATH,), errors=(PEER,))).outcome.cause
-    stopped = verdict(_facts(marker=MARKER, agents=(1, None), first_failed=0)).outcome.message
+    assert "loss is nan" in verdict(_facts(agents=(1, 1), first_failed=0, errors=(PEER, OWN))).message
+    assert "ssh lost" in verdict(_facts(agents=(255, 0), first_failed=0, transport_error="ssh lost")).cause
+    assert "rank 1 was killed by SIGKILL" in verdict(_facts(deaths=(DEATH,), errors=(PEER,))).cause
+    stopped = verdict(_facts(marker=MARKER, agents=(1, None), first_failed=0)).message
     assert stopped.startswith("checkpoint ckpt-00000007.pt saved at step 7")
-    hung = verdict(_facts(hang=HANG)).outcome.message
+    hung = verdict(_facts(hang=HANG)).message
     assert "rank 1 (node 1, h2) is stopped" in hung and str(JOB / "hang") in hung
-    assert verdict(_facts(unexplained="SLURM said so")).outcome.message == "SLURM said so"
+    assert verdict(_facts(unexplained="SLURM said so")).message == "SLURM said so"
 
 
 def _without_texts(facts: Facts) -> Facts:
@@ -132,13 +129,13 @@ def _without_texts(facts: Facts) -> Facts:
     return dataclasses.replace(facts, errors=errors, hang=hang)
 
 
-@pytest.mark.parametrize(("known", "ending", "state", "code", "blamed"), TABLE)
+@pytest.mark.parametrize(("known", "state", "code", "blamed"), TABLE)
 def test_decisions_stay_the_same_without_torchs_message_texts(
-    known: dict[str, object], ending: Ending, state: JobState, code: int, blamed: list[int]
+    known: dict[str, object], state: JobState, code: int, blamed: list[int]
 ) -> None:
     facts = _facts(**known)
-    bare = verdict(_without_texts(facts)).outcome
-    full = verdict(facts).outcome
+    bare = verdict(_without_texts(facts))
+    full = verdict(facts)
     assert (bare.state, bare.exit_code, bare.blamed_nodes()) == (
         full.state,
         full.exit_code,
@@ -157,4 +154,4 @@ def test_a_time_ordering_alone_would_blame_the_peer() -> None:
     decides, so the rank is named even with no words to read."""
     late_own = dataclasses.replace(OWN, timestamp=PEER.timestamp + 10)
     facts = _without_texts(_facts(agents=(1, 1), first_failed=0, errors=(PEER, late_own)))
-    assert verdict(facts).outcome.blamed_nodes() == [OWN.node_rank] != [PEER.node_rank]
+    assert verdict(facts).blamed_nodes() == [OWN.node_rank] != [PEER.node_rank]

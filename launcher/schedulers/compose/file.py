@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from launcher.agent.cli import container_name
 from launcher.job.plan import NodePlan
 
 NETWORK = "job"
@@ -35,10 +36,6 @@ class Mount:
 def service_name(node_rank: int) -> str:
     """The service (and hostname on the job network) of node ``node_rank``: node0 hosts the rendezvous."""
     return f"node{node_rank}"
-
-
-def container_name(job_id: str, node_rank: int) -> str:
-    return f"gptlaunch-{job_id}-{service_name(node_rank)}"
 
 
 def render(

@@ -1,18 +1,15 @@
 """The entry point of a compose node's container: ``python -m launcher.schedulers.compose.node
 --job-dir D --node K --nodes N [--gpus-per-node G] [--skip-parity] -- TORCHRUN_ARGV...``.
 
-1. Secrets: one JSON line on stdin (written by the launcher's ``docker start --attach --interactive``),
-   given to torchrun's environment only: they are in no compose file, container config or log.
+1. Secrets, from stdin (``launcher.supervisor.transport``: ``docker start --attach --interactive``
+   writes them), given to torchrun's environment only: no compose file or container config holds them.
 2. Version parity: this container's probe goes to ``D/parity/node-K.json``; once every node's report is
    there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
    SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
    sends a ``launcher.job.reports.Refused`` report (the job's exit code and message).
-3. The node agent (``launcher.agent.node``) runs torchrun, as the container's init: it forwards
-   SIGTERM/SIGINT to torchrun and, with the hang watchdog (``--nproc-per-node`` and the ``--hang-*``
-   budgets), follows the ranks' heartbeats; on a hang it dumps their stacks, sends the report
-   (``launcher.job.reports.Hang``, into the mounted job record), keeps the ranks until the launcher
-   stops the container (it has every node's report) or a bound, ends torchrun's tree and exits 124
-   (``launcher.job.hang.EXIT_HANG``).
+3. The node agent (``launcher.agent.node``: signals, the hang watchdog with ``--nproc-per-node`` and
+   the ``--hang-*`` budgets) runs torchrun, as the container's init; its reports go into the mounted
+   job record.
 """
 
 from __future__ import annotations
@@ -27,11 +24,10 @@ from gptlaunch.contract import EXIT_FAILED
 from gptlaunch.files import atomic_write_text
 from launcher.agent.node import NodeAgent
 from launcher.job import reports
-from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
-from launcher.preflight.parity_step import PROBE_DIR, check
+from launcher.job.hang import HangSpec, add_watch_flags, heartbeat_dir, parse_with_command, watch_of
+from launcher.preflight.parity_step import PROBE_DIR, check, end_step
 from launcher.preflight.probe import collect
-from launcher.supervisor.secrets import receive
-from launcher.supervisor.watchdog import NodeWatch
+from launcher.supervisor.transport import receive_secrets
 
 PEERS_TIMEOUT_S = 120.0  # every container starts within seconds of the others; a torch import is ~2 s
 POLL_S = 0.2
@@ -50,7 +46,7 @@ def _wait_for_reports(probes: Path, nnodes: int, timeout_s: float) -> None:
 def _secrets() -> dict[str, str]:
     """The launcher's secrets line from stdin. A compose file run by hand (``docker compose up``) keeps
     stdin open with no writer: after SECRETS_TIMEOUT_S the node starts without secrets, and says so."""
-    secrets = receive(SECRETS_TIMEOUT_S)
+    secrets = receive_secrets(SECRETS_TIMEOUT_S)
     if secrets is None:
         print("compose_node: no secrets line on stdin (run by hand?): none given to torchrun", flush=True)
         return {}
@@ -58,7 +54,9 @@ def _secrets() -> dict[str, str]:
     return secrets
 
 
-def _run(command: list[str], env: dict[str, str], watch: NodeWatch | None, job_dir: Path, node: int) -> int:
+def _run(
+    command: list[str], env: dict[str, str], watch: tuple[HangSpec, int] | None, job_dir: Path, node: int
+) -> int:
     """Run torchrun under the node agent (as the container's init, it relays SIGTERM/SIGINT: nothing
     else passes them on); its exit code. Raises OSError when it cannot start."""
     agent = NodeAgent(
@@ -95,14 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(probes / f"node-{args.node}.json", collect().model_dump_json() + "\n")
     _wait_for_reports(probes, args.nodes, PEERS_TIMEOUT_S)
     failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity, args.node)
-    if failure is not None:
-        # every refusing node reports it: the supervisor may see any one of them exit first
-        reports.append(args.job_dir, failure)
-        print(failure.message, file=sys.stderr, flush=True)
-        return failure.exit_code
-    watch = NodeWatch(*found) if (found := watch_of(args)) else None
+    if failure is not None:  # every refusing node reports it: the supervisor may see any one exit first
+        return end_step(args.job_dir, failure)
     try:
-        return _run(command, os.environ | secrets, watch, args.job_dir, args.node)
+        return _run(command, os.environ | secrets, watch_of(args), args.job_dir, args.node)
     except OSError as e:
         print(f"compose_node: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
         return EXIT_FAILED

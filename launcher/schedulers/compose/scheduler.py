@@ -28,6 +28,7 @@ import psutil
 from docker.errors import DockerException
 
 from gptlaunch.files import atomic_write_text
+from launcher.agent.cli import container_name
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
 from launcher.job.hang import watch_args
 from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
@@ -35,7 +36,7 @@ from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_argv
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
-from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, container_name, render, service_name
+from launcher.schedulers.compose.file import COMPOSE_FILE, Mount, render, service_name
 from launcher.schedulers.compose.options import ComposeOptions
 from launcher.supervisor import procs
 from launcher.supervisor.scheduler import SupervisedScheduler
@@ -97,10 +98,6 @@ class ComposeScheduler(SupervisedScheduler):
             rdzv_port=spec.rendezvous.port or DEFAULT_RDZV_PORT,
             omp_num_threads=_threads(spec),
         )
-
-    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        """Nothing: parity runs inside the containers, before training."""
-        return plan
 
     def render(self, spec: JobSpec, facts: ComposeFacts, job_id: str, job_dir: Path) -> Plan:
         endpoint = f"{service_name(0)}:{facts.rdzv_port}"

@@ -80,10 +80,6 @@ class LocalScheduler(SupervisedScheduler):
     name = "local"
     files_here = True
 
-    def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
-        """Nothing to try before a job here."""
-        return plan
-
     def resolve(self, spec: JobSpec) -> LocalFacts:
         """Absolute workdir, free rendezvous port, thread and GPU shares. Raises SpecError for what
         cannot run here (no such interpreter or directory, too few GPUs, a non-local endpoint)."""

@@ -1,13 +1,9 @@
-"""A SLURM job run by the one controller: ``launcher supervise --job-dir DIR``, the program that runs
-local, SSH and compose jobs, runs inside the allocation, on its first node, in the batch step. It
-starts each node's agent as a job step (``launcher.schedulers.slurm.transport``), follows the
-attempts, retries onto the allocation's spare nodes, requeues the job when none is left or when SLURM
-warns of a time limit or a preemption, and records the job's end itself.
+"""What runs a SLURM job in its allocation: ``Controller``, which submitit runs once per allocation in
+the batch step and which execs ``launcher supervise`` (every scheduler's controller), each node's
+agent command, and the standalone script's job record. How the controller works there:
+docs/contributors/architecture.md, "SLURM: the controller inside the allocation".
 
-submitit stays the way into SLURM: it renders and submits the batch script, parses ``sacct``, and
-runs ``Controller`` once per allocation, in the batch step (``use_srun=False``: one task, where the
-steps are started from). ``Controller`` execs ``launcher supervise`` in its place. Not
-submitit's ``checkpoint()`` for requeues: its handler of SLURM's signal requeues the job as soon as
+Not submitit's ``checkpoint()`` for requeues: its handler of SLURM's signal requeues the job as soon as
 ``checkpoint()`` returns, from inside the handler (``submitit/core/job_environment.py``,
 ``SignalHandler.checkpoint_and_try_requeue``), while the controller must first follow every rank to
 its checkpoint; and SLURM's warning before the time limit (``--signal=USR2@T``, as submitit renders
@@ -28,6 +24,7 @@ from pathlib import Path
 
 from gptlaunch.contract import EXIT_FAILED, FIRST_HOST_ENV
 from launcher.agent.transport import agent_argv
+from launcher.image.runtime import ImageRun
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodeCommand, Plan
 from launcher.job.record import JobRecord, JobState, JobStatus, agent_dir
@@ -59,19 +56,22 @@ class Controller:
 
 def node_commands(
     spec: JobSpec, job_id: str, job_dir: Path, workdir: str, run: tuple[list[str], str],
-    env: dict[str, str], image: SlurmImage | None,
+    env: dict[str, str], image: SlurmImage | None, endpoint: str,
 ) -> list[NodeCommand]:  # fmt: skip
     """Each node's agent (``launcher.agent run``) running its torchrun, whose rank is known now (a
     static rendezvous at node 0) and whose rendezvous host and port are filled in on the node
     (``launcher.job.node``: ``{{first_host}}``, set by the controller, and ``{{rdzv_port}}``), behind
     the run dir's copy (``launcher.schedulers.slurm.run_copy``) unless the run dir is declared shared.
-    ``run``: what each rank runs and the run dir (in ``workdir``). With an image, torchrun runs in
-    it; so does the agent, but with podman (it starts the container)."""
+    ``run``: what each rank runs and the run dir (in ``workdir``); ``endpoint``: the rendezvous
+    (``steps.rendezvous``). With an image, torchrun runs in it; so does the agent, but with podman (it
+    starts the container)."""
     worker, run_dir = run
-    rdzv, python = spec.rendezvous, IMAGE_PYTHON if image else spec.python
-    endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
+    python = IMAGE_PYTHON if image else spec.python
     runs = node_agents(spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker, python=python)
-    podman = image.image_run([*env, *spec.secret_env, *IN_CONTAINER]) if image else None
+    podman = None  # with podman, the node task runs torchrun in a container, passing these variables in
+    if image is not None and image.runtime == "podman":
+        names = (*env, *spec.secret_env, *IN_CONTAINER)
+        podman = ImageRun(image.image, "podman", image.mounts, names, image.workdir)
     entry = [python, "-m", "launcher.job.node", "--workdir", workdir, "--"]
     run_dir = str(Path(workdir) / run_dir)
     argv = []

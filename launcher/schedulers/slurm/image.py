@@ -21,12 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.image.runtime import ImageRun, exec_argv
-from launcher.job.mounts import container_mounts
+from launcher.image.runtime import exec_argv
 from launcher.job.plan import Facts
 from launcher.job.spec import JobSpec, SpecError
-from launcher.job.torchrun import IMAGE_PYTHON
-from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.job.torchrun import IMAGE_PYTHON, container_mounts
 
 PYXIS_FLAG = "--container-image"
 
@@ -121,13 +119,6 @@ class SlurmImage:
             return ["srun", "--nodes=1", "--ntasks=1", *self.srun_args(), *argv]
         return self.wrap(argv)
 
-    def image_run(self, env_names: list[str]) -> ImageRun | None:
-        """How the node task runs torchrun in a podman container, with ``env_names`` passed in (None
-        for the other runtimes, whose task runs in the image)."""
-        if self.runtime != "podman":
-            return None
-        return ImageRun(self.image, "podman", self.mounts, tuple(env_names), self.workdir)
-
     def run(self, argv: list[str], env_names: Iterable[str] = ()) -> list[str]:
         """``argv`` in the image on a node, as a step's task (podman: in a throwaway container with the
         host's network and GPUs, pulled first if missing, ``env_names`` passed in; pyxis also needs
@@ -150,7 +141,5 @@ def job_image(spec: JobSpec, facts: SlurmFacts, job_dir: Path, run_dir: str) -> 
     """How the job's nodes run its image (None: on the nodes' own Python)."""
     if facts.image is None or facts.runtime is None:
         return None
-    extra = spec.options(SlurmOptions).container_mounts
-    args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
-    mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
+    mounts = container_mounts(spec, run_dir, facts.workdir, job_dir)
     return SlurmImage(facts.image, facts.runtime, mounts, facts.workdir, spec.python, facts.gpus_per_node > 0)

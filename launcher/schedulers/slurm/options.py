@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from launcher.job.options import ContainerOptions, Flag, GateOptions, JobView, Placeholder
+from launcher.job.options import ContainerOptions, Flag, GateOptions, Placeholder
+
+if TYPE_CHECKING:
+    from launcher.job.spec import JobSpec
 
 # sbatch options the launcher sets itself (or that have their own field): not for the pass-through.
 SBATCH_MANAGED = {
@@ -197,7 +200,7 @@ class SlurmOptions(ContainerOptions, GateOptions):
         """The time limit in minutes (rounded up)."""
         return slurm_minutes(self.time)
 
-    def check_job(self, job: JobView) -> None:
+    def check_job(self, job: JobSpec) -> None:
         if self.time_min * 60 <= self.signal_delay_s + 60:
             raise ValueError(
                 f"scheduler.time {self.time!r} leaves under a minute before SLURM's warning "

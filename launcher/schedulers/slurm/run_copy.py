@@ -1,35 +1,16 @@
 """SLURM nodes whose run dir is node-local (a local NVMe, ``/tmp``: not the file system the nodes
-share): a checkpoint survives the loss of a node, and what the ranks write for the launcher (the stop
-marker) reaches it.
+share): in front of its torchrun (``main``), each node's task restores the run dir's copy in the job
+record (``JOB/run-copy``, ``RUN_COPY``) before its ranks start, then copies each save into it, off the
+ranks' critical path; so a checkpoint survives the loss of a node, and the stop marker reaches the
+launcher. What a user sees of it (which run dirs are node-local, ``.not-in-copy``, never a silent
+restart): docs/schedulers/slurm.md, "A run dir on each node's own disk".
 
-Design: **the job record keeps the second copy**, in ``JOB/run-copy`` (``RUN_COPY``). SLURM's nodes
-share the job record (submitit's folder and the sbatch script's logs are in it): it is the one place
-that every node of the next attempt and the launcher's machine can read. No launcher need be alive
-during a SLURM job (``launcher submit`` returns once SLURM has it), so the nodes copy for themselves:
-
-- each node's task watches its run dir (``launcher.agent.copies.CheckpointWatch``, as an SSH host's
-  agent does) and, for each save, first records a ``Saved`` report in the job record, then copies the
-  files it changed into the copy (each to a temporary name, then renamed into place, mtimes kept; one
-  that changed during its copy waits for the next save), in the watch's thread, off the ranks'
-  critical path; a file the node removed (an old checkpoint rotated out) leaves the copy too. Once the
-  ranks ended, the last save and the stop marker follow, the marker last;
-- before the ranks start, every node's task restores the copy into its run dir: c10d places rank 0 on
-  any node, and a node that replaces an excluded one has nothing. The rendezvous waits for every node,
-  so no rank starts before its node holds the checkpoint. Files the copy lacks (a save its node never
-  copied, being lost first) are set aside, so that every node starts from the same checkpoints; a
-  node's own newer version of a file stays (a survivor's log of the steps past the checkpoint).
-
-Why not a peer node's disk: the job record must be reachable anyway (the job cannot run without it),
-a peer is one more node that can be lost, and SLURM gives a task no login to its peers.
-
-**Never a silent restart** (``RunCopy.refusal``): when the newest ``Saved`` of the job record is not
-in the copy, in that version or a later one, the node refuses to start its ranks (``Refused``, exit 3),
-naming the node and the files, unless the user allowed starting over (``--allow-start-over``).
-
-Which run dirs are node-local: the declared ones (``--node-local-run-dir``), else those in which a
-node does not see the mark the launcher wrote at submit (``launcher.agent.copies.MARK``; a run dir
-the launcher cannot write it in is taken as shared). The standalone sbatch script has no launcher at
-submit, and a launcher on one of the job's nodes sees its own mark: there only the declaration counts.
+Why the job record keeps the second copy: it is the one place that every node of the next attempt and
+the launcher's machine can read (the job cannot run without it), and no launcher need be alive during
+a SLURM job, so the nodes copy for themselves; a peer node's disk is one more node that can be lost,
+and SLURM gives a task no login to its peers. Every node restores, not only rank 0's: c10d places rank
+0 on any node, a node that replaces an excluded one has nothing, and the rendezvous waits for every
+node, so no rank starts before its node holds the checkpoint.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The SLURM scheduler: one allocation of ``nnodes`` nodes (and ``--spare-nodes``), run by the job's
-controller on its first node.
-
-``submit`` hands the job to SLURM through submitit (``SlurmExecutor``; its folder is ``submitit/`` in the
-job record) and returns once SLURM accepted it. In the allocation, after the checks before training
-(version parity, the health gate: batch steps), submitit runs ``launcher supervise`` (the controller
-of every scheduler: ``launcher.schedulers.slurm.controller``), which starts each node's agent as a
-job step, retries, requeues, and records the job's end. The nodes meet at a static rendezvous on node
-0's host, at a port derived from the SLURM job id (``launcher.job.placeholders``). The same Plan
-renders a standalone sbatch script (``launcher.schedulers.slurm.script``) for users who submit with
-plain ``sbatch``. ``state`` reads the job record, and ``sacct`` only for
-a job whose controller is not running: queued, or ended by SLURM before it recorded the end.
+controller on its first node (``launcher.schedulers.slurm.controller``), submitted through submitit or
+as the standalone sbatch script (``launcher.schedulers.slurm.script``); a sweep is one job array. How
+a job runs and ends, and which states come from ``sacct``: docs/schedulers/slurm.md; the array:
+docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -29,25 +22,22 @@ from pathlib import Path
 import submitit
 from pydantic import BaseModel, ConfigDict
 
-from gptlaunch.contract import Beat
 from launcher.image.reference import resolve as resolve_image
 from launcher.job.console import say
-from launcher.job.follow import node_logs, wait_terminal
+from launcher.job.logs import wait_terminal
 from launcher.job.plan import Plan, build_plan, workdir_of
-from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobState, JobStatus
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, worker_argv
 from launcher.schedulers.slurm import steps
-from launcher.schedulers.slurm.array import submit_array
 from launcher.schedulers.slurm.controller import Controller, node_commands, record_json
 from launcher.schedulers.slurm.controller import transport as controller_transport
 from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
-from launcher.schedulers.slurm.partition import gpus_asked
 from launcher.schedulers.slurm.run_copy import mark_run_dir
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, SlurmHandle, end_outcome, job_state, lost_controller
+from launcher.supervisor.scheduler import RecordFollowed
 from launcher.supervisor.supervisor import SUPERVISE
 from launcher.supervisor.transport import Transport
 
@@ -58,6 +48,8 @@ SUBMITIT_REQUEST = "submitit.json"
 # What submit hands to sbatch through submitit: its submission file, as submitit writes it
 # (``launcher render --file submitit.sbatch``).
 SUBMITIT_SCRIPT = "submitit.sbatch"
+CHECKS = "checks.sh"  # in a job record of a sweep's array: its run's checks before training
+ARRAY_DIRS = "array-dirs.txt"  # beside the array's submitit folder: the runs' job records, by task
 POLL_S = 0.5  # between state reads while waiting (each reads sacct at most every 2 s)
 # Beyond the grace period, for a stop through the controller: its read of the record (every second),
 # the agents' signal steps, and the end recorded.
@@ -86,22 +78,6 @@ class SubmititRequest(BaseModel):
     python: str  # the controller's interpreter
 
 
-def _parity_lines(
-    spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None, nnodes: int
-) -> list[str]:
-    """The batch script's version-parity step (a probe on each of the allocation's ``nnodes`` nodes,
-    spares included, before training; in the image)."""
-    return steps.parity_lines(
-        python=spec.python,
-        workdir=facts.workdir,
-        job_dir=str(job_dir),
-        nnodes=nnodes,
-        gpus_per_node=facts.gpus_per_node,
-        skip=spec.options(SlurmOptions).skip_parity,
-        image=image,
-    )
-
-
 def _submitit_request(
     spec: JobSpec, options: dict[str, str], checks: list[str], image: SlurmImage | None
 ) -> SubmititRequest:
@@ -126,26 +102,6 @@ def _submitit_request(
         additional_parameters=extra,
         setup=[*BATCH_SETUP, *checks],  # parity and the health gate
         python=shlex.quote(spec.python),
-    )
-
-
-def _standalone(
-    spec: JobSpec, facts: SlurmFacts, job_dir: Path, plan: Plan, image: SlurmImage | None,
-    options: dict[str, str], checks: list[str],
-) -> str:  # fmt: skip
-    """The standalone sbatch script: the job record it writes on its first run, the checks before
-    training, then the job's controller, as submitit runs it."""
-    return sbatch_script(
-        job_id=plan.job_id,
-        options=options,
-        job_dir=str(job_dir),
-        workdir=facts.workdir,
-        world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
-        secrets=spec.secret_env,
-        checks=checks,
-        record=record_json(spec, plan),
-        controller=[spec.python, *SUPERVISE, "--job-dir", str(job_dir)],
-        image=image.header() if image else None,
     )
 
 
@@ -183,7 +139,36 @@ def _submitit_script(request: SubmititRequest, job_dir: Path, max_requeues: int)
     return re.sub(re.escape(folder) + r"\S*", lambda m: shlex.quote(real + m[0][len(folder) :]), text)
 
 
-class SlurmScheduler:
+def partition_gres(partition: str | None) -> str | None:
+    """The GRES of the partition's nodes (``sinfo``'s ``%G``, one per line: ``gpu:8``, ``(null)``),
+    None when sinfo cannot tell."""
+    argv = ["sinfo", "--noheader", "--format=%G", *([f"--partition={partition}"] if partition else [])]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return " ".join(sorted(set(out.split())))
+
+
+def gpus_asked(spec: JobSpec, opts: SlurmOptions) -> bool:
+    """Whether the job requests GPUs: as ``--slurm-gpus`` says, else when the partition's nodes have
+    GPU GRES (or sinfo cannot tell: the GPU clusters this is for). Never silently none: a job that
+    requests none for that reason says so, naming the GRES and the flag."""
+    if opts.gpus is not None:
+        return opts.gpus
+    gres = partition_gres(opts.partition)
+    if gres is None or "gpu" in gres:
+        return True
+    where = f"partition {opts.partition}" if opts.partition else "the default partition"
+    say(
+        f"launcher: note: the nodes of {where} have no GPU in their GRES (sinfo: {gres or 'none'}): no "
+        f"GPUs are requested, and each node runs {spec.nproc_per_node} CPU process(es); --slurm-gpus "
+        "requests them"
+    )
+    return False
+
+
+class SlurmScheduler(RecordFollowed):
     name = "slurm"
     files_here = False  # the nodes see the job record and run dir (shared), not necessarily the data
     queued = True  # submit returns once SLURM accepted the job; --wait follows it
@@ -216,27 +201,40 @@ class SlurmScheduler:
 
     def render(self, spec: JobSpec, facts: SlurmFacts, job_id: str, job_dir: Path) -> Plan:
         opts = spec.options(SlurmOptions)
-        rdzv = spec.rendezvous
-        endpoint = f"{rdzv.endpoint or '{{first_host}}'}:{rdzv.port or '{{rdzv_port}}'}"
+        host, port = steps.rendezvous(spec)
+        endpoint = f"{host}:{port}"
         worker, run_dir = worker_argv(spec, job_dir / "run")
         image = job_image(spec, facts, job_dir, run_dir)
         threads = spec.omp_num_threads or (
             max(1, opts.cpus_per_task // spec.nproc_per_node) if opts.cpus_per_task else None
         )
         env = agent_env(spec, job_id, threads, run_dir)
-        nodes = node_commands(spec, job_id, job_dir, facts.workdir, (worker, run_dir), env, image)
+        nodes = node_commands(spec, job_id, job_dir, facts.workdir, (worker, run_dir), env, image, endpoint)
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
 
         def checks(nnodes: int, carry_on: bool) -> list[str]:
             """The steps before training: parity of the ``nnodes`` allocated, then the health gate
             (whose named nodes are left to the controller: ``carry_on``)."""
+            parity = steps.parity_lines(spec, facts, job_dir, image, nnodes)
             gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, carry_on)
-            return [*_parity_lines(spec, facts, job_dir, image, nnodes), *([""] if gate else []), *gate]
+            return [*parity, *([""] if gate else []), *gate]
 
         # A node the gate names is the controller's first failed attempt.
         checked = checks(plan.nnodes + opts.spare_nodes, spec.retries > 0)
-        script = _standalone(spec, facts, job_dir, plan, image, options, checked)
+        # The standalone script: the job record it writes on its first run, the checks, the controller.
+        script = sbatch_script(
+            job_id=plan.job_id,
+            options=options,
+            job_dir=str(job_dir),
+            workdir=facts.workdir,
+            world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
+            secrets=spec.secret_env,
+            checks=checked,
+            record=record_json(spec, plan),
+            controller=[spec.python, *SUPERVISE, "--job-dir", str(job_dir)],
+            image=image.header() if image else None,
+        )
         request = _submitit_request(spec, options, checked, image)
         files = {
             SCRIPT: script,
@@ -253,41 +251,41 @@ class SlurmScheduler:
         opts = spec.options(SlurmOptions)
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor = _executor(request, record.dir / "submitit", opts.max_requeues)
-        folder = executor.folder
         mark_run_dir(plan, opts.node_local_run_dir)  # the nodes that do not see it copy the run dir
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes sbatch's error; we report it
-                job = executor.submit(Controller(str(record.dir)))
-        except submitit.core.utils.FailedJobError as e:
-            raise SubmitRejected(f"SLURM refused the job: {str(e).strip() or 'sbatch failed'}") from None
-        except (RuntimeError, OSError) as e:  # no srun here, sbatch output not understood, ...
-            raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
-        handle = SlurmHandle(slurm_job_id=str(job.job_id), submitit_folder=str(folder))
-        record.write_handle(handle)
-        # not over what the controller, started meanwhile, recorded
-        record.update_status(
-            if_state=JobState.CREATED, state=JobState.PENDING, message=f"SLURM job {job.job_id}"
-        )
-        return handle
+        # submitit echoes sbatch's error, which _sbatch reports
+        with _sbatch("the job"), contextlib.redirect_stderr(io.StringIO()):
+            job = executor.submit(Controller(str(record.dir)))
+        return _pending(record, str(job.job_id), executor.folder)
 
     def submit_array(
         self, runs: list[tuple[Plan, JobRecord]], folder: Path, max_parallel: int | None
     ) -> list[SlurmHandle]:
-        """A sweep's runs as one job array (``launcher.schedulers.slurm.array``), submitit's files in
-        ``folder``. Raises SubmitRejected with SLURM's error when sbatch refuses it."""
+        """A sweep's ``runs`` (each a Plan and its job record) as one job array, submitit's files in
+        ``folder``, at most ``max_parallel`` tasks at once; each task is one run's whole job. One batch
+        script serves them all, so each run's checks before training go into ``CHECKS`` in its job
+        record, which the script sources for its task (``ARRAY_DIRS``). Returns each run's handle
+        (its task's id), also written in its record. Raises SubmitRejected with SLURM's error when
+        sbatch refuses it."""
         _check_slurm_here()
         requests = [SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST]) for plan, _ in runs]
-        spec = runs[0][1].spec()
-        executor = _executor(requests[0], folder, spec.options(SlurmOptions).max_requeues)
-        setups = [r.setup for r in requests]
-        try:
-            return submit_array(runs, executor, BATCH_SETUP, setups, max_parallel)
-        except submitit.core.utils.FailedJobError as e:
-            raise SubmitRejected(
-                f"SLURM refused the sweep's array: {str(e).strip() or 'sbatch failed'}"
-            ) from None
-        except (RuntimeError, OSError) as e:
-            raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
+        executor = _executor(requests[0], folder, runs[0][1].spec().options(SlurmOptions).max_requeues)
+        dirs = executor.folder.parent / ARRAY_DIRS
+        with _sbatch("the sweep's array"):
+            dirs.write_text("".join(f"{record.dir}\n" for _, record in runs))
+            for (plan, record), request in zip(runs, requests, strict=True):
+                (record.dir / CHECKS).write_text("\n".join(request.setup[len(BATCH_SETUP) :]) + "\n")
+                mark_run_dir(plan, record.spec().options(SlurmOptions).node_local_run_dir)
+            task_dir = f'"$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(dirs))})"'
+            executor.update_parameters(
+                job_name=runs[0][1].dir.parent.name,  # the sweep's id: squeue and sacct show the array by it
+                setup=[*BATCH_SETUP, f"source {task_dir}/{CHECKS}"],
+                array_parallelism=max_parallel or len(runs),
+            )
+            with contextlib.redirect_stderr(io.StringIO()), executor.batch():  # as in ``submit``
+                jobs = [executor.submit(Controller(str(record.dir))) for _, record in runs]
+            task = " (a task of the sweep's array)"
+            pairs = zip(jobs, runs, strict=True)
+            return [_pending(record, str(job.job_id), executor.folder, task) for job, (_, record) in pairs]
 
     def state(self, record: JobRecord) -> JobStatus:
         """The recorded status, brought up to date from SLURM's accounting (at most every few seconds
@@ -331,13 +329,6 @@ class SlurmScheduler:
         """The controller's, in the job's allocation."""
         return controller_transport(plan, record)
 
-    def heartbeats(self, record: JobRecord) -> dict[int, list[Beat]]:
-        """From the job record (shared with the nodes), where the nodes' ranks write them."""
-        return recorded_beats(record.plan(), record.dir)
-
-    def logs(self, record: JobRecord, node: int | None, follow: bool) -> Iterator[str]:
-        return node_logs(self, record, node, follow)
-
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         """A running job's controller is asked to stop, through the job record (it runs in the
         allocation): its ranks checkpoint and exit, and it records the end. A job still queued or
@@ -353,17 +344,39 @@ class SlurmScheduler:
             record.update_status(stop_requested_at=time.time())  # the controller reads it there
             if not wait:
                 return self.state(record)
-            final = wait_terminal(self, record, record.spec().grace_period_s + STOP_MARGIN_S, POLL_S)
+            final = wait_terminal(self.state, record, record.spec().grace_period_s + STOP_MARGIN_S, POLL_S)
             if final is not None:
                 return final
         # Queued, asked a second time, or still running after the grace period: SLURM cancels it.
         _scancel(handle.slurm_job_id)
         if not wait:
             return self.state(record)
-        final = wait_terminal(self, record, SCANCEL_WAIT_S, POLL_S)
+        final = wait_terminal(self.state, record, SCANCEL_WAIT_S, POLL_S)
         if final is None:
             raise JobError(f"SLURM job {handle.slurm_job_id} did not end within {SCANCEL_WAIT_S:.0f} s")
         return final
+
+
+@contextlib.contextmanager
+def _sbatch(what: str) -> Iterator[None]:
+    """Submitting ``what`` ("the job", for the message): sbatch's refusal, or another failure to submit,
+    raised as SubmitRejected."""
+    try:
+        yield
+    except submitit.core.utils.FailedJobError as e:
+        raise SubmitRejected(f"SLURM refused {what}: {str(e).strip() or 'sbatch failed'}") from None
+    except (RuntimeError, OSError) as e:  # no srun here, sbatch output not understood, ...
+        raise SubmitRejected(f"submitting to SLURM failed: {e}") from None
+
+
+def _pending(record: JobRecord, slurm_job_id: str, folder: Path, what: str = "") -> SlurmHandle:
+    """``record``'s handle on SLURM job ``slurm_job_id``, written, and its status pending: not over
+    what its controller, started meanwhile, recorded."""
+    handle = SlurmHandle(slurm_job_id=slurm_job_id, submitit_folder=str(folder))
+    record.write_handle(handle)
+    message = f"SLURM job {slurm_job_id}{what}"
+    record.update_status(if_state=JobState.CREATED, state=JobState.PENDING, message=message)
+    return handle
 
 
 def _check_slurm_here() -> None:

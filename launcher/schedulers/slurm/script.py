@@ -1,12 +1,6 @@
 """The sbatch side of a SLURM job, rendered without side effects: the sbatch options, and the standalone
-sbatch script that `launcher render --scheduler slurm` prints.
-
-The script runs the job as ``launcher submit`` does, with no launcher at submit: its first run writes
-the job record into the job directory (the spec and the Plan, carried in the script), then, after
-the checks before training, runs the job's controller (``launcher supervise``) in the batch step:
-each node's agent a job step, fail-fast, retries on spare nodes (``--spare-nodes``) or a requeue, and
-on SLURM's warning signal (SIGUSR2, ``--signal=USR2@T``) the ranks checkpoint and the controller
-requeues the job, which resumes from that checkpoint. Every value comes out shell-quoted; secrets are
+sbatch script that ``launcher render --scheduler slurm`` prints, which runs the job as ``launcher
+submit`` does (docs/schedulers/slurm.md, "Two paths"). Every value comes out shell-quoted; secrets are
 never in it (SLURM exports the submitting shell's environment to the job).
 """
 

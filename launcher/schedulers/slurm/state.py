@@ -20,6 +20,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from launcher.job.record import JobRecord, JobState, Outcome
 from launcher.job.verdict import gather, verdict
+from launcher.supervisor.scheduler import controller_lost
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
@@ -120,14 +121,12 @@ def end_outcome(info: AccountingInfo, record: JobRecord) -> Outcome:
         scheduler_cancelled=info.state == "CANCELLED",
         unexplained=unexplained,
     )
-    return verdict(facts).outcome
+    return verdict(facts)
 
 
 def lost_controller(info: AccountingInfo, record: JobRecord) -> Outcome:
     """The end of a job whose controller SLURM ended before it recorded the end: SLURM's state says
     why (TIMEOUT, NODE_FAIL: its node lost, CANCELLED outside the launcher)."""
-    status = record.status()
-    facts = replace(gather(record, status.started_at or status.created_at), controller_lost=True)
-    outcome = verdict(facts).outcome
+    outcome = controller_lost(record, record.status())
     said = f"SLURM ended job {info.job_id} {info.state} (exit {info.exit_code}) while its controller ran"
     return outcome.model_copy(update={"message": f"{said}: {outcome.message}"})

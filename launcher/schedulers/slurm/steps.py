@@ -14,25 +14,31 @@ from pathlib import Path
 from launcher.job.reports import REPORT_DIR_ENV
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON
-from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings, worker_argv
+from launcher.preflight.health import GATE_TIMEOUT_S, GateSettings
 from launcher.preflight.health_step import HEALTH_DIR, HOSTS
 from launcher.preflight.parity_step import PROBE_DIR
 from launcher.preflight.probe import IMAGE_DIGEST_ENV
-from launcher.schedulers.slurm.image import SlurmImage
+from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
 
 STEP_TIME_MIN = 5  # srun's limit for a check's step: a cold `import torch` takes seconds, not minutes
 PULL_TIME_MIN = 30  # in an image, the step may pull it first (several GB for a CUDA image)
 
 
+def rendezvous(spec: JobSpec) -> tuple[str, int | str]:
+    """The job's rendezvous host and port: the spec's, else filled in on the node (``{{first_host}}``, set
+    by the controller, and ``{{rdzv_port}}``, from the SLURM job id: ``launcher.job.placeholders``)."""
+    return spec.rendezvous.endpoint or "{{first_host}}", spec.rendezvous.port or "{{rdzv_port}}"
+
+
 def parity_lines(
-    *, python: str, workdir: str, job_dir: str, nnodes: int, gpus_per_node: int, skip: bool,
-    image: SlurmImage | None,
-) -> list[str]:  # fmt: skip
-    """Version parity: the probe on every node (one srun step), compared on the batch node; a
-    mismatch ends the job (exit 3). ``gpus_per_node`` 0: no GPU requirement. With ``image``, the probe
-    and the comparison run in the job's image (the probe's step may pull it: a longer time limit)."""
-    probes = Path(job_dir) / PROBE_DIR
+    spec: JobSpec, facts: SlurmFacts, job_dir: Path, image: SlurmImage | None, nnodes: int
+) -> list[str]:
+    """Version parity: the probe on each of the allocation's ``nnodes`` nodes (spares included; one srun
+    step), compared on the batch node; a mismatch ends the job (exit 3). ``facts.gpus_per_node`` 0: no
+    GPU requirement. With ``image``, the probe and the comparison run in the job's image (the probe's
+    step may pull it: a longer time limit)."""
+    python, workdir, probes = spec.python, facts.workdir, job_dir / PROBE_DIR
     probe = [python, "-m", "launcher.preflight.probe", "--json"]
     minutes = STEP_TIME_MIN
     if image is not None:  # the probe on the image's interpreter
@@ -43,8 +49,9 @@ def parity_lines(
         f"--output={probes}/node-%n.json", f"--error={probes}/node-%n.log", *probe,
     ]  # fmt: skip
     compare_argv = [
-        python, "-m", "launcher.preflight.parity_step", "--job-dir", job_dir, "--nodes", str(nnodes),
-        "--gpus-per-node", str(gpus_per_node), *(["--skip-parity"] if skip else []),
+        python, "-m", "launcher.preflight.parity_step", "--job-dir", str(job_dir), "--nodes", str(nnodes),
+        "--gpus-per-node", str(facts.gpus_per_node),
+        *(["--skip-parity"] if spec.options(SlurmOptions).skip_parity else []),
     ]  # fmt: skip
     if image is not None:
         compare_argv = image.batch(compare_argv)
@@ -118,12 +125,7 @@ def _gate_node(
     image: SlurmImage | None,
 ) -> list[str]:
     """Each node's command of the gate: the workers under torchrun, behind ``launcher.job.node``."""
-    rdzv = spec.rendezvous
-    master = (rdzv.endpoint or "{{first_host}}", rdzv.port or "{{rdzv_port}}")
-    torchrun = [
-        *worker_argv(spec.nnodes, spec.nproc_per_node, "{{node_rank}}", master, GATE_TIMEOUT_S),
-        *gate.worker_args(),
-    ]
+    torchrun = gate.worker_argv(spec.nnodes, "{{node_rank}}", rendezvous(spec), GATE_TIMEOUT_S)
     # The environment is set before the node entry, which fills in placeholders in its argv only, as
     # the job's own environment is never filled in. The workers report into the gate's directory.
     env = env | {REPORT_DIR_ENV: str(job_dir / HEALTH_DIR)}

@@ -1,21 +1,10 @@
-"""The controller's transport inside a SLURM allocation (``SrunAgents``): each node's agent
-(``python -m launcher.agent run``, as the Plan renders it) is a job step of its own, ``srun --nodes=1
---ntasks=1 --nodelist=HOST``, started from the controller on the allocation's first node. srun relays
-the step's stdout, which is the agent's channel (its output and framed reports), and its stdin.
-
-What srun does with a step (checked on the dev cluster, SLURM 22.05; docs/contributors/architecture.md):
-with ``--unbuffered`` it passes the task's stdout on byte for byte as written (a frame with no newline
-is not held back) and its own stdin to the task, EOF included. SIGTERM, SIGINT or SIGHUP to srun ends
-the step at once (``forcing job termination``: SIGKILL to every process of the step, then srun exits),
-as does srun's own death; other signals (SIGUSR1, SIGUSR2) srun forwards to every process of the
-step. So a stop (the ranks checkpoint) is the agent's own ``signal`` action, run on the node as a step
-that overlaps the agent's (as the SSH transport runs it over ssh), and so is a kill (``signal --signal
-KILL``: a grace period, then SIGKILL), followed by SIGTERM to the srun clients, which return once SLURM
-has ended their steps.
-
-A retry runs in the same allocation when it holds a spare node (``--spare-nodes``) for each node the
-failure blamed: those nodes are left out of the rest of the job. Once none is left, the job is
-requeued without them (``requeue``): the next controller resumes it in a new allocation.
+"""The controller's transport inside a SLURM allocation (``SrunAgents``): each node's agent (as the Plan
+renders it) is a job step of its own, ``srun --nodes=1 --ntasks=1 --nodelist=HOST``, started from the
+controller on the allocation's first node; srun relays the step's stdout (the agent's channel) and its
+stdin. What srun does with a step's signals, and so why a stop or a kill is the agent's own ``signal``
+action run as an overlapping step, then SIGTERM to the srun clients (which return once SLURM has ended
+their steps), and how spares and requeues replace failed nodes: docs/contributors/architecture.md,
+"SLURM: the controller inside the allocation".
 """
 
 from __future__ import annotations
@@ -31,6 +20,7 @@ from types import FrameType
 import psutil
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, FIRST_HOST_ENV
+from launcher.agent.transport import agent_cmd
 from launcher.job import reports
 from launcher.job.failures import stop_marker
 from launcher.job.plan import NodePlan, Plan
@@ -163,7 +153,7 @@ class SrunAgents(Transport):
                 step.kill()
 
     def _signal_argv(self, node: NodePlan, sig: str, grace_s: float) -> list[str]:
-        agent = [self.python, "-m", "launcher.agent", "signal", "--job", self.plan.job_id]
+        agent = agent_cmd(self.python, "signal", "--job", self.plan.job_id)
         agent += ["--node", str(node.node_rank), "--signal", sig, f"--grace-s={grace_s:g}"]
         agent.append(f"--state-dir={agent_dir(self.job_dir)}")
         return [

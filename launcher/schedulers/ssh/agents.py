@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import shlex
 import subprocess
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from gptlaunch.contract import Beat, write_beat
-from launcher.agent.transport import channel_reports
+from launcher.agent.transport import agent_cmd, channel_reports, remote
 from launcher.job.console import say
 from launcher.job.hang import heartbeat_dir
 from launcher.job.plan import NodePlan, Plan
@@ -31,10 +30,9 @@ from launcher.job.retry import spares
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import copy_excludes, warm_workers
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.copies import Copies
-from launcher.schedulers.ssh.hosts import hosts_of, master_address, probe_hosts, pull_image, ssh_settings
+from launcher.schedulers.ssh.copies import Copies, sync
+from launcher.schedulers.ssh.hosts import hosts_of, probe_job_hosts, ssh_settings
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.sync import sync
 from launcher.schedulers.ssh.zygotes import Zygotes
 from launcher.supervisor import procs
 from launcher.supervisor.transport import DRAIN_S, Transport, drain_channels, start_client
@@ -44,8 +42,8 @@ REJOIN_POLL_S = 10.0
 BEATS_TIMEOUT_S = 5.0  # for the hosts' last beats when an attempt ends
 MAX_SPARE_SETS = 8  # sets of spares a retry checks before it gives up
 SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an established connection
-# The hosts' lease (``launcher.agent run --lease-s``): the supervisor writes a byte to every node's ssh stdin
-# each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
+# The hosts' lease (``launcher.agent.node.NodeAgent._lease``; the zygotes' too): a byte to every node's
+# ssh stdin each LEASE_RENEW_S; a node that heard nothing for LEASE_S ends itself. Longer than ssh's own
 # detection of a dead link (ServerAliveInterval 5 s × ServerAliveCountMax 3): the launcher gives up on
 # a node before that node gives up on the launcher.
 LEASE_S = 30.0
@@ -59,8 +57,7 @@ Replan = Callable[[JobSpec, list[str], Plan, Path], Plan]
 
 def agent_command(python: str, action: str, job_id: str, node: int, *extra: str) -> str:
     """``launcher.agent ACTION`` of node ``node`` of ``job_id``, as a remote shell command."""
-    argv = [python, "-m", "launcher.agent", action, "--job", job_id, "--node", str(node), *extra]
-    return f"cd / && {shlex.join(argv)}"
+    return remote(agent_cmd(python, action, "--job", job_id, "--node", str(node), *extra))
 
 
 class SshAgents(Transport):
@@ -209,12 +206,8 @@ class SshAgents(Transport):
             started = time.monotonic()
             try:
                 sync(opts, free, workdir, say)
-                pulled = None
-                if image:  # pinned by digest, as every host of the job pulled it
-                    runtime = opts.container_runtime
-                    pulled = pull_image(self.settings, free, spec.python, str(image), runtime, say)
-                master = master_address(self.settings, current[0])
-                probes = probe_hosts(self.settings, free, spec.python, master, pulled)
+                pinned = str(image) if image else None  # by digest, as every host of the job pulled it
+                probes = probe_job_hosts(opts, free, spec.python, pinned, say, master_host=current[0]).probes
             except (SpecError, OSError) as e:
                 why = f"not made ready (a retry checks them again): {e}"
                 say(f"launcher: spare host(s) {', '.join(free)} {why}")

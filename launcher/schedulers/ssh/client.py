@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.agent.private import UnsafeDirError, private_dir
-from launcher.job.hostnames import HOST_RE
+from launcher.job.options import HOST_RE
 
 # KEY=VALUE of ``ssh -o`` (e.g. ProxyJump=bastion, Port=2222).
 SSH_OPT_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*=[^\x00-\x1f\x7f]+")

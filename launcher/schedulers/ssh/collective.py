@@ -18,7 +18,7 @@ from launcher.job.measurements import CollectiveResult
 from launcher.job.spec import SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.gpu_health import QUERY_TIMEOUT_S
-from launcher.preflight.health import Finding, GateSettings, findings, worker_argv
+from launcher.preflight.health import Finding, GateSettings, findings
 from launcher.schedulers.ssh import client as ssh
 from launcher.schedulers.ssh.agents import agent_command
 from launcher.schedulers.ssh.hosts import HostPlan, ssh_settings
@@ -41,11 +41,11 @@ def health_gate(
     def command(host: str) -> str:
         node = plan.hosts.index(host)
         node_env = plan.env(host, env) | env
-        master = (plan.master_addr, plan.port)
-        torchrun = [*worker_argv(n, gate.gpus_per_node, node, master, timeout_s), *gate.worker_args()]
+        master = (plan.master_addr, plan.rdzv_port)
+        torchrun = gate.worker_argv(n, node, master, timeout_s)
         workers = ["env", *(f"{k}={v}" for k, v in sorted(node_env.items()))]
         workers += [IMAGE_PYTHON if plan.image else python, *torchrun]
-        image = ImageRun(plan.image.image, plan.image.runtimes[host], (), ()).flags() if plan.image else []
+        image = ImageRun(plan.image, plan.runtimes[host], (), ()).flags() if plan.image else []
         # Under the node agent: the workers' reports come back on its channel.
         return agent_command(python, "run", run_id, node, *image, "--", *workers)
 

@@ -5,7 +5,7 @@ address and rendezvous port, the network interface of each host (the collective 
 ``launcher check`` runs them on their own; the SSH scheduler runs them before every submit. Every
 remote step runs on all hosts at once (``ssh.fan_out``, at most ``--ssh-max-parallel`` clients at a
 time except where the hosts wait for each other), so the wall time is about that of the slowest host
-times the waves, not the sum. Each failure raises SpecError (or ParityError) naming the host and the fix.
+times the waves, not the sum. Each failure raises SpecError (or HostsRefused) naming the host and the fix.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gptlaunch.contract import EXIT_REFUSED
-from launcher.agent.transport import channel_reports
+from pydantic import BaseModel, ConfigDict, Field
+
+from launcher.agent.transport import agent_cmd, channel_reports, remote
 from launcher.image.runtime import NO_RUNTIME, PULL_TIMEOUT_S, exec_argv
 from launcher.job.measurements import Probe
 from launcher.job.plan import UnresolvedHosts
@@ -27,23 +28,11 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON
 from launcher.preflight.parity import classes, compare, diff_text
 from launcher.schedulers.ssh import client as ssh
-from launcher.schedulers.ssh.needs import MissingProgramError
+from launcher.schedulers.ssh.needs import HostsRefused
 from launcher.schedulers.ssh.options import SshOptions
 
 PROBE_TIMEOUT_S = 120.0  # a cold `import torch` on a busy host can take tens of seconds
 PORT_TIMEOUT_S = 10.0
-
-
-class ParityError(SpecError):
-    """The hosts differ in versions that must match (or lack GPUs); the message is the diff."""
-
-    exit_code = EXIT_REFUSED
-
-
-class HealthError(SpecError):
-    """The health gate named a host (a slow link or device); the message has one line per host."""
-
-    exit_code = EXIT_REFUSED
 
 
 def ssh_settings(opts: SshOptions) -> ssh.SshSettings:
@@ -99,18 +88,6 @@ def master_address(settings: ssh.SshSettings, host: str) -> str:
     return host.split("@")[-1]
 
 
-def _python(python: str) -> str:
-    return f"cd / && {shlex.quote(python)}"
-
-
-@dataclass(frozen=True)
-class HostImage:
-    """The job's image (pinned by digest) and the runtime each host runs it with."""
-
-    image: str
-    runtimes: dict[str, str]
-
-
 def pull_image(
     settings: ssh.SshSettings,
     hosts: list[str],
@@ -118,14 +95,14 @@ def pull_image(
     image: str,
     runtime: str,
     say: Callable[[str], None],
-) -> HostImage:
+) -> dict[str, str]:
     """Every host pulls ``image`` with ``runtime`` ("auto": podman, else docker) at once, each named
-    as it finishes. Raises SpecError naming every host that could not pull, with the registry's (or
-    the runtime's) error."""
+    as it finishes; the runtime each host runs it with. Raises SpecError naming every host that could
+    not pull, with the registry's (or the runtime's) error."""
 
     def command(host: str) -> str:
-        pull = f"pull --node {hosts.index(host)} --runtime {runtime} --image {shlex.quote(image)}"
-        return f"{_python(python)} -m launcher.agent {pull}"
+        pull = ["--node", str(hosts.index(host)), "--runtime", runtime, "--image", image]
+        return remote(agent_cmd(python, "pull", *pull))
 
     def done(result: ssh.Result) -> None:
         if result.ok:
@@ -147,16 +124,14 @@ def pull_image(
             no_runtime.append(f"{result.host}: {error}")
         errors.append(f"{result.host}: {error}" if error else result.error())
     if no_runtime:  # a host to fix, not a registry to reach: exit 3, as for any other program it lacks
-        raise MissingProgramError(
-            "--image needs a container runtime on every host:\n  " + "\n  ".join(no_runtime)
-        )
+        raise HostsRefused("--image needs a container runtime on every host:\n  " + "\n  ".join(no_runtime))
     if errors:
         raise SpecError(
             f"cannot pull the image {image} on every host:\n  " + "\n  ".join(errors) + "\n  check that "
             "the registry is reachable from those hosts and trusted by their runtime (its CA in "
             "/etc/containers/certs.d or /etc/docker/certs.d), and that they are logged in where it needs it"
         )
-    return HostImage(image, runtimes)
+    return runtimes
 
 
 def _refuse_unresolved(results: list[ssh.Result]) -> None:
@@ -177,21 +152,21 @@ def probe_hosts(
     hosts: list[str],
     python: str,
     master_addr: str,
-    image: HostImage | None,
+    image: str | None,
+    runtimes: dict[str, str],
 ) -> dict[str, Probe]:
-    """Run the probe on every host at once (inside ``image`` when given: the image's versions, the
-    host's network and GPUs), with its route to and resolution of ``master_addr``; host 0 also reports
-    a free port. Raises SpecError listing every host that could not be reached or probed."""
+    """Run the probe on every host at once (inside ``image`` when given, with each host's runtime of
+    ``runtimes``: the image's versions, the host's network and GPUs), with its route to and
+    resolution of ``master_addr``; host 0 also reports a free port. Raises SpecError listing every
+    host that could not be reached or probed."""
 
     def command(host: str) -> str:
-        extra = ["--route-to", master_addr, "--resolve", master_addr]
+        args = ["--node", str(hosts.index(host)), "--route-to", master_addr, "--resolve", master_addr]
         if host == hosts[0]:
-            extra.append("--free-port")
-        probe = ["-m", "launcher.agent", "probe", "--node", str(hosts.index(host)), *extra]
+            args.append("--free-port")
         if image is None:
-            return f"{_python(python)} {shlex.join(probe)}"
-        inside = exec_argv(python, image.runtimes[host], image.image, [IMAGE_PYTHON, *probe])
-        return f"cd / && {shlex.join(inside)}"
+            return remote(agent_cmd(python, "probe", *args))
+        return remote(exec_argv(python, runtimes[host], image, agent_cmd(IMAGE_PYTHON, "probe", *args)))
 
     results = ssh.fan_out(settings, hosts, command, settings.connect_timeout_s + PROBE_TIMEOUT_S)
     _refuse_unresolved(results)
@@ -215,14 +190,14 @@ def probe_hosts(
 def enforce_parity(
     probes: dict[str, Probe], gpus_per_node: int, skip: bool, warn: Callable[[str], None]
 ) -> None:
-    """Raise ParityError with the field-by-field diff when versions differ or GPUs are short; with
+    """Raise HostsRefused with the field-by-field diff when versions differ or GPUs are short; with
     ``skip``, print the diff through ``warn`` and go on."""
     mismatches, shortfalls = compare(probes, gpus_per_node)
     if not mismatches and not shortfalls:
         return
     text = diff_text(mismatches, shortfalls)
     if not skip:
-        raise ParityError(text)
+        raise HostsRefused(text)
     warn(f"WARNING: --skip-parity: launching although the hosts differ:\n{text}")
 
 
@@ -256,13 +231,13 @@ def check_port(settings: ssh.SshSettings, hosts: list[str], python: str, master_
     SpecError naming the port and the hosts that could not connect (bounded by PORT_TIMEOUT_S)."""
     if len(hosts) < 2:
         return
-    timeout, wait = PORT_TIMEOUT_S, PORT_TIMEOUT_S + settings.connect_timeout_s + 10
-    tool = f"{_python(python)} -m launcher.preflight.netcheck"
-    listen = f"{tool} listen {port} --expect {len(hosts) - 1} --timeout-s {timeout}"
+    timeout, wait = str(PORT_TIMEOUT_S), PORT_TIMEOUT_S + settings.connect_timeout_s + 10
+    tool = [python, "-m", "launcher.preflight.netcheck"]
+    listen = remote([*tool, "listen", str(port), "--expect", str(len(hosts) - 1), "--timeout-s", timeout])
     box: list[ssh.Result] = []
     listener = threading.Thread(target=lambda: box.append(ssh.run(settings, hosts[0], listen, wait)))
     listener.start()
-    connect = f"{tool} connect {shlex.quote(master_addr)} {port} --timeout-s {timeout}"
+    connect = remote([*tool, "connect", master_addr, str(port), "--timeout-s", timeout])
     results = ssh.fan_out(settings, hosts[1:], lambda h: connect, wait, all_at_once=True)  # within the listen
     listener.join()
     failed = [r for r in results if not r.ok]
@@ -278,16 +253,16 @@ def check_port(settings: ssh.SshSettings, hosts: list[str], python: str, master_
         )
 
 
-@dataclass(frozen=True)
-class HostPlan:
-    """What the checks decided for a job's hosts."""
+class HostPlan(BaseModel):
+    """What the checks decided for a job's hosts (the fields of ``SshFacts``, in its job records)."""
 
-    hosts: list[str]
-    master_addr: str
-    port: int
-    ifnames: dict[str, str]
-    probes: dict[str, Probe]
-    image: HostImage | None = None
+    model_config = ConfigDict(frozen=True)
+    hosts: list[str]  # the hosts that run the job, node k on hosts[k]
+    master_addr: str  # the first host's address, as every host resolves it
+    rdzv_port: int
+    ifnames: dict[str, str]  # each host's interface towards master_addr
+    image: str | None = None  # pinned by digest: what every host pulled and runs
+    runtimes: dict[str, str] = Field(default_factory=dict)  # with an image: each host's container runtime
 
     def env(self, host: str, user_env: dict[str, str]) -> dict[str, str]:
         """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for ``host``, unless the user set them."""
@@ -306,33 +281,29 @@ class ProbedHosts:
     master_addr: str
     probes: dict[str, Probe]
     probe_s: float  # wall time of the parallel probe, seconds
-    image: HostImage | None = None
+    image: str | None = None
+    runtimes: dict[str, str] = field(default_factory=dict)  # with an image: each host's container runtime
 
 
 def probe_job_hosts(
     opts: SshOptions,
-    nnodes: int | None,
-    nproc_per_node: int,
+    hosts: list[str],
     python: str,
     image: str | None = None,
     say: Callable[[str], None] = lambda line: None,
+    master_host: str | None = None,
 ) -> ProbedHosts:
-    """The hosts (``hosts_of``), the master address and every host's probe, in parallel; with
-    ``image`` (pinned by digest), every host pulls it first and the probe runs inside it. Raises
-    SpecError naming each host that could not be reached, pull or be probed."""
+    """Every host's probe, in parallel, towards the address of ``master_host`` (default: the first
+    host); with ``image`` (pinned by digest), every host pulls it first and the probe runs inside it.
+    Raises SpecError naming each host that could not be reached, pull or be probed."""
     settings = ssh_settings(opts)
-    hosts = hosts_of(opts, nnodes, nproc_per_node)
-    master = master_address(settings, hosts[0])
-    pulled = None
+    master = master_address(settings, master_host or hosts[0])
+    runtimes = {}
     if image is not None:
-        pulled = pull_image(settings, hosts, python, image, opts.container_runtime, say)
+        runtimes = pull_image(settings, hosts, python, image, opts.container_runtime, say)
     started = time.monotonic()
-    probes = probe_hosts(settings, hosts, python, master, pulled)
-    if pulled is not None:  # what each host's probe found inside the image
-        for host, probe in probes.items():
-            found = f"image_digest={probe.image_digest} torch={probe.torch}"
-            say(f"launcher: {host}: probed in the image: {found}")
-    return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started, pulled)
+    probes = probe_hosts(settings, hosts, python, master, image, runtimes)
+    return ProbedHosts(settings, hosts, master, probes, time.monotonic() - started, image, runtimes)
 
 
 def route_hosts(probed: ProbedHosts, port: int | None, python: str) -> HostPlan:
@@ -344,7 +315,14 @@ def route_hosts(probed: ProbedHosts, port: int | None, python: str) -> HostPlan:
     if chosen_port is None:
         raise SpecError(f"host {hosts[0]} reported no free port: pass --rdzv-port")
     check_port(probed.settings, hosts, python, probed.master_addr, chosen_port)
-    return HostPlan(hosts, probed.master_addr, chosen_port, ifnames, probed.probes, probed.image)
+    return HostPlan(
+        hosts=hosts,
+        master_addr=probed.master_addr,
+        rdzv_port=chosen_port,
+        ifnames=ifnames,
+        image=probed.image,
+        runtimes=probed.runtimes,
+    )
 
 
 def check_workdir(settings: ssh.SshSettings, hosts: list[str], workdir: str) -> None:
@@ -365,14 +343,19 @@ def check_workdir(settings: ssh.SshSettings, hosts: list[str], workdir: str) -> 
 
 def plan_hosts(
     spec: JobSpec, opts: SshOptions, workdir: str | None, warn: Callable[[str], None], image: str | None
-) -> HostPlan:
+) -> tuple[HostPlan, dict[str, Probe]]:
     """Every check before ``spec``'s job on ``opts``' hosts, in order: hosts, the pull of ``image``
     (pinned by digest) and probes inside it (in parallel), parity, the workdir (None: not checked,
-    ``--sync`` makes it), master address resolution and routes, rendezvous port. Raises SpecError /
-    ParityError."""
-    probed = probe_job_hosts(opts, spec.nnodes, spec.nproc_per_node, spec.python, image, warn)
+    ``--sync`` makes it), master address resolution and routes, rendezvous port. Returns the plan and
+    each host's probe. Raises SpecError / HostsRefused."""
+    hosts = hosts_of(opts, spec.nnodes, spec.nproc_per_node)
+    probed = probe_job_hosts(opts, hosts, spec.python, image, warn)
+    if image is not None:  # what each host's probe found inside the image
+        for host, probe in probed.probes.items():
+            found = f"image_digest={probe.image_digest} torch={probe.torch}"
+            warn(f"launcher: {host}: probed in the image: {found}")
     enforce_parity(probed.probes, spec.nproc_per_node, opts.skip_parity, warn)
     warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
     if workdir is not None:
         check_workdir(probed.settings, probed.hosts, workdir)
-    return route_hosts(probed, spec.rendezvous.port, spec.python)
+    return route_hosts(probed, spec.rendezvous.port, spec.python), probed.probes

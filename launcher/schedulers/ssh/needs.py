@@ -8,7 +8,7 @@
 
 One remote command per host, all at once, over the connection the probes opened: it says where rsync
 and py-spy are and whether the host reads a token file this machine wrote beside the job record.
-Missing here is exit 2 (``SpecError``), missing on a host exit 3 (``MissingProgramError``), each with
+Missing here is exit 2 (``SpecError``), missing on a host exit 3 (``HostsRefused``), each with
 the package to install.
 """
 
@@ -29,8 +29,9 @@ from launcher.schedulers.ssh import client as ssh
 CHECK_TIMEOUT_S = 30.0
 
 
-class MissingProgramError(SpecError):
-    """A host lacks a program the job needs; the message names the hosts and the package."""
+class HostsRefused(SpecError):
+    """Hosts the job cannot run on: one lacks a program the job needs, their versions differ (or GPUs
+    are short), or the health gate named them. The message names the hosts and the fix."""
 
     exit_code = EXIT_REFUSED
 
@@ -90,7 +91,7 @@ def answer(stdout: str, token: str) -> HostNeeds:
 
 def check(answers: dict[str, HostNeeds], sync: bool, say: Callable[[str], None]) -> None:
     """Refuse the job when a program it needs is missing (see the module docstring); say once which
-    hosts lack py-spy. Raises SpecError (this machine) or MissingProgramError (hosts)."""
+    hosts lack py-spy. Raises SpecError (this machine) or HostsRefused (hosts)."""
     apart = [h for h, a in answers.items() if not a.shares_files]
     if sync or apart:
         why = (
@@ -103,7 +104,7 @@ def check(answers: dict[str, HostNeeds], sync: bool, say: Callable[[str], None])
         # rsync runs on both ends: with --sync every host receives the code, else only the apart ones
         lacking = [h for h, a in answers.items() if not a.rsync and (sync or not a.shares_files)]
         if lacking:
-            raise MissingProgramError(missing(RSYNC, why, ", ".join(lacking)))
+            raise HostsRefused(missing(RSYNC, why, ", ".join(lacking)))
     no_spy = [h for h, a in answers.items() if not a.py_spy]
     if no_spy:
         lost = f"{PY_SPY.optional}; {PY_SPY.install_hint()}"

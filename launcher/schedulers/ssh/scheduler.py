@@ -14,15 +14,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pydantic import Field
-
 from gptlaunch.contract import Beat
 from launcher.agent.transport import agent_argv, back_flags
 from launcher.image.reference import resolve as resolve_image
 from launcher.image.runtime import ImageRun
 from launcher.job.console import say
 from launcher.job.measurements import CollectiveResult, Probe
-from launcher.job.mounts import container_mounts
 from launcher.job.plan import Facts, NodeCommand, Plan, UnresolvedHosts, build_plan, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.retry import spares
@@ -31,6 +28,7 @@ from launcher.job.torchrun import (
     IMAGE_PYTHON,
     agent_env,
     check_warm_program,
+    container_mounts,
     copy_excludes,
     node_agents,
     warm_worker,
@@ -39,53 +37,22 @@ from launcher.job.torchrun import (
     zygote_name,
 )
 from launcher.preflight import recorded
-from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, format_table, report_text
+from launcher.preflight.health import GATE_TIMEOUT_S, Finding, GateSettings, named_text, report_text
 from launcher.schedulers.ssh import needs
 from launcher.schedulers.ssh.agents import LEASE_S, SshAgents, host_beats, host_status
 from launcher.schedulers.ssh.collective import health_gate
-from launcher.schedulers.ssh.hosts import (
-    HealthError,
-    HostImage,
-    HostPlan,
-    hosts_of,
-    master_address,
-    plan_hosts,
-    ssh_settings,
-)
+from launcher.schedulers.ssh.copies import sync
+from launcher.schedulers.ssh.hosts import HostPlan, hosts_of, master_address, plan_hosts, ssh_settings
+from launcher.schedulers.ssh.needs import HostsRefused
 from launcher.schedulers.ssh.options import SshOptions
-from launcher.schedulers.ssh.sync import sync
 from launcher.supervisor.scheduler import SupervisedScheduler
 from launcher.supervisor.supervisor import SupervisorHandle
 
 TORCHRUN_DEFAULT_PORT = 29500  # torchrun's --master-port default
 
 
-class SshFacts(Facts):
-    hosts: list[str]  # the hosts that run the job, node k on hosts[k]
-    master_addr: str  # the first host's address, as every host resolves it
-    rdzv_port: int
-    ifnames: dict[str, str]  # each host's interface towards master_addr
+class SshFacts(HostPlan, Facts):
     omp_num_threads: int | None
-    image: str | None = None  # pinned by digest: what every host pulled and runs
-    runtimes: dict[str, str] = Field(default_factory=dict)  # with an image: each host's container runtime
-
-    def host_plan(self) -> HostPlan:
-        image = HostImage(self.image, self.runtimes) if self.image else None
-        return HostPlan(self.hosts, self.master_addr, self.rdzv_port, self.ifnames, {}, image)
-
-    @classmethod
-    def of(cls, workdir: str, hosts: HostPlan, spec: JobSpec) -> SshFacts:
-        """The facts of ``spec`` on the checked ``hosts``."""
-        return cls(
-            workdir=workdir,
-            hosts=hosts.hosts,
-            master_addr=hosts.master_addr,
-            rdzv_port=hosts.port,
-            ifnames=hosts.ifnames,
-            omp_num_threads=spec.omp_num_threads,
-            image=hosts.image.image if hosts.image else None,
-            runtimes=hosts.image.runtimes if hosts.image else {},
-        )
 
 
 def _unchecked(spec: JobSpec, workdir: str, image: str | None) -> SshFacts:
@@ -94,10 +61,16 @@ def _unchecked(spec: JobSpec, workdir: str, image: str | None) -> SshFacts:
     opts = spec.options(SshOptions)
     hosts = hosts_of(opts, spec.nnodes, spec.nproc_per_node)
     runtime = "podman" if opts.container_runtime == "auto" else opts.container_runtime
-    pulled = HostImage(image, dict.fromkeys(hosts, runtime)) if image else None
-    master = master_address(ssh_settings(opts), hosts[0])
-    port = spec.rendezvous.port or TORCHRUN_DEFAULT_PORT
-    return SshFacts.of(workdir, HostPlan(hosts, master, port, {}, {}, pulled), spec)
+    return SshFacts(
+        workdir=workdir,
+        hosts=hosts,
+        master_addr=master_address(ssh_settings(opts), hosts[0]),
+        rdzv_port=spec.rendezvous.port or TORCHRUN_DEFAULT_PORT,
+        ifnames={},
+        omp_num_threads=spec.omp_num_threads,
+        image=image,
+        runtimes=dict.fromkeys(hosts, runtime) if image else {},
+    )
 
 
 class SshScheduler(SupervisedScheduler):
@@ -110,7 +83,7 @@ class SshScheduler(SupervisedScheduler):
 
     def resolve(self, spec: JobSpec) -> SshFacts:
         """Every check of ``launcher.schedulers.ssh.hosts.plan_hosts`` (probes the hosts; starts
-        nothing). Raises SpecError, or ParityError (exit 3) for hosts whose versions differ."""
+        nothing). Raises SpecError, or HostsRefused (exit 3) for hosts whose versions differ."""
         opts = spec.options(SshOptions)
         if spec.rendezvous.endpoint is not None:
             raise SpecError(
@@ -126,18 +99,18 @@ class SshScheduler(SupervisedScheduler):
         # With --sync the workdir is made on submit (``preflight``): a dry run copies nothing.
         checked = None if opts.sync else workdir
         try:
-            hosts = plan_hosts(spec, opts, checked, say, image)
+            hosts, probes = plan_hosts(spec, opts, checked, say, image)
         except UnresolvedHosts as e:  # a dry run still prints the plan, with these hosts marked
             raise UnresolvedHosts(str(e), e.hosts, _unchecked(spec, workdir, image)) from None
-        self._probes = tuple(hosts.probes[h] for h in hosts.hosts)
-        return SshFacts.of(workdir, hosts, spec)
+        self._probes = tuple(probes[h] for h in hosts.hosts)
+        return SshFacts(**hosts.model_dump(), workdir=workdir, omp_num_threads=spec.omp_num_threads)
 
     def preflight(self, spec: JobSpec, plan: Plan, job_dir: Path) -> Plan:
         """With ``--health-check`` (or ``--health-check-warn``): the health gate with the job's backend
         settings, interfaces, processes per node and precision (``launcher.preflight.health``). With
         ``--retries``, each host it names is replaced by the hostfile's next spare (which passes every
         check of a submit) and the gate runs again, once per retry. Returns the Plan to run. Raises
-        HealthError (exit 3) naming each slow host (``--health-check-warn``: says it and goes on),
+        HostsRefused (exit 3) naming each slow host (``--health-check-warn``: says it and goes on),
         SpecError when the all_reduce cannot form."""
         opts = spec.options(SshOptions)
         hosts = [n.host for n in plan.nodes]
@@ -162,9 +135,8 @@ class SshScheduler(SupervisedScheduler):
             replaced = ", ".join(f"{old} replaced by spare {new}" for old, new in swap.items())
             say(f"launcher: preflight: {replaced} (--retries)")
             plan = self.replan(spec, [swap.get(h, h) for h in current], plan, job_dir)
-        raise HealthError(
-            f"the health gate named {len({f.host for f in named})} host(s):\n  "
-            + "\n  ".join(f.line for f in named)
+        raise HostsRefused(
+            named_text(named)
             + "\n  fix or replace those hosts (or leave them out of --hosts/--hostfile; with --retries, "
             "spares beyond --nodes in the hostfile replace them); --health-check-warn launches anyway"
         )
@@ -172,28 +144,28 @@ class SshScheduler(SupervisedScheduler):
     def _health_gate(self, spec: JobSpec, plan: Plan) -> list[Finding]:
         """Run the gate over ``plan``'s hosts, print its report; the findings that name a host."""
         opts = spec.options(SshOptions)
-        hosts = plan.facts_as(SshFacts).host_plan()
+        hosts = plan.facts_as(SshFacts)
         gate = GateSettings.of_job(spec.trainer_args, opts, spec.nproc_per_node)
         say(f"launcher: preflight: health gate across {len(hosts.hosts)} host(s) ...")
         started = time.monotonic()
         result, found = health_gate(opts, hosts, spec.python, spec.network.as_env(), gate, GATE_TIMEOUT_S)
         self._health = result
-        say(format_table(result))
         say(report_text(result, hosts.hosts, found))
         say(f"launcher: preflight took {time.monotonic() - started:.1f} s")
         return [f for f in found if f.fatal]
 
     def replan(self, spec: JobSpec, hosts: list[str], plan: Plan, job_dir: Path) -> Plan:
         """``plan`` on ``hosts`` (one per node), after every check of a submit. Raises SpecError /
-        ParityError."""
+        HostsRefused."""
         opts = spec.options(SshOptions).model_copy(update={"hosts": hosts, "hostfile": None})
         facts = plan.facts_as(SshFacts)
         added = [h for h in hosts if h not in {n.host for n in plan.nodes}]
         check_needs(opts, added, spec.python, job_dir)
         sync(opts, added, facts.workdir, say)
-        found = plan_hosts(spec, opts, facts.workdir, say, facts.image)
-        self._probes = tuple(found.probes[h] for h in found.hosts)
-        return self.render(spec, SshFacts.of(facts.workdir, found, spec), plan.job_id, job_dir)
+        found, probes = plan_hosts(spec, opts, facts.workdir, say, facts.image)
+        self._probes = tuple(probes[h] for h in found.hosts)
+        facts = SshFacts(**found.model_dump(), workdir=facts.workdir, omp_num_threads=spec.omp_num_threads)
+        return self.render(spec, facts, plan.job_id, job_dir)
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         """Record the checks this submit ran (``launcher.preflight.recorded``: for the report), then
@@ -211,22 +183,17 @@ class SshScheduler(SupervisedScheduler):
         if warm_workers(spec):
             worker = warm_worker(worker, zygote_name(job_id))
         env = agent_env(spec, job_id, facts.omp_num_threads, run_dir)
-        hosts = facts.host_plan()
         python = IMAGE_PYTHON if facts.image is not None else None
         agents = node_agents(
             spec, endpoint=endpoint, job_id=job_id, job_dir=job_dir, worker=worker, python=python
         )
-        mounts: tuple[str, ...] = ()
-        if facts.image is not None:
-            extra = spec.options(SshOptions).container_mounts
-            args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
-            mounts = tuple(container_mounts(args, facts.workdir, job_dir, extra))
+        mounts = container_mounts(spec, run_dir, facts.workdir, job_dir) if facts.image is not None else ()
         # A relative run dir is the workdir's, as the trainer takes it.
         run_here = Path(facts.workdir) / run_dir
         excluded = copy_excludes(spec, facts.workdir, str(run_here))
         nodes = []
         for k, (host, agent) in enumerate(zip(facts.hosts, agents, strict=True)):
-            node_env = env | hosts.env(host, env)
+            node_env = env | facts.env(host, env)
             image = []
             if facts.image is not None:  # the agent runs torchrun in a container of the image
                 image = ImageRun(facts.image, facts.runtimes[host], mounts, tuple(node_env)).flags()
@@ -257,7 +224,7 @@ class SshScheduler(SupervisedScheduler):
 
 def check_needs(opts: SshOptions, hosts: list[str], python: str, job_dir: Path) -> None:
     """Refuse the job before any rank starts when this machine or one of ``hosts`` lacks a program it
-    needs (``launcher.schedulers.ssh.needs``). Raises SpecError (here) or MissingProgramError (a host)."""
+    needs (``launcher.schedulers.ssh.needs``). Raises SpecError (here) or HostsRefused (a host)."""
     if hosts:
         answers = needs.ask(ssh_settings(opts), hosts, python, needs.near_record(job_dir))
         needs.check(answers, opts.sync is not None, say)

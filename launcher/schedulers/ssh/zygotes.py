@@ -4,17 +4,16 @@ so that a retry's ranks are forked from a process that has imported torch instea
 Each zygote is an ssh session, ``python -m gptlaunch.warm serve @NAME --lease-s S``, over a connection
 of its own (the supervisor ends the shared master connections with each attempt, and the sessions
 they carry with them). The supervisor starts it beside the host's first node agent (and on the spares
-once they are made ready) and keeps it across attempts. It is held by a lease, as the node agents
-are: the supervisor writes a byte to its stdin every few seconds (``renew``), and the zygote stops
-once its stdin ends (``end``, or the supervisor gone) or brings nothing for S seconds (a host cut
-off). A stopped zygote ends once its forked ranks have ended (their clients, under the node agent,
-end them). A session that ended is started again with the host's next node. The zygote listens on
+once they are made ready) and keeps it across attempts. It is held by the node agents' lease
+(``launcher.schedulers.ssh.agents.LEASE_S``: ``renew``; ``end`` closes its stdin). A stopped zygote
+ends once its forked ranks have ended (their clients, under the node agent, end them). A session
+that ended is started again with the host's next node. The zygote listens on
 an abstract socket (``@NAME``), which belongs to the host's network namespace: hosts that share a
 ``/tmp`` each reach their own (hosts that share a network namespace share one zygote), and the
 clients check by SO_PEERCRED that it is this user's.
 
-The zygote's environment is the node's, less the job id (``JOB_ID_ENV``): a sweep of the job's
-processes on the host must leave it. Its output goes to ``warm-HOST.log`` in the job dir.
+The zygote's environment is the node's, less the job id (as a local job's:
+``launcher.schedulers.local.warm``). Its output goes to ``warm-HOST.log`` in the job dir.
 """
 
 from __future__ import annotations
