@@ -51,6 +51,7 @@ from launcher.agent.private import UnsafeDirError, private_dir
 from launcher.image.runtime import Container, ContainerError, ImageRun, pick, pull
 from launcher.job.channel import Sender
 from launcher.job.hang import HangSpec, add_watch_flags, parse_with_command, watch_of
+from launcher.job.plan import container_name
 from launcher.job.reports import NodeStatus, Probed, Pulled
 from launcher.job.torchrun import zygote_serve
 from launcher.preflight.probe import collect
@@ -113,11 +114,6 @@ def _files(where: Path, node: int) -> tuple[Path, Path, Path]:
 
 def _heartbeat_dir(where: Path, node: int) -> Path:
     return where / f"node-{node}.heartbeat"
-
-
-def container_name(job_id: str, node: int) -> str:
-    """The name of node ``node``'s container of ``job_id`` on its host."""
-    return f"gptlaunch-{job_id}-node{node}"
 
 
 def _take_stdout() -> Sender:

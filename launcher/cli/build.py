@@ -32,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "A failing step is named with its last lines of output.",
         epilog="exit codes: 0 built (and pushed); 2 the engine is unreachable, an input is invalid, the "
         "build failed at a step, or the push failed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     s.add_argument(
         "--variant",

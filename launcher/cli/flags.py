@@ -158,15 +158,22 @@ def warn(text: str) -> None:
     print(f"launcher: warning: {text}", file=sys.stderr)
 
 
-class _FormerFlag(argparse.BooleanOptionalAction):
-    """A flag's former spelling (``Flag(renamed_from=...)``: every renamed field is a boolean) and its
-    ``--no-`` form, hidden from --help: says on stderr, once, that it is deprecated, then sets the
-    field as the flag's own action (``current``) would."""
+class _FormerFlag(argparse.Action):
+    """A flag's former spelling (``Flag(renamed_from=...)``), hidden from --help: says on stderr, once,
+    that it is deprecated, then does what the flag does (``--no-`` form included)."""
 
     def __init__(self, option_strings: list[str], dest: str, current: argparse.Action) -> None:
-        assert isinstance(current, argparse.BooleanOptionalAction), f"{current.dest}: not a boolean"
-        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        self.current = current.option_strings[0]
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=current.nargs,
+            default=argparse.SUPPRESS,
+            choices=current.choices,
+            help=argparse.SUPPRESS,
+            metavar=current.metavar,
+        )
+        self.type = current.type  # the value is converted as the flag's own
+        self.current = current
         self.warned = False
 
     def __call__(
@@ -176,11 +183,13 @@ class _FormerFlag(argparse.BooleanOptionalAction):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        new = self.current.option_strings[0]
+        if option_string and option_string.startswith("--no-"):
+            new = "--no-" + new.removeprefix("--")
         if not self.warned:
-            no = option_string is not None and option_string.startswith("--no-")
-            warn(f"{option_string} is deprecated: use {'--no-' + self.current[2:] if no else self.current}")
+            warn(f"{option_string} is deprecated: use {new}")
             self.warned = True
-        super().__call__(parser, namespace, values, option_string)
+        self.current(parser, namespace, values, new)
 
 
 def argument(flag: JobFlag) -> dict[str, Any]:
@@ -221,8 +230,11 @@ def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None
         if flag.flag in ALIASES:
             hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS, "metavar": action.metavar}
             parser.add_argument(*ALIASES[flag.flag], dest=action.dest, type=action.type, **hidden)
-        if flag.former:  # its --no- form too
-            parser.add_argument(flag.former, dest=flag.dest, action=_FormerFlag, current=action)
+        if flag.former:
+            former = [flag.former]
+            if isinstance(action, argparse.BooleanOptionalAction):
+                former.append("--no-" + flag.former.removeprefix("--"))
+            parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
     parser.add_argument(
         "--secret-env",
         action="append",

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
 
 from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, JOBS_ROOT_ENV
 from launcher import __version__
@@ -55,15 +53,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         default=Path(os.environ.get(JOBS_ROOT_ENV, "jobs")),
         help=f"where job records live (default: ${JOBS_ROOT_ENV} or ./jobs)",
     )
-    # Every command's parser: its descriptions' own line breaks kept, and no flag abbreviated. (A
-    # partial, not a class as typeshed says: argparse only calls it.)
-    command = functools.partial(argparse.ArgumentParser, formatter_class=fmt, allow_abbrev=False)
-    sub = p.add_subparsers(
-        dest="command",
-        required=True,
-        metavar=COMMANDS,
-        parser_class=cast(type[argparse.ArgumentParser], command),
-    )
+    sub = p.add_subparsers(dest="command", required=True, metavar=COMMANDS)
     for cmd, text in (
         ("submit", "run a training job: follow it to the end, or --detach"),
         ("render", "print what submit would run (same as submit --dry-run)"),
@@ -76,6 +66,8 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
             "train --help`; without --run-dir there, it is JOB_DIR/run).",
             usage=f"launcher {cmd} [options] [-- SCRIPT.py ARGS... | -- TRAINER_ARGS...]",
             epilog=f"{fields_help(shown)}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            formatter_class=fmt,
+            allow_abbrev=False,
         )
         add_job_flags(s, shown)
         s.add_argument("--json", action="store_true", help="print the Plan as JSON (render, --dry-run)")
@@ -124,7 +116,14 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         ("wait", "wait for a job to end; exit with its exit code"),
         ("cancel", "stop a job: ranks checkpoint, then exit"),
     ):
-        s = sub.add_parser(cmd, help=text, description=f"{text}.", epilog=f"{STATE_HELP}\n\n{EXIT_CODES}")
+        s = sub.add_parser(
+            cmd,
+            help=text,
+            description=f"{text}.",
+            epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
+            formatter_class=fmt,
+            allow_abbrev=False,
+        )
         s.add_argument("job", help="job id (see `launcher list`) or job directory")
         if cmd == "status":
             s.add_argument("--json", action="store_true", help="machine-readable status")
@@ -138,17 +137,19 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    _add_probe_and_check(sub)
+    _add_probe_and_check(sub, fmt)
     image_cli.add_parser(sub)
     return p
 
 
-def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_probe_and_check(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], fmt: type[argparse.HelpFormatter]
+) -> None:
     s = sub.add_parser(
         "probe",
         help="report this host's versions (Python, torch, CUDA, NCCL, packages, GPUs, interfaces)",
         description="Report what the version-parity check compares: run on every host by `launcher check` "
-        "and before\nevery SSH job.",
+        "and before every SSH job.",
     )
     s.add_argument("--json", action="store_true", help="one JSON object")
     s = sub.add_parser(
@@ -165,6 +166,8 @@ def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "  0    all hosts match (and none is named)\n"
         "  2    invalid input, or a host cannot be reached or checked\n"
         "  3    the hosts differ (the diff is printed), or the health gate named a host (one line each)",
+        formatter_class=fmt,
+        allow_abbrev=False,
     )
     # The hosts and how they are reached: the SSH scheduler's own flags, generated from its options.
     add_scheduler_flags(s, "ssh", SSH_CHECK_FIELDS)

@@ -34,7 +34,7 @@ from launcher.sweep.record import (
     run_status,
     worst_exit_code,
 )
-from launcher.sweep.table import DEFAULT_METRIC, SweepFacts, best, print_table, run_facts
+from launcher.sweep.table import DEFAULT_METRIC, SweepFacts, best_val_loss, print_table, run_facts
 
 # ``launcher submit`` flags that are the sweep's, not each run's: (flag, whether it takes a value)
 _SWEEP_FLAGS = {
@@ -285,10 +285,9 @@ def cmd_status(record: SweepRecord, as_json: bool) -> int:
     if as_json:
         found = []
         for run in run_facts(record, time.time()):
-            lowest = best(run.metrics or [], DEFAULT_METRIC)
             found.append({
                 "run": run.index, "values": run.values, "state": run.state, "step": run.step,
-                "best_val_loss": lowest.value if lowest is not None else None,
+                "best_val_loss": best_val_loss(run),
                 "goodput": run.goodput, "job_id": run.job_id, "error": run.error,
             })  # fmt: skip
         print(json.dumps(found, indent=2))

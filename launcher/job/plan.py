@@ -25,6 +25,11 @@ def node_log_name(node_rank: int) -> str:
     return f"node-{node_rank}.log"
 
 
+def container_name(job_id: str, node_rank: int) -> str:
+    """The name of node ``node_rank``'s container of ``job_id`` on its host (the agent's and compose's)."""
+    return f"gptlaunch-{job_id}-node{node_rank}"
+
+
 class NodePlan(BaseModel):
     """What one node runs: argv (no shell), the environment it adds, and where."""
 

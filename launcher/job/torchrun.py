@@ -12,7 +12,6 @@ from gptlaunch.contract import JOB_ID_ENV, RESUME_ARGS_ENV, RETRIES_ENV, RUN_DIR
 from launcher.job.options import ContainerOptions
 from launcher.job.record import torchelastic_dir
 from launcher.job.spec import JobSpec, RendezvousSpec, SpecError
-from trainer.precheck import paths_of
 
 # Worker lines reach the node log as "[rank3]: ..." (torchrun's --tee with a line-prefix template).
 LOG_LINE_PREFIX = "[rank${rank}]: "
@@ -198,6 +197,10 @@ def container_mounts(spec: JobSpec, run_dir: str, workdir: str, job_dir: Path) -
     options' ``container_mounts``; each once, none that another one holds, never ``/``, sorted. Raises
     SpecError for a path with ':' or ',' (the runtimes' separators: ``--volume P:P``,
     ``--container-mounts A:A,B:B``), and what ``trainer.precheck.paths_of`` raises."""
+    # Imported here: trainer.precheck loads the trainer's config and data modules, which the agent,
+    # the preflight checks and the CLI's other commands import this module without needing.
+    from trainer.precheck import paths_of
+
     args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
     extra = spec.options(ContainerOptions).container_mounts
     base = Path(workdir)

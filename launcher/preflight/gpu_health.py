@@ -22,8 +22,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from launcher.preflight.health import Finding
-
 FIELDS = (
     "index",
     "name",
@@ -92,11 +90,14 @@ def parse(text: str) -> list[dict[str, str]]:
     return rows
 
 
-def _finding(host: str, index: str | None, field: str, value: str, why: str, fatal: bool = True) -> Finding:
-    """One unhealthy field of one GPU (or of the host's set of GPUs: ``index`` None); ``fatal`` False:
-    a warning that does not refuse the launch."""
+# One unhealthy field of one GPU, or of the host's set of GPUs: its line (after the host's name) and
+# whether it refuses the launch (False: a warning only).
+Issue = tuple[str, bool]
+
+
+def _issue(index: str | None, field: str, value: str, why: str, fatal: bool = True) -> Issue:
     gpu = f"gpu {index} " if index is not None else "gpus: "
-    return Finding(host, "gpu", None, f"{host}: {gpu}{field} {value}: {why}", fatal)
+    return f"{gpu}{field} {value}: {why}", fatal
 
 
 def _number(value: str) -> float | None:
@@ -108,44 +109,42 @@ def _number(value: str) -> float | None:
         return None
 
 
-def _gpu_issues(host: str, row: dict[str, str]) -> list[Finding]:
+def _gpu_issues(row: dict[str, str]) -> list[Issue]:
     index = row.get("index", "?")
     issues = []
     ecc_field = "ecc.errors.uncorrected.volatile.total"
     ecc = _number(row.get(ecc_field, ""))
     if ecc:
-        issues.append(_finding(host, index, ecc_field, f"{ecc:g}", "uncorrectable memory errors"))
+        issues.append(_issue(index, ecc_field, f"{ecc:g}", "uncorrectable memory errors"))
     for field, why in (
         ("retired_pages.pending", "a page retirement waits for a GPU reset"),
         ("remapped_rows.pending", "a row remap waits for a GPU reset"),
         ("remapped_rows.failure", "the GPU has no spare rows left: replace it"),
     ):
         if row.get(field, "").lower() == "yes":
-            issues.append(_finding(host, index, field, "Yes", why))
+            issues.append(_issue(index, field, "Yes", why))
     reasons = _number(row.get("clocks_event_reasons.active", ""))
     slow = [name for bit, name in SLOWDOWN_BITS.items() if reasons is not None and int(reasons) & bit]
     if slow:
         value = row["clocks_event_reasons.active"]
-        issues.append(_finding(host, index, "clocks_event_reasons.active", value, ", ".join(slow)))
+        issues.append(_issue(index, "clocks_event_reasons.active", value, ", ".join(slow)))
     temperature = _number(row.get("temperature.gpu", ""))
     if temperature is not None and temperature >= MAX_TEMP_C:
-        issues.append(
-            _finding(host, index, "temperature.gpu", f"{temperature:g} C", f"at or above {MAX_TEMP_C:g} C")
-        )
+        issues.append(_issue(index, "temperature.gpu", f"{temperature:g} C", f"at or above {MAX_TEMP_C:g} C"))
     if row.get("persistence_mode", "").lower() == "disabled":
         why = "each process start re-initialises the driver (`nvidia-smi -pm 1` as root)"
-        issues.append(_finding(host, index, "persistence_mode", "Disabled", why, fatal=False))
+        issues.append(_issue(index, "persistence_mode", "Disabled", why, fatal=False))
     return issues
 
 
-def judge(host: str, rows: list[dict[str, str]], gpus_per_node: int) -> list[Finding]:
-    """What is unhealthy about ``host``'s GPUs (``parse``'s rows): each GPU's fields, then the count
+def judge(rows: list[dict[str, str]], gpus_per_node: int) -> list[Issue]:
+    """What is unhealthy about one host's GPUs (``parse``'s rows): each GPU's fields, then the count
     against ``gpus_per_node`` and the models (one per host)."""
-    issues = [issue for row in rows for issue in _gpu_issues(host, row)]
+    issues = [issue for row in rows for issue in _gpu_issues(row)]
     if len(rows) < gpus_per_node:
         why = f"the job runs {gpus_per_node} process(es) per node"
-        issues.append(_finding(host, None, "count", str(len(rows)), why))
+        issues.append(_issue(None, "count", str(len(rows)), why))
     models = sorted({row.get("name", "?") for row in rows})
     if len(models) > 1:
-        issues.append(_finding(host, None, "name", " / ".join(models), "more than one GPU model on the host"))
+        issues.append(_issue(None, "name", " / ".join(models), "more than one GPU model on the host"))
     return issues

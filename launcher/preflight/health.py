@@ -19,6 +19,7 @@ from typing import Literal
 from launcher.job.measurements import CollectiveResult, DeviceResult, PairResult
 from launcher.job.options import GateOptions
 from launcher.job.torchrun import trainer_flag
+from launcher.preflight import gpu_health
 
 LINK_FRACTION = 0.5  # a host whose best pair is below this fraction of the median host's best is slow
 COMPUTE_FRACTION = 0.8  # a device below this fraction of its kind's median TFLOP/s is slow
@@ -212,15 +213,15 @@ def findings(
 def gpu_findings(queries: dict[int, str], hosts: Sequence[str], gpus_per_node: int) -> list[Finding]:
     """The GPU health of each host from its ``nvidia-smi --query-gpu`` output (``gpu_health``); a
     host whose query failed or printed something else is named with what it printed."""
-    from launcher.preflight import gpu_health  # here, not at the top: gpu_health imports Finding from here
-
     found = []
     for node, text in sorted(queries.items()):
         host = hosts[node]
         try:
-            found += gpu_health.judge(host, gpu_health.parse(text), gpus_per_node)
+            issues = gpu_health.judge(gpu_health.parse(text), gpus_per_node)
         except ValueError as e:
             found.append(Finding(host, "gpu", None, f"{host}: gpu health unknown: {e}"))
+            continue
+        found += [Finding(host, "gpu", None, f"{host}: {line}", fatal) for line, fatal in issues]
     return found
 
 

@@ -14,11 +14,11 @@ import the models for free.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import os
 import platform
 import re
-import runpy
 import shutil
 import socket
 import subprocess
@@ -101,17 +101,23 @@ def _torch_facts() -> dict[str, Any]:
 
 
 def _torch_version_file() -> dict[str, Any] | None:
-    """The names torch's generated ``torch/version.py`` sets (__version__, git_version, cuda), from
-    running that file alone, not torch; None when torch is not installed or the file is not as expected."""
+    """The constants of torch's generated ``torch/version.py`` (__version__, git_version, cuda), read
+    without importing torch; None when torch is not installed or the file is not as expected."""
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    values: dict[str, Any] = {}
     try:
-        values = runpy.run_path(str(path))  # constants and a typing import: cheap to run
-    except Exception:  # missing, or not as torch generates it: the caller imports torch instead
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        values[target.id] = node.value.value
+    except (OSError, SyntaxError):
         return None
     return values if "__version__" in values and "cuda" in values else None
 

@@ -80,6 +80,12 @@ def best(metrics: list[dict[str, Any]], name: str) -> Best | None:
     return found
 
 
+def best_val_loss(run: RunFacts) -> float | None:
+    """The lowest DEFAULT_METRIC ``run`` logged (``best``): ``status SWEEP``'s column, in text or JSON."""
+    lowest = best(run.metrics or [], DEFAULT_METRIC)
+    return None if lowest is None else lowest.value
+
+
 def ranking(runs: list[RunFacts], metric: str) -> list[Ranked]:
     """``runs`` best first by ``metric`` (lower is better); those with no value last, unranked. Runs
     with the same best value keep the sweep's order, and each its own rank."""
@@ -138,8 +144,7 @@ def print_table(record: SweepRecord) -> None:
     )
     for r in found:
         step = "-" if r.step is None else f"{r.step:,}"
-        lowest = best(r.metrics or [], DEFAULT_METRIC)
-        low = "-" if lowest is None else f"{lowest.value:.4f}"
+        low = "-" if (lowest := best_val_loss(r)) is None else f"{lowest:.4f}"
         goodput = "-" if r.goodput is None else f"{r.goodput:.0%}"
         values = describe(r.values)
         print(f"{r.index:>3}  {values:{width}}  {r.state:13} {step:>6} {low:>13} {goodput:>7}  {r.job_id}")

@@ -8,6 +8,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from launcher.job import channel, reports
 from launcher.job.hang import HangReport
 
@@ -52,6 +54,28 @@ def test_a_cut_frame_and_an_unknown_report_end_up_in_the_log_not_the_reports() -
     assert b"a report this launcher cannot read" in log.getvalue()
     assert log.getvalue().endswith(cut)
     assert got == []
+
+
+def test_pump_appends_reports_to_the_record_but_no_file_back_and_reads_on_past_a_failing_also(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    back = reports.FileBack(node=1, path=str(tmp_path / "error.json"), text="{}", time=101.5)
+    sent = [_hang(1), back, _hang(2)]
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "wb") as w:  # a few hundred bytes: the pipe holds them all, then EOF
+        w.write(b"".join(channel.frame(channel.REPORT, reports.encode(r)) for r in sent))
+    seen: list[reports.NodeReport] = []
+
+    def also(report: reports.NodeReport) -> None:
+        seen.append(report)
+        if len(seen) == 1:
+            raise OSError("disk full")
+
+    with os.fdopen(read_fd, "rb") as r:
+        channel.pump(r, tmp_path / "node-1.log", tmp_path, also)
+    assert reports.read_all(tmp_path / reports.REPORTS_DIR) == [_hang(1), _hang(2)]  # no FileBack
+    assert seen == sent  # each handed on, the FileBack too, after also failed on the first
+    assert "launcher: a report of node 1 failed: OSError('disk full')" in capsys.readouterr().err
 
 
 def test_the_sender_frames_writes_from_many_threads_whole_through_a_pipe(tmp_path: Path) -> None:

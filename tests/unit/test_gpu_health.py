@@ -24,13 +24,13 @@ def test_every_output_parses_into_one_row_per_gpu_with_every_field(path: Path) -
 
 def test_a_healthy_host_passes() -> None:
     rows = gpu_health.parse((FIXTURES / "format-8xH100-healthy.csv").read_text())
-    assert gpu_health.judge("gl-h1", rows, gpus_per_node=8) == []
+    assert gpu_health.judge(rows, gpus_per_node=8) == []
 
 
 def test_a_recorded_h200_passes() -> None:
     rows = gpu_health.parse((FIXTURES / "h200.csv").read_text())  # recorded on a real H200
     assert [row["name"] for row in rows] == ["NVIDIA H200"]
-    assert gpu_health.judge("gl-h1", rows, gpus_per_node=1) == []
+    assert gpu_health.judge(rows, gpus_per_node=1) == []
 
 
 def test_ecc_errors_a_pending_remap_and_a_thermal_slowdown_are_named_with_their_field() -> None:
@@ -62,9 +62,9 @@ def test_two_gpu_models_on_one_host_are_named() -> None:
         .read_text()
         .replace("7, NVIDIA H100 80GB HBM3", "7, NVIDIA A100-SXM4-80GB")
     )
-    (finding,) = gpu_health.judge("gl-h1", gpu_health.parse(text), 8)
+    ((line, fatal),) = gpu_health.judge(gpu_health.parse(text), 8)
     why = "more than one GPU model on the host"
-    assert finding.line == f"gl-h1: gpus: name NVIDIA A100-SXM4-80GB / NVIDIA H100 80GB HBM3: {why}"
+    assert fatal and line == f"gpus: name NVIDIA A100-SXM4-80GB / NVIDIA H100 80GB HBM3: {why}"
 
 
 def test_a_failed_query_names_the_host_with_what_it_printed() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from launcher.cli.flags import add_job_flags, build_spec
+from launcher.cli.flags import _FormerFlag, add_job_flags, build_spec
 from launcher.cli.main import main
 from launcher.job.spec import JobSpec
 from launcher.schedulers.ssh.options import SshOptions
@@ -72,6 +72,15 @@ def test_former_health_check_flags_still_work_and_warn_once(capsys: pytest.Captu
     assert _warnings(capsys) == ["launcher: warning: --no-preflight is deprecated: use --no-health-check"]
     assert _spec_of(*ssh, "--health-check").options(SshOptions).health_check
     assert _warnings(capsys) == []
+
+
+def test_a_former_flag_of_any_kind_reads_as_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``Flag(renamed_from=...)`` is open to plugin schedulers: a renamed field need not be a boolean."""
+    parser = argparse.ArgumentParser()
+    action = parser.add_argument("--max-parallel", dest="n", type=int)
+    parser.add_argument("--parallel", dest="n", action=_FormerFlag, current=action)
+    assert parser.parse_args(["--parallel", "3"]).n == 3
+    assert _warnings(capsys) == ["launcher: warning: --parallel is deprecated: use --max-parallel"]
 
 
 def test_submit_help_shows_only_the_health_check_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,8 +15,7 @@ from typing import Any
 
 import yaml
 
-from launcher.agent.cli import container_name
-from launcher.job.plan import NodePlan
+from launcher.job.plan import NodePlan, container_name
 
 NETWORK = "job"
 COMPOSE_FILE = "compose.yaml"

@@ -28,10 +28,9 @@ import psutil
 from docker.errors import DockerException
 
 from gptlaunch.files import atomic_write_text
-from launcher.agent.cli import container_name
 from launcher.image.engine import DockerError, connect, engine_env, with_engine
 from launcher.job.hang import watch_args
-from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, workdir_of
+from launcher.job.plan import Facts, NodeCommand, NodePlan, Plan, build_plan, container_name, workdir_of
 from launcher.job.record import JobRecord
 from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import IMAGE_PYTHON, agent_env, node_agents, worker_argv

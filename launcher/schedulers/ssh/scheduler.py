@@ -102,6 +102,10 @@ class SshScheduler(SupervisedScheduler):
             hosts, probes = plan_hosts(spec, opts, checked, say, image)
         except UnresolvedHosts as e:  # a dry run still prints the plan, with these hosts marked
             raise UnresolvedHosts(str(e), e.hosts, _unchecked(spec, workdir, image)) from None
+        return self._checked(spec, hosts, probes, workdir)
+
+    def _checked(self, spec: JobSpec, hosts: HostPlan, probes: dict[str, Probe], workdir: str) -> SshFacts:
+        """The facts of ``plan_hosts``' checked ``hosts``, whose probes the job record keeps (``submit``)."""
         self._probes = tuple(probes[h] for h in hosts.hosts)
         return SshFacts(**hosts.model_dump(), workdir=workdir, omp_num_threads=spec.omp_num_threads)
 
@@ -163,9 +167,7 @@ class SshScheduler(SupervisedScheduler):
         check_needs(opts, added, spec.python, job_dir)
         sync(opts, added, facts.workdir, say)
         found, probes = plan_hosts(spec, opts, facts.workdir, say, facts.image)
-        self._probes = tuple(probes[h] for h in found.hosts)
-        facts = SshFacts(**found.model_dump(), workdir=facts.workdir, omp_num_threads=spec.omp_num_threads)
-        return self.render(spec, facts, plan.job_id, job_dir)
+        return self.render(spec, self._checked(spec, found, probes, facts.workdir), plan.job_id, job_dir)
 
     def submit(self, plan: Plan, record: JobRecord, *, detach: bool) -> SupervisorHandle:
         """Record the checks this submit ran (``launcher.preflight.recorded``: for the report), then
