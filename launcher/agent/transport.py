@@ -93,15 +93,12 @@ class ChannelAgents(Transport):
 
     def __init__(self, secrets: dict[str, str]) -> None:
         self.secrets = secrets
-        self.zygote: subprocess.Popen[bytes] | None = None  # WarmAgents' (--warm-workers): kill spares it
 
     def stop(self, agents: list[subprocess.Popen[bytes]]) -> None:
         procs.signal_all([psutil.Process(a.pid) for a in agents if a.poll() is None], signal.SIGTERM)
 
     def kill(self, job_id: str, grace_s: float) -> None:
-        """End every process of the job but the zygote (its ranks included)."""
-        tree = psutil.Process().children(recursive=True)
-        procs.terminate([p for p in tree if self.zygote is None or p.pid != self.zygote.pid], grace_s)
+        procs.terminate(psutil.Process().children(recursive=True), grace_s)
         procs.sweep(job_id)
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:

@@ -283,13 +283,14 @@ def _attached(record: SweepRecord) -> int:
 def cmd_status(record: SweepRecord, as_json: bool) -> int:
     """The sweep's runs as a table (or JSON): values, state, last step, best val loss, goodput."""
     if as_json:
-        found = []
-        for run in run_facts(record, time.time()):
-            found.append({
+        found = [
+            {
                 "run": run.index, "values": run.values, "state": run.state, "step": run.step,
                 "best_val_loss": best_val_loss(run),
                 "goodput": run.goodput, "job_id": run.job_id, "error": run.error,
-            })  # fmt: skip
+            }
+            for run in run_facts(record, time.time())
+        ]  # fmt: skip
         print(json.dumps(found, indent=2))
     else:
         print_table(record)

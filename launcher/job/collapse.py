@@ -101,11 +101,12 @@ def _add(pending: list[_Pending], line: str, now: float) -> None:
         pending.append(_Pending(None, now, [line.partition(" | ")[0]], members=[(now, line)]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
-    # This rank's lines waiting (and its node's own): they stay in order. One that stands alone may
-    # move up past other ranks' lines to let this line join the same text further up (the order of
-    # two ranks' lines means nothing: torchrun tails each rank's output on its own); a merged one stays.
+    # This rank's lines waiting (and its node's own): they stay in order. A rank's line that stands
+    # alone may move up past other ranks' lines to let this line join the same text further up (the
+    # order of two ranks' lines means nothing: torchrun tails each rank's output on its own); a merged
+    # one stays, and so does a line of the node's own (it follows all of the node's ranks' lines).
     own = [k for k, p in enumerate(pending) if rank in p.ranks or (p.text is None and label in p.labels)]
-    floor = max((k + 1 for k in own if len(pending[k].members) > 1), default=0)
+    floor = max((k + 1 for k in own if pending[k].text is None or len(pending[k].members) > 1), default=0)
     for at in range(floor, len(pending)):
         group = pending[at]
         if group.text == text and rank not in group.ranks:

@@ -254,8 +254,8 @@ class JobSpec(_Strict):
         "the health gate named): each starts from the last checkpoint (at once, unless the failure "
         "repeats with no new step: then after a backoff), away from the failed node (SSH: a spare host of "
         "the hostfile; SLURM: the node excluded; local, compose: the same nodes). Not retried: invalid "
-        "input (a rank that exits 2 too), a parity refusal, a stop on request, a non-finite loss, the "
-        "same error at the same step twice. (torchrun's "
+        "input (a rank that exits 2 too), a parity refusal, a stop on request, a non-finite loss, a run "
+        "dir whose file system is full, the same error at the same step twice. (torchrun's "
         "--max-restarts instead restarts the ranks in place, on the same nodes.)",
     )
     retry_backoff_s: float = Field(

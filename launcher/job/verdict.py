@@ -28,7 +28,7 @@ exception was raised. No message text decides: error messages only go into the o
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gptlaunch.contract import EXIT_CHECKPOINTED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, StopMarker
@@ -36,7 +36,7 @@ from launcher.job import failures, reports
 from launcher.job.failures import RankError, WorkerDeath, first_failure, killed_by
 from launcher.job.hang import HANG_DIR, HangReport, hang_message, merge, suspects, write_stacks
 from launcher.job.plan import Plan
-from launcher.job.record import JobRecord, JobState, Outcome
+from launcher.job.record import JobRecord, JobState, JobStatus, Outcome
 
 
 @dataclass(frozen=True)
@@ -181,3 +181,10 @@ def _failed(facts: Facts) -> Outcome:
     usage = failure.local_rank is not None and failure.exit_code == EXIT_USAGE
     code = EXIT_USAGE if usage else EXIT_FAILED
     return Outcome(state=JobState.FAILED, exit_code=code, failure=failure, message=failure.summary())
+
+
+def controller_lost(record: JobRecord, status: JobStatus) -> Outcome:
+    """How the job of ``record`` (now ``status``) ended, whose controller is gone and never recorded
+    the end."""
+    facts = gather(record, status.started_at or status.created_at)
+    return verdict(replace(facts, controller_lost=True))

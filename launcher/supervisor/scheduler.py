@@ -23,7 +23,7 @@ from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
 from launcher.job.record import JobError, JobRecord, JobStatus, Outcome
 from launcher.job.spec import JobSpec
-from launcher.job.verdict import gather, verdict
+from launcher.job.verdict import controller_lost, gather, verdict
 from launcher.supervisor import procs
 from launcher.supervisor.supervisor import FAIL_FAST_GRACE_S, SupervisorHandle, start_supervisor
 from launcher.supervisor.transport import Transport
@@ -108,13 +108,6 @@ class SupervisedScheduler(RecordFollowed):
         if handle is not None and procs.alive(handle.supervisor):
             procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
         return record.finish(verdict(replace(gather(record, asked), stop_requested=True)))
-
-
-def controller_lost(record: JobRecord, status: JobStatus) -> Outcome:
-    """How the job of ``record`` (now ``status``) ended, whose controller is gone and never recorded
-    the end (``launcher.job.verdict``)."""
-    facts = gather(record, status.started_at or status.created_at)
-    return verdict(replace(facts, controller_lost=True))
 
 
 def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:

@@ -60,7 +60,7 @@ def test_pump_appends_reports_to_the_record_but_no_file_back_and_reads_on_past_a
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     back = reports.FileBack(node=1, path=str(tmp_path / "error.json"), text="{}", time=101.5)
-    sent = [_hang(1), back, _hang(2)]
+    sent: list[reports.NodeReport] = [_hang(1), back, _hang(2)]
     read_fd, write_fd = os.pipe()
     with os.fdopen(write_fd, "wb") as w:  # a few hundred bytes: the pipe holds them all, then EOF
         w.write(b"".join(channel.frame(channel.REPORT, reports.encode(r)) for r in sent))

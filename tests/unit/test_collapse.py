@@ -1,5 +1,6 @@
 """Lines that several ranks print alike are shown once on the console, naming the ranks; the line that
-differs is shown as it came, order is kept, and nothing waits more than WINDOW_S."""
+differs is shown as it came, each rank's order and each node's own lines' place are kept, and nothing
+waits more than WINDOW_S."""
 
 from __future__ import annotations
 
@@ -110,3 +111,19 @@ def test_a_merged_line_of_the_rank_stays_and_what_follows_it_joins_nothing_befor
     ]
     shown = [line for _, line in _shown(timed)]
     assert shown == ["node1 | [rank1]: done\n", "2 nodes | [ranks 0,2]: ready\n", "node0 | [rank0]: done\n"]
+
+
+def test_a_line_of_the_nodes_own_stays_after_its_ranks_lines() -> None:
+    # the agent's line about rank 1 follows rank 1's error in node 0's log: rank 0 cannot move it up
+    timed = [
+        (0.0, "node1 | [rank2]: X\n"),
+        (0.1, "node0 | [rank1]: Traceback: boom\n"),
+        (0.2, "node0 | agent: worker rank 1 exited 1\n"),
+        (0.3, "node0 | [rank0]: X\n"),
+    ]
+    assert [line for _, line in _shown(timed)] == [
+        "node1 | [rank2]: X\n",
+        "node0 | [rank1]: Traceback: boom\n",
+        "node0 | agent: worker rank 1 exited 1\n",
+        "node0 | [rank0]: X\n",
+    ]

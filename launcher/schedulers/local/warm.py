@@ -49,6 +49,7 @@ class WarmAgents(ChannelAgents):
     def __init__(self, secrets: dict[str, str], python: str, job_id: str) -> None:
         super().__init__(secrets)
         self.python, self.job_id = python, job_id
+        self.zygote: subprocess.Popen[bytes] | None = None
 
     def start(self, node: NodePlan, record: JobRecord) -> subprocess.Popen[bytes]:
         if self.zygote is None or self.zygote.poll() is not None:
@@ -69,6 +70,12 @@ class WarmAgents(ChannelAgents):
                 env=env, cwd=node.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=procs.die_with_parent,
             )  # fmt: skip
+
+    def kill(self, job_id: str, grace_s: float) -> None:
+        """End every process of the job but the zygote (its ranks included)."""
+        tree = psutil.Process().children(recursive=True)
+        procs.terminate([p for p in tree if self.zygote is None or p.pid != self.zygote.pid], grace_s)
+        procs.sweep(job_id)
 
     def close(self) -> None:
         """End the zygote and remove its socket."""

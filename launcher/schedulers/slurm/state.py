@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from launcher.job.record import JobRecord, JobState, Outcome
-from launcher.job.verdict import gather, verdict
-from launcher.supervisor.scheduler import controller_lost
+from launcher.job.verdict import controller_lost, gather, verdict
 
 REFRESH_S = 2
 SACCT_FIELDS = "JobID,State,ExitCode,Start,Reason,NodeList"
