@@ -135,10 +135,7 @@ def run(
     where: Path | None = None,
     back: Back | None = None,
 ) -> int:
-    """``run`` (see the module docstring); the node's exit code. The ranks beat in ``heartbeat_dir``
-    (default: in the agent's state dir); ``where``: that state dir (default: ``state_dir(job_id)``,
-    and then the output also goes to a host log); ``back``: what goes back to a launcher that does not
-    share this host's files."""
+    """``run`` (see the module docstring; ``where``: ``--state-dir``): the node's exit code."""
     channel = _take_stdout()
     base = where or state_dir(job_id)
     base.mkdir(parents=True, exist_ok=True)
@@ -179,8 +176,7 @@ def run(
             forward_dir=str(forward),
         )
         agent.install_signals()  # before the pid file: a stop sent as soon as `signal` finds us counts
-        me = psutil.Process()
-        ref: dict[str, object] = {"pid": me.pid, "started": me.create_time()}
+        ref = procs.process_ref().model_dump(exclude={"host"})
         if image is not None:
             ref["container"] = [image.runtime, container_name(job_id, node)]
         pid_file.write_text(json.dumps(ref))

@@ -70,14 +70,12 @@ def tell_failures(fd: int) -> None:
         capture(context, done)
         if out.closed:
             return
-        try:
+        with contextlib.suppress(Exception):  # torch's own structures differ, or the agent is gone
             local_rank, failure = next(iter(context._failures.items()), (None, None))
             if failure is None:
                 return
             out.write(json.dumps({"local_rank": local_rank, "exit_code": failure.exitcode}) + "\n")
             out.flush()
-        except Exception:  # torch's own structures differ, or the agent is gone: torchrun goes on
-            pass
         with contextlib.suppress(OSError):
             out.close()
 

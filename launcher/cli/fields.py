@@ -24,16 +24,12 @@ def describe_fields(
         if models:
             for sub in models:  # a field that several schedulers share is listed once
                 rows += [row for row in describe_fields(sub, f"{prefix}{name}.", shown) if row not in rows]
-        elif (row := (prefix + name, _flag_of(model, prefix + name), _help(info))) not in rows:
+            continue
+        # ``scheduler.*``: ``model`` is a scheduler's options, whose flag it is; "": a field without one
+        kind = model.model_fields["kind"].default if prefix.startswith("scheduler.") else None
+        if (row := (prefix + name, flag_name(kind, prefix + name) or "", _help(info))) not in rows:
             rows.append(row)
     return rows
-
-
-def _flag_of(model: type[BaseModel], dotted: str) -> str:
-    """The flag of config field ``dotted`` of ``model`` (a scheduler's options for ``scheduler.*``),
-    or "" for a field that has none."""
-    kind = model.model_fields["kind"].default if dotted.startswith("scheduler.") else None
-    return flag_name(kind, dotted) or ""
 
 
 def fields_help(shown: Collection[str] | None = None) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import sys
 import types
 from collections.abc import Collection
 from pathlib import Path
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from launcher.cli.program import add_resume_flag, set_program
+from launcher.job.console import say
 from launcher.job.options import Flag, renamed_fields
 from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 from launcher.job.spec import DEFAULT_SECRETS, JobSpec, SpecError
@@ -110,12 +110,6 @@ class JobFlag:
         return self.flags[0]
 
     @property
-    def former(self) -> str | None:
-        """The flag of the field's former name, a hidden deprecated alias."""
-        former = self.declared.renamed_from
-        return "--" + former.replace("_", "-") if former else None
-
-    @property
     def field(self) -> str:
         """The field of its own model: "port" of "rendezvous.port"."""
         return self.dest.rsplit(".", 1)[-1]
@@ -153,11 +147,6 @@ def scheduler_flags() -> dict[str, JobFlag]:
     return flags
 
 
-def warn(text: str) -> None:
-    """One warning line on stderr, e.g. for a deprecated flag or config key."""
-    print(f"launcher: warning: {text}", file=sys.stderr)
-
-
 class _FormerFlag(argparse.Action):
     """A flag's former spelling (``Flag(renamed_from=...)``), hidden from --help: says on stderr, once,
     that it is deprecated, then does what the flag does (``--no-`` form included)."""
@@ -187,7 +176,7 @@ class _FormerFlag(argparse.Action):
         if option_string and option_string.startswith("--no-"):
             new = "--no-" + new.removeprefix("--")
         if not self.warned:
-            warn(f"{option_string} is deprecated: use {new}")
+            say(f"launcher: warning: {option_string} is deprecated: use {new}")
             self.warned = True
         self.current(parser, namespace, values, new)
 
@@ -230,10 +219,10 @@ def add_job_flags(parser: argparse.ArgumentParser, shown: Collection[str] | None
         if flag.flag in ALIASES:
             hidden = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS, "metavar": action.metavar}
             parser.add_argument(*ALIASES[flag.flag], dest=action.dest, type=action.type, **hidden)
-        if flag.former:
-            former = [flag.former]
+        if old := flag.declared.renamed_from:  # the field's former name: a hidden deprecated alias
+            former = ["--" + old.replace("_", "-")]
             if isinstance(action, argparse.BooleanOptionalAction):
-                former.append("--no-" + flag.former.removeprefix("--"))
+                former.append("--no-" + old.replace("_", "-"))
             parser.add_argument(*former, dest=flag.dest, action=_FormerFlag, current=action)
     parser.add_argument(
         "--secret-env",
@@ -329,7 +318,7 @@ def _rename_former_keys(tree: dict[str, Any], config: Path) -> None:
         return  # no options, or a bad kind, which the spec names
     for old, new in renamed_fields(model).items():
         if old in options and new not in options:
-            warn(f"scheduler.{old} in --config {config} is deprecated: use scheduler.{new}")
+            say(f"launcher: warning: scheduler.{old} in --config {config} is deprecated: use scheduler.{new}")
             options[new] = options.pop(old)
 
 
@@ -374,11 +363,8 @@ def _describe(e: ValidationError, config: Path | None) -> str:
         field = ".".join(parts)
         flag = flag_name(kind, field) or flag_name(kind, f"{field}.kind")
         where = f"{field} ({flag})" if flag else field or "job spec"
-        got = (
-            f" (got {err['input']!r})"
-            if err["type"] != "missing" and not isinstance(err["input"], dict)
-            else ""
-        )
+        shown = err["type"] != "missing" and not isinstance(err["input"], dict)
+        got = f" (got {err['input']!r})" if shown else ""
         hint = _extra_hint(parts) if err["type"] == "extra_forbidden" else ""
         lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}{got}{hint}")
     if config:

@@ -32,13 +32,12 @@ SPELLINGS = {
 CLOSE = 0.8  # difflib's ratio from which a flag is offered as the one meant (--nodse -> --nodes)
 
 
-def unknown_arguments(
-    parser: argparse.ArgumentParser, command: str, extras: list[str], top: argparse.ArgumentParser
-) -> str:
-    """The error for ``extras``, arguments of ``launcher COMMAND`` that ``parser`` (that command's)
-    does not know: each flag with the one it likely meant, or where it and what follows it go (a flag
-    of ``top``, the ``launcher`` parser itself, before the command)."""
-    known = [flag for action in parser._actions for flag in action.option_strings]
+def unknown_arguments(top: argparse.ArgumentParser, command: str, extras: list[str]) -> str:
+    """The error for ``extras``, arguments of ``launcher COMMAND`` that its parser does not know: each
+    flag with the one it likely meant, or where it and what follows it go (a flag of ``top``, the
+    ``launcher`` parser itself, before the command)."""
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    known = [flag for action in commands.choices[command]._actions for flag in action.option_strings]
     launcher_flags = {flag for action in top._actions for flag in action.option_strings}
     lines = [f"unrecognized arguments: {' '.join(extras)}"]
     program = command in ("submit", "render")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Collection
 from dataclasses import asdict
 from typing import Any
 
@@ -96,16 +95,16 @@ def _check_collective(
     return result, found
 
 
-def add_scheduler_flags(parser: argparse.ArgumentParser, kind: str, fields: Collection[str]) -> None:
-    """The flags of ``fields`` of scheduler ``kind``'s options, made from the model as submit's are
-    (``launcher check`` takes the SSH scheduler's host and connection flags)."""
+def add_ssh_flags(parser: argparse.ArgumentParser) -> None:
+    """The hosts and how they are reached: the SSH scheduler's flags of ``SSH_CHECK_FIELDS``, made from
+    its options as submit's are."""
     for flag in scheduler_flags().values():
-        if kind in flag.kinds and flag.field in fields:
+        if "ssh" in flag.kinds and flag.field in SSH_CHECK_FIELDS:
             parser.add_argument(flag.flag, **argument(flag))
 
 
 def _ssh_options(args: argparse.Namespace) -> SshOptions:
-    """The SSH scheduler's options from the flags of ``add_scheduler_flags`` (defaults for the rest),
+    """The SSH scheduler's options from the flags of ``add_ssh_flags`` (defaults for the rest),
     validated as a submit's. Raises UsageError naming the flag and the fix."""
     tree: dict[str, Any] = {"scheduler": {"kind": "ssh"}}
     for flag in scheduler_flags().values():

@@ -45,11 +45,8 @@ def follow(
     If ``out`` closes (``| head``, a closed terminal), an ``attached`` submit follows on quietly (it
     owns the job), anything else stops following and returns the status then. ``keep`` picks the lines
     shown (``launcher.job.console.console_lines``). ``console`` (an attached submit, ``--wait``, not
-    ``logs -f``): what the other nodes print once an attempt fails is left out (``launcher.job.survivors``:
-    each line shown HOLD_S late), and so are the tracebacks that only follow from a failure
-    (``launcher.job.aftermath``), lines that several ranks print alike are shown once, naming the
-    ranks (``launcher.job.collapse``, within the same hold), and each retry is announced
-    (``launcher.job.announce``)."""
+    ``logs -f``): the lines pass the console's stages, each described in its module
+    (``launcher.job.aftermath``, ``collapse``, ``survivors``: each line shown HOLD_S late, ``announce``)."""
     lines = scheduler.logs(record, node, follow=True)
     if console:  # the tracebacks that follow from a failure left to the logs, each judged whole
         lines = quieted(lines)
@@ -94,10 +91,12 @@ def silence_stdout() -> None:
         os.close(null)
 
 
-def summary(job_id: str, status: JobStatus) -> str:
+def ended(job_id: str, status: JobStatus) -> int:
+    """Say how the job ended (stderr); return its exit code."""
     took = (status.ended_at or time.time()) - (status.started_at or status.created_at)
     detail = f": {status.message}" if status.message else ""
-    return f"launcher: job {job_id} {status.state} after {took:.1f} s{detail}"
+    say(f"launcher: job {job_id} {status.state} after {took:.1f} s{detail}")
+    return status.job_exit_code
 
 
 def _open(args: argparse.Namespace) -> tuple[JobRecord, Scheduler[Any]]:
@@ -141,9 +140,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     page = report_path(record.dir)
     report = page if page.is_file() else None
     if args.json:
-        nodes_json = [n.model_dump(mode="json") for n in nodes]
         extra = {
-            "nodes": nodes_json,
+            "nodes": [n.model_dump(mode="json") for n in nodes],
             "last_step": reached,
             "goodput": goodput and {**goodput.model_dump(), "ratio": goodput.ratio},
             "report": report and str(report),
@@ -206,9 +204,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     record, scheduler = _open(args)
-    final = follow(scheduler, record, None)
-    say(summary(record.job_id, final))
-    return final.job_exit_code
+    return ended(record.job_id, follow(scheduler, record, None))
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

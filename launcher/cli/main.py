@@ -19,7 +19,7 @@ from launcher.cli.exits import exit_codes_help
 from launcher.cli.fields import fields_help
 from launcher.cli.flags import UsageError, add_job_flags
 from launcher.cli.hints import unknown_arguments
-from launcher.cli.hosts import SSH_CHECK_FIELDS, add_scheduler_flags
+from launcher.cli.hosts import add_ssh_flags
 from launcher.cli.sweeps import add_sweep_flags
 from launcher.job.console import TEE_ALL_MAX_NODES
 from launcher.job.placeholders import help_text as placeholder_help
@@ -30,8 +30,7 @@ from launcher.schedulers.ssh.client import SshError
 from launcher.sweep.record import SweepRecord
 from launcher.sweep.table import DEFAULT_METRIC
 
-EXIT_CODES = exit_codes_help()
-STATE_HELP = state_help()
+STATES_AND_EXIT_CODES = f"{state_help()}\n\n{exit_codes_help()}"
 COMMANDS = "{submit,render,list,status,report,logs,wait,cancel,probe,check,build}"
 
 
@@ -42,7 +41,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="launcher",
         description="Launch PyTorch distributed GPT training jobs.",
-        epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
+        epilog=STATES_AND_EXIT_CODES,
         formatter_class=fmt,
         allow_abbrev=False,
     )
@@ -65,7 +64,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
             "-m MODULE ARGS or --no-python PROGRAM ARGS), or the built-in trainer's flags (see `trainer "
             "train --help`; without --run-dir there, it is JOB_DIR/run).",
             usage=f"launcher {cmd} [options] [-- SCRIPT.py ARGS... | -- TRAINER_ARGS...]",
-            epilog=f"{fields_help(shown)}\n\n{placeholder_help()}\n\n{STATE_HELP}\n\n{EXIT_CODES}",
+            epilog=f"{fields_help(shown)}\n\n{placeholder_help()}\n\n{STATES_AND_EXIT_CODES}",
             formatter_class=fmt,
             allow_abbrev=False,
         )
@@ -120,7 +119,7 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
             cmd,
             help=text,
             description=f"{text}.",
-            epilog=f"{STATE_HELP}\n\n{EXIT_CODES}",
+            epilog=STATES_AND_EXIT_CODES,
             formatter_class=fmt,
             allow_abbrev=False,
         )
@@ -137,14 +136,12 @@ def _parser(shown: list[str] | None = None) -> argparse.ArgumentParser:
         if cmd == "logs":
             s.add_argument("--node", type=int, help="only this node's log")
             s.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    _add_probe_and_check(sub, fmt)
+    _add_probe_and_check(sub)
     image_cli.add_parser(sub)
     return p
 
 
-def _add_probe_and_check(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], fmt: type[argparse.HelpFormatter]
-) -> None:
+def _add_probe_and_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = sub.add_parser(
         "probe",
         help="report this host's versions (Python, torch, CUDA, NCCL, packages, GPUs, interfaces)",
@@ -166,11 +163,10 @@ def _add_probe_and_check(
         "  0    all hosts match (and none is named)\n"
         "  2    invalid input, or a host cannot be reached or checked\n"
         "  3    the hosts differ (the diff is printed), or the health gate named a host (one line each)",
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    # The hosts and how they are reached: the SSH scheduler's own flags, generated from its options.
-    add_scheduler_flags(s, "ssh", SSH_CHECK_FIELDS)
+    add_ssh_flags(s)
     s.add_argument("--nodes", type=int, help="check only the first N hosts (default: all)")
     s.add_argument("--gpus-per-node", "--nproc-per-node", type=int, default=1, dest="gpus_per_node",
                    help="GPUs each host must have when hosts have GPUs (default: 1)")  # fmt: skip
@@ -251,12 +247,6 @@ def _help_for(argv: list[str]) -> list[str] | None:
     return []
 
 
-def _command(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    """The sub-parser of ``launcher COMMAND``."""
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return subparsers.choices[command]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     allow_many_open_files()
@@ -267,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser(_help_for(own))
     args, extras = parser.parse_known_args(own)
     if extras:  # each with the flag it likely meant, or where it goes
-        error = unknown_arguments(_command(parser, args.command), args.command, extras, parser)
+        error = unknown_arguments(parser, args.command, extras)
         print(f"launcher: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if trainer_args and args.command not in ("submit", "render"):

@@ -16,7 +16,7 @@ from typing import Any
 
 from gptlaunch.contract import EXIT_INTERRUPTED, EXIT_OK
 from launcher.cli.flags import UsageError, build_spec
-from launcher.cli.jobs import follow, summary
+from launcher.cli.jobs import ended, follow
 from launcher.job.console import Tee, console_lines, say, shows_all
 from launcher.job.plan import Plan, UnresolvedHosts
 from launcher.job.record import JobRecord, JobStatus, new_job_id
@@ -32,8 +32,12 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
     (``files_here``), the data files and resume checkpoint. Raises UsageError."""
     from trainer.precheck import InvalidTrainerArgs, check_train_args
 
-    if spec.program is not None:
-        _check_program(spec, workdir, files_here)
+    if (program := spec.program) is not None:  # a script that the nodes would not find: named now
+        if program.kind == "script" and files_here and not (workdir / program.target).is_file():
+            raise UsageError(
+                f"program: {program.target} is not a file in the working directory {workdir}; fix: give the "
+                "script's path relative to it (--workdir), or run the launcher from the script's directory"
+            )
         return
     # Relative paths among them are the trainer's, resolved in its working directory (when it is here).
     where = contextlib.chdir(workdir) if files_here else contextlib.nullcontext()
@@ -47,19 +51,6 @@ def check_trainer_args(spec: JobSpec, workdir: Path, files_here: bool) -> None:
             raise
         # argparse already printed which flag it did not know
         raise UsageError("trainer arguments are not valid (see above and `trainer train --help`)") from e
-
-
-def _check_program(spec: JobSpec, workdir: Path, files_here: bool) -> None:
-    """A script that the nodes would not find: named before anything starts. Raises UsageError."""
-    program = spec.program
-    if program is None or program.kind != "script" or not files_here:
-        return
-    script = workdir / program.target
-    if not script.is_file():
-        raise UsageError(
-            f"program: {program.target} is not a file in the working directory {workdir}; fix: give the "
-            "script's path relative to it (--workdir), or run the launcher from the script's directory"
-        )
 
 
 def _plan(
@@ -111,8 +102,13 @@ def plan_and_print(args: argparse.Namespace, trainer_args: list[str], check_new:
             names = ", ".join(sorted(plan.files)) or "no file"
             raise UsageError(f"--file {args.file}: the Plan has {names}; pass one of them or drop --file")
         print(plan.files[args.file].rstrip("\n"))
+    elif args.json:
+        print(plan.to_json())
     else:
-        print(plan.to_json() if args.json else _marked(plan.to_text(), unresolved).rstrip("\n"))
+        text = plan.to_text()
+        for host in unresolved:  # their nodes' headers marked
+            text = text.replace(f" on {host} (log:", f" on {host} (DOES NOT RESOLVE HERE; log:")
+        print(text.rstrip("\n"))
     if unresolved:
         raise UsageError(
             f"{len(unresolved)} host(s) do not resolve here: {', '.join(unresolved)}. The plan above is "
@@ -120,13 +116,6 @@ def plan_and_print(args: argparse.Namespace, trainer_args: list[str], check_new:
             "submit` refuses it until they resolve: check the names, /etc/hosts or ~/.ssh/config"
         )
     return EXIT_OK
-
-
-def _marked(text: str, hosts: list[str]) -> str:
-    """``text`` with each node header on one of ``hosts`` marked as not resolving here."""
-    for host in hosts:
-        text = text.replace(f" on {host} (log:", f" on {host} (DOES NOT RESOLVE HERE; log:")
-    return text
 
 
 def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
@@ -137,20 +126,18 @@ def cmd_submit(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if args.file is not None:
         raise UsageError("--file prints a file of the Plan: add --dry-run (or use `launcher render`)")
     scheduler, plan, record = prepare(args, trainer_args)
-    job_dir = record.dir
     if args.detach or scheduler.queued:
-        return _submit_detached(scheduler, plan, record, args.wait, lambda: _console(args.tee, plan, job_dir))
+        return _submit_detached(scheduler, plan, record, args.wait, args.tee)
     say(
         f"launcher: job {plan.job_id}: {plan.nnodes} node(s) × {plan.nproc_per_node} process(es) on "
-        f"{plan.scheduler}; record {job_dir}; run dir {plan.run_dir}"
+        f"{plan.scheduler}; record {record.dir}; run dir {plan.run_dir}"
     )
-    keep = _console(args.tee, plan, job_dir)
+    keep = _console(args.tee, plan, record.dir)
     with _CancelOnSignal(scheduler, record) as stopper:
         _submit_or_discard(scheduler, plan, record, detach=False)
         stopper.job_started()
         final = follow(scheduler, record, sys.stdout, attached=True, keep=keep, console=True)
-    say(summary(plan.job_id, final))
-    return final.job_exit_code
+    return ended(plan.job_id, final)
 
 
 def checked(args: argparse.Namespace, trainer_args: list[str]) -> tuple[JobSpec, Scheduler[Any], Plan, Path]:
@@ -196,20 +183,13 @@ def _console(tee: Tee, plan: Plan, job_dir: Path) -> Callable[[str], bool]:
     return console_lines(tee, plan.nnodes)
 
 
-def _submit_detached(
-    scheduler: Scheduler[Any],
-    plan: Plan,
-    record: JobRecord,
-    wait: bool,
-    console: Callable[[], Callable[[str], bool]],
-) -> int:
+def _submit_detached(scheduler: Scheduler[Any], plan: Plan, record: JobRecord, wait: bool, tee: Tee) -> int:
     """Submit a job that runs on without us; print its id; with ``wait``, follow it to its end (Ctrl-C
     then stops following, not the job)."""
     _submit_or_discard(scheduler, plan, record, detach=True)
     status = scheduler.state(record)
     if status.state.is_terminal:  # it could not start
-        say(summary(plan.job_id, status))
-        return status.job_exit_code
+        return ended(plan.job_id, status)
     print(plan.job_id, flush=True)
     if not wait:
         say(
@@ -222,12 +202,11 @@ def _submit_detached(
         f"the job goes on (`launcher cancel {plan.job_id}` stops it)"
     )
     try:
-        final = follow(scheduler, record, sys.stdout, keep=console(), console=True)
+        final = follow(scheduler, record, sys.stdout, keep=_console(tee, plan, record.dir), console=True)
     except KeyboardInterrupt:
         say(f"launcher: stopped following job {plan.job_id}; it goes on")
         return EXIT_INTERRUPTED
-    say(summary(plan.job_id, final))
-    return final.job_exit_code
+    return ended(plan.job_id, final)
 
 
 class _CancelOnSignal:

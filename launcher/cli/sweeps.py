@@ -80,22 +80,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def sweep_points_of(args: argparse.Namespace) -> list[sweep_points.Point]:
-    """The sweep's points from ``--sweep`` or ``--sweep-file``. Raises SweepError."""
-    if args.sweep and args.sweep_file:
-        raise sweep_points.SweepError("--sweep and --sweep-file: give the runs one way, not both")
-    found = sweep_points.from_file(args.sweep_file) if args.sweep_file else sweep_points.grid(args.sweep)
-    sweep_points.check_count(found, args.yes)
-    return found
-
-
 def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_argv: list[str]) -> int:
     """Check every run, then run the sweep: attached (``drive`` here, Ctrl-C cancels it) or detached
     (a driver process of its own). ``submit_argv``: the arguments given after ``submit``."""
     from launcher.cli.submit import check_trainer_args, plan_and_print  # submit imports this module
 
     try:
-        found = sweep_points_of(args)
+        if args.sweep and args.sweep_file:
+            raise sweep_points.SweepError("--sweep and --sweep-file: give the runs one way, not both")
+        found = sweep_points.from_file(args.sweep_file) if args.sweep_file else sweep_points.grid(args.sweep)
+        sweep_points.check_count(found, args.yes)
         runs = [_run_args(trainer_args, point, k) for k, point in enumerate(found)]
     except sweep_points.SweepError as e:
         raise UsageError(str(e)) from None
@@ -119,9 +113,12 @@ def cmd_submit_sweep(args: argparse.Namespace, trainer_args: list[str], submit_a
     flags = _without(submit_argv, _SWEEP_FLAGS)  # what every run gets: the flags given, less the sweep's
     if spec.scheduler.kind == "ssh":
         flags = _checked_once(args, runs[0], flags)
-    entries = [
-        _entry(directory, sweep_id, k, p, flags, a) for k, (p, a) in enumerate(zip(found, runs, strict=True))
-    ]
+    submit = ["--jobs-root", str(directory), "submit", "--detach"]  # each run, into the sweep's directory
+    entries: list[SweepRun] = []
+    for k, (point, run_args) in enumerate(zip(found, runs, strict=True)):
+        job_id = f"{sweep_id}-{k}"
+        argv = [*submit, "--job-id", job_id, "--sweep-id", sweep_id, *flags, "--", *run_args]
+        entries.append(SweepRun(index=k, values=point, job_id=job_id, argv=argv))
     sweep = Sweep(
         sweep_id=sweep_id,
         created_at=time.time(),
@@ -182,25 +179,6 @@ def _max_parallel(given: int | None, kind: str, *, array: bool) -> int | None:
             "at once would share them; give --max-parallel 1 (or one sweep per hostfile)"
         )
     return given or (None if array else 1)
-
-
-def _entry(
-    directory: Path, sweep_id: str, k: int, point: sweep_points.Point, flags: list[str], run_args: list[str]
-) -> SweepRun:
-    """The ``k``-th run: its id, and the ``launcher`` arguments that submit it into ``directory``."""
-    job_id = f"{sweep_id}-{k}"
-    argv = [
-        "--jobs-root",
-        str(directory),
-        "submit",
-        "--detach",
-        "--job-id",
-        job_id,
-        "--sweep-id",
-        sweep_id,
-        *flags,
-    ]
-    return SweepRun(index=k, values=point, job_id=job_id, argv=[*argv, "--", *run_args])
 
 
 def _run_args(trainer_args: list[str], point: sweep_points.Point, k: int) -> list[str]:

@@ -1,12 +1,7 @@
-"""Building the training image (``launcher build``): the build context is staged from this checkout in
-a temporary directory (with the CA bundle and the wheelhouse the Dockerfile reads, which never touch
-the checkout), sent to the engine's build API, and followed step by step; a failing build is reported
-with the step that failed and its last lines of output.
-
-The Dockerfile (top level) does the pinning; this module only chooses its build arguments per
-variant: ``cuda`` (PyPI's torch, a CUDA 13.0 build, with its CUDA runtime and NCCL wheels) or ``cpu``
-(torch's CPU build, from a wheelhouse, for machines without GPUs).
-"""
+"""Building the training image (``launcher build``; ``docs/containers.md``): the build context staged
+from this checkout in a temporary directory (the CA bundle and the wheelhouse never touch the checkout),
+then the engine's build API followed step by step. The Dockerfile (top level) does the pinning; this
+module only chooses its build arguments per variant (``cuda`` or ``cpu``)."""
 
 from __future__ import annotations
 
@@ -44,7 +39,6 @@ TAIL_LINES = 25
 class Variant:
     """A build of the Dockerfile: its build arguments and the wheels its wheelhouse must hold."""
 
-    name: str
     build_args: dict[str, str]
     wheels: tuple[str, ...] = ()  # requirements downloaded into the wheelhouse before the build
 
@@ -52,24 +46,20 @@ class Variant:
 def variant(name: str, source: Path) -> Variant:
     """The ``cuda`` or ``cpu`` build of the Dockerfile in ``source``; torch's version comes from the
     variant's pins file (``deploy/docker/pins/<name>.txt``). Raises DockerError for a missing file."""
-    torch = _pinned(source / "deploy" / "docker" / "pins" / f"{name}.txt", "torch")
-    if name == "cuda":  # the Dockerfile's defaults are the CUDA image's pins
-        return Variant(name, {"VARIANT": "cuda", "TORCH_VERSION": torch})
-    args = {"VARIANT": "cpu", "TORCH_VERSION": torch, "CUDA_VERSION": "", "NCCL_VERSION": ""}
-    return Variant(name, args, wheels=(f"torch=={torch}",))
-
-
-def _pinned(pins: Path, package: str) -> str:
+    pins = source / "deploy" / "docker" / "pins" / f"{name}.txt"
     try:
         text = pins.read_text()
     except OSError as e:
         raise DockerError(
             f"cannot read the pins file {pins} ({e.strerror}): is --context a checkout?"
         ) from None
-    match = re.search(rf"^{re.escape(package)}==(\S+)", text, re.MULTILINE)
-    if match is None:
-        raise DockerError(f"{pins} pins no {package} (a line `{package}==VERSION`)")
-    return match.group(1)
+    if (match := re.search(r"^torch==(\S+)", text, re.MULTILINE)) is None:
+        raise DockerError(f"{pins} pins no torch (a line `torch==VERSION`)")
+    torch = match.group(1)
+    if name == "cuda":  # the Dockerfile's defaults are the CUDA image's pins
+        return Variant({"VARIANT": "cuda", "TORCH_VERSION": torch})
+    args = {"VARIANT": "cpu", "TORCH_VERSION": torch, "CUDA_VERSION": "", "NCCL_VERSION": ""}
+    return Variant(args, wheels=(f"torch=={torch}",))
 
 
 def stage_context(
@@ -103,8 +93,11 @@ def stage_context(
             found = sorted(wheelhouse.glob("*.whl"))
             if not found:
                 raise DockerError(f"--wheelhouse {wheelhouse} holds no *.whl file")
-            for wheel in found:
-                _link_or_copy(wheel, wheels / wheel.name)
+            for wheel in found:  # a torch wheel is hundreds of MB: no copy when on the same file system
+                try:
+                    (wheels / wheel.name).hardlink_to(wheel)
+                except OSError:
+                    shutil.copy2(wheel, wheels / wheel.name)
         elif wanted.wheels:
             _download(wanted.wheels, wheels, ca_bundle, index_url)
     except OSError as e:  # a full disk, an unreadable file of the checkout
@@ -121,13 +114,6 @@ def _copy_ca_bundle(bundle: Path, dest: Path) -> None:
     if "-----BEGIN CERTIFICATE-----" not in text:
         raise DockerError(f"--ca-bundle {bundle} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     dest.write_text(text)
-
-
-def _link_or_copy(src: Path, dest: Path) -> None:
-    try:
-        dest.hardlink_to(src)  # a torch wheel is hundreds of MB: no copy when on the same file system
-    except OSError:
-        shutil.copy2(src, dest)
 
 
 def _download(
@@ -168,7 +154,6 @@ class BuildFailed(DockerError):
             )
         output = "".join(f"\n  | {line}" for line in tail)
         super().__init__(f"image build failed {where}: {error.strip()}{output}{hint}")
-        self.step = step
 
 
 @dataclass

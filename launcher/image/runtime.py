@@ -153,17 +153,8 @@ def exec_argv(
 ) -> list[str]:
     """``python -m launcher.image.runtime exec``: ``command`` in a throwaway container of ``image``,
     run on a node by the node's ``python``, with ``env_names`` passed in from its environment."""
-    return [
-        python,
-        "-m",
-        "launcher.image.runtime",
-        "exec",
-        f"--runtime={runtime}",
-        f"--image={image}",
-        *(f"--env-name={name}" for name in env_names),
-        "--",
-        *command,
-    ]
+    flags = [f"--runtime={runtime}", f"--image={image}", *(f"--env-name={name}" for name in env_names)]
+    return [python, "-m", "launcher.image.runtime", "exec", *flags, "--", *command]
 
 
 def pull(runtime: str, image: str) -> float:

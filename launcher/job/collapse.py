@@ -58,11 +58,11 @@ def merged(lines: list[str]) -> str:
 
 @dataclass
 class _Pending:
-    """One line to show, or several ranks' alike: their labels and ranks, its text, when it came."""
+    """One line to show, or several ranks' alike: its label (the first's), ranks, text, when it came."""
 
     text: str | None  # the text after the rank prefix; None: a line without one, never merged
     since: float
-    labels: list[str] = field(default_factory=list)
+    label: str
     ranks: list[int] = field(default_factory=list)
     members: list[tuple[float, str]] = field(default_factory=list)  # the lines it stands for, timed
 
@@ -98,14 +98,14 @@ def collapsed(lines: Iterable[str], clock: Callable[[], float] = time.monotonic)
 def _add(pending: list[_Pending], line: str, now: float) -> None:
     match = RANK_LINE.match(line)
     if match is None:
-        pending.append(_Pending(None, now, [line.partition(" | ")[0]], members=[(now, line)]))
+        pending.append(_Pending(None, now, line.partition(" | ")[0], members=[(now, line)]))
         return
     label, rank, text = match["label"], int(match["rank"]), match["text"]
     # This rank's lines waiting (and its node's own): they stay in order. A rank's line that stands
     # alone may move up past other ranks' lines to let this line join the same text further up (the
     # order of two ranks' lines means nothing: torchrun tails each rank's output on its own); a merged
     # one stays, and so does a line of the node's own (it follows all of the node's ranks' lines).
-    own = [k for k, p in enumerate(pending) if rank in p.ranks or (p.text is None and label in p.labels)]
+    own = [k for k, p in enumerate(pending) if rank in p.ranks or (p.text is None and label == p.label)]
     floor = max((k + 1 for k in own if pending[k].text is None or len(pending[k].members) > 1), default=0)
     for at in range(floor, len(pending)):
         group = pending[at]
@@ -114,8 +114,7 @@ def _add(pending: list[_Pending], line: str, now: float) -> None:
             for p in moved:  # shown before the group: no later than it
                 p.since = min(p.since, group.since)
             pending[at:at] = moved
-            group.labels.append(label)
             group.ranks.append(rank)
             group.members.append((now, line))
             return
-    pending.append(_Pending(text, now, [label], [rank], [(now, line)]))
+    pending.append(_Pending(text, now, label, [rank], [(now, line)]))

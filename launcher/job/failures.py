@@ -18,15 +18,18 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptlaunch.contract import EXIT_USAGE, StopMarker, read_stop_marker
 from launcher.job.logs import log_end
 from launcher.job.plan import node_log_name
 from launcher.job.record import Failure, JobRecord, torchelastic_dir
 from launcher.job.reports import OomKilled
+
+if TYPE_CHECKING:  # the verdict gathers the facts, then asks this module for their root cause
+    from launcher.job.verdict import Facts
 
 # Where a healthy rank finds out that a peer died or hung: torch.distributed's collectives, and
 # autograd's backward, under which DDP's gradient all_reduce runs (its frames, not its words).
@@ -115,32 +118,20 @@ def torchrun_summary(record: JobRecord, nnodes: int) -> list[tuple[int, int, int
     return list(dict.fromkeys(found))  # the summary repeats the root cause: once each
 
 
-def first_failure(
-    job_dir: Path,
-    hosts: dict[int, str],
-    *,
-    errors: Sequence[RankError] = (),
-    deaths: Sequence[WorkerDeath] = (),
-    failed_node: int | None = None,
-    exit_code: int | None = None,
-    transport_error: str | None = None,
-    ranks: dict[tuple[int, int], int] | None = None,
-    exits: dict[tuple[int, int], int] | None = None,
-    oom: Mapping[int, OomKilled] | None = None,
-) -> Failure | None:
-    """The root cause, by the order in this module's docstring, of a failure whose first failed agent
-    was ``failed_node``'s (exit ``exit_code``; None: none seen), given the ranks' ``errors`` (earliest
-    first), the ``deaths`` of workers and what the transport made of the exit (``transport_error``);
-    ``hosts``: node -> host, ``ranks``: (node, local rank) -> global rank, ``exits``: (node, local
-    rank) -> the worker's exit code (torchrun's failure summary), ``oom``: node -> the kernel's OOM
-    kills there (a worker it killed with SIGKILL is named out of memory). A failure names its worker's
-    exit code where torchrun reported it, else its agent's. None when nothing names a cause. Pure."""
-    ranks, exits, oom = ranks or {}, exits or {}, oom or {}
+def first_failure(facts: Facts) -> Failure | None:
+    """The root cause of the attempt whose ``facts`` (``launcher.job.verdict.Facts``) these are, by the
+    order in this module's docstring. A worker the kernel's OOM killer ended with SIGKILL is named out
+    of memory; a failure names its worker's exit code where torchrun reported it, else its first failed
+    agent's. None when nothing names a cause. Pure."""
+    failed_node, ranks, exits = facts.first_failed, facts.ranks, facts.exits
+    exit_code = facts.agents[failed_node] if failed_node is not None else None
+    nodes = facts.plan.nodes if facts.plan is not None else []
+    hosts = {n.node_rank: n.named_host for n in nodes if n.named_host}
 
     def failed(
         node: int, error: str, code: int | None, local_rank: int | None = None, rank: int | None = None
     ) -> Failure:  # a failure whose error points to its node's log
-        error = f"{error}; see {job_dir / node_log_name(node)}"
+        error = f"{error}; see {facts.job_dir / node_log_name(node)}"
         return Failure(
             node_rank=node,
             host=hosts.get(node),
@@ -155,20 +146,20 @@ def first_failure(
             f"the torchrun agent of node {failed_node} was killed by signal {signum} (exit code {exit_code})"
         )
         return failed(failed_node, error, exit_code)
-    if failed_node is not None and transport_error is not None:
-        return failed(failed_node, transport_error, exit_code)
+    if failed_node is not None and facts.transport_error is not None:
+        return failed(failed_node, facts.transport_error, exit_code)
     # A worker that wrote its own error died of it (then, e.g., aborted at exit): that error tells more.
-    wrote = {(e.node_rank, e.local_rank) for e in errors}
-    if deaths := [d for d in deaths if (d.node_rank, d.local_rank) not in wrote]:
+    wrote = {(e.node_rank, e.local_rank) for e in facts.errors}
+    if deaths := [d for d in facts.deaths if (d.node_rank, d.local_rank) not in wrote]:
         d = deaths[0]
         error = f"rank {d.rank} was killed by {signal_name(d.signum)}; its peers' errors follow from it"
-        if d.signum == signal.SIGKILL and (report := oom.get(d.node_rank)) is not None:
+        if d.signum == signal.SIGKILL and (report := facts.oom.get(d.node_rank)) is not None:
             error = out_of_memory(d.rank, d.local_rank, report)
         return failed(
             d.node_rank, error, exits.get((d.node_rank, d.local_rank), exit_code), d.local_rank, d.rank
         )
-    if errors:
-        first = min(errors, key=lambda e: e.follows)  # stable: the earliest of its class
+    if facts.errors:
+        first = min(facts.errors, key=lambda e: e.follows)  # stable: the earliest of its class
         worker = (first.node_rank, first.local_rank)
         error = first.message
         if first.exception == "OutOfMemoryError":  # torch's, for an accelerator's memory

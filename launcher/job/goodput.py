@@ -1,18 +1,7 @@
-"""Goodput: the share of a job's wall time that went into training steps that count.
-
-Each rank's heartbeat (``gptlaunch.contract.Beat``) carries the seconds its process spent in each phase
-(start-up, step, eval, checkpoint) and the step it resumed at; a retried job keeps every attempt's
-last beats in ``JOB/attempts/<k>/heartbeat/``. From rank 0's last beat of each attempt:
-
-- training: step time, less the steps a later attempt redid (those after the checkpoint it resumed
-  from, in proportion to the attempt's step time per step);
-- start-up: the first attempt's start-up (interpreters, data, rendezvous, compile);
-- lost to failures: for each failed attempt, from its last beat to the next attempt's first step
-  (detection, teardown, backoff, the next start-up), plus the steps redone (counted per failure);
-- checkpoint stalls, evaluation: their phases, in every attempt (a checkpoint written in the background,
-  ``trainer.saver``, stalls the loop only for its copy to host memory);
-- other: the rest of the wall time (the launcher before the first rank started, attempts whose
-  beats stayed on a host: SSH's earlier attempts).
+"""Goodput: the share of a job's wall time that went into training steps that count, and where the
+rest went, from rank 0's last heartbeat (``gptlaunch.contract.Beat``: the seconds its process spent in
+each phase, the step it resumed at) of each attempt; a retried job keeps every attempt's last beats in
+``JOB/attempts/<k>/heartbeat/``. Its parts are defined in ``docs/keeping-alive.md`` (Goodput).
 """
 
 from __future__ import annotations

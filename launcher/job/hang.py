@@ -102,15 +102,11 @@ def watch_of(args: argparse.Namespace) -> tuple[HangSpec, int] | None:
 
 @dataclass(frozen=True)
 class Stall:
-    """Ranks that have not advanced within their budgets: the oldest beat among them, and its age."""
+    """Ranks that have not advanced within their budgets."""
 
-    beats: list[Beat]
+    step: int  # the furthest step of any of them
     silent_s: float  # seconds since the most recent beat of any of them
     budget_s: float
-
-    @property
-    def step(self) -> int:
-        return max(b.step for b in self.beats)
 
 
 def stalled(spec: HangSpec, beats: list[Beat], expected: int, now: float) -> Stall | None:
@@ -122,7 +118,9 @@ def stalled(spec: HangSpec, beats: list[Beat], expected: int, now: float) -> Sta
     budgets = [spec.budget(b) for b in beats]
     if any(now - b.time < budget for b, budget in zip(beats, budgets, strict=True)):
         return None
-    return Stall(beats=beats, silent_s=now - max(b.time for b in beats), budget_s=max(budgets))
+    return Stall(
+        step=max(b.step for b in beats), silent_s=now - max(b.time for b in beats), budget_s=max(budgets)
+    )
 
 
 # After one node reports a hang, how long the others get to report theirs (the launcher waits that

@@ -58,7 +58,6 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"launcher.job.node: error: cannot run {args[0]!r}: {e.strerror}", file=sys.stderr)
         return 127
-    return 0  # not reached: exec replaced this process
 
 
 if __name__ == "__main__":

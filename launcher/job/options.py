@@ -4,11 +4,8 @@ A job config says ``scheduler: {kind: slurm, partition: gpu}`` (or just ``schedu
 ``kind`` picks the model, so options of another scheduler are rejected by name. Each scheduler's model
 lives in its own folder (``launcher/schedulers/<kind>/options.py``) and is found through the registry
 (``launcher.job.registry``), never imported here. An options module imports nothing of the launcher
-but this module: the JobSpec loads it while it is itself being imported.
-
-Flags are generated from the fields: ``--<field-name>`` by default; a ``Flag(...)`` in a field's
-``Annotated`` type renames it, groups it, leaves it without a flag or keeps its former name as a
-deprecated alias.
+but this module: the JobSpec loads it while it is itself being imported. Each field is a flag
+(``--<field-name>``, unless its ``Flag`` says otherwise).
 """
 
 from __future__ import annotations
@@ -96,11 +93,8 @@ NO_FLAG = Flag(None)
 
 def renamed_fields(model: type[BaseModel]) -> dict[str, str]:
     """Former name -> field of ``model``'s renamed fields (``Flag(renamed_from=...)``)."""
-    renamed: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        if former := Flag.of(info).renamed_from:
-            renamed[former] = name
-    return renamed
+    flags = {name: Flag.of(info) for name, info in model.model_fields.items()}
+    return {flag.renamed_from: name for name, flag in flags.items() if flag.renamed_from}
 
 
 class ParityOptions(SchedulerOptions):

@@ -5,16 +5,10 @@ the rendezvous host: none is known where the Plan is rendered. The Plan holds th
 of a guess, so every value in it stays a literal that golden tests pin and shell quoting covers; the
 node-side entry point (``python -m launcher.job.node -- ARGV...``) replaces them just before it execs ARGV.
 
-The common placeholders are defined here (``help_text()`` is what `launcher render --help` shows):
-
-- ``{{node_rank}}``: this node's index, 0-based: ``SLURM_NODEID``, else ``GPTLAUNCH_NODE_RANK``.
-- ``{{first_host}}``: the allocation's first host: ``GPTLAUNCH_FIRST_HOST`` (which a SLURM batch script
-  sets), else the first name of ``SLURM_JOB_NODELIST`` (expanded by ``scontrol show hostnames``).
-- ``{{ifname}}``: the interface this node routes ``{{first_host}}`` through (``ip route get``), for
-  NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.
-
-A scheduler adds its own through its options model (``SchedulerOptions.placeholders``): SLURM's
-``{{slurm_job_id}}`` and ``{{rdzv_port}}`` are in ``launcher.schedulers.slurm.options``.
+The common placeholders are ``COMMON`` (``{{ifname}}``: for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME;
+``help_text()`` is what `launcher render --help` shows); a scheduler adds its own through its options
+model (``SchedulerOptions.placeholders``): SLURM's ``{{slurm_job_id}}`` and ``{{rdzv_port}}`` are in
+``launcher.schedulers.slurm.options``.
 """
 
 from __future__ import annotations
@@ -48,12 +42,9 @@ def _node_rank(env: Mapping[str, str]) -> str:
 
 
 def _first_host(env: Mapping[str, str]) -> str:
-    # A SLURM batch script sets it too: where the node command runs (an image), scontrol may be missing.
-    if env.get(FIRST_HOST_ENV):
-        return env[FIRST_HOST_ENV]
-    if env.get("SLURM_JOB_NODELIST"):
-        out = _run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]])
-        return out.split()[0]
+    # FIRST_HOST_ENV first (a SLURM batch script sets it): in an image, scontrol may be missing.
+    if env.get("SLURM_JOB_NODELIST") and not env.get(FIRST_HOST_ENV):
+        return _run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]]).split()[0]
     return _first_env(env, FIRST_HOST_ENV)
 
 

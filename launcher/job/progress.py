@@ -2,10 +2,8 @@
 ``launcher status``. Each scheduler finds the beats (``Scheduler.heartbeats``): in the job record
 (``recorded_beats``: local, SLURM, compose) or on the hosts (SSH).
 
-Stragglers are judged here, for every program alike: each rank's beat carries its mean forward
-seconds per recent step (``Beat.compute_s``, timed with no change to the program by
-``gptlaunch.compute``), and a rank slower than ``STRAGGLER_RATIO`` × the median of the *other* ranks
-(``gptlaunch.stats.ratios_to_others``) is named.
+Stragglers are judged here (``stragglers``), for every program alike: each rank's beat carries its
+mean forward seconds per recent step, timed with no change to the program by ``gptlaunch.compute``.
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ class JobRecord:
         rec = cls(path, created_dir=created)
         atomic_write_text(path / "spec.json", spec.model_dump_json(indent=2, exclude_unset=True))
         rec.write_status(status)
-        atomic_write_text(path / "plan.json", plan.to_json())  # written last: it marks a complete record
+        rec.write_plan(plan)  # written last: it marks a complete record
         return rec
 
     @classmethod
@@ -326,8 +326,7 @@ class JobRecord:
         self.plan()
         self.status()
         self.spec()
-        if self.has_handle():
-            _read(_AnyJson, self.dir / "handle.json")
+        self.handle(_AnyJson)
 
     def spec(self) -> JobSpec:
         """Raises RecordError if missing or malformed, OSError if unreadable (as do the readers below)."""
@@ -369,9 +368,7 @@ class JobRecord:
 
     def handle(self, model: type[ModelT]) -> ModelT | None:
         """The scheduler's handle (None before the job was submitted)."""
-        if not self.has_handle():
-            return None
-        return _read(model, self.dir / "handle.json")
+        return _read(model, self.dir / "handle.json") if self.has_handle() else None
 
     def has_handle(self) -> bool:
         """Whether the scheduler accepted the job (and saved how to find it)."""

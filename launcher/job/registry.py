@@ -10,11 +10,8 @@ options union, the ``--scheduler`` choices, the generated flags and ``--help`` a
 from __future__ import annotations
 
 import functools
-import importlib
+import pkgutil
 from importlib.metadata import entry_points
-from typing import Annotated, Any, Union
-
-from pydantic import Field
 
 from launcher.job.options import SchedulerOptions
 
@@ -51,16 +48,7 @@ def scheduler_kinds() -> list[str]:
     return list(options_models())
 
 
-def options_union() -> Any:
-    """The type of ``JobSpec.scheduler``: the options models, discriminated by ``kind``."""
-    models = tuple(options_models().values())
-    if len(models) == 1:
-        return models[0]
-    return Annotated[Union[models], Field(discriminator="kind")]  # noqa: UP007
-
-
 def scheduler_class(kind: str) -> type:
     """The scheduler class registered for ``kind`` (imported now). Raises KeyError for an unknown kind."""
-    module, name = options_models()[kind].scheduler.split(":")
-    cls: type = getattr(importlib.import_module(module), name)
+    cls: type = pkgutil.resolve_name(options_models()[kind].scheduler)
     return cls

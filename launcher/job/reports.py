@@ -208,20 +208,7 @@ def read_all(directory: Path) -> list[NodeReport]:
     """Every report in ``directory``'s ``*.jsonl`` files, oldest first. A line that is not a whole
     report of this version (a process killed in mid-write, another version's kind) is skipped: it
     cannot be acted on."""
-    found: list[NodeReport] = []
-    for path in sorted(directory.glob("*.jsonl")):
-        with contextlib.suppress(OSError):
-            found += _decoded(path.read_bytes())
-    return sorted(found, key=lambda r: r.time)
-
-
-def _decoded(data: bytes) -> list[NodeReport]:
-    """The reports of ``data``'s lines, less those that are not one (``read_all``)."""
-    found = []
-    for line in data.splitlines():
-        with contextlib.suppress(ValueError):
-            found.append(decode(line))
-    return found
+    return _read_on(directory, {})
 
 
 class Tail:
@@ -238,21 +225,30 @@ class Tail:
     def new(self) -> list[NodeReport]:
         """The whole reports appended since the last call (a line still being written waits), oldest
         first."""
-        found: list[NodeReport] = []
-        for path in sorted(self.directory.glob("*.jsonl")):
-            start = self.offsets.get(path, 0)
-            try:
-                if path.stat().st_size <= start:  # nothing new: not opened (a shared file system)
-                    continue
-                with path.open("rb") as f:
-                    f.seek(start)
-                    data = f.read()
-            except OSError:
+        return _read_on(self.directory, self.offsets)
+
+
+def _read_on(directory: Path, offsets: dict[Path, int]) -> list[NodeReport]:
+    """The reports of the whole lines of ``directory``'s ``*.jsonl`` files from ``offsets`` on (a file
+    not in it: from its start), oldest first, less the lines that are not one; ``offsets`` moves past
+    those lines."""
+    found: list[NodeReport] = []
+    for path in sorted(directory.glob("*.jsonl")):
+        start = offsets.get(path, 0)
+        try:
+            if path.stat().st_size <= start:  # nothing new: not opened (a shared file system)
                 continue
-            whole = data[: data.rfind(b"\n") + 1]
-            self.offsets[path] = start + len(whole)
-            found += _decoded(whole)
-        return sorted(found, key=lambda r: r.time)
+            with path.open("rb") as f:
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            continue
+        whole = data[: data.rfind(b"\n") + 1]
+        offsets[path] = start + len(whole)
+        for line in whole.splitlines():
+            with contextlib.suppress(ValueError):
+                found.append(decode(line))
+    return sorted(found, key=lambda r: r.time)
 
 
 def hangs(job_dir: Path, since: float = 0.0) -> list[HangReport]:

@@ -6,26 +6,9 @@ need TensorFlow; the event writer imports it only where it is installed). Nothin
 fails the job: a write that fails (no tensorboard, a full disk) is logged once, and no more points are
 written.
 
-``tensorboard --logdir <job dir>`` shows them as the run ``tensorboard/job`` next to the trainer's
-``run/tensorboard`` (the default run dir is the job's ``run/``; with ``--run-dir`` elsewhere, give
-both dirs: ``--logdir_spec``).
-
 TensorBoard's horizontal "step" here is whole seconds since the job was submitted; each point's wall
-time is when it was measured. Tags:
-
-- ``goodput/ratio``: training seconds over wall seconds, 0..1 (``launcher.job.goodput``);
-- ``goodput/<part>_s``: the seconds of each part so far (training, startup, lost, checkpoint, eval,
-  other, and wall);
-- ``job/attempt``: the attempt that runs (1, 2, ...), ``job/failures``: the failures so far;
-- ``job/attempts`` (text): one line at each attempt's start, with the previous attempt's cause;
-- ``health/busbw_gbs/<host>-<host>``, ``health/tflops/<host>-rank_K``: the health gate's figures, where
-  the record holds them when the job starts (``launcher.preflight.recorded``);
-- ``ranks/compute_s/rank_K``: each rank's compute seconds per step, as the straggler check measures it
-  for every program (``Beat.compute_s``: its forward passes' mean over its last steps; a DDP step's
-  wall time is the same on every rank, the fast ones waiting for the slow in the all-reduce), with
-  ``ranks/compute_spread`` (the slowest over the fastest, 1.0 when even), ``ranks/straggler/rank_K``
-  (1 when the check names the rank, else 0) and ``ranks/stragglers`` (how many it names), beside each
-  goodput point.
+time is when it was measured. The tags, their units and how to open them beside the trainer's run:
+``docs/report.md`` (In TensorBoard, beside the loss).
 """
 
 from __future__ import annotations
@@ -93,7 +76,7 @@ class JobScalars:
 
     def ranks(self, beats: list[Beat], at: float) -> None:
         """The ranks' compute seconds per step as of their ``beats``, its spread and the straggler flags
-        (``ranks/*``: see the module docstring); nothing before a rank is timed."""
+        (``ranks/*``: see ``docs/report.md``); nothing before a rank is timed."""
         with self._guard():  # a malformed beat ends the points, never the job
             timed = {b.rank: float(b.compute_s) for b in beats if b.compute_s}
             if not timed:
@@ -123,13 +106,6 @@ class JobScalars:
     def active(self) -> bool:
         """Whether points are still written (no write failed)."""
         return self._writer is not None
-
-    def due(self) -> bool:
-        """Whether a periodic point is due (every SAMPLE_S seconds); restarts the period when so."""
-        if time.monotonic() < self.next_sample:
-            return False
-        self.next_sample = time.monotonic() + SAMPLE_S
-        return True
 
     def close(self) -> None:
         """Flush and close the event file."""
@@ -200,8 +176,10 @@ def goodput_point(
     nodes, SLURM, compose; an SSH host's beats reach it when its attempt ends): without them the running
     attempt would count as not training. ``status``: the job's status to tell it from, where the record
     does not hold it yet (an end about to be recorded)."""
-    if not scalars.active or (periodic and not scalars.due()):
+    if not scalars.active or (periodic and time.monotonic() < scalars.next_sample):
         return
+    if periodic:
+        scalars.next_sample = time.monotonic() + SAMPLE_S
     try:
         beats = recorded_beats(plan, record.dir)
         if periodic and rank0([b for node in beats.values() for b in node]) is None:

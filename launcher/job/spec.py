@@ -3,8 +3,7 @@
 Every field is scheduler-neutral except ``scheduler``, which holds the chosen scheduler's own options
 (``launcher.job.options``). It stays what the user asked for: what a scheduler finds at submit (a free
 port, hosts, GPU slices) is recorded in the Plan, not here. Unknown fields are rejected, and every
-string that could reach a shell or an environment is checked for control characters (newline, NUL,
-escape, ...), which no quoting can make safe in every consumer.
+string that could reach a shell or an environment is checked for control characters (``check_text``).
 """
 
 from __future__ import annotations
@@ -14,18 +13,18 @@ import re
 import sys
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from launcher.job.hang import HangSpec
 from launcher.job.options import SchedulerOptions
-from launcher.job.registry import DEFAULT_KIND, options_models, options_union, scheduler_kinds
+from launcher.job.registry import DEFAULT_KIND, options_models, scheduler_kinds
 
-if TYPE_CHECKING:  # the union of the registered models is built when this module is imported
+if TYPE_CHECKING:
     SchedulerOptionsUnion = SchedulerOptions
-else:
-    SchedulerOptionsUnion = options_union()
+else:  # the registered models, discriminated by ``kind``: built when this module is imported
+    SchedulerOptionsUnion = Annotated[Union[tuple(options_models().values())], Field(discriminator="kind")]  # noqa: UP007
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -296,14 +295,15 @@ class JobSpec(_Strict):
     @field_validator("scheduler", mode="before")
     @classmethod
     def _scheduler_kind(cls, v: Any) -> Any:
-        kind = v if isinstance(v, str) else v.get("kind", DEFAULT_KIND) if isinstance(v, dict) else None
-        if kind is not None and kind not in scheduler_kinds():
-            raise ValueError(
-                f"scheduler {kind!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
-            )
         if isinstance(v, str):
-            return {"kind": v}
-        return {"kind": DEFAULT_KIND} | v if isinstance(v, dict) else v
+            v = {"kind": v}
+        if isinstance(v, dict):
+            v = {"kind": DEFAULT_KIND} | v
+            if v["kind"] not in (None, *scheduler_kinds()):
+                raise ValueError(
+                    f"scheduler {v['kind']!r} is not available; choose one of: {', '.join(scheduler_kinds())}"
+                )
+        return v
 
     @field_validator("secret_env")
     @classmethod
@@ -314,7 +314,7 @@ class JobSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _scheduler_fits_job(self) -> JobSpec:
+    def _fields_agree(self) -> JobSpec:
         self.scheduler.check_job(self)
         # The GPUs of a scheduler's ``gpus`` option (local, compose, slurm) and CUDA_VISIBLE_DEVICES:
         # one setting, one source.
@@ -322,26 +322,16 @@ class JobSpec(_Strict):
             raise ValueError(
                 "the GPUs are given twice (scheduler.gpus and CUDA_VISIBLE_DEVICES in env / --env): keep one"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _loopback_only_on_one_machine(self) -> JobSpec:
-        if self.nnodes < 2 or self.scheduler.one_machine:
-            return self
         for flag, name in (
             ("--gloo-socket-ifname", self.network.gloo_socket_ifname),
             ("--nccl-socket-ifname", self.network.nccl_socket_ifname),
         ):
-            if name in ("lo", "lo0"):
+            if name in ("lo", "lo0") and self.nnodes > 1 and not self.scheduler.one_machine:
                 raise ValueError(
                     f"{flag} {name}: the loopback interface reaches no other machine, and the {self.nnodes} "
                     f"nodes of a {self.scheduler.kind} job are on different ones; name the interface "
                     "that routes between them (e.g. eth0), or leave it unset"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _secrets_not_written(self) -> JobSpec:
         for name in {*self.secret_env, *DEFAULT_SECRETS}:
             if name in self.network.env:
                 raise ValueError(
@@ -349,19 +339,11 @@ class JobSpec(_Strict):
                     f"written to the job record; export it in the shell that submits (export {name}=...), "
                     "the job gets it from there at run time"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _program_or_trainer(self) -> JobSpec:
         if self.program is not None and self.trainer_args:
             raise ValueError(
                 "both a program and trainer_args are given: trainer_args are the built-in trainer's; "
                 "put your program's arguments after its name"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _one_source_per_setting(self) -> JobSpec:
         if self.omp_num_threads is not None and "OMP_NUM_THREADS" in self.network.env:
             raise ValueError(
                 "OMP_NUM_THREADS is set twice (omp_num_threads / --omp-num-threads and env / --env): keep one"

@@ -97,11 +97,12 @@ def worker_argv(spec: JobSpec, default_run_dir: Path) -> tuple[list[str], str]:
     ARGS`` with ``--run-dir`` added when absent, or the user's program (``JobSpec.program``), whose
     run dir is ``default_run_dir`` (``RUN_DIR_ENV`` tells it, and ``RUN_DIR_ARG`` in its arguments
     becomes it: ``--out {{run_dir}}`` for a script that takes its checkpoint dir as an argument)."""
+    run_dir, args = str(default_run_dir), spec.trainer_args
     if spec.program is not None:
-        run_dir = str(default_run_dir)
         return [arg.replace(RUN_DIR_ARG, run_dir) for arg in spec.program.argv()], run_dir
-    args, run_dir = with_run_dir(spec.trainer_args, default_run_dir)
-    return ["-m", "trainer.cli", "train", *args], run_dir
+    if (asked := trainer_flag(args, "--run-dir")) is not None:
+        return ["-m", "trainer.cli", "train", *args], asked
+    return ["-m", "trainer.cli", "train", *args, "--run-dir", run_dir], run_dir
 
 
 def warm_workers(spec: JobSpec) -> bool:
@@ -226,11 +227,3 @@ def trainer_flag(trainer_args: list[str], flag: str) -> str | None:
         elif arg.startswith(f"{flag}="):
             value = arg.split("=", 1)[1]
     return value
-
-
-def with_run_dir(trainer_args: list[str], default: Path) -> tuple[list[str], str]:
-    """The trainer arguments with ``--run-dir`` added when absent, and the run dir they name."""
-    run_dir = trainer_flag(trainer_args, "--run-dir")
-    if run_dir is not None:
-        return list(trainer_args), run_dir
-    return [*trainer_args, "--run-dir", str(default)], str(default)

@@ -28,6 +28,7 @@ exception was raised. No message text decides: error messages only go into the o
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -102,8 +103,8 @@ def verdict(facts: Facts) -> Outcome:
         return Outcome(state=JobState.SUCCEEDED, exit_code=0)
     if facts.stop_requested:
         return _stopped(facts)
-    if facts.refused is not None:
-        return _refused(facts.refused)
+    if (refused := facts.refused) is not None:  # the nodes a health gate named: a retry leaves them out
+        return _outcome(JobState.FAILED, refused.exit_code, refused.message, refused.nodes)
     if _stopped_from_outside(facts):
         return _stopped(facts)
     if facts.scheduler_cancelled:
@@ -117,8 +118,8 @@ def verdict(facts: Facts) -> Outcome:
     return _failed(facts)
 
 
-def _outcome(state: JobState, exit_code: int, message: str) -> Outcome:
-    return Outcome(state=state, exit_code=exit_code, message=message)
+def _outcome(state: JobState, exit_code: int, message: str, suspect_nodes: Sequence[int] = ()) -> Outcome:
+    return Outcome(state=state, exit_code=exit_code, message=message, suspect_nodes=list(suspect_nodes))
 
 
 def _stopped_from_outside(facts: Facts) -> bool:
@@ -142,39 +143,16 @@ def _stopped(facts: Facts) -> Outcome:
     return _outcome(JobState.CHECKPOINTED, EXIT_CHECKPOINTED, message)
 
 
-def _refused(refused: reports.Refused) -> Outcome:
-    # The nodes a health gate named are the ones a retry leaves out.
-    return Outcome(
-        state=JobState.FAILED,
-        exit_code=refused.exit_code,
-        message=refused.message,
-        suspect_nodes=refused.nodes,
-    )
-
-
 def hung(job_dir: Path, report: HangReport) -> Outcome:
     """A hang as an outcome: its one line (stacks in ``job_dir/hang/``), and the suspects' nodes, the
     ones a retry leaves out."""
     message = hang_message(report, job_dir / HANG_DIR)
     nodes = sorted({r.node for r in report.ranks if r.rank in suspects(report)})
-    return Outcome(state=JobState.FAILED, exit_code=EXIT_FAILED, message=message, suspect_nodes=nodes)
+    return _outcome(JobState.FAILED, EXIT_FAILED, message, nodes)
 
 
 def _failed(facts: Facts) -> Outcome:
-    code = facts.agents[facts.first_failed] if facts.first_failed is not None else None
-    nodes = facts.plan.nodes if facts.plan is not None else []
-    failure = first_failure(
-        facts.job_dir,
-        {n.node_rank: n.named_host for n in nodes if n.named_host},
-        errors=facts.errors,
-        deaths=facts.deaths,
-        failed_node=facts.first_failed,
-        exit_code=code,
-        transport_error=facts.transport_error,
-        ranks=facts.ranks,
-        exits=facts.exits,
-        oom=facts.oom,
-    )
+    failure = first_failure(facts)
     if failure is None:
         return _outcome(JobState.FAILED, EXIT_FAILED, facts.unexplained or "the job failed without a word")
     # A rank that refused its input (exit 2) makes the job's exit 2: invalid input, never retried.

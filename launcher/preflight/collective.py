@@ -11,9 +11,6 @@ a call that hangs past the timeout is ended by torch's watchdog, which aborts th
 reports the signal, and no report is written.) The reports go into the directory named by
 ``GPTLAUNCH_REPORT_DIR`` (one file a rank), which the node agent forwards or the launcher reads; run
 by hand without it, only the table and the errors are printed.
-
-The models are in ``launcher.job.measurements``, the bandwidth formula and the table in
-``launcher.preflight.health``.
 """
 
 from __future__ import annotations
@@ -44,12 +41,11 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 class _Failed(Exception):
-    """This rank cannot finish the preflight; ``detail`` says why (from torch, or the wrong sum)."""
+    """This rank cannot finish the preflight; its message says why (from torch, or the wrong sum)."""
 
     def __init__(self, phase: Phase, detail: str) -> None:
         super().__init__(detail)
         self.phase: Phase = phase
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -65,33 +61,21 @@ class _Context:
     master: str
     timeout_s: float
 
-    @property
-    def ifname_setting(self) -> str:
-        """The interface variable this backend reads, with its value: ``GLOO_SOCKET_IFNAME=eth0``."""
-        var = "NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"
-        value = self.ifname.get(var)
-        return f"{var}={value}" if value else f"{var} (unset)"
-
-
-def _resolve_backend(spec: str) -> Literal["gloo", "nccl"]:
-    """``auto`` -> nccl when CUDA is available, else gloo; gloo and nccl as given."""
-    if spec == "auto":
-        import torch
-
-        spec = "nccl" if torch.cuda.is_available() else "gloo"
-    return "nccl" if spec == "nccl" else "gloo"
-
 
 def _read_context(backend: str, timeout_s: float) -> _Context:
     """RANK/LOCAL_RANK/WORLD_SIZE as torchrun sets them (a plain ``python`` run is rank 0 of 1), the
     interface variables as this process sees them, and the backend (auto: nccl when CUDA is there)."""
+    if backend == "auto":
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
     env = os.environ
     return _Context(
         rank=int(env.get("RANK", 0)),
         local_rank=int(env.get("LOCAL_RANK", 0)),
         node=int(env.get("GROUP_RANK", 0)),
         world_size=int(env.get("WORLD_SIZE", 1)),
-        backend=_resolve_backend(backend),
+        backend="nccl" if backend == "nccl" else "gloo",
         ifname={var: env.get(var) or None for var in IFNAME_VARS},
         master=f"{env.get('MASTER_ADDR') or '(unset)'}:{env.get('MASTER_PORT') or '(unset)'}",
         timeout_s=timeout_s,
@@ -113,9 +97,11 @@ def _message(ctx: _Context, phase: Phase, detail: str) -> str:
         "compute": "check this host's device (nvidia-smi, dmesg)",
         "check": "the network or the collective library corrupts data",
     }[phase]
+    var = "NCCL_SOCKET_IFNAME" if ctx.backend == "nccl" else "GLOO_SOCKET_IFNAME"  # what the backend reads
+    ifname = f"{var}={ctx.ifname[var]}" if ctx.ifname[var] else f"{var} (unset)"
     return (
         f"collective preflight failed on {where}: {what}: {detail} "
-        f"(backend {ctx.backend}, {ctx.ifname_setting}, MASTER_ADDR:MASTER_PORT {ctx.master}); {hint}"
+        f"(backend {ctx.backend}, {ifname}, MASTER_ADDR:MASTER_PORT {ctx.master}); {hint}"
     )
 
 
@@ -276,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             ifname=ctx.ifname,
             master=ctx.master,
             phase=f.phase,
-            message=_message(ctx, f.phase, f.detail),
+            message=_message(ctx, f.phase, str(f)),
         )
         _write_line(sys.stderr, f"error: {error.message}")
         _report(reports.CollectiveFailed(node=ctx.node, rank=ctx.rank, error=error))

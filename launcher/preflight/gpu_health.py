@@ -2,19 +2,9 @@
 
 ``query()`` runs on each host (rank ``local_rank`` 0 of the collective preflight) and returns the raw
 CSV, which travels to the launcher; ``parse`` and ``judge`` read it there (pure, no torch), so a
-recorded output is a test fixture. What names a host (fields as nvidia-smi calls them, see
-``nvidia-smi --help-query-gpu``):
-
-- ``ecc.errors.uncorrected.volatile.total`` > 0: uncorrectable memory errors since the driver loaded;
-- ``retired_pages.pending`` or ``remapped_rows.pending`` = Yes: a retirement or row remap waits for a
-  GPU reset; ``remapped_rows.failure`` = Yes: the GPU ran out of spare rows;
-- ``clocks_event_reasons.active`` with a hardware slowdown, hardware or software thermal slowdown or
-  power-brake bit (NVML's ``nvmlClocksEventReason*``): the GPU runs below its clocks;
-- ``temperature.gpu`` at or above MAX_TEMP_C;
-- fewer GPUs than the job's processes per node, or more than one GPU model on a host.
-
-``persistence_mode`` Disabled is reported as a warning only: every process start then pays the
-driver's initialisation, which slows start-up but not training.
+recorded output is a test fixture. What names a host, each with the line that says why, is in
+``_gpu_issues`` (fields as nvidia-smi calls them, see ``nvidia-smi --help-query-gpu``) and ``judge``;
+``persistence_mode`` Disabled is a warning only: it slows start-up, not training.
 """
 
 from __future__ import annotations
@@ -46,7 +36,6 @@ SLOWDOWN_BITS = {
     0x40: "hardware thermal slowdown",
     0x80: "hardware power brake slowdown",
 }
-_NOT_AVAILABLE = {"", "[N/A]", "N/A", "[Not Supported]", "Not Supported"}
 
 
 def query() -> str | None:
@@ -101,8 +90,7 @@ def _issue(index: str | None, field: str, value: str, why: str, fatal: bool = Tr
 
 
 def _number(value: str) -> float | None:
-    if value in _NOT_AVAILABLE:
-        return None
+    """The field's number (hex for a bit mask); None for anything else ("[N/A]", "[Not Supported]")."""
     try:
         return float(int(value, 16)) if value.lower().startswith("0x") else float(value)
     except ValueError:

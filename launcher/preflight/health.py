@@ -30,8 +30,6 @@ PAIR_BYTES = 16 * 2**20
 COMPUTE_S = 1.0  # seconds of matmuls per device: enough for a steady figure, short next to a job
 GATE_TIMEOUT_S = 60.0  # --health-check: to form the group, and for each call of the gate
 
-Check = Literal["link", "compute", "gpu"]
-
 
 @dataclass(frozen=True)
 class GateSettings:
@@ -86,7 +84,7 @@ class Finding:
     """A host the gate names: which check, its figure and the line a user reads."""
 
     host: str
-    check: Check
+    check: Literal["link", "compute", "gpu"]
     figure: float | None  # GB/s (link), TFLOP/s (compute); None for gpu (the line has the field's value)
     line: str  # starts with the host's name
     fatal: bool = True  # False: a warning, reported but never refusing a launch

@@ -1,17 +1,13 @@
 """The health gate inside a SLURM job: the step after version parity, before training (its batch
-script lines: ``launcher.schedulers.slurm.steps``).
+script lines: ``launcher.schedulers.slurm.steps``; for users: docs/health-check.md, "On SLURM").
 
-With ``--health-check`` (or ``--health-check-warn``) the batch script runs the collective preflight
-with the gate's stages on every allocated node (one ``srun`` step of torchrun agents,
-``--nproc-per-node`` ranks each; node K's output in ``<job dir>/health/node-K.out``, its errors in
-``node-K.log``, the workers' reports beside them), then this module on the batch node. It judges rank
-0's result (``launcher.preflight.health``), prints the report to the batch log and, when a node is
-named, ends the job with exit code 3 (EXIT_REFUSED) before any rank of the job starts, with a
-``launcher.job.reports.Refused`` report of the message and the named node ranks (read by
-``launcher.schedulers.slurm.state``). With ``--retries``, the batch script goes on to the job's
-controller, which takes that refusal for its first attempt's and retries without those nodes: on a
-spare node of the allocation, else requeued so that SLURM allocates others in their place. A
-requeued job runs the gate again on its new nodes.
+The batch script runs the collective preflight with the gate's stages on every allocated node (node
+K's output in ``<job dir>/health/node-K.out``, its errors in ``node-K.log``, the workers' reports
+beside them), then this module on the batch node. It judges rank 0's result
+(``launcher.preflight.health``), prints the report to the batch log and, when a node is named, ends
+the job with exit code 3 (EXIT_REFUSED) and a ``launcher.job.reports.Refused`` report of the message
+and the named node ranks, read by ``launcher.schedulers.slurm.state`` and by the job's controller,
+which retries without those nodes (``--retries``).
 """
 
 from __future__ import annotations

@@ -62,10 +62,6 @@ def field_value(probe: Probe, field: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _absent(field: str) -> str:
-    return "(not installed)" if field == "torch" or field.startswith("packages.") else "(none)"
-
-
 def _runs(hosts: list[str]) -> list[list[str]]:
     """``hosts`` cut into runs of names that differ only in a trailing number counting up by one
     (gl-h1, gl-h2, gl-h3; n08, n09, n10), in the given order."""
@@ -95,11 +91,12 @@ def host_ranges(hosts: list[str]) -> str:
 def group_by_value(field: str, values: dict[str, str | None]) -> str:
     """E.g. "2.13.0 on h1, h3; 2.12.0 on h2": each value with its hosts, the most common value first
     (ties in host order), "(not installed)" or "(none)" for None."""
+    absent = "(not installed)" if field == "torch" or field.startswith("packages.") else "(none)"
     groups: dict[str | None, list[str]] = {}
     for host, value in values.items():
         groups.setdefault(value, []).append(host)
     ordered = sorted(groups.items(), key=lambda item: -len(item[1]))  # stable: ties keep host order
-    return "; ".join(f"{_absent(field) if v is None else v} on {host_ranges(hosts)}" for v, hosts in ordered)
+    return "; ".join(f"{absent if v is None else v} on {host_ranges(hosts)}" for v, hosts in ordered)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from gptlaunch.contract import EXIT_FAILED, EXIT_REFUSED
 from launcher.job import reports
 from launcher.job.measurements import Probe
@@ -36,7 +34,7 @@ def read_probes(probes: Path, nnodes: int) -> tuple[dict[int, Probe], list[str]]
         report, log = probes / f"node-{node}.json", probes / f"node-{node}.log"
         try:
             probe = Probe.model_validate_json(report.read_text().strip().splitlines()[-1])
-        except (OSError, IndexError, ValueError, ValidationError):
+        except (OSError, IndexError, ValueError):  # ValueError: pydantic's ValidationError too
             missing.append(f"  node {node}: no probe report ({report}); its errors: {log}")
             continue
         found[node] = probe

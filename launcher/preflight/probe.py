@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -271,9 +272,7 @@ def _free_port() -> int:
 
 def describe_gpus(gpus: Sequence[Gpu], memory: bool = True) -> str:
     """E.g. "2 × NVIDIA A100 80GB (80.0 GiB)"; kinds in order of first index; "none" without GPUs."""
-    counts: dict[tuple[str, int], int] = {}
-    for gpu in gpus:
-        counts[gpu.name, gpu.memory_bytes] = counts.get((gpu.name, gpu.memory_bytes), 0) + 1
+    counts = Counter((gpu.name, gpu.memory_bytes) for gpu in gpus)
     parts = [
         f"{n} × {name}" + (f" ({size / 2**30:.1f} GiB)" if memory else "")
         for (name, size), n in counts.items()

@@ -1,9 +1,5 @@
-"""The report page: one HTML file with plotly's script inline, so that it opens from disk with no
-server and no network. Written as ``report.html`` (atomically: a reader sees a whole page or the
-previous one): a job's into its record, a sweep's into the sweep's directory. A job's checks before
-training (``launcher.preflight.recorded``) show as HTML: version parity's classes of hosts, and the
-health gate's link and device tables with the hosts it names. A sweep's page (``render_sweep``) has
-every run's loss on one chart (training, then validation), and the runs ranked by one metric."""
+"""The report page (``docs/report.md``): one HTML file, a job's (``render``) or a sweep's
+(``render_sweep``), written atomically (a reader sees a whole page or the previous one)."""
 
 from __future__ import annotations
 
@@ -93,7 +89,9 @@ def render(facts: Facts) -> str:
         section(
             "Version parity",
             "Do the hosts run the same torch, CUDA, NCCL and packages?",
-            _parity(facts.checks),
+            f"<pre id='parity'>{html.escape(classes(facts.checks.probes))}</pre>"
+            if facts.checks.probes
+            else None,
             PARITY_MISSING,
         ),
     ]
@@ -162,13 +160,6 @@ def _files(facts: Facts) -> str:
 def when(epoch_s: float) -> str:
     """``2026-11-28 07:19:00 UTC`` of ``epoch_s`` (seconds)."""
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _parity(checks: Checks) -> str | None:
-    """The hosts' classes: what all share, then each field that differs with its values and hosts."""
-    if not checks.probes:
-        return None
-    return f"<pre id='parity'>{html.escape(classes(checks.probes))}</pre>"
 
 
 def _health(checks: Checks, gpus_per_node: int) -> str | None:

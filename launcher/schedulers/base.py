@@ -1,11 +1,6 @@
-"""The scheduler protocol: where a job runs.
-
-Each scheduler is one module behind this protocol (TorchX's split of ``submit_dryrun`` and
-``schedule``, submitit's ``Job`` rebuilt from disk): ``resolve`` finds the facts of this submit,
-``render`` turns spec + facts into a Plan without side effects, ``submit`` starts (or queues) the Plan
-and returns a typed handle that is saved in the job record, and ``state``/``logs``/``cancel`` find the
-job again from its record alone, from any shell, long after ``submit`` returned.
-"""
+"""The scheduler protocol: where a job runs (TorchX's split of ``submit_dryrun`` and ``schedule``,
+submitit's ``Job`` rebuilt from disk: ``state``/``logs``/``cancel`` find the job again from its record
+alone, from any shell, long after ``submit`` returned)."""
 
 from __future__ import annotations
 

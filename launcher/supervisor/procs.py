@@ -80,14 +80,12 @@ def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
             proc.send_signal(sig)
 
 
-def terminate(procs: list[psutil.Process], grace_s: float) -> list[psutil.Process]:
-    """SIGTERM ``procs``, wait up to ``grace_s`` seconds for them to exit, SIGKILL the rest.
-    Returns the processes that had to be killed."""
+def terminate(procs: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM ``procs``, wait up to ``grace_s`` seconds for them to exit, SIGKILL the rest."""
     signal_all(procs, signal.SIGTERM)
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     signal_all(alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=5)
-    return alive
 
 
 def kill_tree(pid: int) -> None:
@@ -98,11 +96,9 @@ def kill_tree(pid: int) -> None:
         terminate([root, *root.children(recursive=True)], 0.0)
 
 
-def sweep(job_id: str, grace_s: float = 2.0) -> int:
-    """Stop every remaining process of ``job_id`` (SIGTERM, then SIGKILL). Returns how many there were."""
-    procs = job_processes(job_id)
-    terminate(procs, grace_s)
-    return len(procs)
+def sweep(job_id: str, grace_s: float = 2.0) -> None:
+    """Stop every remaining process of ``job_id`` (SIGTERM, then SIGKILL)."""
+    terminate(job_processes(job_id), grace_s)
 
 
 def alive(ref: ProcessRef | None) -> bool:

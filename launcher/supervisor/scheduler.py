@@ -2,9 +2,8 @@
 compose): ``submit`` forks the supervisor with the scheduler's ``Transport``; ``state``, ``logs`` and
 ``cancel`` find the job again from its record, from any shell.
 
-A subclass gives ``resolve``/``render`` and explicit hooks: ``preflight`` (default: nothing to try),
-``transport`` (how node agents start, stop and are explained), ``remaining`` (what of a job still runs
-when its supervisor is gone) and ``sweep`` (stop all of it). It never overrides the rest.
+A subclass gives ``resolve``/``render``, ``transport`` and, where the default does not do, the other
+hooks below (``preflight``, ``remaining``, ``sweep``).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from gptlaunch.contract import Beat
 from launcher.job.logs import node_logs, wait_terminal
 from launcher.job.plan import Plan
 from launcher.job.progress import recorded_beats
-from launcher.job.record import JobError, JobRecord, JobStatus, Outcome
+from launcher.job.record import JobError, JobRecord, JobStatus
 from launcher.job.spec import JobSpec
 from launcher.job.verdict import controller_lost, gather, verdict
 from launcher.supervisor import procs
@@ -82,7 +81,11 @@ class SupervisedScheduler(RecordFollowed):
         remaining = self.remaining(record) if handle else ""
         if remaining:
             return status.model_copy(update={"message": f"its supervisor is gone; {remaining}"})
-        return _record_end(record, status, controller_lost(record, status))
+        outcome = controller_lost(record, status)
+        try:
+            return record.finish(outcome)
+        except OSError:  # a read-only job dir: just report the end found out
+            return status.model_copy(update=dict(outcome))
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         status = self.state(record)
@@ -108,11 +111,3 @@ class SupervisedScheduler(RecordFollowed):
         if handle is not None and procs.alive(handle.supervisor):
             procs.terminate(procs.processes([handle.supervisor.pid]), FAIL_FAST_GRACE_S)
         return record.finish(verdict(replace(gather(record, asked), stop_requested=True)))
-
-
-def _record_end(record: JobRecord, status: JobStatus, outcome: Outcome) -> JobStatus:
-    """Record an end that a reader found out; on a read-only job dir, just report it."""
-    try:
-        return record.finish(outcome)
-    except OSError:
-        return status.model_copy(update=dict(outcome))

@@ -7,11 +7,8 @@ retries, hands the job back to its scheduler for a new allocation (a SLURM reque
 (``launcher.job.retry``) and records it. A stop asked in the job record (``launcher cancel`` of a
 controller on another machine) is a stop request too.
 
-Fail fast: the first agent that fails brings the others down (SIGTERM, then SIGKILL after
-FAIL_FAST_GRACE_S); how the attempt ended is ``launcher.job.verdict``'s. A stop request
-(SIGTERM from ``launcher cancel``, or from the kernel when an attached ``launcher submit`` dies) is
-relayed to every agent, whose ranks checkpoint and exit; a second one stops everything at once. No
-process of the job outlives it (``launcher.supervisor.procs``).
+Fail fast and stop requests: ``launcher.supervisor.watch``. No process of the job outlives it
+(``launcher.supervisor.procs``).
 """
 
 from __future__ import annotations

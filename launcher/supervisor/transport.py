@@ -1,9 +1,6 @@
-"""How the supervisor reaches its node agents: the ``Transport`` each scheduler gives it (start, stop,
-kill, explain an exit, renew the nodes for a retry), and how one starts: ``start_client`` (a client
-process such as ``ssh`` or ``docker start --attach``, the secrets on its stdin and, for a node
-agent's channel, its reports into the job record: ``launcher.job.channel``). A job's secret variables
-go to a node as one JSON line on its client's stdin (``receive_secrets`` on the node): never on a
-command line, in a file or in a log.
+"""How the supervisor reaches its node agents: the ``Transport`` each scheduler gives it, how one
+starts (``start_client``), and a job's secret variables on its stdin, read on the node by
+``receive_secrets``.
 """
 
 from __future__ import annotations
@@ -99,13 +96,12 @@ def start_client(
     channel_of: Path | None = None,
     on_report: Callable[[reports.NodeReport], None] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a node's client process (``ssh host ...``, ``docker start --attach ...``): its output
-    appended to ``log``, the secret variables written to its stdin as one JSON line (never on a command
-    line or a disk), stdin then closed unless ``keep_stdin``. ``env``: its environment (default: ours);
-    ``cwd``: its working directory (default: ours).
-    With ``channel_of`` (a job directory), its stdout is an agent's channel (``launcher.job.channel``):
-    output to ``log``, reports into that job record and to ``on_report``. Its own session, killed
-    with the supervisor. Raises OSError."""
+    """Start a node's client process (``ssh host ...``, ``docker start --attach ...``) in ``env`` and
+    ``cwd`` (None: ours): its output appended to ``log``, the secret variables written to its stdin as
+    one JSON line (never on a command line, a disk or in a log), stdin then closed unless
+    ``keep_stdin``. With ``channel_of`` (a job directory), its stdout is an agent's channel
+    (``launcher.job.channel``): output to ``log``, reports into that job record and to ``on_report``.
+    Its own session, killed with the supervisor. Raises OSError."""
     with open(log, "ab") as out:
         client = subprocess.Popen(
             argv,

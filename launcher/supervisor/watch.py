@@ -1,8 +1,5 @@
-"""One attempt, followed: the job a supervisor runs (``Job``: its Plan, record, transport and the
-current attempt's agents), the stop its signals ask for (``StopOnSignal``), and ``Watch``, which
-follows the agents to the attempt's end and gathers its facts at the right time for the one verdict
-(``launcher.job.verdict``: ``gather``, then ``verdict``).
-"""
+"""One attempt, followed (``Watch``): the job a supervisor runs (``Job``) and the stop its signals
+ask for (``StopOnSignal``)."""
 
 from __future__ import annotations
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ import psutil
 
 from gptlaunch.contract import Beat, clear_beats, read_beats
 from launcher.job.hang import EXIT_HANG, Collective, HangReport, HangSpec, RankReport, stalled
+from launcher.job.programs import PY_SPY, find
 from launcher.supervisor import procs
 
 DUMP_TIMEOUT_S = 30.0
@@ -74,8 +73,7 @@ def py_spy_dump(pid: int) -> str:
     """``py-spy dump`` of ``pid``: the blocking mode first (consistent stacks), then ``--nonblocking``
     (works on a stopped process, and where ptrace is not allowed), retried while the sample of a
     running process catches its main thread between frames. Never raises: a failure is described."""
-    beside = Path(sys.executable).parent / "py-spy"  # this environment's, when it is not on PATH
-    exe = str(beside) if beside.is_file() else shutil.which("py-spy")
+    exe = find(PY_SPY)
     if exe is None:
         return "no stack: py-spy is not installed on this host (pip install py-spy)"
     errors, sample = [], ""

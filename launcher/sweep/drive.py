@@ -1,11 +1,8 @@
-"""A sweep's driver: it starts the sweep's runs in order, at most ``max_parallel`` at once, each as
-one ``launcher submit --detach`` into the sweep's directory (so each is a whole job, with its parity
-check, retries, hang watchdog and record), starts the next as a run ends, and stops starting any once
-the sweep is cancelled. A failed run does not stop the others.
-
-An attached ``submit --sweep`` drives the sweep itself; ``--detach`` starts this module's ``main`` as a
-process of its own (``python -m launcher.sweep.drive SWEEP_DIR``), which outlives the shell.
-"""
+"""A sweep's driver: it starts the sweep's runs in order, at most ``max_parallel`` at once, each as one
+``launcher submit --detach`` into the sweep's directory (a whole job: a failed run does not stop the
+others), the next as a run ends, none once the sweep is cancelled. An attached ``submit --sweep`` drives
+the sweep itself; ``--detach`` starts this module's ``main`` as a process of its own (``python -m
+launcher.sweep.drive SWEEP_DIR``), which outlives the shell."""
 
 from __future__ import annotations
 

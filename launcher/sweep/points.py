@@ -1,11 +1,6 @@
 """A sweep's points and each run's arguments: ``--sweep KEY=V1,V2`` (repeated: their grid) or
-``--sweep-file FILE`` (YAML: a list of mappings, one per run), checked before anything is submitted.
-
-The values reach the program as its own flags: the built-in trainer gets ``--KEY VALUE`` after its
-other arguments (argparse keeps the last: a value swept overrides one given once); a user's program
-gets each value where its arguments say ``{KEY}`` (``--lr {lr}``), as Hydra's and W&B's sweeps do. Every
-mistake is a SweepError naming it, with the fix, and exits 2 before anything starts.
-"""
+``--sweep-file FILE`` (YAML: a list of mappings, one per run), checked before anything is submitted
+(where the values go: ``docs/sweeps.md``)."""
 
 from __future__ import annotations
 
@@ -80,8 +75,9 @@ def check_count(points: list[Point], yes: bool) -> None:
 
 def trainer_args(args: list[str], point: Point, flags: set[str]) -> list[str]:
     """The built-in trainer's arguments of the run at ``point``: ``args`` then ``--KEY VALUE`` for
-    each key (``max_steps`` and ``max-steps`` are ``--max-steps``). ``flags``: the trainer's own.
-    Raises SweepError for a key that is not one of its flags."""
+    each key (argparse keeps the last: a value swept overrides one given once; ``max_steps`` and
+    ``max-steps`` are ``--max-steps``). ``flags``: the trainer's own. Raises SweepError for a key that
+    is not one of its flags."""
     out = list(args)
     for key, value in point.items():
         flag = "--" + key.replace("_", "-")
@@ -92,8 +88,9 @@ def trainer_args(args: list[str], point: Point, flags: set[str]) -> list[str]:
 
 
 def program_args(args: list[str], point: Point) -> list[str]:
-    """A user's program's arguments of the run at ``point``: each ``{KEY}`` replaced by its value.
-    Raises SweepError for a placeholder the point has no value for, or a key no argument uses."""
+    """A user's program's arguments of the run at ``point``: each ``{KEY}`` replaced by its value (as
+    Hydra's and W&B's sweeps do). Raises SweepError for a placeholder the point has no value for, or a
+    key no argument uses."""
     used = {name for arg in args for name in PLACEHOLDER.findall(arg)}
     if missing := sorted(used - point.keys()):
         raise SweepError(

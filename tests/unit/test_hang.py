@@ -52,7 +52,7 @@ def test_a_stall_needs_every_rank_silent_past_its_budget() -> None:
     spec = HangSpec(timeout_s=10)
     now = 1000.0
     assert stalled(spec, [_beat(0, now - 11), _beat(1, now - 12)], expected=2, now=now) == Stall(
-        beats=[_beat(0, now - 11), _beat(1, now - 12)], silent_s=11.0, budget_s=10.0
+        step=7, silent_s=11.0, budget_s=10.0
     )
     assert stalled(spec, [_beat(0, now - 11), _beat(1, now - 9)], expected=2, now=now) is None  # 1 advances
     assert stalled(spec, [_beat(0, now - 11)], expected=2, now=now) is None  # rank 1 has not started

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.job.plan import NodePlan, Plan
 from launcher.job.spec import JobSpec, Program, SpecError
-from launcher.job.torchrun import rdzv_backend, warm_workers, with_run_dir
+from launcher.job.torchrun import rdzv_backend, warm_workers, worker_argv
 from launcher.schedulers.local.scheduler import LocalFacts, LocalScheduler
 from launcher.schedulers.local.warm import zygote_socket
 
@@ -82,11 +82,14 @@ def test_auto_rendezvous_is_static_where_node_0_holds_the_store_else_c10d() -> N
 
 
 def test_run_dir_is_added_only_when_absent() -> None:
-    assert with_run_dir(["--max-steps", "3"], Path("/j/run")) == (
-        ["--max-steps", "3", "--run-dir", "/j/run"],
+    def worker(*args: str) -> tuple[list[str], str]:
+        return worker_argv(JobSpec.model_validate({"trainer_args": list(args)}), Path("/j/run"))
+
+    assert worker("--max-steps", "3") == (
+        ["-m", "trainer.cli", "train", "--max-steps", "3", "--run-dir", "/j/run"],
         "/j/run",
     )
-    assert with_run_dir(["--run-dir=/mine"], Path("/j/run")) == (["--run-dir=/mine"], "/mine")
+    assert worker("--run-dir=/mine") == (["-m", "trainer.cli", "train", "--run-dir=/mine"], "/mine")
 
 
 HOSTILE = ["a'; touch {m}", "$(touch {m})", "`touch {m}`", "two  spaces", 'a"=0"', "semi;colon", "*", "~"]

@@ -1,16 +1,9 @@
-"""The compose file of a job (pure): one service per node of the Plan, on the job's own network.
-
-Each service runs the training image (pinned by image id, so every node runs the same bits even if
-the tag moves), as the submitting user (the files it writes on the host stay theirs), with the host
-paths the job needs bind-mounted at the same paths (text files and a resume checkpoint read-only),
-enough shared memory for NCCL, and GPU reservations when asked. Its command is
-``python -m launcher.schedulers.compose.node`` (version parity, then torchrun). Secrets are not in it: they
-reach each container on its stdin when it starts (``stdin_open``).
-"""
+"""The compose file of a job (pure): one service per node of the Plan, on the job's own network, each
+running ``python -m launcher.schedulers.compose.node`` in the image pinned by id, as the submitting user
+(what each setting is for: ``docs/schedulers/compose.md``, "How a job runs")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -19,17 +12,7 @@ from launcher.job.plan import NodePlan, container_name
 
 NETWORK = "job"
 COMPOSE_FILE = "compose.yaml"
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A host path bind-mounted at the same path inside every container."""
-
-    path: str
-    read_only: bool
-
-    def spec(self) -> str:
-        return f"{self.path}:{self.path}:{'ro' if self.read_only else 'rw'}"
+Mount = tuple[str, bool]  # (host path, read-only), bind-mounted at the same path in every container
 
 
 def service_name(node_rank: int) -> str:
@@ -83,11 +66,11 @@ def _service(
         "image": image_id,
         "container_name": container_name(job_id, node.node_rank),
         "hostname": service_name(node.node_rank),
-        "user": user,
+        "user": user,  # the files a node writes on the host stay the submitting user's
         "working_dir": node.cwd,
         "command": node.argv,
         "environment": dict(sorted(node.env.items())),
-        "volumes": [m.spec() for m in mounts],
+        "volumes": [f"{path}:{path}:{'ro' if read_only else 'rw'}" for path, read_only in mounts],
         "shm_size": shm_size,
         "init": True,  # docker-init as PID 1: relays docker kill's signals, reaps strays
         "stdin_open": True,  # the secrets arrive on stdin, never in this file or the container's config

@@ -1,15 +1,11 @@
 """The entry point of a compose node's container: ``python -m launcher.schedulers.compose.node
 --job-dir D --node K --nodes N [--gpus-per-node G] [--skip-parity] -- TORCHRUN_ARGV...``.
 
-1. Secrets, from stdin (``launcher.supervisor.transport``: ``docker start --attach --interactive``
-   writes them), given to torchrun's environment only: no compose file or container config holds them.
-2. Version parity: this container's probe goes to ``D/parity/node-K.json``; once every node's report is
-   there (at most PEERS_TIMEOUT_S), they are compared (``launcher.preflight.parity_step.check``, the
-   SLURM step's comparison): on a mismatch the node exits 3 with the diff before any rank starts and
-   sends a ``launcher.job.reports.Refused`` report (the job's exit code and message).
-3. The node agent (``launcher.agent.node``: signals, the hang watchdog with ``--nproc-per-node`` and
-   the ``--hang-*`` budgets) runs torchrun, as the container's init; its reports go into the mounted
-   job record.
+The secrets come from stdin. Then version parity: this container's probe goes to
+``D/parity/node-K.json``; once every node's report is there (at most PEERS_TIMEOUT_S), they are compared
+(``launcher.preflight.parity_step.check``, the SLURM step's comparison): on a mismatch the node exits 3
+with the diff before any rank starts and sends a ``launcher.job.reports.Refused`` report. Then the node
+agent (``launcher.agent.node``) runs torchrun, as the container's init.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from gptlaunch.contract import EXIT_FAILED
 from gptlaunch.files import atomic_write_text
 from launcher.agent.node import NodeAgent
 from launcher.job import reports
-from launcher.job.hang import HangSpec, add_watch_flags, heartbeat_dir, parse_with_command, watch_of
+from launcher.job.hang import add_watch_flags, heartbeat_dir, parse_with_command, watch_of
 from launcher.preflight.parity_step import PROBE_DIR, check, end_step
 from launcher.preflight.probe import collect
 from launcher.supervisor.transport import receive_secrets
@@ -54,26 +50,6 @@ def _secrets() -> dict[str, str]:
     return secrets
 
 
-def _run(
-    command: list[str], env: dict[str, str], watch: tuple[HangSpec, int] | None, job_dir: Path, node: int
-) -> int:
-    """Run torchrun under the node agent (as the container's init, it relays SIGTERM/SIGINT: nothing
-    else passes them on); its exit code. Raises OSError when it cannot start."""
-    agent = NodeAgent(
-        node=node,
-        argv=command,
-        env=env,
-        report=lambda report: reports.append(job_dir, report),  # the job record is mounted
-        say=lambda line: print(line, flush=True),
-        watch=watch,
-        # The pids the ranks beat there are this container's, whose namespace is the host's.
-        heartbeat_dir=str(heartbeat_dir(job_dir, node)) if watch is not None else None,
-        subreaper=False,  # the container's init already
-    )
-    agent.install_signals()
-    return agent.run()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.schedulers.compose.node", description=__doc__.split("\n\n")[0]
@@ -95,8 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     failure = check(args.job_dir, args.nodes, args.gpus_per_node, args.skip_parity, args.node)
     if failure is not None:  # every refusing node reports it: the supervisor may see any one exit first
         return end_step(args.job_dir, failure)
+    watch = watch_of(args)
+    agent = NodeAgent(
+        node=args.node,
+        argv=command,
+        env=os.environ | secrets,
+        report=lambda report: reports.append(args.job_dir, report),  # the job record is mounted
+        say=lambda line: print(line, flush=True),
+        watch=watch,
+        # The pids the ranks beat there are this container's, whose namespace is the host's.
+        heartbeat_dir=str(heartbeat_dir(args.job_dir, args.node)) if watch is not None else None,
+        subreaper=False,  # the container's init already
+    )
+    agent.install_signals()  # as the container's init: nothing else passes SIGTERM/SIGINT on
     try:
-        return _run(command, os.environ | secrets, watch_of(args), args.job_dir, args.node)
+        return agent.run()
     except OSError as e:
         print(f"compose_node: cannot start {command[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
         return EXIT_FAILED

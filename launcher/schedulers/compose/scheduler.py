@@ -1,15 +1,9 @@
-"""The compose scheduler: a multi-node job as one container per node on one Docker engine, on the job's
-own network — a two-node cluster on one machine.
-
-``render`` writes the compose file (``launcher.schedulers.compose.file``; ``launcher render --scheduler
-compose`` prints it). ``submit`` creates the network and the containers (``<compose> up --no-start``,
-with ``docker compose`` v2 or ``docker-compose`` v1: the Docker SDK has no compose API), then the
-supervisor (``launcher.supervisor``) follows one ``docker start --attach --interactive`` per node as
-that node's agent: its output is the node log, its exit code the container's, the secrets go in on its
-stdin. Fail-fast, stop and cancel are every supervised scheduler's (``SupervisedScheduler``); stopping a
-node is ``docker kill --signal TERM`` (torchrun forwards it, the ranks checkpoint), and the end of the
-job, whatever it is, is ``<compose> down``: containers and network removed.
-"""
+"""The compose scheduler: one container per node on one Docker engine, on the job's own network.
+``submit`` creates them with ``<compose> up --no-start`` (the Docker SDK has no compose API); the
+supervisor follows one ``docker start --attach --interactive`` per node as that node's agent (its output
+the node log, its exit code the container's, the secrets on its stdin); stopping a node is ``docker
+kill --signal TERM`` (torchrun forwards it, the ranks checkpoint); whatever the end, ``<compose> down``
+removes the containers and the network."""
 
 from __future__ import annotations
 
@@ -124,8 +118,8 @@ class ComposeScheduler(SupervisedScheduler):
         args = [*spec.trainer_args, "--run-dir", run_dir]  # the paths to mount (a program has none)
         mounts = job_mounts(args, Path(facts.workdir), job_dir, Path(facts.workdir) / run_dir)
         if spec.program is not None:  # its code and files: the working directory, as a bare node sees it
-            mounts.append(Mount(str(Path(facts.workdir).absolute()), read_only=False))
-        facts = facts.model_copy(update={"writable": tuple(m.path for m in mounts if not m.read_only)})
+            mounts.append((str(Path(facts.workdir).absolute()), False))
+        facts = facts.model_copy(update={"writable": tuple(path for path, ro in mounts if not ro)})
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         text = render(
             job_id,
@@ -212,7 +206,7 @@ def job_mounts(trainer_args: list[str], workdir: Path, job_dir: Path, run_dir: P
         mounts.setdefault(text, True)
     if cfg.resume not in ("auto", "never"):
         mounts.setdefault(here(cfg.resume), True)
-    return [Mount(path, read_only) for path, read_only in mounts.items()]
+    return list(mounts.items())
 
 
 def _text_files(patterns: list[str]) -> list[str]:

@@ -1,12 +1,6 @@
-"""The local scheduler: ``nnodes`` emulated nodes on this machine, one torchrun agent per node.
-
-Agents meet at a static rendezvous (``launcher.job.torchrun.rdzv_backend``) on 127.0.0.1 at a free
-port and share the machine: the cores (OMP_NUM_THREADS = cores / world_size) and, where there are
-GPUs, the devices (each node sees its own slice through CUDA_VISIBLE_DEVICES). A supervisor process
-(``launcher.supervisor``), forked at submit in its own session, starts each node's node agent
-(``launcher.agent``, as a child process: the hang watch, signals and reports, as on every scheduler)
-and follows them to the end; the job record is all any other command needs to find it again.
-"""
+"""The local scheduler: ``nnodes`` emulated nodes on this machine, one torchrun agent per node, sharing
+its cores and GPUs (``docs/schedulers/local.md``); a supervisor (``launcher.supervisor``), forked at
+submit in its own session, starts each node's agent as a child process and follows them to the end."""
 
 from __future__ import annotations
 

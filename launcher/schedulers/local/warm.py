@@ -1,12 +1,7 @@
-"""Warm workers for local jobs (``--warm-workers``): ranks forked from a process that has imported torch
-(``gptlaunch.warm``), so that a retry does not pay a cold interpreter's imports again.
-
-The supervisor starts one zygote for the job, beside the first attempt's nodes, and keeps it across
-attempts (a new one if it died); it ends it with the job. Until the zygote is ready (its imports take
-seconds, on the cores the first attempt's processes start on), a rank's client finds no socket and
-runs the program cold; a zygote that cannot start leaves every rank cold, and says why in the job's
-``warm.log``. Every emulated node shares this machine, so one zygote serves all of them: a rank gets
-its node's environment from its client.
+"""Warm workers for local jobs (``--warm-workers``; ``docs/keeping-alive.md``, "Warm workers"): one
+zygote per job (``gptlaunch.warm``), kept across attempts, forks the ranks of every emulated node (a
+rank gets its node's environment from its client); one that cannot start leaves every rank cold, and
+says why in the job's ``warm.log``.
 
 The zygote's environment lacks the job id (``JOB_ID_ENV``): the sweep between attempts, which ends
 every process marked with it, must leave the zygote alone. Its forked ranks are its children, so

@@ -30,11 +30,10 @@ from launcher.job.plan import NodeCommand, Plan
 from launcher.job.record import JobRecord, JobState, JobStatus, agent_dir
 from launcher.job.spec import JobSpec
 from launcher.job.torchrun import IMAGE_PYTHON, copy_excludes, node_agents
-from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image
+from launcher.schedulers.slurm.image import SlurmImage
 from launcher.schedulers.slurm.options import SlurmOptions
 from launcher.schedulers.slurm.run_copy import wrapper_argv
 from launcher.schedulers.slurm.state import SlurmHandle
-from launcher.schedulers.slurm.transport import SrunAgents, allocation_hosts, placed
 from launcher.supervisor.supervisor import SUPERVISE
 
 ALLOCATED = "(allocated by SLURM)"  # a node's host until the controller places it
@@ -74,9 +73,11 @@ def node_commands(
         podman = ImageRun(image.image, "podman", image.mounts, names, image.workdir)
     entry = [python, "-m", "launcher.job.node", "--workdir", workdir, "--"]
     run_dir = str(Path(workdir) / run_dir)
+    declared = spec.options(SlurmOptions).node_local_run_dir
+    excluded = copy_excludes(spec, workdir, run_dir)
     argv = []
     for k, torchrun in enumerate(runs):
-        copied = _copied(spec, python, job_id, job_dir, (workdir, run_dir), k)
+        copied = wrapper_argv(python, job_dir, run_dir, k, job_id, declared, excluded, spec.allow_start_over)
         agent = agent_argv(
             image.python if image else spec.python, spec, job_id, k, [*entry, *copied, *torchrun],
             heartbeat_dir=heartbeat_dir(job_dir, k), state_dir=agent_dir(job_dir),
@@ -84,30 +85,6 @@ def node_commands(
         )  # fmt: skip
         argv.append(image.wrap(agent) if image else agent)
     return [NodeCommand(host=ALLOCATED, argv=a, env=env) for a in argv]
-
-
-def _copied(
-    spec: JobSpec, python: str, job_id: str, job_dir: Path, dirs: tuple[str, str], node: int
-) -> list[str]:
-    """The run dir's copy in front of node ``node``'s command, unless the run dir is declared shared;
-    ``dirs``: the workdir and the (absolute) run dir."""
-    workdir, run_dir = dirs
-    declared = spec.options(SlurmOptions).node_local_run_dir
-    if declared is False:
-        return []
-    excluded = copy_excludes(spec, workdir, run_dir)
-    flags = wrapper_argv(python, job_dir, run_dir, node, job_id, declared, excluded, spec.allow_start_over)
-    return [*flags, "--"]
-
-
-def transport(plan: Plan, record: JobRecord) -> SrunAgents:
-    """The controller's transport in this allocation, its nodes on the allocation's first hosts (the
-    rest are spares), recorded in the job's Plan."""
-    hosts = allocation_hosts()
-    here = placed(plan, hosts[: plan.nnodes])
-    record.write_plan(here)
-    image = job_image(record.spec(), plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
-    return SrunAgents(here, record, hosts, since=time.time(), image=image)
 
 
 def write_record(job_dir: Path, text: str) -> None:

@@ -206,14 +206,17 @@ def wrapper_argv(
     python: str, job_dir: Path, run_dir: str, node: int, job_id: str, declared: bool | None,
     exclude: Sequence[str], allow_start_over: bool,
 ) -> list[str]:  # fmt: skip
-    """``python -m launcher.schedulers.slurm.run_copy``'s flags for node ``node`` (``main``), the
-    command after a ``--`` that follows them."""
+    """``python -m launcher.schedulers.slurm.run_copy``'s flags for node ``node`` (``main``) and the
+    ``--`` before its command, in front of it unless the run dir is ``declared`` shared (none)."""
+    if declared is False:
+        return []
     return [
         *(python, "-m", "launcher.schedulers.slurm.run_copy", "--job-dir", str(job_dir)),
         *("--run-dir", run_dir, "--node", str(node), "--job-id", job_id),
-        *({True: ["--node-local-run-dir"], False: ["--shared-run-dir"], None: []}[declared]),
+        *(["--node-local-run-dir"] if declared else []),
         *(f"--copy-exclude={sub}" for sub in exclude),
         *(["--allow-start-over"] if allow_start_over else []),
+        "--",
     ]
 
 

@@ -31,15 +31,13 @@ from launcher.job.spec import JobSpec, SpecError
 from launcher.job.torchrun import agent_env, worker_argv
 from launcher.schedulers.slurm import steps
 from launcher.schedulers.slurm.controller import Controller, node_commands, record_json
-from launcher.schedulers.slurm.controller import transport as controller_transport
-from launcher.schedulers.slurm.image import SlurmFacts, SlurmImage, job_image, pick_runtime
+from launcher.schedulers.slurm.image import SlurmFacts, job_image, pick_runtime
 from launcher.schedulers.slurm.options import SlurmOptions, time_note
 from launcher.schedulers.slurm.run_copy import mark_run_dir
 from launcher.schedulers.slurm.script import FIRST_HOST_LINE, sbatch_options, sbatch_script
 from launcher.schedulers.slurm.state import Accounting, SlurmHandle, end_outcome, job_state, lost_controller
+from launcher.schedulers.slurm.transport import SrunAgents, allocation_hosts, placed
 from launcher.supervisor.scheduler import RecordFollowed
-from launcher.supervisor.supervisor import SUPERVISE
-from launcher.supervisor.transport import Transport
 
 SCRIPT = "job.sbatch"
 # What submitit is given (its parameters and the batch script's setup lines), rendered with the script:
@@ -78,9 +76,7 @@ class SubmititRequest(BaseModel):
     python: str  # the controller's interpreter
 
 
-def _submitit_request(
-    spec: JobSpec, options: dict[str, str], checks: list[str], image: SlurmImage | None
-) -> SubmititRequest:
+def _submitit_request(spec: JobSpec, options: dict[str, str], checks: list[str]) -> SubmititRequest:
     """What submitit is given: the allocation, the checks before training as setup lines, and the
     controller's interpreter (the host's, which has srun: not in the image)."""
     opts = spec.options(SlurmOptions)
@@ -139,25 +135,21 @@ def _submitit_script(request: SubmititRequest, job_dir: Path, max_requeues: int)
     return re.sub(re.escape(folder) + r"\S*", lambda m: shlex.quote(real + m[0][len(folder) :]), text)
 
 
-def partition_gres(partition: str | None) -> str | None:
-    """The GRES of the partition's nodes (``sinfo``'s ``%G``, one per line: ``gpu:8``, ``(null)``),
-    None when sinfo cannot tell."""
-    argv = ["sinfo", "--noheader", "--format=%G", *([f"--partition={partition}"] if partition else [])]
+def gpus_asked(spec: JobSpec, opts: SlurmOptions) -> bool:
+    """Whether the job requests GPUs: as ``--slurm-gpus`` says, else when the partition's nodes have
+    GPU GRES (``sinfo``'s ``%G``, one per line: ``gpu:8``, ``(null)``), or sinfo cannot tell (the GPU
+    clusters this is for). Never silently none: a job that requests none for that reason says so,
+    naming the GRES and the flag."""
+    if opts.gpus is not None:
+        return opts.gpus
+    partition = [f"--partition={opts.partition}"] if opts.partition else []
+    argv = ["sinfo", "--noheader", "--format=%G", *partition]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return " ".join(sorted(set(out.split())))
-
-
-def gpus_asked(spec: JobSpec, opts: SlurmOptions) -> bool:
-    """Whether the job requests GPUs: as ``--slurm-gpus`` says, else when the partition's nodes have
-    GPU GRES (or sinfo cannot tell: the GPU clusters this is for). Never silently none: a job that
-    requests none for that reason says so, naming the GRES and the flag."""
-    if opts.gpus is not None:
-        return opts.gpus
-    gres = partition_gres(opts.partition)
-    if gres is None or "gpu" in gres:
+        return True
+    gres = " ".join(sorted(set(out.split())))
+    if "gpu" in gres:
         return True
     where = f"partition {opts.partition}" if opts.partition else "the default partition"
     say(
@@ -213,29 +205,23 @@ class SlurmScheduler(RecordFollowed):
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         options = sbatch_options(spec, opts, job_id, facts.gpus_per_node)
 
-        def checks(nnodes: int, carry_on: bool) -> list[str]:
-            """The steps before training: parity of the ``nnodes`` allocated, then the health gate
-            (whose named nodes are left to the controller: ``carry_on``)."""
-            parity = steps.parity_lines(spec, facts, job_dir, image, nnodes)
-            gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, carry_on)
-            return [*parity, *([""] if gate else []), *gate]
-
-        # A node the gate names is the controller's first failed attempt.
-        checked = checks(plan.nnodes + opts.spare_nodes, spec.retries > 0)
+        # The steps before training: parity of every node allocated, then the health gate, a node it
+        # names the controller's first failed attempt with --retries.
+        parity = steps.parity_lines(spec, facts, job_dir, image, plan.nnodes + opts.spare_nodes)
+        gate = steps.gate_lines(spec, facts.workdir, job_dir, env, image, carry_on=spec.retries > 0)
+        checked = [*parity, *([""] if gate else []), *gate]
         # The standalone script: the job record it writes on its first run, the checks, the controller.
         script = sbatch_script(
+            spec,
             job_id=plan.job_id,
             options=options,
             job_dir=str(job_dir),
             workdir=facts.workdir,
-            world=f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}",
-            secrets=spec.secret_env,
             checks=checked,
             record=record_json(spec, plan),
-            controller=[spec.python, *SUPERVISE, "--job-dir", str(job_dir)],
             image=image.header() if image else None,
         )
-        request = _submitit_request(spec, options, checked, image)
+        request = _submitit_request(spec, options, checked)
         files = {
             SCRIPT: script,
             SUBMITIT_REQUEST: request.model_dump_json(indent=2) + "\n",
@@ -247,8 +233,7 @@ class SlurmScheduler(RecordFollowed):
         """Submit through submitit; return once SLURM accepted the job (``detach`` is moot: the job
         lives in SLURM's queue). Raises SubmitRejected with SLURM's error when sbatch refuses it."""
         _check_slurm_here()
-        spec = record.spec()
-        opts = spec.options(SlurmOptions)
+        opts = record.spec().options(SlurmOptions)
         request = SubmititRequest.model_validate_json(plan.files[SUBMITIT_REQUEST])
         executor = _executor(request, record.dir / "submitit", opts.max_requeues)
         mark_run_dir(plan, opts.node_local_run_dir)  # the nodes that do not see it copy the run dir
@@ -325,9 +310,14 @@ class SlurmScheduler(RecordFollowed):
         # not if the controller recorded its start (or more) since this read
         return record.update_status(if_state=status.state, **changes)
 
-    def transport(self, plan: Plan, record: JobRecord) -> Transport:
-        """The controller's, in the job's allocation."""
-        return controller_transport(plan, record)
+    def transport(self, plan: Plan, record: JobRecord) -> SrunAgents:
+        """The controller's, in the job's allocation: its nodes on the allocation's first hosts (the
+        rest are spares), recorded in the job's Plan."""
+        hosts = allocation_hosts()
+        here = placed(plan, hosts[: plan.nnodes])
+        record.write_plan(here)
+        image = job_image(record.spec(), plan.facts_as(SlurmFacts), record.dir, plan.run_dir)
+        return SrunAgents(here, record, hosts, since=time.time(), image=image)
 
     def cancel(self, record: JobRecord, *, wait: bool = True) -> JobStatus:
         """A running job's controller is asked to stop, through the job record (it runs in the
@@ -386,11 +376,10 @@ def _check_slurm_here() -> None:
             raise SubmitRejected(f"{command} {NO_SLURM}")
 
 
-def _scancel(slurm_job_id: str, *args: str) -> None:
+def _scancel(slurm_job_id: str) -> None:
     """scancel; a job that is already ending (or gone from the controller) is not an error."""
     try:
-        argv = ["scancel", *args, slurm_job_id]
-        subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60)
+        subprocess.run(["scancel", slurm_job_id], capture_output=True, text=True, check=True, timeout=60)
     except subprocess.CalledProcessError as e:
         if not re.search(r"already completing|completed|invalid job id", e.stderr, re.IGNORECASE):
             raise JobError(f"scancel {slurm_job_id} failed: {e.stderr.strip() or e}") from None

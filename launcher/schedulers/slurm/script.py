@@ -13,6 +13,7 @@ from gptlaunch import package_version
 from gptlaunch.contract import EXIT_USAGE, FIRST_HOST_ENV
 from launcher.job.spec import JobSpec, SpecError
 from launcher.schedulers.slurm.options import SlurmOptions
+from launcher.supervisor.supervisor import SUPERVISE
 
 # The allocation's first host (the rendezvous), for every task: where the node command runs (in an
 # image), scontrol may be missing.
@@ -96,29 +97,25 @@ def fill(template: str, slots: dict[str, str]) -> str:
 
 
 def sbatch_script(
+    spec: JobSpec,
     *,
     job_id: str,
     options: dict[str, str],
     job_dir: str,
     workdir: str,
-    world: str,
-    secrets: list[str],
     checks: list[str],
     record: str,
-    controller: list[str],
     image: list[str] | None = None,
 ) -> str:
-    """The standalone sbatch script (``TEMPLATE``). ``world`` describes the job's size for the header;
-    ``checks``, the steps before training (``steps.parity_lines``, ``steps.gate_lines``); ``record``,
-    the job record as one JSON line and ``controller``, the command that runs the job
-    (``launcher.schedulers.slurm.controller``); ``image``, the header's lines on how the nodes run the
-    job's image. Raises SpecError for a job directory that srun's file name patterns would
-    rewrite."""
+    """The standalone sbatch script of ``spec`` (``TEMPLATE``). ``checks``, the steps before training
+    (``steps.parity_lines``, ``steps.gate_lines``); ``record``, the job record as one JSON line;
+    ``image``, the header's lines on how the nodes run the job's image. Raises SpecError for a job
+    directory that srun's file name patterns would rewrite."""
     if "%" in job_dir or "\\" in job_dir:
         raise SpecError(f"the job directory {job_dir!r} contains % or \\: choose --job-dir without them")
     q = shlex.quote
-    python = controller[0]
-    secret_names = ", ".join(secrets) or "none"
+    secret_names = ", ".join(spec.secret_env) or "none"
+    world = f"{spec.nnodes} node(s) × {spec.nproc_per_node} process(es) = world_size {spec.world_size}"
     header = [
         f"# GPT training job {job_id}: {world}, one torchrun agent per node.",
         f"# Rendered by `launcher render --scheduler slurm` (gptlaunch {package_version()}).",
@@ -128,7 +125,7 @@ def sbatch_script(
         "# which SLURM passes on to the job (--export=ALL).",
     ]
     no_workdir = f'{{ printf {q(_NO_WORKDIR)} {q(workdir)} "$(hostname)"; exit {EXIT_USAGE}; }}'
-    write = [python, "-m", "launcher.schedulers.slurm.controller", "--job-dir", job_dir]
+    write = [spec.python, "-m", "launcher.schedulers.slurm.controller", "--job-dir", job_dir]
     slots = {
         "header": header,
         "sbatch": [_sbatch_line(k, v) for k, v in options.items()],
@@ -137,6 +134,6 @@ def sbatch_script(
         "environment": [FIRST_HOST_LINE],
         "workdir": [f"cd -- {q(workdir)} || {no_workdir}"],
         "checks": checks,
-        "controller": [shlex.join(controller)],
+        "controller": [shlex.join([spec.python, *SUPERVISE, "--job-dir", job_dir])],
     }
     return fill(TEMPLATE, {name: "\n".join(lines) for name, lines in slots.items()})

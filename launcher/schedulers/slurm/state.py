@@ -2,9 +2,8 @@
 queued (or checking its nodes), and one that SLURM ended before its controller recorded the end
 (``end_outcome``: its controller never started the nodes; ``lost_controller``: it did).
 
-States are read with ``sacct`` (at most one call per job every REFRESH_S seconds per process, parsed by
-submitit's ``SlurmInfoWatcher.read_info``) and mapped to the common ``JobState``. A requeued job goes
-back to ``pending`` and runs again under the same id: only SLURM's end states are ends.
+SLURM's states map to the common ``JobState`` (``job_state``). A requeued job goes back to ``pending``
+and runs again under the same id: only SLURM's end states are ends.
 """
 
 from __future__ import annotations

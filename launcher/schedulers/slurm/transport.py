@@ -42,8 +42,7 @@ def step_argv(host: str, *extra: str) -> list[str]:
 
 def allocation_hosts() -> list[str]:
     """The allocation's hosts, in its order (``scontrol show hostnames $SLURM_JOB_NODELIST``)."""
-    argv = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    return _scontrol("show", "hostnames", os.environ["SLURM_JOB_NODELIST"]).split()
 
 
 def placed(plan: Plan, hosts: Sequence[str]) -> Plan:
@@ -52,26 +51,9 @@ def placed(plan: Plan, hosts: Sequence[str]) -> Plan:
     return plan.model_copy(update={"nodes": nodes})
 
 
-def _scontrol(*args: str) -> None:
-    """Raises subprocess.CalledProcessError with scontrol's error."""
-    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60, check=True)
-
-
-def requeue(slurm_job_id: str, excluded: Sequence[str], wait_s: float) -> str | None:
-    """Requeue the job to start again after ``wait_s`` seconds on nodes other than ``excluded``; why
-    the exclusion could not be set (the job then requeues without it), or None. SLURM refuses to
-    change the nodes of a running job: it is first made pending and held, which also ends this
-    allocation (SIGTERM to the batch step, which this process ignores for the few seconds it takes)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by scontrol: the hold ends this step
-    _scontrol("requeuehold", slurm_job_id)
-    why = None
-    try:
-        start = f"StartTime=now+{math.ceil(wait_s)}"
-        _scontrol("update", f"JobId={slurm_job_id}", f"ExcNodeList={','.join(excluded)}", start)
-    except subprocess.CalledProcessError as e:
-        why = e.stderr.strip() or str(e)
-    _scontrol("release", slurm_job_id)
-    return why
+def _scontrol(*args: str) -> str:
+    """scontrol's output. Raises subprocess.CalledProcessError with scontrol's error."""
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def on_spares(allocation: Sequence[str], current: Sequence[str], failed: Collection[str]) -> list[str]:
@@ -193,10 +175,19 @@ class SrunAgents(Transport):
         long as ``max_requeues`` allows."""
         job_id = os.environ["SLURM_JOB_ID"]
         if outcome.exit_code != EXIT_CHECKPOINTED:
-            why = requeue(job_id, excluded, wait_s)
-            return f"requeued SLURM job {job_id} without {', '.join(excluded)}" + (
-                f" (could not exclude them: {why})" if why else ""
-            )
+            # SLURM refuses to change the nodes of a running job: it is first made pending and held,
+            # which also ends this allocation (SIGTERM to the batch step, which this process ignores
+            # for the few seconds it takes); it then starts again after ``wait_s`` seconds.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by scontrol
+            _scontrol("requeuehold", job_id)
+            why = ""
+            try:
+                start = f"StartTime=now+{math.ceil(wait_s)}"
+                _scontrol("update", f"JobId={job_id}", f"ExcNodeList={','.join(excluded)}", start)
+            except subprocess.CalledProcessError as e:  # the job then requeues without the exclusion
+                why = f" (could not exclude them: {e.stderr.strip() or e})"
+            _scontrol("release", job_id)
+            return f"requeued SLURM job {job_id} without {', '.join(excluded)}{why}"
         marker = stop_marker(Path(self.plan.run_dir), self.since, record.dir)
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         if marker is None or marker.signal != "SIGUSR2" or restarts >= self.max_requeues:

@@ -49,9 +49,8 @@ SIGNAL_TIMEOUT_S = 30.0  # for `launcher.agent signal/status` over an establishe
 LEASE_S = 30.0
 LEASE_RENEW_S = 5.0
 
-# The scheduler's checks, as the transport calls them (``SshScheduler.replan``, passed as a bound
-# method: this module never imports the scheduler).
-# Replan: (spec, hosts, the current plan, job dir) -> the plan on those hosts; raises SpecError.
+# ``SshScheduler.replan``: (spec, hosts, the current plan, job dir) -> the plan on those hosts after
+# every check of a submit; raises SpecError.
 Replan = Callable[[JobSpec, list[str], Plan, Path], Plan]
 
 
@@ -80,13 +79,10 @@ class SshAgents(Transport):
         self.warm = warm_workers(spec)
 
     def renew(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
-        """For a retry: every host of ``failed_hosts`` (all the hosts a failure blamed, any order,
-        possibly none) that runs a node of the job replaced by a spare of its own (``_hosts_for_retry``).
-        The new Plan, node k on the same host as before unless node k's host failed; None when no
-        failed host is one of the job's. On hosts that share no file system with this machine, the
-        newest checkpoint goes to every host of the next attempt first (``copies``). Raises OSError
-        when no set of hosts can run the next attempt (the message names the hosts that could not be
-        replaced), or when the newest checkpoint is out of reach (unless ``--allow-start-over``)."""
+        """``Transport.renew``: the job's hosts for the next attempt (``_hosts_for_retry``), node k on
+        the same host as before unless node k's host failed. On hosts that share no file system with
+        this machine, the newest checkpoint goes to every host of the next attempt first (``copies``);
+        raises OSError also when it is out of reach (unless ``--allow-start-over``)."""
         self.lost, self.ended = set(), {}  # the next attempt's hosts answer again, or are replaced
         self.copies.settle()
         missing = self.copies.missing()
@@ -104,10 +100,9 @@ class SshAgents(Transport):
 
     def _hosts_for_retry(self, record: JobRecord, failed_hosts: Sequence[str]) -> Plan | None:
         """The job's Plan with each of its hosts in ``failed_hosts`` replaced by a spare (``_on_spares``),
-        which are never taken again; None when none of ``failed_hosts`` is one of the job's. With no
-        host in the hostfile beyond the job's own, the same hosts once they all answer again (every
-        REJOIN_POLL_S, for at most REJOIN_WAIT_S). Raises OSError naming the hosts that could not be
-        replaced: too few usable spares, or the job's own hosts did not answer in time."""
+        never taken again; None when none of ``failed_hosts`` is one of the job's. With no host in the
+        hostfile beyond the job's own, the same hosts once they answer again (``_rejoin``). Raises
+        OSError naming the hosts that could not be replaced."""
         current = [n.host for n in self.plan.nodes]
         blamed = [h for h in dict.fromkeys(current) if h in failed_hosts]  # in node order
         if not blamed:

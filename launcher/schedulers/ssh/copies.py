@@ -1,33 +1,12 @@
 """Hosts that share no file system with the launcher: the user's code copied to them (``--sync``), and
-the checkpoints copied back here (``Copies``): the job record stays whole here, and a checkpoint
-survives the loss of any one host. Every copy is rsync over the job's own ssh settings (``rsync -e
-'ssh -o ...'``: the same host key check, options, ProxyJump and shared connection as every other
-command: no new login).
+the checkpoints copied back here (``Copies``). Why the launcher's machine keeps the second copy, and
+why a retry never starts over silently: docs/schedulers/ssh.md, "Hosts that share no file system".
+Every copy is rsync over the job's own ssh settings (``rsync -e 'ssh -o ...'``: the same host key
+check, options, ProxyJump and shared connection as every other command: no new login).
 
-``--sync DIR`` (``sync``): DIR into the job's workdir on every host before launch,
-``SshSettings.max_parallel`` hosts at a time, one line per host as each finishes. Nothing is deleted
-on the hosts (``--delete`` would remove what a run wrote beside the code, such as its checkpoints);
-``--mkpath`` creates the workdir.
-
-Design of the checkpoint copies: **the launcher's machine keeps the second copy.** A host's agent
-reports each new checkpoint in the run dir (``launcher.agent.copies``: a ``Saved`` report on its
-channel); the launcher then pulls that dir to the same path here, one pull a host at a time; saves
-that come meanwhile are taken by the next pull. A pull copies only what changed (rsync's quick
-check), off the ranks' critical path: training stalls only for the disk and link it shares with the
-read. Before a next attempt the copy is pushed to every host of it (rank 0 may land on any node; a
-spare has nothing), so node 0 has the checkpoint before its ranks start; a host's own newer files
-stay (a survivor's logs of the steps past the checkpoint).
-
-Why not a peer host: it needs host-to-host logins that a user's boxes rarely have, and a peer is
-one more host that can be lost with the first. The launcher's machine is the one that must live for
-the job anyway (it holds the job record), and it is the "location the user names" when they name
-none: ``--run-dir`` on a file system of their choosing moves both copies.
-
-**Never a silent restart** (``missing``): a next attempt whose newest checkpoint (the files that made
-the last ``Saved`` a save) is not in the copy here, in that version or a later one, fails,
-naming the host and files, unless the user allowed starting over (``--allow-start-over``). A pull cut
-short (the supervisor ends its other processes when a node fails; ``processes`` spares the pulls) is
-tried once more first.
+``--sync DIR`` (``sync``) deletes nothing on the hosts (``--delete`` would remove what a run wrote
+beside the code, such as its checkpoints); ``--mkpath`` creates the workdir. A host's checkpoints
+come one pull at a time: saves that come meanwhile are taken by the next pull.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Checks of a set of SSH hosts before a job uses them: reachability, version parity, the master
 address and rendezvous port, the network interface of each host (the collective across them:
-``launcher.schedulers.ssh.collective``).
-
-``launcher check`` runs them on their own; the SSH scheduler runs them before every submit. Every
-remote step runs on all hosts at once (``ssh.fan_out``, at most ``--ssh-max-parallel`` clients at a
-time except where the hosts wait for each other), so the wall time is about that of the slowest host
-times the waves, not the sum. Each failure raises SpecError (or HostsRefused) naming the host and the fix.
+``launcher.schedulers.ssh.collective``). ``launcher check`` runs them on their own; the SSH scheduler
+runs them before every submit. Every remote step runs on all hosts at once (``ssh.fan_out``), and
+each failure raises SpecError (or HostsRefused) naming the host and the fix.
 """
 
 from __future__ import annotations
@@ -187,20 +184,6 @@ def probe_hosts(
     return probes
 
 
-def enforce_parity(
-    probes: dict[str, Probe], gpus_per_node: int, skip: bool, warn: Callable[[str], None]
-) -> None:
-    """Raise HostsRefused with the field-by-field diff when versions differ or GPUs are short; with
-    ``skip``, print the diff through ``warn`` and go on."""
-    mismatches, shortfalls = compare(probes, gpus_per_node)
-    if not mismatches and not shortfalls:
-        return
-    text = diff_text(mismatches, shortfalls)
-    if not skip:
-        raise HostsRefused(text)
-    warn(f"WARNING: --skip-parity: launching although the hosts differ:\n{text}")
-
-
 def choose_ifnames(probes: dict[str, Probe], master_addr: str, multi_host: bool) -> dict[str, str]:
     """Per host, the interface that reaches ``master_addr`` (``ip route get``): on host 0 itself the
     interface that holds the address. Never ``lo`` for a multi-host job. Raises SpecError when a
@@ -354,7 +337,12 @@ def plan_hosts(
         for host, probe in probed.probes.items():
             found = f"image_digest={probe.image_digest} torch={probe.torch}"
             warn(f"launcher: {host}: probed in the image: {found}")
-    enforce_parity(probed.probes, spec.nproc_per_node, opts.skip_parity, warn)
+    mismatches, shortfalls = compare(probed.probes, spec.nproc_per_node)
+    if mismatches or shortfalls:  # the field-by-field diff; --skip-parity says it and goes on
+        diff = diff_text(mismatches, shortfalls)
+        if not opts.skip_parity:
+            raise HostsRefused(diff)
+        warn(f"WARNING: --skip-parity: launching although the hosts differ:\n{diff}")
     warn(f"launcher: parity: {classes(probed.probes).splitlines()[0]}")  # one line, however many hosts
     if workdir is not None:
         check_workdir(probed.settings, probed.hosts, workdir)

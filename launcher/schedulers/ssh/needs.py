@@ -1,15 +1,9 @@
-"""The programs an SSH job needs besides Python, checked before any rank starts (``check``):
-
-- rsync on this machine and on every host, for ``--sync`` and for the checkpoint copies between this
-  machine and a host that shares no file system with it (``launcher.schedulers.ssh.copies``); a host
-  that sees this machine's files needs none of them;
-- py-spy beside the job's Python on every host (optional: a hang is still found and ended, without
-  the ranks' stacks; said once).
-
-One remote command per host, all at once, over the connection the probes opened: it says where rsync
-and py-spy are and whether the host reads a token file this machine wrote beside the job record.
-Missing here is exit 2 (``SpecError``), missing on a host exit 3 (``HostsRefused``), each with
-the package to install.
+"""The programs an SSH job needs besides Python, checked before any rank starts (``check``; which and
+when: docs/schedulers/ssh.md, "Before anything starts"): rsync here and on the hosts it copies to or
+from (``launcher.schedulers.ssh.copies``), and py-spy beside the job's Python on every host (optional:
+said once). One remote command per host, all at once, over the connection the probes opened, says
+where rsync and py-spy are and whether the host reads a token file this machine wrote beside the job
+record (then it shares this machine's files and needs no copies).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The SSH scheduler: one torchrun agent per host, started through the system OpenSSH client.
-
-Before anything starts, ``launcher.schedulers.ssh.hosts`` probes every host at once and refuses a launch
-whose hosts differ in versions that must match (exit 3, with the diff), resolves master_addr on every
-host, picks each host's network interface towards it, and proves the rendezvous port reachable. A
-supervisor on this machine (``launcher.supervisor``, with ``SshAgents``) then runs one ``ssh host ...``
-per node, whose output is the node's log here; on each host, the node agent (``launcher.agent``) runs
-the torchrun agent in a process tree it tracks, so that a dropped connection neither kills nor orphans
-the node, and ``launcher.agent signal`` stops it (the ranks checkpoint) or ends it (TERM, then KILL).
+"""The SSH scheduler (docs/schedulers/ssh.md): every check of ``launcher.schedulers.ssh.hosts`` before
+anything starts, then a supervisor on this machine runs one ``ssh host ...`` per node (``SshAgents``),
+whose output is the node's log here. On each host the node agent (``launcher.agent``) tracks the
+torchrun agent's process tree, so that a dropped connection neither kills nor orphans the node.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Warm workers on SSH hosts (``--warm-workers``): one zygote (``gptlaunch.warm``) per job and host,
-so that a retry's ranks are forked from a process that has imported torch instead of starting cold.
-
-Each zygote is an ssh session, ``python -m gptlaunch.warm serve @NAME --lease-s S``, over a connection
-of its own (the supervisor ends the shared master connections with each attempt, and the sessions
-they carry with them). The supervisor starts it beside the host's first node agent (and on the spares
-once they are made ready) and keeps it across attempts. It is held by the node agents' lease
-(``launcher.schedulers.ssh.agents.LEASE_S``: ``renew``; ``end`` closes its stdin). A stopped zygote
-ends once its forked ranks have ended (their clients, under the node agent, end them). A session
-that ended is started again with the host's next node. The zygote listens on
-an abstract socket (``@NAME``), which belongs to the host's network namespace: hosts that share a
-``/tmp`` each reach their own (hosts that share a network namespace share one zygote), and the
-clients check by SO_PEERCRED that it is this user's.
-
-The zygote's environment is the node's, less the job id (as a local job's:
+``python -m gptlaunch.warm serve @NAME --lease-s S``, held by the node agents' lease; how it lives and
+why its abstract socket: docs/keeping-alive.md, "Warm workers". Each is an ssh session over a
+connection of its own: the supervisor ends the shared master connections with each attempt, and the
+sessions they carry with them. A session that ended is started again with the host's next node. The
+zygote's environment is the node's, less the job id (as a local job's:
 ``launcher.schedulers.local.warm``). Its output goes to ``warm-HOST.log`` in the job dir.
 """
 
