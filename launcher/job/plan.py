@@ -152,6 +152,8 @@ def build_plan(
     endpoint: str,
     run_dir: str,
     nodes: list[NodeCommand],
+    files: dict[str, str] | None = None,
+    primary: str | None = None,
 ) -> Plan:
     """The Plan of ``nodes`` (node k is the k-th, all in ``facts.workdir``, each logging to its
     ``node-<k>.log``). ``run_dir``: the trainer's, relative ones taken in the workdir as it does."""
@@ -168,6 +170,8 @@ def build_plan(
             )
             for k, n in enumerate(nodes)
         ],
+        files=files or {},
+        primary=primary,
         facts=facts.model_dump(mode="json"),
     )
 

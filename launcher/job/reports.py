@@ -208,7 +208,7 @@ def read_all(directory: Path) -> list[NodeReport]:
     """Every report in ``directory``'s ``*.jsonl`` files, oldest first. A line that is not a whole
     report of this version (a process killed in mid-write, another version's kind) is skipped: it
     cannot be acted on."""
-    return _read_on(directory, {})
+    return _read_on(directory, None)
 
 
 class Tail:
@@ -228,13 +228,13 @@ class Tail:
         return _read_on(self.directory, self.offsets)
 
 
-def _read_on(directory: Path, offsets: dict[Path, int]) -> list[NodeReport]:
-    """The reports of the whole lines of ``directory``'s ``*.jsonl`` files from ``offsets`` on (a file
-    not in it: from its start), oldest first, less the lines that are not one; ``offsets`` moves past
-    those lines."""
+def _read_on(directory: Path, offsets: dict[Path, int] | None) -> list[NodeReport]:
+    """The reports of ``directory``'s ``*.jsonl`` files, oldest first, less the lines that are not one:
+    every line (``offsets`` None), or the whole lines from ``offsets`` on (a file not in it: from its
+    start), and ``offsets`` moves past them."""
     found: list[NodeReport] = []
     for path in sorted(directory.glob("*.jsonl")):
-        start = offsets.get(path, 0)
+        start = offsets.get(path, 0) if offsets is not None else 0
         try:
             if path.stat().st_size <= start:  # nothing new: not opened (a shared file system)
                 continue
@@ -243,9 +243,10 @@ def _read_on(directory: Path, offsets: dict[Path, int]) -> list[NodeReport]:
                 data = f.read()
         except OSError:
             continue
-        whole = data[: data.rfind(b"\n") + 1]
-        offsets[path] = start + len(whole)
-        for line in whole.splitlines():
+        if offsets is not None:  # a line still being written waits for the next call
+            data = data[: data.rfind(b"\n") + 1]
+            offsets[path] = start + len(data)
+        for line in data.splitlines():
             with contextlib.suppress(ValueError):
                 found.append(decode(line))
     return sorted(found, key=lambda r: r.time)

@@ -25,3 +25,14 @@ def test_a_tail_reads_each_report_once_from_its_start_on_and_waits_for_a_whole_l
     with path.open("ab") as f:
         f.write(line[10:])
     assert [r.local_rank for r in tail.new() if isinstance(r, RankFailed)] == [0]
+
+
+def test_a_whole_read_takes_a_last_report_that_lost_only_its_newline(tmp_path: Path) -> None:
+    """A write cut just before its newline (a full disk) still left a report ``read_all`` acts on,
+    while a tail waits for the line's end."""
+    tail = reports.Tail(tmp_path)
+    (tmp_path / REPORTS_DIR).mkdir()
+    cut = RankFailed(node=0, local_rank=1, exit_code=-9)
+    (tmp_path / REPORTS_DIR / "node-0.jsonl").write_bytes(reports.encode(cut).rstrip(b"\n"))
+    assert reports.read_all(tmp_path / REPORTS_DIR) == [cut]
+    assert tail.new() == []

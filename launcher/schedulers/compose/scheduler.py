@@ -119,7 +119,9 @@ class ComposeScheduler(SupervisedScheduler):
         mounts = job_mounts(args, Path(facts.workdir), job_dir, Path(facts.workdir) / run_dir)
         if spec.program is not None:  # its code and files: the working directory, as a bare node sees it
             mounts.append((str(Path(facts.workdir).absolute()), False))
-        facts = facts.model_copy(update={"writable": tuple(path for path, ro in mounts if not ro)})
+        facts = facts.model_copy(
+            update={"writable": tuple(path for path, read_only in mounts if not read_only)}
+        )
         plan = build_plan(self.name, spec, facts, job_id, endpoint=endpoint, run_dir=run_dir, nodes=nodes)
         text = render(
             job_id,

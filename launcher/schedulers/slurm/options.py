@@ -73,8 +73,8 @@ def slurm_minutes(value: str) -> int:
     if match is None:
         raise ValueError(f"{value!r} is not a SLURM time: use minutes (90) or HH:MM:SS (1:30:00)")
     days, a, b, c = (int(x or 0) for x in match.groups())
-    minutes = match[1] is None and match[4] is None  # MM[:SS]; else D-HH[:MM[:SS]] or HH:MM:SS
-    seconds = a * 60 + b if minutes else days * 86400 + a * 3600 + b * 60 + c
+    mm_ss = match[1] is None and match[4] is None  # MM[:SS]; else D-HH[:MM[:SS]] or HH:MM:SS
+    seconds = a * 60 + b if mm_ss else days * 86400 + a * 3600 + b * 60 + c
     if seconds <= 0:
         raise ValueError(f"{value!r} is no time at all: give a positive time limit")
     return math.ceil(seconds / 60)
